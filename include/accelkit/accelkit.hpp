@@ -1,0 +1,11 @@
+// accelkit: the umbrella header of the torch-free SDK.
+#pragma once
+
+#include <accelkit/config.hpp>
+#include <accelkit/device/backend.hpp>
+#include <accelkit/device/properties.hpp>
+#include <accelkit/device/report.hpp>
+#include <accelkit/device/visibility.hpp>
+#include <accelkit/error.hpp>
+#include <accelkit/runtime.hpp>
+#include <accelkit/types.hpp>

@@ -1,0 +1,490 @@
+// accelkit: Backend<R>, the SDK's core object for one runtime.
+//
+// Backend<R> owns the vendor's runtime instance and puts the standard
+// behaviour around it: lazy thread-safe initialization, device discovery with
+// <NAME>_VISIBLE_DEVICES, the thread-local current device, fork detection,
+// validated and cached capability queries, and checked access to the raw
+// driver operations (logical indices in, physical indices to the runtime).
+// The torch adapters and the memory and stream layers are built on it.
+#pragma once
+
+#include <accelkit/config.hpp>
+#include <accelkit/detail/environment.hpp>
+#include <accelkit/detail/fork.hpp>
+#include <accelkit/device/properties.hpp>
+#include <accelkit/device/visibility.hpp>
+#include <accelkit/error.hpp>
+#include <accelkit/runtime.hpp>
+#include <accelkit/types.hpp>
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+ACCELKIT_BEGIN_NAMESPACE
+
+template <class R>
+class Backend {
+  // Fires one static_assert per missing or mistyped member of R, here where a
+  // backend is instantiated (Note [Contract diagnostics]).
+  static_assert(sizeof(detail::check_contract<R>) > 0, "");
+
+ public:
+  using runtime_type = R;
+  static constexpr std::string_view name = R::name;
+
+  // A backend over a default-constructed runtime, reading the process
+  // environment.
+  Backend() : Backend(Environment::process()) {}
+  // A backend over a runtime constructed from `args`, reading `env`.
+  template <class... Args>
+  explicit Backend(Environment env, Args&&... args)
+      : runtime_(std::forward<Args>(args)...),
+        env_(std::move(env)),
+        id_(next_backend_id()) {}
+
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  // The process-wide backend of R, created on first use and never destroyed
+  // (PyTorch may call into it from static destructors of other libraries).
+  static Backend& instance() {
+    static_assert(std::is_default_constructible_v<R>,
+                  "accelkit: Backend<R>::instance() needs a default-constructible runtime");
+    static Backend* const backend = new Backend();
+    return *backend;
+  }
+
+  R& runtime() noexcept { return runtime_; }
+
+  // ---------------------------------------------------------------- discovery
+
+  // Visible devices. Never throws and never initializes a device context:
+  // it runs discovery (the runtime's device_count, and properties only to
+  // match UUIDs in the visibility variable) once, and answers 0 when that
+  // failed, keeping the reason for init_error(). Still answers in a forked
+  // child (Note [Fork safety]).
+  int device_count() noexcept {
+    discover();
+    return discovery_error_ ? 0 : static_cast<int>(visible_.size());
+  }
+
+  // Why device_count() is 0, or empty when discovery succeeded.
+  std::string init_error() noexcept {
+    discover();
+    return discovery_message_;
+  }
+
+  // Physical ordinals of the visible devices, in logical order.
+  std::vector<int> visible_devices() noexcept {
+    discover();
+    return discovery_error_ ? std::vector<int>{} : visible_;
+  }
+
+  bool is_initialized() const noexcept { return initialized_.load(std::memory_order_acquire); }
+
+  // Initializes the backend on first call: discovery, then the runtime's
+  // optional initialize(). Throws what discovery threw (on every call: like
+  // CUDA, the visibility variable is read once), RuntimeError when no device
+  // is visible, what initialize() threw (retried on the next call), and
+  // RuntimeError in a child forked after initialization.
+  void lazy_init() {
+    if (initialized_.load(std::memory_order_acquire)) {
+      if (detail::fork_generation().load(std::memory_order_relaxed) != init_generation_)
+        throw_forked();
+      return;
+    }
+    std::lock_guard<std::mutex> lock(init_mutex_);
+    if (initialized_.load(std::memory_order_relaxed)) return;
+    discover();
+    if (discovery_error_) std::rethrow_exception(discovery_error_);
+    if (visible_.empty())
+      throw RuntimeError(name, fmt::format("no {} device is visible ({}){}", name,
+                                           physical_count_ == 0 ? "the driver reports 0 devices"
+                                                                : "all are hidden",
+                                           visibility_note()));
+    if constexpr (detail::has_initialize<R>) runtime_.initialize();
+    detail::install_fork_handler();
+    init_generation_ = detail::fork_generation().load(std::memory_order_relaxed);
+    init_pid_ = ::getpid();
+    initialized_.store(true, std::memory_order_release);
+  }
+
+  // Throws IndexError unless `device` is a visible device; initializes.
+  void check_device(device_index device) {
+    lazy_init();
+    check_index(device);
+  }
+
+  // The physical ordinal of a visible device.
+  int physical(device_index device) {
+    check_device(device);
+    return visible_[static_cast<std::size_t>(device)];
+  }
+
+  // ------------------------------------------------------- current device
+
+  // The calling thread's current device (0 until the thread sets one).
+  device_index current_device() {
+    lazy_init();
+    return tls_.owner == id_ ? tls_.device : 0;
+  }
+
+  // Makes `device` current for the calling thread; the runtime's set_device
+  // is called only when the device changes.
+  void set_device(device_index device) {
+    int phys = physical(device);
+    if (tls_.owner == id_ && tls_.device == device) return;
+    runtime_.set_device(phys);
+    tls_.owner = id_;
+    tls_.device = device;
+  }
+
+  // Sets `device` current and returns the previous current device.
+  device_index exchange_device(device_index device) {
+    device_index previous = current_device();
+    set_device(device);
+    return previous;
+  }
+
+  // -------------------------------------------------------- capabilities
+
+  // The validated capability schema of a device, queried from the runtime
+  // once and cached. A runtime whose properties are inconsistent gets a
+  // ValueError listing every inconsistency, on every query.
+  const DeviceProperties& properties(device_index device) {
+    int phys = physical(device);
+    PropertiesSlot& slot = properties_[static_cast<std::size_t>(device)];
+    if (slot.ready.load(std::memory_order_acquire)) return slot.value;
+    std::lock_guard<std::mutex> lock(slot.mutex);
+    if (!slot.ready.load(std::memory_order_relaxed)) {
+      DeviceProperties p = runtime_.properties(phys);
+      validate_properties(p, name, device);
+      if constexpr (!detail::has_event_elapsed_time<R>) p.event_timing = false;
+      slot.value = std::move(p);
+      slot.ready.store(true, std::memory_order_release);
+    }
+    return slot.value;
+  }
+
+  bool supports(device_index device, DType dtype) {
+    return properties(device).dtypes.contains(dtype);
+  }
+
+  // A vendor extra of a device, typed: nullopt when absent; ValueError when
+  // the key holds another type.
+  template <class T>
+  std::optional<T> extra(device_index device, std::string_view key) {
+    try {
+      return properties(device).template extra<T>(key);
+    } catch (const ValueError& e) {
+      if (!e.backend().empty()) throw;
+      throw ValueError(name, fmt::format("device {}: {}", device, e.message()));
+    }
+  }
+
+  // Live free and total memory of a device.
+  MemoryInfo memory_info(device_index device) {
+    int phys = physical(device);
+    if constexpr (detail::has_memory_info<R>) {
+      return runtime_.memory_info(phys);
+    } else {
+      std::uint64_t total = properties(device).total_memory;
+      std::uint64_t held = held_bytes_[static_cast<std::size_t>(device)].load();
+      return MemoryInfo{held < total ? total - held : 0, total};
+    }
+  }
+
+  // Whether `device` can access `peer`'s memory directly (always for itself).
+  bool can_access_peer(device_index device, device_index peer) {
+    int phys = physical(device);
+    int peer_phys = physical(peer);
+    if (device == peer) return true;
+    if constexpr (detail::has_can_access_peer<R>)
+      return runtime_.can_access_peer(phys, peer_phys);
+    else
+      return false;
+  }
+
+  // peer_access_matrix()[i][j] == can_access_peer(i, j).
+  std::vector<std::vector<bool>> peer_access_matrix() {
+    int n = device_count();
+    std::vector<std::vector<bool>> m(static_cast<std::size_t>(n),
+                                     std::vector<bool>(static_cast<std::size_t>(n)));
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j)
+        m[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] = can_access_peer(i, j);
+    return m;
+  }
+
+  // ------------------------------------------------ raw driver operations
+  // Checked pass-throughs to the runtime: logical device in, physical device
+  // to the runtime, errors named. The caching allocator and the stream and
+  // event pools are built on these; most code should use those instead.
+
+  // `bytes` of device memory straight from the driver. 0 bytes gives nullptr.
+  // OutOfMemoryError when the request exceeds the device's maximum single
+  // allocation or the driver has no memory left.
+  void* raw_malloc(device_index device, std::size_t bytes) {
+    int phys = physical(device);
+    if (bytes == 0) return nullptr;
+    const DeviceProperties& p = properties(device);
+    if (bytes > p.max_allocation)
+      throw OutOfMemoryError(
+          name, fmt::format("cannot allocate {} bytes on {}:{}: the largest single allocation "
+                            "on this device is {} bytes (capacity {} bytes)",
+                            bytes, name, device, p.max_allocation, p.total_memory));
+    void* ptr = runtime_.malloc(phys, bytes);
+    auto& held = held_bytes_[static_cast<std::size_t>(device)];
+    if (ptr == nullptr)
+      throw OutOfMemoryError(
+          name, fmt::format("out of memory allocating {} bytes on {}:{} (capacity {} bytes, {} "
+                            "bytes held from the driver by this process)",
+                            bytes, name, device, p.total_memory, held.load()));
+    held.fetch_add(bytes);
+    return ptr;
+  }
+
+  // Returns memory from raw_malloc(device, bytes).
+  void raw_free(device_index device, void* ptr, std::size_t bytes) {
+    if (ptr == nullptr) return;
+    int phys = physical(device);
+    runtime_.free(phys, ptr);
+    held_bytes_[static_cast<std::size_t>(device)].fetch_sub(bytes);
+  }
+
+  // Bytes currently held from the driver through raw_malloc on a device.
+  std::uint64_t raw_bytes_held(device_index device) {
+    check_device(device);
+    return held_bytes_[static_cast<std::size_t>(device)].load();
+  }
+
+  void* raw_host_malloc(std::size_t bytes) {
+    lazy_init();
+    if (bytes == 0) return nullptr;
+    void* ptr = runtime_.host_malloc(bytes);
+    if (ptr == nullptr)
+      throw OutOfMemoryError(name,
+                             fmt::format("out of pinned host memory allocating {} bytes", bytes));
+    return ptr;
+  }
+  void raw_host_free(void* ptr) {
+    if (ptr == nullptr) return;
+    lazy_init();
+    runtime_.host_free(ptr);
+  }
+
+  void memcpy(device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind) {
+    int phys = physical(device);
+    if (bytes != 0) runtime_.memcpy(phys, dst, src, bytes, kind);
+  }
+  void memcpy_async(device_index device, void* dst, const void* src, std::size_t bytes,
+                    CopyKind kind, StreamHandle stream) {
+    int phys = physical(device);
+    if (bytes != 0) runtime_.memcpy_async(phys, dst, src, bytes, kind, stream);
+  }
+  void memset_async(device_index device, void* ptr, int value, std::size_t bytes,
+                    StreamHandle stream) {
+    int phys = physical(device);
+    if (bytes != 0) runtime_.memset_async(phys, ptr, value, bytes, stream);
+  }
+
+  // Copies between two devices, ordered on `stream` of `src_device`; staged
+  // through pinned host memory when the runtime has no memcpy_peer_async.
+  void memcpy_peer_async(void* dst, device_index dst_device, const void* src,
+                         device_index src_device, std::size_t bytes, StreamHandle stream) {
+    int dst_phys = physical(dst_device);
+    int src_phys = physical(src_device);
+    if (bytes == 0) return;
+    if constexpr (detail::has_memcpy_peer_async<R>) {
+      runtime_.memcpy_peer_async(dst, dst_phys, src, src_phys, bytes, stream);
+    } else {
+      std::unique_ptr<void, HostDeleter> staging(raw_host_malloc(bytes), HostDeleter{this});
+      runtime_.stream_synchronize(src_phys, stream);
+      runtime_.memcpy(src_phys, staging.get(), src, bytes, CopyKind::device_to_host);
+      runtime_.memcpy(dst_phys, dst, staging.get(), bytes, CopyKind::host_to_device);
+    }
+  }
+
+  StreamHandle stream_create(device_index device, int priority) {
+    return runtime_.stream_create(physical(device), priority);
+  }
+  void stream_destroy(device_index device, StreamHandle s) {
+    runtime_.stream_destroy(physical(device), s);
+  }
+  bool stream_query(device_index device, StreamHandle s) {
+    return runtime_.stream_query(physical(device), s);
+  }
+  void stream_synchronize(device_index device, StreamHandle s) {
+    runtime_.stream_synchronize(physical(device), s);
+  }
+  void stream_wait_event(device_index device, StreamHandle s, EventHandle e) {
+    runtime_.stream_wait_event(physical(device), s, e);
+  }
+  EventHandle event_create(device_index device, EventFlags flags) {
+    return runtime_.event_create(physical(device), flags);
+  }
+  void event_destroy(device_index device, EventHandle e) {
+    runtime_.event_destroy(physical(device), e);
+  }
+  void event_record(device_index device, EventHandle e, StreamHandle s) {
+    runtime_.event_record(physical(device), e, s);
+  }
+  bool event_query(device_index device, EventHandle e) {
+    return runtime_.event_query(physical(device), e);
+  }
+  void event_synchronize(device_index device, EventHandle e) {
+    runtime_.event_synchronize(physical(device), e);
+  }
+  void device_synchronize(device_index device) {
+    runtime_.device_synchronize(physical(device));
+  }
+
+  // Milliseconds between two recorded timing events. NotSupportedError when
+  // the backend or device has no event timing.
+  float event_elapsed_time(device_index device, EventHandle start, EventHandle end) {
+    int phys = physical(device);
+    if constexpr (detail::has_event_elapsed_time<R>) {
+      if (properties(device).event_timing) return runtime_.event_elapsed_time(phys, start, end);
+    }
+    throw NotSupportedError(
+        name, fmt::format("{}:{} does not support event timing (event_elapsed_time); check "
+                          "properties().event_timing",
+                          name, device));
+  }
+
+ private:
+  struct HostDeleter {
+    Backend* backend;
+    void operator()(void* p) const { backend->raw_host_free(p); }
+  };
+
+  struct PropertiesSlot {
+    std::mutex mutex;
+    std::atomic<bool> ready{false};
+    DeviceProperties value;
+  };
+
+  // The thread's current device, tagged with the backend it belongs to so that
+  // several Backend<R> objects (tests) do not share it.
+  struct CurrentDevice {
+    std::uint64_t owner = 0;
+    device_index device = 0;
+  };
+  static inline thread_local CurrentDevice tls_{};
+
+  static std::uint64_t next_backend_id() noexcept {
+    static std::atomic<std::uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  void discover() noexcept {
+    if (discovered_.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> lock(discover_mutex_);
+    if (discovered_.load(std::memory_order_relaxed)) return;
+    try {
+      physical_count_ = runtime_.device_count();
+      if (physical_count_ < 0)
+        throw DriverError(name, physical_count_, "device_count",
+                          "the runtime returned a negative device count");
+      std::string variable = visible_devices_variable(name);
+      if (auto value = env_.get(variable)) {
+        visible_variable_value_ = *value;
+        visible_ = parse_visible_devices(name, variable, *value, physical_count_,
+                                         [this](int i) { return runtime_.properties(i).uuid; });
+      } else {
+        visible_.resize(static_cast<std::size_t>(physical_count_));
+        for (int i = 0; i < physical_count_; ++i) visible_[static_cast<std::size_t>(i)] = i;
+      }
+      properties_ = std::make_unique<PropertiesSlot[]>(visible_.size());
+      held_bytes_ = std::make_unique<std::atomic<std::uint64_t>[]>(visible_.size());
+    } catch (const std::exception& e) {
+      discovery_error_ = std::current_exception();
+      discovery_message_ = e.what();
+      visible_.clear();
+    } catch (...) {
+      discovery_error_ = std::current_exception();
+      discovery_message_ = fmt::format("{}: device discovery failed with an unknown exception", name);
+      visible_.clear();
+    }
+    discovered_.store(true, std::memory_order_release);
+  }
+
+  void check_index(device_index device) const {
+    auto n = static_cast<int>(visible_.size());
+    if (device >= 0 && device < n) return;
+    throw IndexError(
+        name, fmt::format("invalid device index {}: {} has {} visible device{} (valid: {}){}",
+                          device, name, n, n == 1 ? "" : "s",
+                          n == 1 ? std::string("0") : fmt::format("0..{}", n - 1),
+                          visibility_note()));
+  }
+
+  std::string visibility_note() const {
+    if (!visible_variable_value_) return {};
+    return fmt::format("; {}='{}'", visible_devices_variable(name), *visible_variable_value_);
+  }
+
+  [[noreturn]] void throw_forked() const {
+    throw RuntimeError(
+        name, fmt::format("cannot use {} in a process forked after {} was initialized (by pid "
+                          "{}); device contexts do not survive fork(). Use the 'spawn' or "
+                          "'forkserver' multiprocessing start method, or initialize {} only in "
+                          "the child processes",
+                          name, name, init_pid_, name));
+  }
+
+  R runtime_;
+  Environment env_;
+  std::uint64_t id_;
+
+  std::mutex discover_mutex_;
+  std::atomic<bool> discovered_{false};
+  int physical_count_ = 0;
+  std::vector<int> visible_;
+  std::optional<std::string> visible_variable_value_;
+  std::exception_ptr discovery_error_;
+  std::string discovery_message_;
+  std::unique_ptr<PropertiesSlot[]> properties_;
+  std::unique_ptr<std::atomic<std::uint64_t>[]> held_bytes_;
+
+  std::mutex init_mutex_;
+  std::atomic<bool> initialized_{false};
+  unsigned init_generation_ = 0;
+  pid_t init_pid_ = 0;
+};
+
+// Makes a device current for a scope and restores the previous one on exit,
+// also when the scope is left by an exception.
+template <class R>
+class DeviceGuard {
+ public:
+  DeviceGuard(Backend<R>& backend, device_index device)
+      : backend_(backend), previous_(backend.exchange_device(device)) {}
+  ~DeviceGuard() {
+    try {
+      backend_.set_device(previous_);
+    } catch (...) {
+      // The previous device was valid when saved; a failure here means the
+      // driver died, and a destructor must not throw.
+    }
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  device_index previous() const noexcept { return previous_; }
+
+ private:
+  Backend<R>& backend_;
+  device_index previous_;
+};
+
+ACCELKIT_END_NAMESPACE

@@ -1,0 +1,308 @@
+// accelkit: the capability schema every backend fills.
+//
+// Note [One capability schema]
+// Vendors report device properties in structs of their own shape: XPU has no
+// multi_processor_count, NPU fills CUDA-named fields with None, nobody reports
+// float8 support, and PyTorch's dtype capability claims every dtype by
+// default. accelkit fixes one versioned struct. A runtime returns it from
+// `properties(device)`; the SDK validates it once per device (so a vendor bug
+// surfaces at the first query with every inconsistency listed, not as a wrong
+// number deep in user code), adds the live and derived fields (free memory,
+// peer access, event timing), and reports it the same way on every backend.
+// Fields are added, never renamed or repurposed; `schema_version` counts the
+// additions so that readers of the JSON report can tell what to expect.
+#pragma once
+
+#include <accelkit/config.hpp>
+#include <accelkit/error.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+ACCELKIT_BEGIN_NAMESPACE
+
+inline constexpr int properties_schema_version = 1;
+
+// Element types, named as in `torch.<name>`.
+enum class DType : std::uint8_t {
+  float64,
+  float32,
+  float16,
+  bfloat16,
+  float8_e4m3fn,
+  float8_e5m2,
+  float8_e4m3fnuz,
+  float8_e5m2fnuz,
+  float8_e8m0fnu,
+  complex32,
+  complex64,
+  complex128,
+  int8,
+  int16,
+  int32,
+  int64,
+  uint8,
+  uint16,
+  uint32,
+  uint64,
+  bool_,
+};
+inline constexpr std::size_t dtype_count = static_cast<std::size_t>(DType::bool_) + 1;
+
+constexpr std::string_view to_string(DType t) noexcept {
+  constexpr std::array<std::string_view, dtype_count> names = {
+      "float64",         "float32",         "float16",        "bfloat16",  "float8_e4m3fn",
+      "float8_e5m2",     "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "complex32",
+      "complex64",       "complex128",      "int8",           "int16",     "int32",
+      "int64",           "uint8",           "uint16",         "uint32",    "uint64",
+      "bool"};
+  return names[static_cast<std::size_t>(t)];
+}
+
+// A set of dtypes, usable in constant expressions.
+class DTypeSet {
+ public:
+  constexpr DTypeSet() noexcept = default;
+  constexpr DTypeSet(std::initializer_list<DType> types) noexcept {
+    for (DType t : types) bits_ |= bit(t);
+  }
+  static constexpr DTypeSet all() noexcept {
+    DTypeSet s;
+    s.bits_ = (std::uint32_t{1} << dtype_count) - 1;
+    return s;
+  }
+  constexpr bool contains(DType t) const noexcept { return (bits_ & bit(t)) != 0; }
+  constexpr bool empty() const noexcept { return bits_ == 0; }
+  constexpr DTypeSet& add(DType t) noexcept {
+    bits_ |= bit(t);
+    return *this;
+  }
+  constexpr DTypeSet& remove(DType t) noexcept {
+    bits_ &= ~bit(t);
+    return *this;
+  }
+  constexpr std::uint32_t bits() const noexcept { return bits_; }
+  friend constexpr DTypeSet operator|(DTypeSet a, DTypeSet b) noexcept {
+    DTypeSet s;
+    s.bits_ = a.bits_ | b.bits_;
+    return s;
+  }
+  friend constexpr bool operator==(DTypeSet a, DTypeSet b) noexcept { return a.bits_ == b.bits_; }
+  friend constexpr bool operator!=(DTypeSet a, DTypeSet b) noexcept { return a.bits_ != b.bits_; }
+
+  std::vector<DType> to_vector() const {
+    std::vector<DType> v;
+    for (std::size_t i = 0; i < dtype_count; ++i)
+      if (bits_ & (std::uint32_t{1} << i)) v.push_back(static_cast<DType>(i));
+    return v;
+  }
+
+ private:
+  static constexpr std::uint32_t bit(DType t) noexcept {
+    return std::uint32_t{1} << static_cast<unsigned>(t);
+  }
+  std::uint32_t bits_ = 0;
+};
+
+struct Version {
+  int major = 0;
+  int minor = 0;
+  int patch = 0;
+  std::string to_string() const { return fmt::format("{}.{}.{}", major, minor, patch); }
+  friend constexpr bool operator==(const Version& a, const Version& b) noexcept {
+    return a.major == b.major && a.minor == b.minor && a.patch == b.patch;
+  }
+};
+
+// Stream priorities in the driver's own numbering. `lowest` is the least
+// urgent priority (the one a default stream gets), `highest` the most urgent;
+// either may be numerically larger. The SDK maps PyTorch's convention
+// (0 = default, negative = more urgent) onto this range.
+struct StreamPriorityRange {
+  int lowest = 0;
+  int highest = 0;
+  constexpr int levels() const noexcept {
+    return (highest > lowest ? highest - lowest : lowest - highest) + 1;
+  }
+};
+
+// A vendor-specific value, under a key namespaced by the backend's name:
+// "acme.tensor_cores", "simdev.fault_injection".
+using ExtraValue = std::variant<bool, std::int64_t, double, std::string>;
+struct Extra {
+  std::string key;
+  ExtraValue value;
+};
+
+// The schema. The runtime fills every field; the SDK overwrites the fields
+// marked "(SDK)" from the contract and live queries.
+struct DeviceProperties {
+  std::string name;          // marketing name, "Acme A1"
+  std::string vendor;        // "Acme Corp"
+  std::string architecture;  // "acme-gen2"
+  std::string uuid;          // canonical 8-4-4-4-12 hex, unique per device
+  std::string pci_bus_id;    // "dddd:bb:dd.f", or empty for a device not on PCI
+  Version driver_version;
+  Version runtime_version;
+  std::uint64_t total_memory = 0;     // bytes
+  std::uint64_t max_allocation = 0;   // largest single malloc, bytes
+  int compute_units = 0;              // SMs, XE cores, AI cores...
+  int subgroup_size = 0;              // warp / wavefront / subgroup width
+  int clock_rate_khz = 0;
+  std::uint64_t l2_cache_bytes = 0;   // 0 when there is none
+  DTypeSet dtypes;                    // element types with native kernels
+  bool unified_memory = false;        // one address space with the host
+  bool host_visible_memory = false;   // the host may read and write device pointers
+  StreamPriorityRange stream_priorities;
+  bool event_timing = false;          // (SDK) false unless the runtime has event_elapsed_time
+  int async_copy_engines = 0;         // copies that can overlap compute
+  std::vector<Extra> extras;
+
+  // Typed lookup of a vendor extra: nullopt when absent; ValueError when the
+  // key holds another type.
+  template <class T>
+  std::optional<T> extra(std::string_view key) const;
+};
+
+namespace detail {
+template <class T>
+constexpr std::string_view extra_type_name() {
+  if constexpr (std::is_same_v<T, bool>) return "bool";
+  else if constexpr (std::is_same_v<T, std::int64_t>) return "integer";
+  else if constexpr (std::is_same_v<T, double>) return "float";
+  else return "string";
+}
+inline std::string_view extra_type_name(const ExtraValue& v) {
+  switch (v.index()) {
+    case 0: return "bool";
+    case 1: return "integer";
+    case 2: return "float";
+    default: return "string";
+  }
+}
+
+// fmt::format over a format string that is only known to be constant at the
+// call site: for small local helpers that collect formatted lines.
+template <class... Args>
+std::string format_list(fmt::string_view format, const Args&... args) {
+  return fmt::vformat(format, fmt::make_format_args(args...));
+}
+
+inline bool is_hex(char c) noexcept {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+// 8-4-4-4-12 hex digits.
+inline bool is_canonical_uuid(std::string_view s) noexcept {
+  if (s.size() != 36) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+    if (dash ? s[i] != '-' : !is_hex(s[i])) return false;
+  }
+  return true;
+}
+// dddd:bb:dd.f (domain, bus, device, function), hex.
+inline bool is_pci_bus_id(std::string_view s) noexcept {
+  if (s.size() != 12) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    char want = i == 4 || i == 7 ? ':' : i == 10 ? '.' : 0;
+    if (want ? s[i] != want : !is_hex(s[i])) return false;
+  }
+  return true;
+}
+inline bool is_identifier_part(std::string_view s) noexcept {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  return true;
+}
+}  // namespace detail
+
+template <class T>
+std::optional<T> DeviceProperties::extra(std::string_view key) const {
+  static_assert(std::is_same_v<T, bool> || std::is_same_v<T, std::int64_t> ||
+                    std::is_same_v<T, double> || std::is_same_v<T, std::string>,
+                "extra<T>: T must be bool, std::int64_t, double or std::string");
+  for (const Extra& e : extras) {
+    if (e.key != key) continue;
+    if (const T* v = std::get_if<T>(&e.value)) return *v;
+    throw ValueError("", fmt::format("device extra '{}' is of type {}, not {}", key,
+                                     detail::extra_type_name(e.value),
+                                     detail::extra_type_name<T>()));
+  }
+  return std::nullopt;
+}
+
+// Every inconsistency in `p`, one sentence each; empty when the properties are
+// sound. `backend` is the runtime's name, which extras must be namespaced by.
+inline std::vector<std::string> property_problems(const DeviceProperties& p,
+                                                  std::string_view backend) {
+  std::vector<std::string> out;
+  auto problem = [&out](const auto&... args) { out.push_back(detail::format_list(args...)); };
+  if (p.name.empty()) problem("name is empty");
+  if (p.vendor.empty()) problem("vendor is empty");
+  if (p.architecture.empty()) problem("architecture is empty");
+  if (!detail::is_canonical_uuid(p.uuid))
+    problem("uuid '{}' is not of the form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", p.uuid);
+  if (!p.pci_bus_id.empty() && !detail::is_pci_bus_id(p.pci_bus_id))
+    problem("pci_bus_id '{}' is not of the form dddd:bb:dd.f (or empty)", p.pci_bus_id);
+  if (p.driver_version == Version{}) problem("driver_version is 0.0.0 (unset)");
+  if (p.runtime_version == Version{}) problem("runtime_version is 0.0.0 (unset)");
+  if (p.total_memory == 0) problem("total_memory is 0");
+  if (p.max_allocation == 0) problem("max_allocation is 0");
+  if (p.max_allocation > p.total_memory)
+    problem("max_allocation ({}) exceeds total_memory ({})", p.max_allocation, p.total_memory);
+  if (p.compute_units < 1) problem("compute_units is {} (must be at least 1)", p.compute_units);
+  if (p.subgroup_size < 1 || (p.subgroup_size & (p.subgroup_size - 1)) != 0)
+    problem("subgroup_size is {} (must be a power of two)", p.subgroup_size);
+  if (p.clock_rate_khz <= 0) problem("clock_rate_khz is {} (must be positive)", p.clock_rate_khz);
+  if (p.l2_cache_bytes > p.total_memory)
+    problem("l2_cache_bytes ({}) exceeds total_memory ({})", p.l2_cache_bytes, p.total_memory);
+  if (!p.dtypes.contains(DType::float32))
+    problem("dtypes lacks float32, PyTorch's default dtype");
+  struct Pair { DType complex, real; };
+  for (Pair pr : {Pair{DType::complex32, DType::float16}, Pair{DType::complex64, DType::float32},
+                  Pair{DType::complex128, DType::float64}})
+    if (p.dtypes.contains(pr.complex) && !p.dtypes.contains(pr.real))
+      problem("dtypes has {} but not its component type {}", to_string(pr.complex),
+              to_string(pr.real));
+  if (p.unified_memory && !p.host_visible_memory)
+    problem("unified_memory is true but host_visible_memory is false");
+  if (p.async_copy_engines < 0)
+    problem("async_copy_engines is {} (must not be negative)", p.async_copy_engines);
+  for (std::size_t i = 0; i < p.extras.size(); ++i) {
+    const std::string& key = p.extras[i].key;
+    auto dot = key.find('.');
+    bool ok = dot != std::string::npos && std::string_view(key).substr(0, dot) == backend;
+    for (std::size_t start = 0; ok && start <= key.size();) {
+      auto end = key.find('.', start);
+      if (end == std::string::npos) end = key.size();
+      ok = detail::is_identifier_part(std::string_view(key).substr(start, end - start));
+      start = end + 1;
+    }
+    if (!ok)
+      problem("extra key '{}' is not namespaced as '{}.<name>' with [a-z0-9_] parts", key, backend);
+    for (std::size_t j = 0; j < i; ++j)
+      if (p.extras[j].key == key) problem("extra key '{}' appears twice", key);
+  }
+  return out;
+}
+
+// Throws ValueError listing every inconsistency.
+inline void validate_properties(const DeviceProperties& p, std::string_view backend,
+                                int device) {
+  auto problems = property_problems(p, backend);
+  if (problems.empty()) return;
+  throw ValueError(backend, fmt::format("device {} reports inconsistent properties: {}", device,
+                                        fmt::join(problems, "; ")));
+}
+
+ACCELKIT_END_NAMESPACE

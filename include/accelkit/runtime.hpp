@@ -1,0 +1,93 @@
+// accelkit: the Runtime contract, the one class a vendor writes.
+//
+// A vendor derives its runtime from accelkit::Runtime<Self> (CRTP) and
+// implements the members below over its driver. Device indices passed to
+// every member are *physical* ordinals (Note [Logical and physical indices]
+// in types.hpp); the SDK validates them before calling. Members report driver
+// failures by throwing DriverError, most simply through the provided
+// `driver_error(code, call, message)`.
+//
+// Required members (a missing or mistyped one is a compile error naming it,
+// Note [Contract diagnostics]):
+//
+// | member                                                         | semantics |
+// |----------------------------------------------------------------|-----------|
+// | static constexpr std::string_view name                         | backend name: device type ("simdev:0"), variable prefix (SIMDEV_*), Python module; a lowercase identifier that is not a PyTorch device type |
+// | int device_count()                                             | physical devices; must not create a device context; may throw DriverError (the SDK then reports 0 devices and keeps the reason) |
+// | DeviceProperties properties(device_index device)               | fill the capability schema (device/properties.hpp); must not create a context; called once per device, then validated and cached |
+// | device_index get_device()                                      | the driver's current device of the calling thread |
+// | void set_device(device_index device)                           | make `device` current for the calling thread (may create its context) |
+// | void* malloc(device_index device, std::size_t bytes)           | `bytes` > 0 of device memory, aligned to at least 256 B; nullptr when out of memory (the SDK raises OutOfMemoryError), DriverError for other failures |
+// | void free(device_index device, void* ptr)                      | release memory from malloc(device, ·) |
+// | void* host_malloc(std::size_t bytes)                           | page-locked host memory usable by async copies; nullptr when out of memory |
+// | void host_free(void* ptr)                                      | release memory from host_malloc |
+// | void memcpy(device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind) | synchronous copy: complete on return; not ordered with streams (the SDK synchronizes first where order matters) |
+// | void memcpy_async(device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind, StreamHandle stream) | enqueue the copy on `stream`; host memory not from host_malloc must be consumed before return |
+// | void memset_async(device_index device, void* ptr, int value, std::size_t bytes, StreamHandle stream) | enqueue: fill `bytes` bytes with (unsigned char)value |
+// | StreamHandle stream_create(device_index device, int priority)  | a new stream; `priority` in the driver's numbering, within properties().stream_priorities |
+// | void stream_destroy(device_index device, StreamHandle stream)  | release the stream once its queued work has completed (may return before) |
+// | bool stream_query(device_index device, StreamHandle stream)    | true iff all work queued so far has completed; never blocks |
+// | void stream_synchronize(device_index device, StreamHandle stream) | block until all work queued so far has completed |
+// | void stream_wait_event(device_index device, StreamHandle stream, EventHandle event) | work queued on `stream` later waits for the event's last record; no wait if never recorded |
+// | EventHandle event_create(device_index device, EventFlags flags) | a new event; EventFlags::timing asks for timestamps |
+// | void event_destroy(device_index device, EventHandle event)     | release the event (pending records may still complete) |
+// | void event_record(device_index device, EventHandle event, StreamHandle stream) | capture the work queued on `stream` so far; a new record replaces the last |
+// | bool event_query(device_index device, EventHandle event)       | true iff the captured work has completed; true for an event never recorded |
+// | void event_synchronize(device_index device, EventHandle event) | block until the captured work has completed; returns at once if never recorded |
+// | void device_synchronize(device_index device)                   | block until all work on every stream of `device` has completed |
+//
+// Optional members (absent: the default applies; present but mistyped: a
+// compile error naming it):
+//
+// | member                                                         | semantics | default when absent |
+// |----------------------------------------------------------------|-----------|---------------------|
+// | void initialize()                                              | once, at the first device use (not for device_count or discovery) | nothing |
+// | MemoryInfo memory_info(device_index device)                    | live free and total bytes | total = properties().total_memory; free = total minus the bytes the SDK holds from malloc on the device |
+// | bool can_access_peer(device_index device, device_index peer)   | `device` may read and write `peer`'s memory directly | false: peer copies are staged through pinned host memory |
+// | void memcpy_peer_async(void* dst, device_index dst_device, const void* src, device_index src_device, std::size_t bytes, StreamHandle stream) | enqueue a copy between devices on `stream` (a stream of src_device) | stream_synchronize, then copy through a host_malloc buffer: synchronous |
+// | float event_elapsed_time(device_index device, EventHandle start, EventHandle end) | milliseconds between two completed records of timing events | properties().event_timing is false; asking raises NotSupportedError naming the backend |
+#pragma once
+
+#include <accelkit/config.hpp>
+#include <accelkit/detail/contract.hpp>
+#include <accelkit/device/properties.hpp>
+#include <accelkit/error.hpp>
+#include <accelkit/types.hpp>
+
+#include <cstdint>
+#include <string_view>
+
+ACCELKIT_BEGIN_NAMESPACE
+
+template <class Derived>
+class Runtime {
+ public:
+  // The one way a runtime reports a driver failure: throws DriverError
+  // carrying the backend's name, the driver's code and message, and the
+  // contract member that failed.
+  [[noreturn]] static void driver_error(std::int64_t code, std::string_view call,
+                                        std::string_view message) {
+    throw DriverError(Derived::name, code, call, message);
+  }
+
+ protected:
+  Runtime() = default;
+  ~Runtime() = default;
+};
+
+// True when R implements the whole required contract with the expected
+// signatures. Use it to constrain your own templates over runtimes.
+template <class R>
+inline constexpr bool is_runtime_v = detail::satisfies_contract<R>;
+
+#if ACCELKIT_HAS_CONCEPTS
+// The same test as a concept made of one named concept per member, so that a
+// failed constraint names the member (detail::has_malloc, ...).
+#define ACCELKIT_DETAIL_AND_HAS_(member, ...) &&detail::has_##member<R>
+template <class R>
+concept runtime = std::is_base_of_v<Runtime<R>, R> && detail::has_name<R> &&
+                  detail::has_valid_name<R>() ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_AND_HAS_);
+#undef ACCELKIT_DETAIL_AND_HAS_
+#endif
+
+ACCELKIT_END_NAMESPACE

@@ -1,0 +1,80 @@
+// accelkit: the small value types of the Runtime contract.
+#pragma once
+
+#include <accelkit/config.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+ACCELKIT_BEGIN_NAMESPACE
+
+// A device ordinal. Note [Logical and physical indices]: the SDK hands the
+// runtime *physical* ordinals (0 .. runtime.device_count()-1); users see
+// *logical* ordinals, after <NAME>_VISIBLE_DEVICES filtered and reordered them.
+using device_index = int;
+
+enum class CopyKind : std::uint8_t {
+  host_to_device,
+  device_to_host,
+  device_to_device,  // both pointers on the same device
+};
+
+constexpr std::string_view to_string(CopyKind kind) noexcept {
+  switch (kind) {
+    case CopyKind::host_to_device: return "host_to_device";
+    case CopyKind::device_to_host: return "device_to_host";
+    case CopyKind::device_to_device: return "device_to_device";
+  }
+  return "unknown";
+}
+
+namespace detail {
+// An opaque driver handle: wide enough for a pointer (CUDA-style
+// `cudaStream_t`) or an integer id. Tagged so a stream cannot be passed where
+// an event is expected.
+template <class Tag>
+struct handle {
+  std::uintptr_t value = 0;
+
+  template <class T>
+  static constexpr handle from_pointer(T* p) noexcept {
+    return handle{reinterpret_cast<std::uintptr_t>(p)};
+  }
+  template <class T>
+  T* as_pointer() const noexcept {
+    return reinterpret_cast<T*>(value);
+  }
+  friend constexpr bool operator==(handle a, handle b) noexcept { return a.value == b.value; }
+  friend constexpr bool operator!=(handle a, handle b) noexcept { return a.value != b.value; }
+};
+struct stream_tag;
+struct event_tag;
+}  // namespace detail
+
+using StreamHandle = detail::handle<detail::stream_tag>;
+using EventHandle = detail::handle<detail::event_tag>;
+
+// Flags for event_create; combine with |.
+enum class EventFlags : unsigned {
+  none = 0,
+  timing = 1u << 0,         // the event records a timestamp (elapsed_time)
+  blocking_sync = 1u << 1,  // event_synchronize may yield the CPU instead of spinning
+};
+constexpr EventFlags operator|(EventFlags a, EventFlags b) noexcept {
+  return static_cast<EventFlags>(static_cast<unsigned>(a) | static_cast<unsigned>(b));
+}
+constexpr EventFlags operator&(EventFlags a, EventFlags b) noexcept {
+  return static_cast<EventFlags>(static_cast<unsigned>(a) & static_cast<unsigned>(b));
+}
+constexpr bool has_flag(EventFlags set, EventFlags flag) noexcept {
+  return (static_cast<unsigned>(set) & static_cast<unsigned>(flag)) != 0;
+}
+
+// Live memory figures of one device, in bytes.
+struct MemoryInfo {
+  std::uint64_t free = 0;
+  std::uint64_t total = 0;
+};
+
+ACCELKIT_END_NAMESPACE

@@ -1,0 +1,519 @@
+// Device discovery, initialization, current device and fork behaviour of
+// Backend<R>, against the simdev runtime.
+#include "catch.hpp"
+
+#include <accelkit/accelkit.hpp>
+
+#include "simdev_runtime.hpp"
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+using namespace accelkit;
+using SimBackend = Backend<simdev::SimRuntime>;
+
+namespace {
+simdev::Config devices(int n) {
+  simdev::Config c;
+  c.device_count = n;
+  c.memory_bytes = {64ull << 20};
+  return c;
+}
+
+Environment env(std::map<std::string, std::string> vars = {}) {
+  return Environment::fixed(std::move(vars));
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+}  // namespace
+
+TEST_CASE("discovery: device_count counts devices without creating a context") {
+  SimBackend b(env(), devices(3));
+  CHECK(b.device_count() == 3);
+  CHECK(b.init_error().empty());
+  CHECK(b.runtime().contexts_created() == 0);
+  CHECK_FALSE(b.is_initialized());
+  CHECK_FALSE(b.runtime().initialized());
+}
+
+TEST_CASE("discovery: initialization is lazy, runs once, and then creates contexts") {
+  SimBackend b(env(), devices(2));
+  CHECK(b.device_count() == 2);
+  b.set_device(1);
+  CHECK(b.is_initialized());
+  CHECK(b.runtime().initialized());
+  CHECK(b.runtime().contexts_created() == 1);
+  CHECK(b.runtime().get_device() == 1);
+}
+
+TEST_CASE("discovery: many threads initializing at once initialize once") {
+  SimBackend b(env(), devices(2));
+  b.runtime().inject_fault("initialize", 2);  // a second initialize() would throw
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&] {
+      try {
+        b.lazy_init();
+        if (b.device_count() != 2) ++failures;
+      } catch (...) {
+        ++failures;
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(failures == 0);
+  CHECK(b.is_initialized());
+}
+
+TEST_CASE("discovery: the visibility variable filters and reorders devices") {
+  SimBackend b(env({{"SIMDEV_VISIBLE_DEVICES", "2,0"}}), devices(3));
+  REQUIRE(b.device_count() == 2);
+  CHECK(b.visible_devices() == std::vector<int>{2, 0});
+  simdev::SimRuntime reference(devices(3));
+  CHECK(b.properties(0).uuid == reference.properties(2).uuid);
+  CHECK(b.properties(1).uuid == reference.properties(0).uuid);
+  b.set_device(0);
+  CHECK(b.runtime().get_device() == 2);  // logical 0 is physical 2
+}
+
+TEST_CASE("discovery: the visibility variable accepts UUIDs") {
+  simdev::SimRuntime reference(devices(2));
+  std::string uuid1 = reference.properties(1).uuid;
+  SimBackend b(env({{"SIMDEV_VISIBLE_DEVICES", uuid1}}), devices(2));
+  REQUIRE(b.device_count() == 1);
+  CHECK(b.properties(0).uuid == uuid1);
+  CHECK(b.runtime().contexts_created() == 0);  // matching UUIDs created no context
+}
+
+TEST_CASE("discovery: a malformed visibility variable gives 0 devices and a clear error") {
+  SimBackend b(env({{"SIMDEV_VISIBLE_DEVICES", "0,banana"}}), devices(2));
+  CHECK(b.device_count() == 0);  // never throws
+  CHECK(contains(b.init_error(), "SIMDEV_VISIBLE_DEVICES='0,banana'"));
+  CHECK(contains(b.init_error(), "entry 'banana'"));
+  CHECK_THROWS_AS(b.lazy_init(), ValueError);
+  try {
+    b.set_device(0);
+    FAIL("set_device succeeded without devices");
+  } catch (const ValueError& e) {
+    CHECK(e.backend() == "simdev");
+    CHECK(contains(e.what(), "entry 'banana'"));
+  }
+  CHECK(b.device_count() == 0);  // the state stays consistent
+}
+
+TEST_CASE("discovery: a hidden-everything variable gives 0 devices and a RuntimeError on use") {
+  SimBackend b(env({{"SIMDEV_VISIBLE_DEVICES", ""}}), devices(2));
+  CHECK(b.device_count() == 0);
+  CHECK(b.init_error().empty());
+  try {
+    b.lazy_init();
+    FAIL("lazy_init succeeded without devices");
+  } catch (const RuntimeError& e) {
+    CHECK(contains(e.what(), "no simdev device is visible (all are hidden)"));
+    CHECK(contains(e.what(), "SIMDEV_VISIBLE_DEVICES=''"));
+  }
+}
+
+TEST_CASE("discovery: a driver failure in device_count gives 0 devices with the reason") {
+  simdev::Config c = devices(2);
+  c.faults["device_count"] = 1;
+  SimBackend b(env(), c);
+  CHECK(b.device_count() == 0);
+  CHECK(contains(b.init_error(), "simdev driver error 999 in device_count: injected fault"));
+  try {
+    b.lazy_init();
+    FAIL("lazy_init succeeded after a failed discovery");
+  } catch (const DriverError& e) {
+    CHECK(e.code() == simdev::kInjectedFault);
+    CHECK(e.call() == "device_count");
+  }
+}
+
+TEST_CASE("discovery: a malformed runtime variable surfaces as a ValueError naming it") {
+  // SimRuntime() reads the process environment at its first device_count.
+  ::setenv("SIMDEV_DEVICE_COUNT", "two", 1);
+  SimBackend b(env());
+  int count = b.device_count();
+  ::unsetenv("SIMDEV_DEVICE_COUNT");
+  CHECK(count == 0);
+  CHECK(contains(b.init_error(), "SIMDEV_DEVICE_COUNT='two': expected a non-negative integer"));
+  CHECK_THROWS_AS(b.lazy_init(), ValueError);
+
+  auto error_of = [](std::map<std::string, std::string> vars) -> std::string {
+    try {
+      simdev::Config::from_environment(Environment::fixed(std::move(vars)));
+    } catch (const ValueError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CHECK(contains(error_of({{"SIMDEV_DEVICE_COUNT", "65"}}), "must be in 0..64"));
+  CHECK(contains(error_of({{"SIMDEV_DEVICE_COUNT", "-1"}}), "SIMDEV_DEVICE_COUNT='-1'"));
+  CHECK(contains(error_of({{"SIMDEV_MEMORY_MB", "0"}}), "SIMDEV_MEMORY_MB='0'"));
+  CHECK(contains(error_of({{"SIMDEV_MEMORY_MB", "1,2,3"}}), "gives 3 capacities for 2 devices"));
+  CHECK(contains(error_of({{"SIMDEV_HOST_VISIBLE", "yes"}}), "expected 0 or 1"));
+  CHECK(contains(error_of({{"SIMDEV_INJECT_FAULT", "@3"}}), "entry '@3' is not member[@n]"));
+  CHECK(error_of({{"SIMDEV_MEMORY_MB", "16,32"}, {"SIMDEV_INJECT_FAULT", "malloc@2"}}).empty());
+}
+
+TEST_CASE("discovery: a failing initialize() throws and the next use retries") {
+  SimBackend b(env(), devices(1));
+  b.runtime().inject_fault("initialize");
+  CHECK_THROWS_AS(b.lazy_init(), DriverError);
+  CHECK_FALSE(b.is_initialized());
+  CHECK_NOTHROW(b.set_device(0));
+  CHECK(b.is_initialized());
+}
+
+TEST_CASE("discovery: an out-of-range device index is an IndexError naming index and count") {
+  SimBackend b(env(), devices(2));
+  for (int bad : {2, -1, 1000}) {
+    try {
+      b.set_device(bad);
+      FAIL("set_device accepted " << bad);
+    } catch (const IndexError& e) {
+      CHECK(e.backend() == "simdev");
+      CHECK(contains(e.what(), "invalid device index " + std::to_string(bad) +
+                                   ": simdev has 2 visible devices (valid: 0..1)"));
+    }
+  }
+  CHECK_THROWS_AS(b.properties(2), IndexError);
+  CHECK_THROWS_AS(b.raw_malloc(5, 16), IndexError);
+  CHECK(b.current_device() == 0);  // nothing changed
+
+  SimBackend one(env({{"SIMDEV_VISIBLE_DEVICES", "1"}}), devices(2));
+  try {
+    one.set_device(1);
+    FAIL("set_device accepted a hidden device");
+  } catch (const IndexError& e) {
+    CHECK(contains(e.what(), "simdev has 1 visible device (valid: 0); "
+                             "SIMDEV_VISIBLE_DEVICES='1'"));
+  }
+}
+
+TEST_CASE("current device: per thread, and the runtime is told only on change") {
+  SimBackend b(env(), devices(2));
+  CHECK(b.current_device() == 0);
+  b.set_device(1);
+  CHECK(b.current_device() == 1);
+  int seen_in_thread = -1;
+  std::thread([&] {
+    seen_in_thread = b.current_device();
+    b.set_device(0);
+  }).join();
+  CHECK(seen_in_thread == 0);   // a new thread starts on device 0
+  CHECK(b.current_device() == 1);  // the other thread's change did not leak here
+  CHECK(b.exchange_device(0) == 1);
+  CHECK(b.current_device() == 0);
+
+  b.runtime().inject_fault("set_device");  // a driver call would now fail...
+  CHECK_NOTHROW(b.set_device(0));          // ...but setting the same device makes none
+  CHECK_THROWS_AS(b.set_device(1), DriverError);
+  CHECK(b.current_device() == 0);          // a failed set leaves the device as it was
+}
+
+TEST_CASE("current device: backends of the same runtime keep separate current devices") {
+  SimBackend a(env(), devices(2));
+  SimBackend c(env(), devices(2));
+  a.set_device(1);
+  CHECK(c.current_device() == 0);
+}
+
+TEST_CASE("device guard: restores the previous device, also after an exception") {
+  SimBackend b(env(), devices(2));
+  b.set_device(0);
+  try {
+    DeviceGuard<simdev::SimRuntime> guard(b, 1);
+    CHECK(b.current_device() == 1);
+    CHECK(guard.previous() == 0);
+    throw std::runtime_error("user code failed");
+  } catch (const std::runtime_error&) {
+  }
+  CHECK(b.current_device() == 0);
+  CHECK_THROWS_AS(DeviceGuard<simdev::SimRuntime>(b, 7), IndexError);
+  CHECK(b.current_device() == 0);
+}
+
+TEST_CASE("capabilities: the typed query API answers from the validated schema") {
+  simdev::Config c = devices(2);
+  c.memory_bytes = {32ull << 20, 64ull << 20};
+  SimBackend b(env(), c);
+  CHECK(b.properties(0).total_memory == 32ull << 20);
+  CHECK(b.properties(1).total_memory == 64ull << 20);
+  CHECK(b.properties(0).event_timing);
+  CHECK(b.supports(0, DType::float8_e4m3fn));
+  CHECK(b.extra<bool>(0, "simdev.host_memory_backed") == true);
+  CHECK_FALSE(b.extra<bool>(0, "simdev.absent").has_value());
+  try {
+    b.extra<std::string>(1, "simdev.host_memory_backed");
+    FAIL("a bool extra was read as a string");
+  } catch (const ValueError& e) {
+    CHECK(std::string(e.what()) ==
+          "simdev: device 1: device extra 'simdev.host_memory_backed' is of type bool, not "
+          "string");
+  }
+  CHECK(b.can_access_peer(0, 1));
+  CHECK(b.peer_access_matrix() == std::vector<std::vector<bool>>{{true, true}, {true, true}});
+
+  simdev::Config hidden = devices(2);
+  hidden.host_visible = false;
+  SimBackend nv(env(), hidden);
+  CHECK_FALSE(nv.properties(0).host_visible_memory);
+  CHECK(nv.peer_access_matrix() == std::vector<std::vector<bool>>{{true, false}, {false, true}});
+}
+
+TEST_CASE("capabilities: free memory is live") {
+  SimBackend b(env(), devices(1));
+  MemoryInfo before = b.memory_info(0);
+  CHECK(before.total == 64ull << 20);
+  CHECK(before.free == before.total);
+  void* p = b.raw_malloc(0, 10ull << 20);
+  CHECK(b.memory_info(0).free == before.free - (10ull << 20));
+  b.raw_free(0, p, 10ull << 20);
+  CHECK(b.memory_info(0).free == before.free);
+}
+
+TEST_CASE("capabilities: a driver failure in properties() is not cached") {
+  simdev::Config c = devices(1);
+  c.faults["properties"] = 1;  // first properties() call fails in the driver
+  SimBackend b(env(), c);
+  CHECK_THROWS_AS(b.properties(0), DriverError);
+  CHECK(b.properties(0).name == "SimDev S1");
+}
+
+TEST_CASE("raw memory: out of memory is an OutOfMemoryError and the next allocation works") {
+  SimBackend b(env(), devices(1));  // 64 MiB
+  void* a = b.raw_malloc(0, 48ull << 20);
+  try {
+    b.raw_malloc(0, 32ull << 20);
+    FAIL("allocation beyond capacity succeeded");
+  } catch (const OutOfMemoryError& e) {
+    CHECK(e.kind() == ErrorKind::out_of_memory);
+    CHECK(contains(e.what(), "out of memory allocating 33554432 bytes on simdev:0 (capacity "
+                             "67108864 bytes, 50331648 bytes held"));
+  }
+  void* c = b.raw_malloc(0, 8ull << 20);  // still usable
+  CHECK(c != nullptr);
+  b.raw_free(0, c, 8ull << 20);
+  b.raw_free(0, a, 48ull << 20);
+  CHECK(b.raw_bytes_held(0) == 0);
+  CHECK(b.runtime().bytes_in_use(0) == 0);
+
+  try {
+    b.raw_malloc(0, std::size_t{1} << 62);
+    FAIL("a huge allocation succeeded");
+  } catch (const OutOfMemoryError& e) {
+    CHECK(contains(e.what(), "cannot allocate 4611686018427387904 bytes on simdev:0: the "
+                             "largest single allocation on this device is 67108864 bytes"));
+  }
+  CHECK(b.raw_malloc(0, 0) == nullptr);
+}
+
+TEST_CASE("raw operations: a driver failure mid-copy is a DriverError and state stays usable") {
+  SimBackend b(env(), devices(2));
+  StreamHandle s = b.stream_create(0, 0);
+  std::vector<char> host(1024, 'x'), back(1024, 0);
+  void* d = b.raw_malloc(0, 1024);
+  b.runtime().inject_fault("memcpy_async");
+  CHECK_THROWS_AS(b.memcpy_async(0, d, host.data(), 1024, CopyKind::host_to_device, s),
+                  DriverError);
+  b.memcpy_async(0, d, host.data(), 1024, CopyKind::host_to_device, s);
+  b.stream_synchronize(0, s);
+  b.memcpy(0, back.data(), d, 1024, CopyKind::device_to_host);
+  CHECK(back == host);
+
+  // Peer copy between devices, and its host-staged default path.
+  void* d1 = b.raw_malloc(1, 1024);
+  b.memset_async(1, d1, 0, 1024, b.stream_create(1, 0));
+  b.memcpy_peer_async(d1, 1, d, 0, 1024, s);
+  std::vector<char> peer(1024, 0);
+  b.memcpy(1, peer.data(), d1, 1024, CopyKind::device_to_host);
+  CHECK(peer == host);
+
+  // Use after destroy is a driver error, not a crash.
+  b.stream_destroy(0, s);
+  CHECK_THROWS_AS(b.stream_query(0, s), DriverError);
+  b.raw_free(0, d, 1024);
+  b.raw_free(1, d1, 1024);
+}
+
+TEST_CASE("raw operations: events time work and elapsed time needs recorded timing events") {
+  SimBackend b(env(), devices(1));
+  StreamHandle s = b.stream_create(0, -1);
+  EventHandle start = b.event_create(0, EventFlags::timing);
+  EventHandle end = b.event_create(0, EventFlags::timing);
+  CHECK(b.event_query(0, start));  // never recorded counts as complete
+  b.event_record(0, start, s);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  b.event_record(0, end, s);
+  b.event_synchronize(0, end);
+  CHECK(b.event_elapsed_time(0, start, end) >= 1.0f);
+  EventHandle plain = b.event_create(0, EventFlags::none);
+  CHECK_THROWS_AS(b.event_elapsed_time(0, plain, end), DriverError);
+  b.event_destroy(0, start);
+  CHECK_THROWS_AS(b.event_record(0, start, s), DriverError);
+  CHECK_THROWS_AS(b.stream_create(0, 5), DriverError);  // outside simdev's priority range
+}
+
+namespace {
+// simdev without its optional members (event timing, peer access, peer
+// copies, initialize), and with a hook to alter the properties it reports.
+struct NoTiming : Runtime<NoTiming> {
+  static constexpr std::string_view name = "notiming";
+  simdev::SimRuntime sim{devices(2)};
+  std::function<void(DeviceProperties&)> tweak = [](DeviceProperties&) {};
+  int device_count() { return sim.device_count(); }
+  DeviceProperties properties(device_index d) {
+    DeviceProperties p = sim.properties(d);
+    p.extras.clear();  // simdev's extras are namespaced "simdev."
+    tweak(p);
+    return p;  // claims event_timing, which the SDK overrides
+  }
+  device_index get_device() { return sim.get_device(); }
+  void set_device(device_index d) { sim.set_device(d); }
+  void* malloc(device_index d, std::size_t n) { return sim.malloc(d, n); }
+  void free(device_index d, void* p) { sim.free(d, p); }
+  void* host_malloc(std::size_t n) { return sim.host_malloc(n); }
+  void host_free(void* p) { sim.host_free(p); }
+  void memcpy(device_index d, void* dst, const void* src, std::size_t n, CopyKind k) {
+    sim.memcpy(d, dst, src, n, k);
+  }
+  void memcpy_async(device_index d, void* dst, const void* src, std::size_t n, CopyKind k,
+                    StreamHandle s) {
+    sim.memcpy_async(d, dst, src, n, k, s);
+  }
+  void memset_async(device_index d, void* p, int v, std::size_t n, StreamHandle s) {
+    sim.memset_async(d, p, v, n, s);
+  }
+  StreamHandle stream_create(device_index d, int p) { return sim.stream_create(d, p); }
+  void stream_destroy(device_index d, StreamHandle s) { sim.stream_destroy(d, s); }
+  bool stream_query(device_index d, StreamHandle s) { return sim.stream_query(d, s); }
+  void stream_synchronize(device_index d, StreamHandle s) { sim.stream_synchronize(d, s); }
+  void stream_wait_event(device_index d, StreamHandle s, EventHandle e) {
+    sim.stream_wait_event(d, s, e);
+  }
+  EventHandle event_create(device_index d, EventFlags f) { return sim.event_create(d, f); }
+  void event_destroy(device_index d, EventHandle e) { sim.event_destroy(d, e); }
+  void event_record(device_index d, EventHandle e, StreamHandle s) { sim.event_record(d, e, s); }
+  bool event_query(device_index d, EventHandle e) { return sim.event_query(d, e); }
+  void event_synchronize(device_index d, EventHandle e) { sim.event_synchronize(d, e); }
+  void device_synchronize(device_index d) { sim.device_synchronize(d); }
+};
+}  // namespace
+
+TEST_CASE("optional members: absent ones get their documented defaults") {
+  Backend<NoTiming> b(env());
+  CHECK_FALSE(b.properties(0).event_timing);  // overridden: no event_elapsed_time member
+  CHECK_FALSE(b.can_access_peer(0, 1));
+  CHECK(b.can_access_peer(1, 1));
+  StreamHandle s = b.stream_create(0, 0);
+  EventHandle e = b.event_create(0, EventFlags::timing);
+  b.event_record(0, e, s);
+  try {
+    b.event_elapsed_time(0, e, e);
+    FAIL("elapsed time without support");
+  } catch (const NotSupportedError& err) {
+    CHECK(std::string(err.what()) ==
+          "notiming: notiming:0 does not support event timing (event_elapsed_time); check "
+          "properties().event_timing");
+  }
+  // Peer copy staged through pinned host memory.
+  std::vector<int> host(256, 7), back(256, 0);
+  void* a = b.raw_malloc(0, 1024);
+  void* c = b.raw_malloc(1, 1024);
+  b.memcpy(0, a, host.data(), 1024, CopyKind::host_to_device);
+  b.memcpy_peer_async(c, 1, a, 0, 1024, s);
+  b.memcpy(1, back.data(), c, 1024, CopyKind::device_to_host);
+  CHECK(back == host);
+  CHECK(b.runtime().sim.pinned_blocks() == 0);  // the staging buffer was returned
+  // memory_info default: total minus what the SDK holds.
+  CHECK(b.memory_info(0).free == b.properties(0).total_memory - 1024);
+  b.raw_free(0, a, 1024);
+  b.raw_free(1, c, 1024);
+}
+
+TEST_CASE("capabilities: an inconsistent schema from the runtime is a ValueError on query") {
+  Backend<NoTiming> b(env());
+  b.runtime().tweak = [](DeviceProperties& p) {
+    p.max_allocation = p.total_memory * 2;
+    p.subgroup_size = 3;
+  };
+  for (int attempt = 0; attempt < 2; ++attempt) {  // reported on every query
+    try {
+      b.properties(1);
+      FAIL("inconsistent properties were accepted");
+    } catch (const ValueError& e) {
+      CHECK(std::string(e.what()) ==
+            "notiming: device 1 reports inconsistent properties: max_allocation (134217728) "
+            "exceeds total_memory (67108864); subgroup_size is 3 (must be a power of two)");
+    }
+  }
+  std::string report = report_json(b);  // the report carries the error instead of throwing
+  CHECK(contains(report, "\"error\": \"notiming: device 0 reports inconsistent properties"));
+  b.runtime().tweak = [](DeviceProperties&) {};
+  CHECK(b.properties(1).subgroup_size == 32);  // fixed at the source: accepted
+}
+
+namespace {
+// Runs `child` in a forked process and returns its exit status.
+template <class F>
+int in_child(F child) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 99;
+    try {
+      code = child();
+    } catch (...) {
+      code = 98;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+}  // namespace
+
+TEST_CASE("fork: a child of an initialized process gets a clear error but can count devices") {
+  SimBackend b(env(), devices(2));
+  b.set_device(1);
+  int status = in_child([&] {
+    if (b.device_count() != 2) return 1;
+    try {
+      b.set_device(0);
+      return 2;  // device use must fail in the child
+    } catch (const RuntimeError& e) {
+      std::string what = e.what();
+      if (what.find("cannot use simdev in a process forked after simdev was initialized") ==
+          std::string::npos)
+        return 3;
+      if (what.find("'spawn'") == std::string::npos) return 4;
+    }
+    try {
+      b.properties(0);
+      return 5;
+    } catch (const RuntimeError&) {
+    }
+    return 0;
+  });
+  CHECK(status == 0);
+  CHECK_NOTHROW(b.set_device(0));  // the parent is unaffected
+}
+
+TEST_CASE("fork: a child of a process that only counted devices may initialize") {
+  SimBackend b(env(), devices(2));
+  CHECK(b.device_count() == 2);
+  int status = in_child([&] {
+    b.set_device(1);
+    return b.current_device() == 1 ? 0 : 1;
+  });
+  CHECK(status == 0);
+}

@@ -1,0 +1,80 @@
+// The device and capability report.
+#include "catch.hpp"
+
+#include <accelkit/accelkit.hpp>
+#include <accelkit/detail/json.hpp>
+
+#include "simdev_runtime.hpp"
+
+#include <string>
+
+using namespace accelkit;
+using SimBackend = Backend<simdev::SimRuntime>;
+
+namespace {
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+simdev::Config two_devices() {
+  simdev::Config c;
+  c.device_count = 2;
+  c.memory_bytes = {32ull << 20, 64ull << 20};
+  return c;
+}
+}  // namespace
+
+TEST_CASE("report: JSON carries every schema field of every device") {
+  SimBackend b(Environment::fixed({{"SIMDEV_VISIBLE_DEVICES", "1,0"}}), two_devices());
+  std::string j = report_json(b);
+  CHECK(contains(j, "\"schema_version\": 1"));
+  CHECK(contains(j, "\"backend\": \"simdev\""));
+  CHECK(contains(j, "\"visible_devices_variable\": \"SIMDEV_VISIBLE_DEVICES\""));
+  CHECK(contains(j, "\"device_count\": 2"));
+  CHECK(contains(j, "\"init_error\": null"));
+  CHECK(contains(j, "\"index\": 0,\n      \"physical_index\": 1"));
+  CHECK(contains(j, "\"total_memory\": 67108864"));  // logical 0 is physical 1
+  CHECK(contains(j, "\"free_memory\": 67108864"));
+  CHECK(contains(j, "\"pci_bus_id\": \"0000:11:00.0\""));
+  CHECK(contains(j, "\"float8_e4m3fn\""));
+  CHECK(contains(j, "\"levels\": 3"));
+  CHECK(contains(j, "\"event_timing\": true"));
+  CHECK(contains(j, "\"simdev.host_memory_backed\": true"));
+  CHECK(contains(j, "\"peer_access\": [\n    [\n      true,\n      true\n    ]"));
+  CHECK(b.runtime().contexts_created() == 0);  // reporting created no context
+}
+
+TEST_CASE("report: a failed discovery reports 0 devices and the reason") {
+  SimBackend b(Environment::fixed({{"SIMDEV_VISIBLE_DEVICES", "7"}}), two_devices());
+  std::string j = report_json(b);
+  CHECK(contains(j, "\"device_count\": 0"));
+  CHECK(contains(j, "\"init_error\": \"simdev: SIMDEV_VISIBLE_DEVICES='7': entry '7' is not a "
+                    "device: simdev has 2 devices (indices 0..1)\""));
+  CHECK(contains(j, "\"devices\": []"));
+  CHECK(contains(j, "\"peer_access\": null"));
+  std::string t = report_text(b);
+  CHECK(contains(t, "backend simdev: 0 visible devices"));
+  CHECK(contains(t, "discovery failed: simdev: SIMDEV_VISIBLE_DEVICES='7'"));
+}
+
+TEST_CASE("report: text summary names each device and its capabilities") {
+  SimBackend b(Environment::fixed({}), two_devices());
+  std::string t = report_text(b);
+  CHECK(contains(t, "backend simdev: 2 visible devices"));
+  CHECK(contains(t, "simdev:0  SimDev S1 (accelkit, simdev-1)"));
+  CHECK(contains(t, "memory 32 MiB total, 32 MiB free"));
+  CHECK(contains(t, "simdev:1  SimDev S1"));
+  CHECK(contains(t, "stream priorities 0..-2 (3 levels), event timing yes"));
+  CHECK(contains(t, "peer access (row can access column):"));
+}
+
+TEST_CASE("report: the JSON writer escapes strings and nests containers") {
+  detail::JsonWriter w;
+  w.begin_object()
+      .field("s", std::string("a\"b\\c\nd\x01"))
+      .key("empty").begin_array().end_array()
+      .key("list").begin_array().value(1).value(2.5).value(false).null().end_array()
+      .end_object();
+  CHECK(w.str() ==
+        "{\n  \"s\": \"a\\\"b\\\\c\\nd\\u0001\",\n  \"empty\": [],\n  \"list\": [\n    1,\n    "
+        "2.5,\n    false,\n    null\n  ]\n}");
+}
