@@ -332,8 +332,11 @@ TEST_CASE("raw operations: a driver failure mid-copy is a DriverError and state 
 
   // Peer copy between devices, and its host-staged default path.
   void* d1 = b.raw_malloc(1, 1024);
-  b.memset_async(1, d1, 0, 1024, b.stream_create(1, 0));
+  StreamHandle s1 = b.stream_create(1, 0);
+  b.memset_async(1, d1, 0, 1024, s1);
+  b.stream_synchronize(1, s1);
   b.memcpy_peer_async(d1, 1, d, 0, 1024, s);
+  b.stream_synchronize(0, s);  // the synchronous memcpy is not ordered with streams
   std::vector<char> peer(1024, 0);
   b.memcpy(1, peer.data(), d1, 1024, CopyKind::device_to_host);
   CHECK(peer == host);

@@ -1,11 +1,13 @@
 // simdev: a simulated multi-device accelerator, the reference runtime.
 //
 // Each device is a slice of host memory with its own capacity, so running out
-// of memory is real. Streams and events keep the bookkeeping a driver keeps
-// (live handles, so use after destroy is a driver error; event timestamps),
-// and every member can be made to fail on purpose to test error paths.
-// Streams here execute work as it is enqueued, in order; asynchronous
-// execution arrives with the stream layer.
+// of memory is real; device memory comes from mmap, so a raw allocation costs
+// microseconds as it does on real drivers. Streams are truly asynchronous:
+// each runs its work in order on a worker thread of its own, so ordering bugs
+// in the layers above show. Events complete when their stream reaches them
+// and carry timestamps. Handles are checked (use after destroy is a driver
+// error), and every member can be made to fail on purpose to test error
+// paths.
 //
 // Configuration, read at the first device_count() (each a clear error when
 // malformed):
@@ -25,6 +27,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -36,6 +41,8 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+
+#include <sys/mman.h>
 
 namespace simdev {
 
@@ -191,14 +198,14 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     check(device, "malloc");
     fault("malloc");
     Device& d = context(device);
-    std::size_t rounded = (bytes + 255) / 256 * 256;
+    std::size_t rounded = (bytes + kPage - 1) / kPage * kPage;
     std::uint64_t used = d.used.fetch_add(rounded);
     if (used + rounded > config_.capacity(device)) {
       d.used.fetch_sub(rounded);
       return nullptr;
     }
-    void* p = std::aligned_alloc(256, rounded);
-    if (p == nullptr) {
+    void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
       d.used.fetch_sub(rounded);
       return nullptr;
     }
@@ -221,20 +228,32 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       bytes = it->second;
       d.allocations.erase(it);
     }
-    std::free(ptr);
+    ::munmap(ptr, bytes);
     d.used.fetch_sub(bytes);
   }
 
   void* host_malloc(std::size_t bytes) {
     fault("host_malloc");
-    void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-    if (p != nullptr) pinned_blocks_.fetch_add(1);
+    std::size_t rounded = (bytes + kPage - 1) / kPage * kPage;
+    void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    std::lock_guard<std::mutex> lock(pinned_mutex_);
+    pinned_.emplace(static_cast<char*>(p), rounded);
     return p;
   }
   void host_free(void* ptr) {
     fault("host_free");
-    std::free(ptr);
-    pinned_blocks_.fetch_sub(1);
+    std::size_t bytes = 0;
+    {
+      std::lock_guard<std::mutex> lock(pinned_mutex_);
+      auto it = pinned_.find(static_cast<char*>(ptr));
+      if (it == pinned_.end())
+        driver_error(kInvalidValue, "host_free",
+                     fmt::format("pointer {} was not allocated by host_malloc", ptr));
+      bytes = it->second;
+      pinned_.erase(it);
+    }
+    ::munmap(ptr, bytes);
   }
 
   void memcpy(int device, void* dst, const void* src, std::size_t bytes, accelkit::CopyKind) {
@@ -243,18 +262,29 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::memcpy(dst, src, bytes);
   }
 
+  // Copies that touch pinned host memory, or only device memory, run on the
+  // stream; a copy from or to pageable host memory waits for the stream and
+  // runs at once, as CUDA's do.
   void memcpy_async(int device, void* dst, const void* src, std::size_t bytes,
-                    accelkit::CopyKind, accelkit::StreamHandle stream) {
-    stream_of(device, stream, "memcpy_async");
+                    accelkit::CopyKind kind, accelkit::StreamHandle stream) {
+    auto s = stream_of(device, stream, "memcpy_async");
     fault("memcpy_async");
-    std::memcpy(dst, src, bytes);
+    const void* host = kind == accelkit::CopyKind::host_to_device   ? src
+                       : kind == accelkit::CopyKind::device_to_host ? dst
+                                                                    : nullptr;
+    if (host != nullptr && !is_pinned(host, bytes)) {
+      s->synchronize();
+      std::memcpy(dst, src, bytes);
+      return;
+    }
+    s->enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
   }
 
   void memset_async(int device, void* ptr, int value, std::size_t bytes,
                     accelkit::StreamHandle stream) {
-    stream_of(device, stream, "memset_async");
+    auto s = stream_of(device, stream, "memset_async");
     fault("memset_async");
-    std::memset(ptr, value, bytes);
+    s->enqueue([ptr, value, bytes] { std::memset(ptr, value, bytes); });
   }
 
   bool can_access_peer(int device, int peer) {
@@ -266,9 +296,9 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device,
                          std::size_t bytes, accelkit::StreamHandle stream) {
     check(dst_device, "memcpy_peer_async");
-    stream_of(src_device, stream, "memcpy_peer_async");
+    auto s = stream_of(src_device, stream, "memcpy_peer_async");
     fault("memcpy_peer_async");
-    std::memcpy(dst, src, bytes);
+    s->enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
   }
 
   accelkit::StreamHandle stream_create(int device, int priority) {
@@ -278,49 +308,56 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       driver_error(kInvalidValue, "stream_create",
                    fmt::format("priority {} is outside simdev's range 0..-2", priority));
     Device& d = context(device);
-    auto s = std::make_unique<Stream>(Stream{device, priority});
+    auto s = std::make_shared<Stream>(device, priority);
     accelkit::StreamHandle h = accelkit::StreamHandle::from_pointer(s.get());
     std::lock_guard<std::mutex> lock(d.mutex);
     d.streams.emplace(h.value, std::move(s));
     return h;
   }
 
+  // Waits for the stream's queued work, then stops its worker.
   void stream_destroy(int device, accelkit::StreamHandle stream) {
-    stream_of(device, stream, "stream_destroy");
+    auto s = stream_of(device, stream, "stream_destroy");
     fault("stream_destroy");
-    Device& d = context(device);
-    std::lock_guard<std::mutex> lock(d.mutex);
-    d.streams.erase(stream.value);
+    {
+      Device& d = context(device);
+      std::lock_guard<std::mutex> lock(d.mutex);
+      d.streams.erase(stream.value);
+    }
+    s->stop();
   }
 
   bool stream_query(int device, accelkit::StreamHandle stream) {
-    stream_of(device, stream, "stream_query");
+    auto s = stream_of(device, stream, "stream_query");
     fault("stream_query");
-    return true;  // work runs as it is enqueued
+    return s->idle();
   }
 
   void stream_synchronize(int device, accelkit::StreamHandle stream) {
-    stream_of(device, stream, "stream_synchronize");
+    auto s = stream_of(device, stream, "stream_synchronize");
     fault("stream_synchronize");
+    s->synchronize();
   }
 
   void stream_wait_event(int device, accelkit::StreamHandle stream, accelkit::EventHandle event) {
-    stream_of(device, stream, "stream_wait_event");
-    event_of(event, "stream_wait_event");
+    auto s = stream_of(device, stream, "stream_wait_event");
+    auto e = event_of(event, "stream_wait_event");
     fault("stream_wait_event");
+    std::uint64_t target = e->records.load();
+    if (target == 0) return;  // never recorded: nothing to wait for
+    s->enqueue([e, target] { e->wait_for(target); });
   }
 
   accelkit::EventHandle event_create(int device, accelkit::EventFlags flags) {
     check(device, "event_create");
     fault("event_create");
-    Device& d = context(device);
-    auto e = std::make_unique<Event>();
+    context(device);
+    auto e = std::make_shared<Event>();
     e->device = device;
     e->timing = accelkit::has_flag(flags, accelkit::EventFlags::timing);
     accelkit::EventHandle h = accelkit::EventHandle::from_pointer(e.get());
     std::lock_guard<std::mutex> lock(events_mutex_);
     events_.emplace(h.value, std::move(e));
-    (void)d;
     return h;
   }
 
@@ -329,45 +366,84 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     event_of(event, "event_destroy");
     fault("event_destroy");
     std::lock_guard<std::mutex> lock(events_mutex_);
-    events_.erase(event.value);
+    events_.erase(event.value);  // queued records keep the state alive
   }
 
   void event_record(int device, accelkit::EventHandle event, accelkit::StreamHandle stream) {
-    stream_of(device, stream, "event_record");
-    Event& e = event_of(event, "event_record");
+    auto s = stream_of(device, stream, "event_record");
+    auto e = event_of(event, "event_record");
     fault("event_record");
-    if (e.device != device)
+    if (e->device != device)
       driver_error(kInvalidValue, "event_record",
-                   fmt::format("event of device {} recorded on a stream of device {}", e.device,
+                   fmt::format("event of device {} recorded on a stream of device {}", e->device,
                                device));
-    e.recorded = true;
-    e.when = std::chrono::steady_clock::now();
+    std::uint64_t target = ++e->records;
+    s->enqueue([e, target] { e->complete(target); });
   }
 
   bool event_query(int, accelkit::EventHandle event) {
-    event_of(event, "event_query");
+    auto e = event_of(event, "event_query");
     fault("event_query");
-    return true;
+    return e->done();
   }
 
   void event_synchronize(int, accelkit::EventHandle event) {
-    event_of(event, "event_synchronize");
+    auto e = event_of(event, "event_synchronize");
     fault("event_synchronize");
+    e->wait_for(e->records.load());
   }
 
   float event_elapsed_time(int, accelkit::EventHandle start, accelkit::EventHandle end) {
-    Event& a = event_of(start, "event_elapsed_time");
-    Event& b = event_of(end, "event_elapsed_time");
+    auto a = event_of(start, "event_elapsed_time");
+    auto b = event_of(end, "event_elapsed_time");
     fault("event_elapsed_time");
-    if (!a.timing || !b.timing || !a.recorded || !b.recorded)
-      driver_error(kInvalidHandle, "event_elapsed_time",
-                   "both events must be recorded timing events");
-    return std::chrono::duration<float, std::milli>(b.when - a.when).count();
+    if (!a->timing || !b->timing)
+      driver_error(kInvalidHandle, "event_elapsed_time", "both events must be timing events");
+    if (a->records == 0 || b->records == 0)
+      driver_error(kInvalidHandle, "event_elapsed_time", "both events must be recorded");
+    if (!a->done() || !b->done())
+      driver_error(kNotReady, "event_elapsed_time", "an event has not completed yet");
+    std::lock_guard<std::mutex> la(a->mutex);
+    auto ta = a->when;
+    std::lock_guard<std::mutex> lb(b->mutex);
+    return std::chrono::duration<float, std::milli>(b->when - ta).count();
   }
 
   void device_synchronize(int device) {
     check(device, "device_synchronize");
     fault("device_synchronize");
+    std::vector<std::shared_ptr<Stream>> streams;
+    {
+      Device& d = context(device);
+      std::lock_guard<std::mutex> lock(d.mutex);
+      for (auto& kv : d.streams) streams.push_back(kv.second);
+    }
+    for (auto& s : streams) s->synchronize();
+  }
+
+  // Blocks `stream` at this point of its queue until the returned gate opens
+  // (tests use it to hold work back and observe ordering).
+  class Gate {
+   public:
+    void open() {
+      std::lock_guard<std::mutex> lock(mutex_);
+      open_ = true;
+      cv_.notify_all();
+    }
+    void wait() {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [this] { return open_; });
+    }
+
+   private:
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    bool open_ = false;
+  };
+  std::shared_ptr<Gate> hold(int device, accelkit::StreamHandle stream) {
+    auto gate = std::make_shared<Gate>();
+    stream_of(device, stream, "hold")->enqueue([gate] { gate->wait(); });
+    return gate;
   }
 
   // ------------------------------------------------ simulator inspection
@@ -377,7 +453,10 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   int contexts_created() const { return contexts_.load(); }
   bool initialized() const { return initialized_; }
   std::uint64_t bytes_in_use(int device) { return context(device).used.load(); }
-  long pinned_blocks() const { return pinned_blocks_.load(); }
+  long pinned_blocks() {
+    std::lock_guard<std::mutex> lock(pinned_mutex_);
+    return static_cast<long>(pinned_.size());
+  }
   // Makes `member` fail once, on its n-th call from now on (n = 1: the next).
   void inject_fault(const std::string& member, int nth = 1) {
     std::lock_guard<std::mutex> lock(fault_mutex_);
@@ -389,22 +468,102 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   }
 
  private:
-  struct Stream {
-    int device;
-    int priority;
+  static constexpr std::size_t kPage = 4096;
+
+  // A stream: a FIFO of work run by a worker thread started on first use.
+  class Stream {
+   public:
+    Stream(int device, int priority) : device_(device), priority_(priority) {}
+    ~Stream() { stop(); }
+
+    void enqueue(std::function<void()> work) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(work));
+      ++enqueued_;
+      if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
+      cv_.notify_all();
+    }
+    bool idle() {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return completed_ == enqueued_;
+    }
+    void synchronize() {
+      std::unique_lock<std::mutex> lock(mutex_);
+      std::uint64_t target = enqueued_;
+      cv_.wait(lock, [&] { return completed_ >= target; });
+    }
+    void stop() {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stopping_ = true;
+        cv_.notify_all();
+      }
+      if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
+    }
+
+   private:
+    void run() {
+      std::unique_lock<std::mutex> lock(mutex_);
+      while (true) {
+        cv_.wait(lock, [this] { return !queue_.empty() || stopping_; });
+        if (queue_.empty()) return;  // stopping, and drained
+        auto work = std::move(queue_.front());
+        queue_.pop_front();
+        lock.unlock();
+        work();
+        lock.lock();
+        ++completed_;
+        cv_.notify_all();
+      }
+    }
+
+    int device_;
+    int priority_;
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::deque<std::function<void()>> queue_;
+    std::uint64_t enqueued_ = 0;
+    std::uint64_t completed_ = 0;
+    bool stopping_ = false;
+    std::thread worker_;
   };
+
+  // An event: `records` counts event_record calls, `completed` is the
+  // latest record its stream has reached. Only the last record matters.
   struct Event {
     int device = 0;
     bool timing = false;
-    bool recorded = false;
+    std::atomic<std::uint64_t> records{0};
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::uint64_t completed = 0;
     std::chrono::steady_clock::time_point when{};
+
+    void complete(std::uint64_t target) {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (target > completed) {
+        completed = target;
+        when = std::chrono::steady_clock::now();
+      }
+      cv.notify_all();
+    }
+    bool done() {
+      std::uint64_t target = records.load();
+      std::lock_guard<std::mutex> lock(mutex);
+      return completed >= target;
+    }
+    void wait_for(std::uint64_t target) {
+      std::unique_lock<std::mutex> lock(mutex);
+      cv.wait(lock, [&] { return completed >= target; });
+    }
   };
+
   struct Device {
     std::once_flag created;
     std::atomic<std::uint64_t> used{0};
     std::mutex mutex;
     std::unordered_map<void*, std::size_t> allocations;
-    std::unordered_map<std::uintptr_t, std::unique_ptr<Stream>> streams;
+    std::unordered_map<std::uintptr_t, std::shared_ptr<Stream>> streams;
   };
 
   void configure() {
@@ -428,7 +587,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     return d;
   }
 
-  Stream& stream_of(int device, accelkit::StreamHandle stream, const char* call) {
+  std::shared_ptr<Stream> stream_of(int device, accelkit::StreamHandle stream, const char* call) {
     check(device, call);
     Device& d = context(device);
     std::lock_guard<std::mutex> lock(d.mutex);
@@ -437,16 +596,25 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       driver_error(kInvalidHandle, call,
                    fmt::format("stream {:#x} is not a live stream of device {}", stream.value,
                                device));
-    return *it->second;
+    return it->second;
   }
 
-  Event& event_of(accelkit::EventHandle event, const char* call) {
+  std::shared_ptr<Event> event_of(accelkit::EventHandle event, const char* call) {
     std::lock_guard<std::mutex> lock(events_mutex_);
     auto it = events_.find(event.value);
     if (it == events_.end())
       driver_error(kInvalidHandle, call,
                    fmt::format("event {:#x} is not a live event", event.value));
-    return *it->second;
+    return it->second;
+  }
+
+  bool is_pinned(const void* p, std::size_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    std::lock_guard<std::mutex> lock(pinned_mutex_);
+    auto it = pinned_.upper_bound(const_cast<char*>(c));
+    if (it == pinned_.begin()) return false;
+    --it;
+    return c >= it->first && c + bytes <= it->first + it->second;
   }
 
   void fault(const char* member) {
@@ -465,9 +633,10 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   std::unique_ptr<Device[]> devices_;
   std::atomic<int> contexts_{0};
   bool initialized_ = false;
-  std::atomic<long> pinned_blocks_{0};
+  std::mutex pinned_mutex_;
+  std::map<char*, std::size_t> pinned_;
   std::mutex events_mutex_;
-  std::unordered_map<std::uintptr_t, std::unique_ptr<Event>> events_;
+  std::unordered_map<std::uintptr_t, std::shared_ptr<Event>> events_;
   std::mutex fault_mutex_;
   std::map<std::string, int> calls_;
   static inline thread_local int current_device_ = 0;
