@@ -352,6 +352,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     check(device, "event_create");
     fault("event_create");
     context(device);
+    ++events_created_;
     auto e = std::make_shared<Event>();
     e->device = device;
     e->timing = accelkit::has_flag(flags, accelkit::EventFlags::timing);
@@ -451,6 +452,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   // Devices whose context exists (set_device, malloc, streams... create one;
   // device_count and properties never do).
   int contexts_created() const { return contexts_.load(); }
+  long events_created() const { return events_created_.load(); }
   bool initialized() const { return initialized_; }
   std::uint64_t bytes_in_use(int device) { return context(device).used.load(); }
   long pinned_blocks() {
@@ -632,6 +634,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   std::mutex config_mutex_;
   std::unique_ptr<Device[]> devices_;
   std::atomic<int> contexts_{0};
+  std::atomic<long> events_created_{0};
   bool initialized_ = false;
   std::mutex pinned_mutex_;
   std::map<char*, std::size_t> pinned_;

@@ -7,5 +7,10 @@
 #include <accelkit/device/report.hpp>
 #include <accelkit/device/visibility.hpp>
 #include <accelkit/error.hpp>
+#include <accelkit/memory/caching_allocator.hpp>
+#include <accelkit/memory/config.hpp>
+#include <accelkit/memory/host_allocator.hpp>
+#include <accelkit/memory/stats.hpp>
 #include <accelkit/runtime.hpp>
+#include <accelkit/stream/event_pool.hpp>
 #include <accelkit/types.hpp>

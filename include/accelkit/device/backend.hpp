@@ -65,6 +65,9 @@ class Backend {
   }
 
   R& runtime() noexcept { return runtime_; }
+  // Where this backend reads its variables (<NAME>_VISIBLE_DEVICES,
+  // <NAME>_ALLOC_CONF, ...).
+  const Environment& environment() const noexcept { return env_; }
 
   // ---------------------------------------------------------------- discovery
 

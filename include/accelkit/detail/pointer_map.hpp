@@ -1,0 +1,143 @@
+// accelkit: a sharded map from live pointers to their allocator records.
+//
+// Note [Pointer map]
+// free(ptr) must find the block that ptr starts, from any thread. One map
+// under one lock would serialize every thread on the device; node-based maps
+// cost a heap allocation per insert. This map is split into 64 shards by a
+// hash of the pointer, each an open-addressing table (linear probing,
+// tombstones, no allocation except when it grows) under its own spinlock.
+#pragma once
+
+#include <accelkit/config.hpp>
+#include <accelkit/detail/spinlock.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace detail {
+
+template <class V>
+class PointerMap {
+ public:
+  static constexpr std::size_t kShards = 64;
+
+  void insert(const void* key, V* value) {
+    Shard& s = shard(key);
+    std::lock_guard<SpinLock> lock(s.lock);
+    s.table.insert(reinterpret_cast<std::uintptr_t>(key), value);
+  }
+  // Removes and returns the value of `key`, or nullptr when absent.
+  V* erase(const void* key) {
+    Shard& s = shard(key);
+    std::lock_guard<SpinLock> lock(s.lock);
+    return s.table.erase(reinterpret_cast<std::uintptr_t>(key));
+  }
+  V* find(const void* key) {
+    Shard& s = shard(key);
+    std::lock_guard<SpinLock> lock(s.lock);
+    return s.table.find(reinterpret_cast<std::uintptr_t>(key));
+  }
+  std::size_t size() {
+    std::size_t n = 0;
+    for (Shard& s : shards_) {
+      std::lock_guard<SpinLock> lock(s.lock);
+      n += s.table.size();
+    }
+    return n;
+  }
+
+ private:
+  // Open addressing with linear probing; key 0 marks an empty slot, 1 a
+  // tombstone (neither is a valid allocation address).
+  class Table {
+   public:
+    void insert(std::uintptr_t key, V* value) {
+      if ((used_ + 1) * 2 > slots_.size()) grow();
+      std::size_t i = index(key);
+      std::size_t tomb = npos;
+      while (slots_[i].key != kEmpty) {
+        if (slots_[i].key == key) {
+          slots_[i].value = value;
+          return;
+        }
+        if (slots_[i].key == kTomb && tomb == npos) tomb = i;
+        i = (i + 1) & (slots_.size() - 1);
+      }
+      if (tomb != npos) {
+        i = tomb;
+      } else {
+        ++used_;
+      }
+      slots_[i] = {key, value};
+      ++size_;
+    }
+    V* erase(std::uintptr_t key) {
+      if (slots_.empty()) return nullptr;
+      std::size_t i = locate(key);
+      if (i == npos) return nullptr;
+      V* v = slots_[i].value;
+      slots_[i] = {kTomb, nullptr};
+      --size_;
+      return v;
+    }
+    V* find(std::uintptr_t key) const {
+      if (slots_.empty()) return nullptr;
+      std::size_t i = locate(key);
+      return i == npos ? nullptr : slots_[i].value;
+    }
+    std::size_t size() const { return size_; }
+
+   private:
+    static constexpr std::uintptr_t kEmpty = 0, kTomb = 1;
+    static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+    struct Slot {
+      std::uintptr_t key = kEmpty;
+      V* value = nullptr;
+    };
+    std::size_t index(std::uintptr_t key) const {
+      std::uint64_t h = static_cast<std::uint64_t>(key) * 0x9E3779B97F4A7C15ull;
+      return static_cast<std::size_t>(h >> 32) & (slots_.size() - 1);
+    }
+    std::size_t locate(std::uintptr_t key) const {
+      std::size_t i = index(key);
+      while (slots_[i].key != kEmpty) {
+        if (slots_[i].key == key) return i;
+        i = (i + 1) & (slots_.size() - 1);
+      }
+      return npos;
+    }
+    void grow() {
+      std::vector<Slot> old;
+      old.swap(slots_);
+      // Grow when live entries fill a quarter; otherwise just drop tombstones.
+      std::size_t capacity = old.empty() ? 64 : old.size();
+      if ((size_ + 1) * 4 > capacity) capacity *= 2;
+      slots_.assign(capacity, Slot{});
+      used_ = size_ = 0;
+      for (const Slot& s : old)
+        if (s.key != kEmpty && s.key != kTomb) insert(s.key, s.value);
+    }
+
+    std::vector<Slot> slots_;
+    std::size_t used_ = 0;  // live entries and tombstones
+    std::size_t size_ = 0;  // live entries
+  };
+
+  struct alignas(64) Shard {
+    SpinLock lock;
+    Table table;
+  };
+
+  Shard& shard(const void* key) {
+    auto k = reinterpret_cast<std::uintptr_t>(key);
+    return shards_[((k >> 9) ^ (k >> 21)) & (kShards - 1)];
+  }
+
+  Shard shards_[kShards];
+};
+
+}  // namespace detail
+ACCELKIT_END_NAMESPACE

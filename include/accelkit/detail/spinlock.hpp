@@ -1,0 +1,52 @@
+// accelkit: a small spinlock for critical sections of a few dozen nanoseconds.
+#pragma once
+
+#include <accelkit/config.hpp>
+
+#include <atomic>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace detail {
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Note [Spinlocks on the allocation path]
+// The allocator's critical sections (a bin lookup, a few pointer updates) are
+// shorter than a std::mutex lock/unlock pair, so the hot path uses a
+// test-and-test-and-set spinlock. A waiter spins briefly, then yields, so a
+// holder that was preempted (or that is calling the driver on a cache miss)
+// does not burn the other core.
+class SpinLock {
+ public:
+  void lock() noexcept {
+    if (!locked_.exchange(true, std::memory_order_acquire)) return;
+    int spins = 0;
+    do {
+      while (locked_.load(std::memory_order_relaxed)) {
+        if (++spins < 128)
+          cpu_relax();
+        else
+          std::this_thread::yield();
+      }
+    } while (locked_.exchange(true, std::memory_order_acquire));
+  }
+  bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
+  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+
+}  // namespace detail
+ACCELKIT_END_NAMESPACE

@@ -1,0 +1,1178 @@
+// accelkit: the caching device allocator every backend gets.
+//
+// Note [Caching device allocator]
+// The design follows what PyTorch's CUDA caching allocator does (sizes
+// rounded to 512 B; requests up to 1 MiB served from 2 MiB "small" segments,
+// 1-10 MiB from large_segment_size segments, larger ones rounded to 2 MiB;
+// best fit; split and merge of neighbours; stream-ordered reuse; free and
+// retry before out-of-memory) with three changes aimed at its known costs:
+//  - Each stream has its own pool (PoolShard) with its own lock, cached
+//    blocks and statistics. CUDA's allocator already keys cached blocks by
+//    stream, so nothing is shared between streams on the hot path, and two
+//    threads allocating on two streams do not contend. A segment belongs to
+//    the pool of the stream that first needed it.
+//  - Small blocks sit in 4096 exact size bins (one per 512 B step up to the
+//    2 MiB segment) with a two-level bitmap, so best fit is a couple of
+//    bit scans and insertion and removal are O(1), with no allocation; large
+//    blocks sit in an ordered set keyed (size, address) whose nodes are
+//    recycled. No operation scans a list.
+//  - Live pointers are found through a sharded open-addressing map
+//    (Note [Pointer map]).
+// Blocks that were used on other streams (record_stream) are returned to the
+// cache only after events recorded on those streams at free time complete;
+// the events come from a pool (EventPool).
+
+// Note [Sharded statistics]
+// Statistics are kept per stream pool, under the lock that pool already
+// holds, and summed on request. Current values and totals are exact. A peak
+// is summed too: exact when one stream allocates, an upper bound on the true
+// device-wide peak when several do, since their peaks need not coincide.
+#pragma once
+
+#include <accelkit/config.hpp>
+#include <accelkit/detail/json.hpp>
+#include <accelkit/detail/pointer_map.hpp>
+#include <accelkit/detail/spinlock.hpp>
+#include <accelkit/device/backend.hpp>
+#include <accelkit/error.hpp>
+#include <accelkit/memory/config.hpp>
+#include <accelkit/memory/stats.hpp>
+#include <accelkit/stream/event_pool.hpp>
+#include <accelkit/types.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+ACCELKIT_BEGIN_NAMESPACE
+
+namespace detail {
+
+struct PoolShard;
+struct MemSegment;
+
+struct MemBlock {
+  char* ptr = nullptr;
+  std::size_t size = 0;
+  std::size_t requested = 0;
+  PoolShard* pool = nullptr;
+  MemSegment* segment = nullptr;  // nullptr for blocks of an uncached allocator
+  MemBlock* prev = nullptr;       // neighbours in the segment, by address
+  MemBlock* next = nullptr;
+  MemBlock* bin_prev = nullptr;   // small-bin list, or the pool's spare list
+  MemBlock* bin_next = nullptr;
+  bool allocated = false;
+  bool cached = false;            // in the pool's free structures
+  std::vector<StreamHandle> uses; // other streams the block was used on
+};
+
+struct MemSegment {
+  char* ptr = nullptr;
+  std::size_t size = 0;
+  bool small = false;
+  bool oversize = false;
+  MemBlock* head = nullptr;       // the block at ptr; never merged away
+  std::size_t index = 0;          // position in its pool's segment list
+  std::uint64_t free_tick = 0;    // when it last became wholly free
+};
+
+inline bool whole_segment(const MemBlock* b) noexcept { return !b->prev && !b->next; }
+
+// Exact-size bins for small blocks with a two-level bitmap (Note [Caching
+// device allocator]).
+class SmallBins {
+ public:
+  static constexpr std::size_t kBins = memory_constants::kSmallBuffer / memory_constants::kMinBlockSize;
+  static_assert(kBins == 64 * 64, "two bitmap levels of 64 bits");
+
+  void insert(MemBlock* b) noexcept {
+    std::size_t c = bin(b->size);
+    b->bin_prev = nullptr;
+    b->bin_next = heads_[c];
+    if (heads_[c]) heads_[c]->bin_prev = b;
+    heads_[c] = b;
+    words_[c >> 6] |= std::uint64_t{1} << (c & 63);
+    summary_ |= std::uint64_t{1} << (c >> 6);
+  }
+  void remove(MemBlock* b) noexcept {
+    std::size_t c = bin(b->size);
+    if (b->bin_prev) b->bin_prev->bin_next = b->bin_next;
+    else heads_[c] = b->bin_next;
+    if (b->bin_next) b->bin_next->bin_prev = b->bin_prev;
+    b->bin_prev = b->bin_next = nullptr;
+    if (!heads_[c]) {
+      words_[c >> 6] &= ~(std::uint64_t{1} << (c & 63));
+      if (!words_[c >> 6]) summary_ &= ~(std::uint64_t{1} << (c >> 6));
+    }
+  }
+  // A block of the smallest cached size >= size, or nullptr.
+  MemBlock* find(std::size_t size) const noexcept {
+    std::size_t c = bin(size);
+    std::size_t w = c >> 6;
+    std::uint64_t bits = words_[w] & (~std::uint64_t{0} << (c & 63));
+    if (bits) return heads_[(w << 6) + static_cast<std::size_t>(__builtin_ctzll(bits))];
+    if (w == 63) return nullptr;
+    std::uint64_t rest = summary_ & (~std::uint64_t{0} << (w + 1));
+    if (!rest) return nullptr;
+    w = static_cast<std::size_t>(__builtin_ctzll(rest));
+    return heads_[(w << 6) + static_cast<std::size_t>(__builtin_ctzll(words_[w]))];
+  }
+
+ private:
+  static std::size_t bin(std::size_t size) noexcept {
+    return size / memory_constants::kMinBlockSize - 1;
+  }
+  std::array<MemBlock*, kBins> heads_{};
+  std::array<std::uint64_t, 64> words_{};
+  std::uint64_t summary_ = 0;
+};
+
+// Recycles the nodes of one std::set so that inserting a free block does not
+// call the heap. Every rebound copy shares one free list.
+struct NodeFreeList {
+  void* head = nullptr;
+  std::size_t node_size = 0;
+  NodeFreeList() = default;
+  NodeFreeList(const NodeFreeList&) = delete;
+  NodeFreeList& operator=(const NodeFreeList&) = delete;
+  ~NodeFreeList() {
+    while (head) {
+      void* next = *static_cast<void**>(head);
+      ::operator delete(head);
+      head = next;
+    }
+  }
+};
+template <class T>
+struct NodeRecycler {
+  using value_type = T;
+  NodeFreeList* list;
+  explicit NodeRecycler(NodeFreeList* l) noexcept : list(l) {}
+  template <class U>
+  NodeRecycler(const NodeRecycler<U>& o) noexcept : list(o.list) {}
+  T* allocate(std::size_t n) {
+    if (n == 1 && list->head && list->node_size == sizeof(T)) {
+      void* p = list->head;
+      list->head = *static_cast<void**>(p);
+      return static_cast<T*>(p);
+    }
+    return static_cast<T*>(::operator new(n * sizeof(T)));
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    if (n == 1 && sizeof(T) >= sizeof(void*) &&
+        (list->node_size == 0 || list->node_size == sizeof(T))) {
+      list->node_size = sizeof(T);
+      *reinterpret_cast<void**>(p) = list->head;
+      list->head = p;
+      return;
+    }
+    ::operator delete(p);
+  }
+  template <class U>
+  friend bool operator==(const NodeRecycler& a, const NodeRecycler<U>& b) noexcept {
+    return a.list == b.list;
+  }
+  template <class U>
+  friend bool operator!=(const NodeRecycler& a, const NodeRecycler<U>& b) noexcept {
+    return a.list != b.list;
+  }
+};
+
+struct LargeOrder {
+  bool operator()(const MemBlock* a, const MemBlock* b) const noexcept {
+    return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+  }
+};
+
+struct PendingFree {
+  MemBlock* block;
+  std::vector<EventHandle> events;
+};
+
+// The cached memory of one stream (Note [Caching device allocator]).
+struct alignas(64) PoolShard {
+  explicit PoolShard(StreamHandle s)
+      : stream(s), large(LargeOrder{}, NodeRecycler<MemBlock*>(&nodes)) {}
+  PoolShard(const PoolShard&) = delete;
+  PoolShard& operator=(const PoolShard&) = delete;
+  ~PoolShard() {
+    while (spare) {
+      MemBlock* next = spare->bin_next;
+      delete spare;
+      spare = next;
+    }
+  }
+
+  MemBlock* new_block() {
+    if (!spare) return new MemBlock();
+    MemBlock* b = spare;
+    spare = b->bin_next;
+    *b = MemBlock();
+    return b;
+  }
+  void recycle(MemBlock* b) noexcept {
+    b->uses.clear();
+    b->bin_next = spare;
+    spare = b;
+  }
+
+  SpinLock lock;
+  StreamHandle stream;
+  SmallBins small;
+  NodeFreeList nodes;  // before `large`: destroyed after it
+  std::set<MemBlock*, LargeOrder, NodeRecycler<MemBlock*>> large;
+  std::vector<PendingFree> pending;
+  std::vector<MemSegment*> segments;
+  MemBlock* spare = nullptr;
+  DeviceStats stats;
+};
+
+inline std::string format_bytes(std::uint64_t n) {
+  constexpr const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (n < 1024) return fmt::format("{} bytes", n);
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024.0 && u < 6) {
+    v /= 1024.0;
+    ++u;
+  }
+  return fmt::format("{:.2f} {}", v, units[u]);
+}
+
+}  // namespace detail
+
+// One entry of the allocation history (torch.cuda.memory._record_memory_history).
+struct TraceEntry {
+  enum class Action { alloc, free_requested, free_completed, segment_alloc, segment_free, oom };
+  Action action;
+  std::uintptr_t address;
+  std::size_t size;
+  StreamHandle stream;
+  std::int64_t time_ns;  // steady clock
+};
+
+constexpr std::string_view to_string(TraceEntry::Action a) noexcept {
+  switch (a) {
+    case TraceEntry::Action::alloc: return "alloc";
+    case TraceEntry::Action::free_requested: return "free_requested";
+    case TraceEntry::Action::free_completed: return "free_completed";
+    case TraceEntry::Action::segment_alloc: return "segment_alloc";
+    case TraceEntry::Action::segment_free: return "segment_free";
+    case TraceEntry::Action::oom: return "oom";
+  }
+  return "unknown";
+}
+
+// torch.cuda.memory_snapshot()'s shape: segments with their blocks, and the
+// recorded history.
+struct BlockSnapshot {
+  std::uintptr_t address;
+  std::size_t size;
+  std::size_t requested_size;
+  std::string_view state;  // "active_allocated", "active_pending_free", "inactive"
+};
+struct SegmentSnapshot {
+  device_index device;
+  std::uintptr_t address;
+  std::size_t total_size;
+  std::size_t allocated_size;
+  std::size_t active_size;
+  std::size_t requested_size;
+  StreamHandle stream;
+  std::string_view segment_type;  // "small" or "large"
+  std::vector<BlockSnapshot> blocks;
+};
+struct MemorySnapshot {
+  std::vector<SegmentSnapshot> segments;
+  std::vector<TraceEntry> trace;  // oldest first
+};
+
+inline std::string to_json(const MemorySnapshot& s) {
+  detail::JsonWriter w;
+  w.begin_object().key("segments").begin_array();
+  for (const SegmentSnapshot& seg : s.segments) {
+    w.begin_object()
+        .field("device", seg.device)
+        .field("address", seg.address)
+        .field("total_size", seg.total_size)
+        .field("allocated_size", seg.allocated_size)
+        .field("active_size", seg.active_size)
+        .field("requested_size", seg.requested_size)
+        .field("stream", seg.stream.value)
+        .field("segment_type", seg.segment_type)
+        .key("blocks")
+        .begin_array();
+    for (const BlockSnapshot& b : seg.blocks)
+      w.begin_object()
+          .field("address", b.address)
+          .field("size", b.size)
+          .field("requested_size", b.requested_size)
+          .field("state", b.state)
+          .end_object();
+    w.end_array().end_object();
+  }
+  w.end_array().key("trace").begin_array();
+  for (const TraceEntry& t : s.trace)
+    w.begin_object()
+        .field("action", to_string(t.action))
+        .field("addr", t.address)
+        .field("size", t.size)
+        .field("stream", t.stream.value)
+        .field("time_ns", t.time_ns)
+        .end_object();
+  w.end_array().end_object();
+  return w.str();
+}
+
+// The caching allocator of one device (Note [Caching device allocator]).
+// Thread-safe; allocate/deallocate on different streams do not contend.
+template <class R>
+class DeviceCachingAllocator {
+ public:
+  DeviceCachingAllocator(Backend<R>& backend, device_index device, AllocatorConfig config)
+      : backend_(backend),
+        device_(device),
+        config_(config),
+        id_(next_id()),
+        events_(backend, device) {
+    const DeviceProperties& p = backend.properties(device);
+    total_memory_ = p.total_memory;
+    max_allocation_ = p.max_allocation;
+    limit_ = fraction_limit(config.memory_fraction);
+  }
+  DeviceCachingAllocator(const DeviceCachingAllocator&) = delete;
+  DeviceCachingAllocator& operator=(const DeviceCachingAllocator&) = delete;
+
+  // Returns every segment to the driver. Blocks still allocated are lost.
+  ~DeviceCachingAllocator() {
+    for (auto& kv : pools_by_stream_) {
+      detail::PoolShard& pool = *kv.second;
+      for (detail::PendingFree& p : pool.pending)
+        for (EventHandle e : p.events) events_.release(e);
+      for (detail::MemSegment* s : pool.segments) {
+        for (detail::MemBlock* b = s->head; b;) {
+          detail::MemBlock* next = b->next;
+          delete b;
+          b = next;
+        }
+        try {
+          backend_.raw_free(device_, s->ptr, s->size);
+        } catch (...) {
+          // The driver refused at teardown; the process is exiting or the
+          // device is gone, and a destructor cannot report it.
+        }
+        delete s;
+      }
+    }
+  }
+
+  device_index device() const noexcept { return device_; }
+  const AllocatorConfig& config() const noexcept { return config_; }
+
+  // `bytes` of device memory usable in order on `stream`. nullptr for 0
+  // bytes. OutOfMemoryError when the device (or the memory fraction) has no
+  // room even after the cache was returned to the driver; DriverError when
+  // the driver fails otherwise. On error nothing changes.
+  void* allocate(std::size_t bytes, StreamHandle stream) {
+    if (bytes == 0) return nullptr;
+    if (bytes > max_allocation_) throw too_large(bytes);
+    detail::PoolShard& pool = pool_for(stream);
+    detail::MemBlock* b = nullptr;
+    if (!config_.caching) {
+      b = allocate_uncached(pool, bytes);
+    } else {
+      std::size_t size = config_.round_size(bytes);
+      {
+        std::lock_guard<detail::SpinLock> lock(pool.lock);
+        if (!pool.pending.empty()) process_pending(pool, false);
+        b = take_cached(pool, size, bytes);
+      }
+      if (!b) b = allocate_slow(pool, size, bytes);
+    }
+    live_.insert(b->ptr, b);
+    if (tracing_.load(std::memory_order_relaxed))
+      trace(TraceEntry::Action::alloc, b->ptr, b->size, stream);
+    return b->ptr;
+  }
+
+  // Returns memory from allocate(). The block is cached for its stream, or,
+  // if it was used on other streams, once those reach this point. Throws
+  // RuntimeError for a pointer that is not a live allocation (double free);
+  // driver failures while recording stream uses are handled here (the free
+  // falls back to synchronizing those streams).
+  void deallocate(void* ptr) {
+    if (!ptr) return;
+    detail::MemBlock* b = live_.erase(ptr);
+    if (!b)
+      throw RuntimeError(
+          Backend<R>::name,
+          fmt::format("free of {} on {}:{}: not a live allocation of this allocator (double free, "
+                      "or memory from elsewhere)",
+                      ptr, Backend<R>::name, device_));
+    detail::PoolShard& pool = *b->pool;
+    if (tracing_.load(std::memory_order_relaxed))
+      trace(TraceEntry::Action::free_requested, b->ptr, b->size, pool.stream);
+    if (!b->segment) {
+      free_uncached(pool, b);
+      return;
+    }
+    std::vector<EventHandle> events;
+    bool safe = true;
+    if (!b->uses.empty()) events = record_uses(b, safe);
+    std::lock_guard<detail::SpinLock> lock(pool.lock);
+    b->allocated = false;
+    count_free(pool, b);
+    if (!safe) return;  // quarantined: see record_uses
+    if (!events.empty())
+      pool.pending.push_back({b, std::move(events)});
+    else
+      free_block(pool, b);
+  }
+
+  // Marks `ptr` as used on `stream` too: when freed it is not reused before
+  // `stream` has passed the point of the free.
+  void record_stream(void* ptr, StreamHandle stream) {
+    detail::MemBlock* b = live_.find(ptr);
+    if (!b)
+      throw RuntimeError(Backend<R>::name,
+                         fmt::format("record_stream: {} is not a live allocation on {}:{}", ptr,
+                                     Backend<R>::name, device_));
+    std::lock_guard<detail::SpinLock> lock(b->pool->lock);
+    if (stream == b->pool->stream) return;
+    if (std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end())
+      b->uses.push_back(stream);
+  }
+
+  // Returns every unused cached segment to the driver, after waiting for
+  // pending stream uses. Reserved memory drops to what allocations need.
+  void empty_cache() { release_all(true); }
+
+  // Statistics summed over streams (Note [Sharded statistics]).
+  DeviceStats stats() {
+    DeviceStats out;
+    for (detail::PoolShard* pool : pools_snapshot()) {
+      std::lock_guard<detail::SpinLock> lock(pool->lock);
+      out.merge(pool->stats);
+    }
+    out.max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
+                             ? -1
+                             : static_cast<std::int64_t>(config_.max_split_size);
+    return out;
+  }
+  void reset_peak_stats() {
+    for (detail::PoolShard* pool : pools_snapshot()) {
+      std::lock_guard<detail::SpinLock> lock(pool->lock);
+      pool->stats.reset_peak();
+    }
+  }
+  void reset_accumulated_stats() {
+    for (detail::PoolShard* pool : pools_snapshot()) {
+      std::lock_guard<detail::SpinLock> lock(pool->lock);
+      pool->stats.reset_accumulated();
+    }
+  }
+
+  // Bytes held from the driver by this allocator.
+  std::size_t reserved_bytes() const noexcept { return reserved_.load(); }
+  // The cap on reserved memory: memory fraction times total memory.
+  std::size_t memory_limit() const noexcept { return limit_.load(); }
+
+  // Caps reserved memory at `fraction` of the device's total memory.
+  // ValueError unless 0 < fraction <= 1.
+  void set_memory_fraction(double fraction) {
+    if (!(fraction > 0.0 && fraction <= 1.0))
+      throw ValueError(Backend<R>::name,
+                       fmt::format("memory fraction {} for {}:{} is outside (0, 1]", fraction,
+                                   Backend<R>::name, device_));
+    limit_ = fraction_limit(fraction);
+  }
+
+  // Keeps the last `max_entries` allocation events for snapshot(); 0 stops.
+  void record_history(std::size_t max_entries) {
+    std::lock_guard<std::mutex> lock(trace_mutex_);
+    trace_.clear();
+    trace_.reserve(max_entries);
+    trace_capacity_ = max_entries;
+    trace_next_ = 0;
+    tracing_ = max_entries > 0;
+  }
+
+  MemorySnapshot snapshot() {
+    MemorySnapshot out;
+    for (detail::PoolShard* pool : pools_snapshot()) {
+      std::lock_guard<detail::SpinLock> lock(pool->lock);
+      std::vector<const detail::MemBlock*> pending;
+      for (const detail::PendingFree& p : pool->pending) pending.push_back(p.block);
+      for (const detail::MemSegment* s : pool->segments) {
+        SegmentSnapshot seg{device_, reinterpret_cast<std::uintptr_t>(s->ptr), s->size, 0, 0, 0,
+                            pool->stream, s->small ? "small" : "large", {}};
+        for (const detail::MemBlock* b = s->head; b; b = b->next) {
+          bool is_pending = std::find(pending.begin(), pending.end(), b) != pending.end();
+          std::string_view state = b->allocated ? "active_allocated"
+                                   : is_pending ? "active_pending_free"
+                                                : "inactive";
+          seg.blocks.push_back(
+              {reinterpret_cast<std::uintptr_t>(b->ptr), b->size, b->allocated ? b->requested : 0,
+               state});
+          if (b->allocated) {
+            seg.allocated_size += b->size;
+            seg.requested_size += b->requested;
+          }
+          if (b->allocated || is_pending) seg.active_size += b->size;
+        }
+        out.segments.push_back(std::move(seg));
+      }
+    }
+    std::sort(out.segments.begin(), out.segments.end(),
+              [](const SegmentSnapshot& a, const SegmentSnapshot& b) { return a.address < b.address; });
+    std::lock_guard<std::mutex> lock(trace_mutex_);
+    if (trace_.size() < trace_capacity_) {
+      out.trace = trace_;
+    } else {
+      out.trace.assign(trace_.begin() + static_cast<std::ptrdiff_t>(trace_next_), trace_.end());
+      out.trace.insert(out.trace.end(), trace_.begin(),
+                       trace_.begin() + static_cast<std::ptrdiff_t>(trace_next_));
+    }
+    return out;
+  }
+
+ private:
+  using Block = detail::MemBlock;
+  using Pool = detail::PoolShard;
+  using Segment = detail::MemSegment;
+
+  static std::uint64_t next_id() noexcept {
+    static std::atomic<std::uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  std::size_t fraction_limit(double fraction) const noexcept {
+    return fraction >= 1.0 ? total_memory_
+                           : static_cast<std::size_t>(fraction * static_cast<double>(total_memory_));
+  }
+
+  // --------------------------------------------------------------- pools
+
+  struct PoolCacheEntry {
+    std::uint64_t owner = 0;
+    std::uintptr_t stream = 0;
+    Pool* pool = nullptr;
+  };
+  static inline thread_local std::array<PoolCacheEntry, 4> tls_pools_{};
+  static inline thread_local unsigned tls_next_ = 0;
+
+  Pool& pool_for(StreamHandle stream) {
+    for (const PoolCacheEntry& e : tls_pools_)
+      if (e.owner == id_ && e.stream == stream.value) return *e.pool;
+    Pool* p;
+    {
+      std::lock_guard<std::mutex> lock(pools_mutex_);
+      auto& slot = pools_by_stream_[stream.value];
+      if (!slot) {
+        slot = std::make_unique<Pool>(stream);
+        pools_.push_back(slot.get());
+      }
+      p = slot.get();
+    }
+    tls_pools_[tls_next_++ % tls_pools_.size()] = {id_, stream.value, p};
+    return *p;
+  }
+
+  std::vector<Pool*> pools_snapshot() {
+    std::lock_guard<std::mutex> lock(pools_mutex_);
+    return pools_;
+  }
+
+  // ------------------------------------------------------------ statistics
+
+  template <class F>
+  static void for_types(bool small, F&& f) {
+    f(static_cast<std::size_t>(StatType::aggregate));
+    f(static_cast<std::size_t>(small ? StatType::small_pool : StatType::large_pool));
+  }
+  static bool is_small(const Block* b) noexcept {
+    return b->segment ? b->segment->small : b->size <= memory_constants::kSmallSize;
+  }
+
+  void count_alloc(Pool& pool, const Block* b) {
+    auto n = static_cast<std::int64_t>(b->size);
+    auto req = static_cast<std::int64_t>(b->requested);
+    DeviceStats& s = pool.stats;
+    for_types(is_small(b), [&](std::size_t t) {
+      s.allocation[t].increase(1);
+      s.allocated_bytes[t].increase(n);
+      s.active[t].increase(1);
+      s.active_bytes[t].increase(n);
+      s.requested_bytes[t].increase(req);
+    });
+    if (b->size >= config_.max_split_size) s.oversize_allocations.increase(1);
+  }
+  void count_free(Pool& pool, const Block* b) {
+    auto n = static_cast<std::int64_t>(b->size);
+    auto req = static_cast<std::int64_t>(b->requested);
+    DeviceStats& s = pool.stats;
+    for_types(is_small(b), [&](std::size_t t) {
+      s.allocation[t].decrease(1);
+      s.allocated_bytes[t].decrease(n);
+      s.requested_bytes[t].decrease(req);
+    });
+    if (b->size >= config_.max_split_size) s.oversize_allocations.decrease(1);
+  }
+  void count_segment(Pool& pool, const Segment* seg, bool added) {
+    auto n = static_cast<std::int64_t>(seg->size);
+    DeviceStats& s = pool.stats;
+    for_types(seg->small, [&](std::size_t t) {
+      if (added) {
+        s.segment[t].increase(1);
+        s.reserved_bytes[t].increase(n);
+      } else {
+        s.segment[t].decrease(1);
+        s.reserved_bytes[t].decrease(n);
+      }
+    });
+    if (seg->oversize) {
+      if (added) s.oversize_segments.increase(1);
+      else s.oversize_segments.decrease(1);
+    }
+    if (added) ++s.num_device_alloc;
+    else ++s.num_device_free;
+  }
+
+  // ------------------------------------------------------ free structures
+
+  void insert_free(Pool& pool, Block* b) {
+    b->cached = true;
+    if (b->segment->small) pool.small.insert(b);
+    else pool.large.insert(b);
+    if (!detail::whole_segment(b)) {
+      auto n = static_cast<std::int64_t>(b->size);
+      for_types(b->segment->small, [&](std::size_t t) {
+        pool.stats.inactive_split[t].increase(1);
+        pool.stats.inactive_split_bytes[t].increase(n);
+      });
+    }
+  }
+  void unlink_free(Pool& pool, Block* b) {
+    b->cached = false;
+    if (b->segment->small) pool.small.remove(b);
+    else pool.large.erase(b);
+    if (!detail::whole_segment(b)) {
+      auto n = static_cast<std::int64_t>(b->size);
+      for_types(b->segment->small, [&](std::size_t t) {
+        pool.stats.inactive_split[t].decrease(1);
+        pool.stats.inactive_split_bytes[t].decrease(n);
+      });
+    }
+  }
+
+  Block* find_large(Pool& pool, std::size_t size) {
+    Block key;
+    key.size = size;
+    auto it = pool.large.lower_bound(&key);
+    if (it == pool.large.end()) return nullptr;
+    Block* b = *it;
+    if (config_.max_split_size != std::numeric_limits<std::size_t>::max()) {
+      // An unsplittable block serves only requests that are themselves that
+      // large, and only if it is not much larger than asked.
+      if (size < config_.max_split_size && b->size >= config_.max_split_size) return nullptr;
+      if (size >= config_.max_split_size && b->size >= size + config_.max_non_split_rounding)
+        return nullptr;
+    }
+    return b;
+  }
+
+  // Under the pool lock: a cached block of at least `size`, split to size
+  // and marked allocated, or nullptr.
+  Block* take_cached(Pool& pool, std::size_t size, std::size_t requested) {
+    bool small = size <= memory_constants::kSmallSize;
+    Block* b = small ? pool.small.find(size) : find_large(pool, size);
+    if (!b) return nullptr;
+    unlink_free(pool, b);
+    return carve(pool, b, size, requested);
+  }
+
+  // Under the pool lock: splits `b` (not in the free structures) to `size`
+  // if the remainder is worth keeping, and marks it allocated.
+  Block* carve(Pool& pool, Block* b, std::size_t size, std::size_t requested) {
+    std::size_t remaining = b->size - size;
+    bool split = b->segment->small
+                     ? remaining >= memory_constants::kMinBlockSize
+                     : remaining > memory_constants::kSmallSize && b->size < config_.max_split_size;
+    if (split) {
+      Block* r = pool.new_block();
+      r->ptr = b->ptr + size;
+      r->size = remaining;
+      r->pool = &pool;
+      r->segment = b->segment;
+      r->prev = b;
+      r->next = b->next;
+      if (b->next) b->next->prev = r;
+      b->next = r;
+      b->size = size;
+      insert_free(pool, r);
+    }
+    b->allocated = true;
+    b->requested = requested;
+    count_alloc(pool, b);
+    return b;
+  }
+
+  // Under the pool lock: returns a block that is no longer in use to the
+  // free structures, merged with free neighbours.
+  void free_block(Pool& pool, Block* b) {
+    auto n = static_cast<std::int64_t>(b->size);
+    for_types(b->segment->small, [&](std::size_t t) {
+      pool.stats.active[t].decrease(1);
+      pool.stats.active_bytes[t].decrease(n);
+    });
+    if (tracing_.load(std::memory_order_relaxed))
+      trace(TraceEntry::Action::free_completed, b->ptr, b->size, pool.stream);
+    if (b->prev && b->prev->cached) {
+      Block* p = b->prev;
+      unlink_free(pool, p);
+      p->size += b->size;
+      p->next = b->next;
+      if (b->next) b->next->prev = p;
+      pool.recycle(b);
+      b = p;
+    }
+    if (b->next && b->next->cached) {
+      Block* nx = b->next;
+      unlink_free(pool, nx);
+      b->size += nx->size;
+      b->next = nx->next;
+      if (nx->next) nx->next->prev = b;
+      pool.recycle(nx);
+    }
+    insert_free(pool, b);
+    if (detail::whole_segment(b)) b->segment->free_tick = ++tick_;
+  }
+
+  // Records an event on each stream the block was used on. If the driver
+  // fails, falls back to waiting for those streams; if that fails too, the
+  // block is quarantined (never reused) rather than risk handing out memory
+  // another stream may still touch: `safe` is set false.
+  std::vector<EventHandle> record_uses(Block* b, bool& safe) {
+    std::vector<EventHandle> events;
+    for (StreamHandle s : b->uses) {
+      EventHandle e{};
+      try {
+        e = events_.acquire();
+        backend_.event_record(device_, e, s);
+        events.push_back(e);
+        continue;
+      } catch (const std::exception&) {
+        if (e != EventHandle{}) events_.release(e);  // never recorded: complete
+      }
+      try {
+        backend_.stream_synchronize(device_, s);
+      } catch (const std::exception& err) {
+        std::fprintf(stderr,
+                     "[accelkit] %s:%d: cannot order the free of %p after stream %#lx (%s); "
+                     "the block is kept out of the cache\n",
+                     std::string(Backend<R>::name).c_str(), device_, static_cast<void*>(b->ptr),
+                     static_cast<unsigned long>(s.value), err.what());
+        safe = false;
+      }
+    }
+    b->uses.clear();
+    if (!safe)
+      for (EventHandle e : events) events_.release(e);
+    return safe ? events : std::vector<EventHandle>{};
+  }
+
+  // Under the pool lock: frees pending blocks whose events have completed
+  // (all of them, waiting, when `wait`).
+  void process_pending(Pool& pool, bool wait) {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < pool.pending.size(); ++i) {
+      detail::PendingFree& p = pool.pending[i];
+      bool done = true;
+      for (EventHandle e : p.events) {
+        try {
+          if (wait) backend_.event_synchronize(device_, e);
+          if (!backend_.event_query(device_, e)) done = false;
+        } catch (const std::exception&) {
+          done = false;  // the driver could not say: keep waiting
+        }
+        if (!done) break;
+      }
+      if (done) {
+        for (EventHandle e : p.events) events_.release(e);
+        free_block(pool, p.block);
+      } else {
+        pool.pending[kept++] = std::move(p);
+      }
+    }
+    pool.pending.resize(kept);
+  }
+
+  // -------------------------------------------------------- driver memory
+
+  std::size_t segment_size(std::size_t size) const noexcept {
+    using namespace memory_constants;
+    if (size <= kSmallSize) return kSmallBuffer;
+    if (size < kMinLargeAlloc) return std::max(config_.large_segment_size, size);
+    return (size + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+  }
+
+  // Memory from the driver within the limit, or nullptr when either says no.
+  char* driver_alloc(std::size_t n) {
+    std::size_t cur = reserved_.load();
+    do {
+      if (cur + n > limit_.load()) return nullptr;
+    } while (!reserved_.compare_exchange_weak(cur, cur + n));
+    try {
+      return static_cast<char*>(backend_.raw_malloc(device_, n));
+    } catch (const OutOfMemoryError&) {
+      reserved_.fetch_sub(n);
+      return nullptr;
+    } catch (...) {
+      reserved_.fetch_sub(n);
+      throw;
+    }
+  }
+
+  Block* add_segment(Pool& pool, char* ptr, std::size_t size, bool small) {
+    auto* seg = new Segment();
+    seg->ptr = ptr;
+    seg->size = size;
+    seg->small = small;
+    seg->oversize = size >= config_.max_split_size;
+    seg->index = pool.segments.size();
+    Block* b = pool.new_block();
+    b->ptr = ptr;
+    b->size = size;
+    b->pool = &pool;
+    b->segment = seg;
+    seg->head = b;
+    pool.segments.push_back(seg);
+    count_segment(pool, seg, true);
+    if (tracing_.load(std::memory_order_relaxed))
+      trace(TraceEntry::Action::segment_alloc, ptr, size, pool.stream);
+    return b;
+  }
+
+  // Under the pool lock: removes a wholly free segment from the pool.
+  void detach_segment(Pool& pool, Segment* seg) {
+    unlink_free(pool, seg->head);
+    Segment* last = pool.segments.back();
+    pool.segments[seg->index] = last;
+    last->index = seg->index;
+    pool.segments.pop_back();
+    count_segment(pool, seg, false);
+    pool.recycle(seg->head);
+    if (tracing_.load(std::memory_order_relaxed))
+      trace(TraceEntry::Action::segment_free, seg->ptr, seg->size, pool.stream);
+  }
+
+  static bool wholly_free(const Segment* seg) noexcept {
+    return seg->head->cached && detail::whole_segment(seg->head);
+  }
+
+  void free_segments(std::vector<Segment*>& segments) {
+    std::exception_ptr first;
+    for (Segment* s : segments) {
+      try {
+        backend_.raw_free(device_, s->ptr, s->size);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+      reserved_.fetch_sub(s->size);
+      delete s;
+    }
+    segments.clear();
+    if (first) std::rethrow_exception(first);
+  }
+
+  // Returns every wholly free segment of every stream to the driver.
+  void release_all(bool wait) {
+    std::lock_guard<std::mutex> serial(release_mutex_);
+    std::vector<Segment*> freed;
+    for (Pool* pool : pools_snapshot()) {
+      std::lock_guard<detail::SpinLock> lock(pool->lock);
+      if (!pool->pending.empty()) {
+        if (wait) ++pool->stats.num_sync_all_streams;
+        process_pending(*pool, wait);
+      }
+      for (std::size_t i = pool->segments.size(); i-- > 0;) {
+        Segment* s = pool->segments[i];
+        if (!wholly_free(s)) continue;
+        detach_segment(*pool, s);
+        freed.push_back(s);
+      }
+    }
+    free_segments(freed);
+  }
+
+  // Note [Garbage collection threshold]: before growing past the threshold,
+  // return wholly free segments, least recently freed first, until the new
+  // segment fits under it.
+  void collect_garbage(std::size_t incoming) {
+    auto threshold = static_cast<std::size_t>(config_.garbage_collection_threshold *
+                                              static_cast<double>(limit_.load()));
+    if (reserved_.load() + incoming <= threshold) return;
+    std::lock_guard<std::mutex> serial(release_mutex_);
+    struct Candidate {
+      std::uint64_t tick;
+      Pool* pool;
+      Segment* seg;
+    };
+    std::vector<Candidate> candidates;
+    for (Pool* pool : pools_snapshot()) {
+      std::lock_guard<detail::SpinLock> lock(pool->lock);
+      for (Segment* s : pool->segments)
+        if (wholly_free(s)) candidates.push_back({s->free_tick, pool, s});
+    }
+    std::sort(candidates.begin(), candidates.end(),
+              [](const Candidate& a, const Candidate& b) { return a.tick < b.tick; });
+    std::vector<Segment*> freed;
+    std::size_t releasing = 0;
+    for (const Candidate& c : candidates) {
+      if (reserved_.load() - releasing + incoming <= threshold) break;
+      std::lock_guard<detail::SpinLock> lock(c.pool->lock);
+      // Segments are deleted only under release_mutex_, so c.seg is valid.
+      if (!wholly_free(c.seg)) continue;
+      detach_segment(*c.pool, c.seg);
+      freed.push_back(c.seg);
+      releasing += c.seg->size;
+    }
+    free_segments(freed);
+  }
+
+  Block* allocate_slow(Pool& pool, std::size_t size, std::size_t requested) {
+    bool small = size <= memory_constants::kSmallSize;
+    std::size_t seg_size = segment_size(size);
+    for (int attempt = 0;; ++attempt) {
+      if (config_.garbage_collection_threshold > 0) collect_garbage(seg_size);
+      if (char* p = driver_alloc(seg_size)) {
+        std::lock_guard<detail::SpinLock> lock(pool.lock);
+        return carve(pool, add_segment(pool, p, seg_size, small), size, requested);
+      }
+      // A 1-10 MiB request normally takes a large_segment_size segment to
+      // share; when that does not fit, a segment of its own still may.
+      if (!small && seg_size > size) {
+        if (char* p = driver_alloc(size)) {
+          std::lock_guard<detail::SpinLock> lock(pool.lock);
+          return carve(pool, add_segment(pool, p, size, small), size, requested);
+        }
+      }
+      if (attempt == 1) break;
+      {
+        std::lock_guard<detail::SpinLock> lock(pool.lock);
+        ++pool.stats.num_alloc_retries;
+      }
+      release_all(true);
+      std::lock_guard<detail::SpinLock> lock(pool.lock);
+      if (Block* b = take_cached(pool, size, requested)) return b;
+    }
+    {
+      std::lock_guard<detail::SpinLock> lock(pool.lock);
+      ++pool.stats.num_ooms;
+    }
+    if (tracing_.load(std::memory_order_relaxed))
+      trace(TraceEntry::Action::oom, nullptr, size, pool.stream);
+    throw out_of_memory(requested, size);
+  }
+
+  Block* allocate_uncached(Pool& pool, std::size_t bytes) {
+    std::size_t size = (bytes + memory_constants::kMinBlockSize - 1) /
+                       memory_constants::kMinBlockSize * memory_constants::kMinBlockSize;
+    char* p = driver_alloc(size);
+    if (!p) {
+      {
+        std::lock_guard<detail::SpinLock> lock(pool.lock);
+        ++pool.stats.num_ooms;
+      }
+      throw out_of_memory(bytes, size);
+    }
+    std::lock_guard<detail::SpinLock> lock(pool.lock);
+    Block* b = pool.new_block();
+    b->ptr = p;
+    b->size = size;
+    b->requested = bytes;
+    b->pool = &pool;
+    b->allocated = true;
+    count_alloc(pool, b);
+    DeviceStats& s = pool.stats;
+    for_types(is_small(b), [&](std::size_t t) {
+      s.segment[t].increase(1);
+      s.reserved_bytes[t].increase(static_cast<std::int64_t>(size));
+    });
+    ++s.num_device_alloc;
+    return b;
+  }
+
+  void free_uncached(Pool& pool, Block* b) {
+    for (StreamHandle s : b->uses) {
+      try {
+        backend_.stream_synchronize(device_, s);
+      } catch (const std::exception&) {
+        // Cannot order the free after that stream: keep the memory.
+        std::lock_guard<detail::SpinLock> lock(pool.lock);
+        count_free(pool, b);
+        return;
+      }
+    }
+    backend_.raw_free(device_, b->ptr, b->size);
+    reserved_.fetch_sub(b->size);
+    std::lock_guard<detail::SpinLock> lock(pool.lock);
+    count_free(pool, b);
+    auto n = static_cast<std::int64_t>(b->size);
+    DeviceStats& s = pool.stats;
+    for_types(is_small(b), [&](std::size_t t) {
+      s.active[t].decrease(1);
+      s.active_bytes[t].decrease(n);
+      s.segment[t].decrease(1);
+      s.reserved_bytes[t].decrease(n);
+    });
+    ++s.num_device_free;
+    pool.recycle(b);
+  }
+
+  // ---------------------------------------------------------------- errors
+
+  OutOfMemoryError too_large(std::size_t bytes) const {
+    return OutOfMemoryError(
+        Backend<R>::name,
+        fmt::format("cannot allocate {} ({} bytes) on {}:{}: larger than the device's largest "
+                    "single allocation, {} (capacity {})",
+                    detail::format_bytes(bytes), bytes, Backend<R>::name, device_,
+                    detail::format_bytes(max_allocation_), detail::format_bytes(total_memory_)));
+  }
+
+  OutOfMemoryError out_of_memory(std::size_t bytes, std::size_t rounded) {
+    DeviceStats s = stats();
+    std::uint64_t driver_free = 0;
+    try {
+      driver_free = backend_.memory_info(device_).free;
+    } catch (...) {
+    }
+    std::size_t limit = limit_.load();
+    std::string limit_note =
+        limit < total_memory_
+            ? fmt::format("; the memory fraction caps this process at {}", detail::format_bytes(limit))
+            : std::string();
+    return OutOfMemoryError(
+        Backend<R>::name,
+        fmt::format("out of memory on {}:{}: tried to allocate {} ({} bytes, {} after rounding). "
+                    "The device has {} in total, {} free; this process's memory pool has {} "
+                    "reserved, {} of it allocated{}. If reserved but unallocated memory is "
+                    "large, set {}_ALLOC_CONF=max_split_size_mb:<n> to limit fragmentation",
+                    Backend<R>::name, device_, detail::format_bytes(bytes), bytes, rounded,
+                    detail::format_bytes(total_memory_), detail::format_bytes(driver_free),
+                    detail::format_bytes(reserved_.load()),
+                    detail::format_bytes(static_cast<std::uint64_t>(s.allocated_bytes[0].current)),
+                    limit_note, detail::upper(Backend<R>::name)));
+  }
+
+  // ----------------------------------------------------------------- trace
+
+  void trace(TraceEntry::Action action, const void* ptr, std::size_t size, StreamHandle stream) {
+    auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   std::chrono::steady_clock::now().time_since_epoch())
+                   .count();
+    std::lock_guard<std::mutex> lock(trace_mutex_);
+    if (trace_capacity_ == 0) return;
+    TraceEntry e{action, reinterpret_cast<std::uintptr_t>(ptr), size, stream, now};
+    if (trace_.size() < trace_capacity_) {
+      trace_.push_back(e);
+    } else {
+      trace_[trace_next_] = e;
+      trace_next_ = (trace_next_ + 1) % trace_capacity_;
+    }
+  }
+
+  Backend<R>& backend_;
+  device_index device_;
+  AllocatorConfig config_;
+  std::uint64_t id_;
+  std::size_t total_memory_ = 0;
+  std::size_t max_allocation_ = 0;
+  std::atomic<std::size_t> limit_{0};
+  std::atomic<std::size_t> reserved_{0};
+  std::atomic<std::uint64_t> tick_{0};
+  EventPool<R> events_;
+  detail::PointerMap<Block> live_;
+
+  std::mutex pools_mutex_;
+  std::unordered_map<std::uintptr_t, std::unique_ptr<Pool>> pools_by_stream_;
+  std::vector<Pool*> pools_;
+  std::mutex release_mutex_;  // serializes returning segments to the driver
+
+  std::atomic<bool> tracing_{false};
+  std::mutex trace_mutex_;
+  std::vector<TraceEntry> trace_;
+  std::size_t trace_capacity_ = 0;
+  std::size_t trace_next_ = 0;
+};
+
+// The caching allocators of every device of a backend, created on first use
+// with the configuration from <NAME>_ALLOC_CONF (Note [Allocator
+// configuration]).
+template <class R>
+class CachingAllocator {
+ public:
+  explicit CachingAllocator(Backend<R>& backend)
+      : CachingAllocator(backend,
+                         AllocatorConfig::from_environment(Backend<R>::name, backend.environment())) {}
+  CachingAllocator(Backend<R>& backend, AllocatorConfig config)
+      : backend_(backend), config_(config) {}
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  const AllocatorConfig& config() const noexcept { return config_; }
+
+  DeviceCachingAllocator<R>& device(device_index d) {
+    backend_.check_device(d);
+    std::call_once(init_, [this] {
+      slots_ = std::make_unique<std::atomic<DeviceCachingAllocator<R>*>[]>(
+          static_cast<std::size_t>(backend_.device_count()));
+      count_ = backend_.device_count();
+    });
+    auto& slot = slots_[static_cast<std::size_t>(d)];
+    if (auto* a = slot.load(std::memory_order_acquire)) return *a;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto* a = slot.load(std::memory_order_relaxed)) return *a;
+    owned_.push_back(std::make_unique<DeviceCachingAllocator<R>>(backend_, d, config_));
+    slot.store(owned_.back().get(), std::memory_order_release);
+    return *owned_.back();
+  }
+
+  void* allocate(device_index d, std::size_t bytes, StreamHandle stream) {
+    return device(d).allocate(bytes, stream);
+  }
+  void deallocate(device_index d, void* ptr) { device(d).deallocate(ptr); }
+  void record_stream(device_index d, void* ptr, StreamHandle stream) {
+    device(d).record_stream(ptr, stream);
+  }
+  // Returns the unused cache of every device that has an allocator.
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& a : owned_) a->empty_cache();
+  }
+
+ private:
+  Backend<R>& backend_;
+  AllocatorConfig config_;
+  std::once_flag init_;
+  std::unique_ptr<std::atomic<DeviceCachingAllocator<R>*>[]> slots_;
+  int count_ = 0;
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<DeviceCachingAllocator<R>>> owned_;
+};
+
+ACCELKIT_END_NAMESPACE

@@ -1,0 +1,362 @@
+// accelkit: the caching allocator of pinned (page-locked) host memory.
+//
+// Note [Pinned host allocator]
+// Pinning host memory costs the driver far more than a device allocation,
+// and pinned buffers are the staging area of every asynchronous host<->device
+// copy, so they are cached like device memory. As PyTorch's
+// CachingHostAllocator does, sizes are rounded up to a power of two and
+// blocks are not split; each size class has its own lock, free list and
+// statistics (Note [Sharded statistics]), so threads that allocate different
+// sizes do not contend. A block that copies on some device's stream used
+// (record_stream) is reused only after an event recorded on that stream at
+// free time completes; the events come from per-device EventPools.
+#pragma once
+
+#include <accelkit/config.hpp>
+#include <accelkit/detail/pointer_map.hpp>
+#include <accelkit/detail/spinlock.hpp>
+#include <accelkit/device/backend.hpp>
+#include <accelkit/error.hpp>
+#include <accelkit/memory/caching_allocator.hpp>
+#include <accelkit/memory/config.hpp>
+#include <accelkit/memory/stats.hpp>
+#include <accelkit/stream/event_pool.hpp>
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+ACCELKIT_BEGIN_NAMESPACE
+
+// Statistics of the pinned host allocator (c10's HostStats, in the same Stat
+// shape as the device statistics).
+struct HostStats {
+  Stat allocation;        // COUNT: live allocations
+  Stat segment;           // COUNT: blocks held from the driver
+  Stat allocated_bytes;   // SUM: bytes in live allocations (rounded)
+  Stat reserved_bytes;    // SUM: bytes held from the driver
+  std::int64_t num_host_alloc = 0;  // driver host_malloc calls
+  std::int64_t num_host_free = 0;   // driver host_free calls
+
+  void merge(const HostStats& o) noexcept {
+    allocation.merge(o.allocation);
+    segment.merge(o.segment);
+    allocated_bytes.merge(o.allocated_bytes);
+    reserved_bytes.merge(o.reserved_bytes);
+    num_host_alloc += o.num_host_alloc;
+    num_host_free += o.num_host_free;
+  }
+};
+
+template <class R>
+class HostAllocator {
+ public:
+  explicit HostAllocator(Backend<R>& backend)
+      : HostAllocator(backend,
+                      AllocatorConfig::from_environment(Backend<R>::name, backend.environment())) {}
+  HostAllocator(Backend<R>& backend, AllocatorConfig config)
+      : backend_(backend), config_(config) {}
+  HostAllocator(const HostAllocator&) = delete;
+  HostAllocator& operator=(const HostAllocator&) = delete;
+
+  ~HostAllocator() {
+    for (Bucket& bucket : buckets_) {
+      for (Pending& p : bucket.pending) {
+        release_events(p);
+        delete_block(p.block);
+      }
+      for (Block* b : bucket.free) delete_block(b);
+    }
+  }
+
+  // `bytes` of pinned host memory; nullptr for 0 bytes. OutOfMemoryError
+  // when the driver has none left even after the cache was returned.
+  void* allocate(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    if (bytes > kMaxBytes)
+      throw OutOfMemoryError(Backend<R>::name,
+                             fmt::format("cannot allocate {} ({} bytes) of pinned host memory: "
+                                         "larger than the {} this allocator serves",
+                                         detail::format_bytes(bytes), bytes,
+                                         detail::format_bytes(kMaxBytes)));
+    std::size_t cls = size_class(bytes);
+    Bucket& bucket = buckets_[cls];
+    Block* b = nullptr;
+    if (config_.caching) {
+      std::lock_guard<detail::SpinLock> lock(bucket.lock);
+      if (!bucket.pending.empty()) process_pending(bucket, false);
+      if (!bucket.free.empty()) {
+        b = bucket.free.back();
+        bucket.free.pop_back();
+        b->allocated = true;
+        bucket.stats.allocation.increase(1);
+        bucket.stats.allocated_bytes.increase(static_cast<std::int64_t>(b->size));
+      }
+    }
+    if (!b) b = allocate_new(bucket, cls, bytes);
+    live_.insert(b->ptr, b);
+    return b->ptr;
+  }
+
+  // Returns pinned memory from allocate(). RuntimeError for a pointer that
+  // is not a live allocation.
+  void deallocate(void* ptr) {
+    if (!ptr) return;
+    Block* b = live_.erase(ptr);
+    if (!b)
+      throw RuntimeError(Backend<R>::name,
+                         fmt::format("free of pinned host pointer {}: not a live allocation of "
+                                     "this allocator (double free, or memory from elsewhere)",
+                                     ptr));
+    Bucket& bucket = buckets_[b->cls];
+    Pending pending{b, {}};
+    bool safe = record_uses(pending);
+    if (!config_.caching) {
+      if (safe) wait(pending);
+      std::lock_guard<detail::SpinLock> lock(bucket.lock);
+      count_free(bucket, b);
+      if (safe) free_to_driver(bucket, b);
+      return;
+    }
+    std::lock_guard<detail::SpinLock> lock(bucket.lock);
+    count_free(bucket, b);
+    if (!safe) return;  // quarantined: never reused
+    if (!pending.events.empty())
+      bucket.pending.push_back(std::move(pending));
+    else
+      bucket.free.push_back(b);
+  }
+
+  // Marks `ptr` as used by work on `stream` of `device`: once freed, it is
+  // not reused before that stream has passed the point of the free.
+  void record_stream(void* ptr, device_index device, StreamHandle stream) {
+    backend_.check_device(device);
+    Block* b = live_.find(ptr);
+    if (!b)
+      throw RuntimeError(Backend<R>::name,
+                         fmt::format("record_stream: pinned host pointer {} is not a live "
+                                     "allocation",
+                                     ptr));
+    std::lock_guard<detail::SpinLock> lock(buckets_[b->cls].lock);
+    for (const auto& u : b->uses)
+      if (u.first == device && u.second == stream) return;
+    b->uses.emplace_back(device, stream);
+  }
+
+  // Whether `ptr` is a live allocation of this allocator.
+  bool is_allocation(const void* ptr) { return live_.find(ptr) != nullptr; }
+
+  // Returns every cached block to the driver, after waiting for pending uses.
+  void empty_cache() {
+    for (Bucket& bucket : buckets_) {
+      std::vector<Block*> freed;
+      {
+        std::lock_guard<detail::SpinLock> lock(bucket.lock);
+        if (!bucket.pending.empty()) process_pending(bucket, true);
+        freed.swap(bucket.free);
+      }
+      for (Block* b : freed) {
+        std::lock_guard<detail::SpinLock> lock(bucket.lock);
+        free_to_driver(bucket, b);
+      }
+    }
+  }
+
+  HostStats stats() {
+    HostStats out;
+    for (Bucket& bucket : buckets_) {
+      std::lock_guard<detail::SpinLock> lock(bucket.lock);
+      out.merge(bucket.stats);
+    }
+    return out;
+  }
+  void reset_peak_stats() {
+    for (Bucket& bucket : buckets_) {
+      std::lock_guard<detail::SpinLock> lock(bucket.lock);
+      for (Stat* s : {&bucket.stats.allocation, &bucket.stats.segment,
+                      &bucket.stats.allocated_bytes, &bucket.stats.reserved_bytes})
+        s->reset_peak();
+    }
+  }
+  void reset_accumulated_stats() {
+    for (Bucket& bucket : buckets_) {
+      std::lock_guard<detail::SpinLock> lock(bucket.lock);
+      for (Stat* s : {&bucket.stats.allocation, &bucket.stats.segment,
+                      &bucket.stats.allocated_bytes, &bucket.stats.reserved_bytes})
+        s->reset_accumulated();
+      bucket.stats.num_host_alloc = bucket.stats.num_host_free = 0;
+    }
+  }
+
+ private:
+  static constexpr std::size_t kMinClass = 9;   // 512 B
+  static constexpr std::size_t kClasses = 48;   // up to 2^47 B
+  static constexpr std::size_t kMaxBytes = std::size_t{1} << (kClasses - 1);
+
+  struct Block {
+    void* ptr = nullptr;
+    std::size_t size = 0;
+    std::size_t cls = 0;
+    bool allocated = false;
+    std::vector<std::pair<device_index, StreamHandle>> uses;
+  };
+  struct Pending {
+    Block* block;
+    std::vector<std::pair<device_index, EventHandle>> events;
+  };
+  struct alignas(64) Bucket {
+    detail::SpinLock lock;
+    std::vector<Block*> free;
+    std::vector<Pending> pending;
+    HostStats stats;
+  };
+
+  static std::size_t size_class(std::size_t bytes) noexcept {
+    if (bytes <= (std::size_t{1} << kMinClass)) return kMinClass;
+    return static_cast<std::size_t>(64 - __builtin_clzll(bytes - 1));
+  }
+
+  Block* allocate_new(Bucket& bucket, std::size_t cls, std::size_t bytes) {
+    std::size_t size = config_.caching ? std::size_t{1} << cls
+                                       : (bytes + 511) / 512 * 512;
+    void* p = nullptr;
+    for (int attempt = 0; attempt < 2 && !p; ++attempt) {
+      try {
+        p = backend_.raw_host_malloc(size);
+      } catch (const OutOfMemoryError&) {
+        if (attempt == 1 || !config_.caching)
+          throw OutOfMemoryError(
+              Backend<R>::name,
+              fmt::format("out of pinned host memory: tried to allocate {} ({} bytes); the "
+                          "cache held {} in {} blocks and was returned to the driver first",
+                          detail::format_bytes(size), size,
+                          detail::format_bytes(static_cast<std::uint64_t>(
+                              stats().reserved_bytes.current)),
+                          stats().segment.current));
+        empty_cache();
+      }
+    }
+    auto* b = new Block();
+    b->ptr = p;
+    b->size = size;
+    b->cls = cls;
+    b->allocated = true;
+    std::lock_guard<detail::SpinLock> lock(bucket.lock);
+    bucket.stats.segment.increase(1);
+    bucket.stats.reserved_bytes.increase(static_cast<std::int64_t>(size));
+    ++bucket.stats.num_host_alloc;
+    bucket.stats.allocation.increase(1);
+    bucket.stats.allocated_bytes.increase(static_cast<std::int64_t>(size));
+    return b;
+  }
+
+  void count_free(Bucket& bucket, Block* b) {
+    b->allocated = false;
+    bucket.stats.allocation.decrease(1);
+    bucket.stats.allocated_bytes.decrease(static_cast<std::int64_t>(b->size));
+  }
+
+  // Under the bucket lock.
+  void free_to_driver(Bucket& bucket, Block* b) {
+    bucket.stats.segment.decrease(1);
+    bucket.stats.reserved_bytes.decrease(static_cast<std::int64_t>(b->size));
+    ++bucket.stats.num_host_free;
+    delete_block(b);
+  }
+
+  void delete_block(Block* b) {
+    try {
+      backend_.raw_host_free(b->ptr);
+    } catch (...) {
+      // The driver refused; nothing more can be done with the memory.
+    }
+    delete b;
+  }
+
+  EventPool<R>& events(device_index device) {
+    std::lock_guard<std::mutex> lock(events_mutex_);
+    auto& slot = event_pools_[device];
+    if (!slot) slot = std::make_unique<EventPool<R>>(backend_, device);
+    return *slot;
+  }
+
+  // Records an event for each use; falls back to waiting for the stream.
+  // False when neither worked: the block must not be reused.
+  bool record_uses(Pending& p) {
+    bool safe = true;
+    for (auto [device, stream] : p.block->uses) {
+      EventHandle e{};
+      try {
+        e = events(device).acquire();
+        backend_.event_record(device, e, stream);
+        p.events.emplace_back(device, e);
+        continue;
+      } catch (const std::exception&) {
+        if (e != EventHandle{}) events(device).release(e);
+      }
+      try {
+        backend_.stream_synchronize(device, stream);
+      } catch (const std::exception&) {
+        safe = false;
+      }
+    }
+    p.block->uses.clear();
+    if (!safe) release_events(p);
+    return safe;
+  }
+
+  void release_events(Pending& p) {
+    for (auto [device, e] : p.events) events(device).release(e);
+    p.events.clear();
+  }
+
+  void wait(Pending& p) {
+    for (auto [device, e] : p.events) {
+      try {
+        backend_.event_synchronize(device, e);
+      } catch (...) {
+      }
+    }
+    release_events(p);
+  }
+
+  // Under the bucket lock.
+  void process_pending(Bucket& bucket, bool block) {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < bucket.pending.size(); ++i) {
+      Pending& p = bucket.pending[i];
+      bool done = true;
+      for (auto [device, e] : p.events) {
+        try {
+          if (block) backend_.event_synchronize(device, e);
+          done = backend_.event_query(device, e);
+        } catch (const std::exception&) {
+          done = false;
+        }
+        if (!done) break;
+      }
+      if (done) {
+        release_events(p);
+        bucket.free.push_back(p.block);
+      } else {
+        bucket.pending[kept++] = std::move(p);
+      }
+    }
+    bucket.pending.resize(kept);
+  }
+
+  Backend<R>& backend_;
+  AllocatorConfig config_;
+  std::array<Bucket, kClasses> buckets_;
+  detail::PointerMap<Block> live_;
+  std::mutex events_mutex_;
+  std::unordered_map<device_index, std::unique_ptr<EventPool<R>>> event_pools_;
+};
+
+ACCELKIT_END_NAMESPACE

@@ -1,0 +1,483 @@
+// The caching device allocator (Note [Caching device allocator]) on simdev.
+#include "catch.hpp"
+
+#include <accelkit/accelkit.hpp>
+
+#include "simdev_runtime.hpp"
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace accelkit;
+using memory_constants::kMiB;
+using SimBackend = Backend<simdev::SimRuntime>;
+using Allocator = DeviceCachingAllocator<simdev::SimRuntime>;
+
+namespace {
+simdev::Config sim(std::uint64_t mib = 64, int devices = 1) {
+  simdev::Config c;
+  c.device_count = devices;
+  c.memory_bytes = {mib << 20};
+  return c;
+}
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+AllocatorConfig conf(const std::string& text) {
+  return AllocatorConfig::parse("simdev", "SIMDEV_ALLOC_CONF", text);
+}
+constexpr auto all = static_cast<std::size_t>(StatType::aggregate);
+constexpr auto small = static_cast<std::size_t>(StatType::small_pool);
+constexpr auto large = static_cast<std::size_t>(StatType::large_pool);
+
+// Checks the invariants that hold whenever no call is in flight.
+void check_invariants(Allocator& a) {
+  DeviceStats s = a.stats();
+  for (std::size_t t : {all, small, large}) {
+    CHECK(s.allocated_bytes[t].current <= s.active_bytes[t].current);
+    CHECK(s.active_bytes[t].current + s.inactive_split_bytes[t].current <=
+          s.reserved_bytes[t].current);
+    CHECK(s.allocated_bytes[t].current >= 0);
+    CHECK(s.requested_bytes[t].current <= s.allocated_bytes[t].current);
+  }
+  CHECK(s.reserved_bytes[all].current == static_cast<std::int64_t>(a.reserved_bytes()));
+  CHECK(s.reserved_bytes[all].current ==
+        s.reserved_bytes[small].current + s.reserved_bytes[large].current);
+}
+}  // namespace
+
+TEST_CASE("allocator: small requests split a 2 MiB segment, and frees merge back") {
+  SimBackend b(Environment::fixed({}), sim());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  char* p = static_cast<char*>(a.allocate(1000, s));
+  char* q = static_cast<char*>(a.allocate(1000, s));
+  CHECK(q == p + 1024);  // rounded to 1024, split from the same segment
+  DeviceStats st = a.stats();
+  CHECK(st.segment[small].current == 1);
+  CHECK(st.reserved_bytes[small].current == 2 * static_cast<std::int64_t>(kMiB));
+  CHECK(st.allocated_bytes[all].current == 2048);
+  CHECK(st.requested_bytes[all].current == 2000);
+  CHECK(st.inactive_split[all].current == 1);
+  CHECK(st.inactive_split_bytes[all].current == 2 * static_cast<std::int64_t>(kMiB) - 2048);
+  a.deallocate(p);
+  CHECK(a.stats().inactive_split[all].current == 2);  // p's hole and the tail
+  a.deallocate(q);
+  st = a.stats();
+  CHECK(st.inactive_split[all].current == 0);  // all merged into one whole block
+  MemorySnapshot snap = a.snapshot();
+  REQUIRE(snap.segments.size() == 1);
+  REQUIRE(snap.segments[0].blocks.size() == 1);
+  CHECK(snap.segments[0].blocks[0].size == 2 * kMiB);
+  CHECK(snap.segments[0].blocks[0].state == "inactive");
+  check_invariants(a);
+}
+
+TEST_CASE("allocator: large requests use large segments and best fit") {
+  SimBackend b(Environment::fixed({}), sim(128));
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  char* x = static_cast<char*>(a.allocate(3 * kMiB, s));
+  char* y = static_cast<char*>(a.allocate(5 * kMiB, s));
+  CHECK(y == x + 3 * kMiB);  // split from the same 20 MiB segment
+  CHECK(a.stats().segment[large].current == 1);
+  char* big = static_cast<char*>(a.allocate(30 * kMiB, s));  // >= 10 MiB: own segment
+  CHECK(a.stats().segment[large].current == 2);
+  CHECK(a.stats().reserved_bytes[large].current == 50 * static_cast<std::int64_t>(kMiB));
+
+  // Best fit: with free blocks of 4 KiB and 8 KiB, a 3 KiB request takes 4 KiB.
+  void* k4 = a.allocate(4096, s);
+  void* sep1 = a.allocate(512, s);
+  void* k8 = a.allocate(8192, s);
+  void* sep2 = a.allocate(512, s);
+  a.deallocate(k8);
+  a.deallocate(k4);
+  CHECK(a.allocate(3000, s) == k4);
+  CHECK(a.allocate(6000, s) == k8);
+  for (void* p : {k4, k8, sep1, sep2, static_cast<void*>(x), static_cast<void*>(y),
+                  static_cast<void*>(big)})
+    a.deallocate(p);
+  check_invariants(a);
+  DeviceStats st = a.stats();
+  CHECK(st.allocation[all].current == 0);
+  CHECK(st.allocated_bytes[all].current == 0);
+  CHECK(st.active[all].current == 0);
+  CHECK(st.allocation[all].allocated == st.allocation[all].freed);
+}
+
+TEST_CASE("allocator: a block used on another stream waits for that stream") {
+  SimBackend b(Environment::fixed({}), sim());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s1 = b.stream_create(0, 0);
+  StreamHandle s2 = b.stream_create(0, 0);
+
+  // Cached blocks belong to their stream.
+  void* p = a.allocate(4096, s1);
+  a.deallocate(p);
+  void* on_s2 = a.allocate(4096, s2);
+  CHECK(on_s2 != p);
+  void* again = a.allocate(4096, s1);
+  CHECK(again == p);
+
+  // Used on s2, freed while s2 has not reached the free: not handed out.
+  a.record_stream(again, s2);
+  auto gate = b.runtime().hold(0, s2);
+  a.deallocate(again);
+  CHECK(a.stats().active[all].current == 2);  // still active: pending on s2
+  void* other = a.allocate(4096, s1);
+  CHECK(other != again);
+  CHECK(a.snapshot().segments.size() >= 1);
+  gate->open();
+  b.stream_synchronize(0, s2);
+  void* reused = a.allocate(4096, s1);
+  CHECK(reused == again);  // s2 passed its event: the block is back
+  a.deallocate(reused);
+  a.deallocate(other);
+  a.deallocate(on_s2);
+  check_invariants(a);
+}
+
+TEST_CASE("allocator: events for stream uses come from a pool, not one per free") {
+  SimBackend b(Environment::fixed({}), sim());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s1 = b.stream_create(0, 0);
+  StreamHandle s2 = b.stream_create(0, 0);
+  long before = b.runtime().events_created();
+  for (int i = 0; i < 200; ++i) {
+    void* p = a.allocate(8192, s1);
+    a.record_stream(p, s2);
+    a.deallocate(p);
+    b.stream_synchronize(0, s2);
+  }
+  CHECK(b.runtime().events_created() - before <= 2);
+  check_invariants(a);
+}
+
+TEST_CASE("allocator: out of memory frees the cache and retries, then raises, then recovers") {
+  SimBackend b(Environment::fixed({}), sim(64));
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  void* big = a.allocate(40 * kMiB, s);
+  a.deallocate(big);  // cached: 40 MiB reserved, unused
+  void* p = a.allocate(50 * kMiB, s);  // needs the cache returned first
+  DeviceStats st = a.stats();
+  CHECK(st.num_alloc_retries == 1);
+  CHECK(st.num_ooms == 0);
+  CHECK(a.reserved_bytes() == 50 * kMiB);
+  try {
+    a.allocate(30 * kMiB, s);
+    FAIL("allocation beyond capacity succeeded");
+  } catch (const OutOfMemoryError& e) {
+    std::string m = e.what();
+    CHECK(e.backend() == "simdev");
+    CHECK(contains(m, "simdev: out of memory on simdev:0: tried to allocate 30.00 MiB (31457280 "
+                      "bytes"));
+    CHECK(contains(m, "The device has 64.00 MiB in total"));
+    CHECK(contains(m, "50.00 MiB reserved, 50.00 MiB of it allocated"));
+    CHECK(contains(m, "SIMDEV_ALLOC_CONF=max_split_size_mb"));
+  }
+  st = a.stats();
+  CHECK(st.num_ooms == 1);
+  CHECK(st.allocated_bytes[all].current == 50 * static_cast<std::int64_t>(kMiB));
+  void* q = a.allocate(8 * kMiB, s);  // still usable (its own 8 MiB segment fits)
+  CHECK(q != nullptr);
+  a.deallocate(q);
+  a.deallocate(p);
+  check_invariants(a);
+  try {
+    a.allocate(std::size_t{1} << 62, s);
+    FAIL("a huge request succeeded");
+  } catch (const OutOfMemoryError& e) {
+    CHECK(contains(e.what(), "cannot allocate 4.00 EiB (4611686018427387904 bytes) on simdev:0: "
+                             "larger than the device's largest single allocation, 64.00 MiB"));
+  }
+}
+
+TEST_CASE("allocator: the memory fraction caps reserved memory") {
+  SimBackend b(Environment::fixed({}), sim(64));
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  a.set_memory_fraction(0.25);
+  CHECK(a.memory_limit() == 16 * kMiB);
+  try {
+    a.allocate(20 * kMiB, s);
+    FAIL("allocation above the fraction succeeded");
+  } catch (const OutOfMemoryError& e) {
+    CHECK(contains(e.what(), "the memory fraction caps this process at 16.00 MiB"));
+  }
+  void* p = a.allocate(12 * kMiB, s);
+  CHECK(p != nullptr);
+  for (double bad : {0.0, -0.5, 1.5}) {
+    try {
+      a.set_memory_fraction(bad);
+      FAIL("fraction accepted: " << bad);
+    } catch (const ValueError& e) {
+      CHECK(contains(e.what(), "is outside (0, 1]"));
+    }
+  }
+  CHECK(a.memory_limit() == 16 * kMiB);  // unchanged by the rejected values
+  a.deallocate(p);
+
+  Allocator from_conf(b, 0, conf("per_process_memory_fraction:0.5"));
+  CHECK(from_conf.memory_limit() == 32 * kMiB);
+}
+
+TEST_CASE("allocator: empty_cache returns unused segments to the driver") {
+  SimBackend b(Environment::fixed({}), sim(64));
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  std::vector<void*> ptrs;
+  for (std::size_t size : {std::size_t{1000}, 3 * kMiB, 12 * kMiB, std::size_t{500000}})
+    ptrs.push_back(a.allocate(size, s));
+  void* kept = a.allocate(2048, s);
+  for (void* p : ptrs) a.deallocate(p);
+  CHECK(a.reserved_bytes() > 0);
+  a.empty_cache();
+  // Only the small segment holding `kept` remains.
+  CHECK(a.reserved_bytes() == 2 * kMiB);
+  CHECK(b.runtime().bytes_in_use(0) == 2 * kMiB);
+  a.deallocate(kept);
+  a.empty_cache();
+  CHECK(a.reserved_bytes() == 0);
+  CHECK(b.runtime().bytes_in_use(0) == 0);
+  DeviceStats st = a.stats();
+  CHECK(st.segment[all].current == 0);
+  CHECK(st.num_device_alloc == st.num_device_free);
+  check_invariants(a);
+}
+
+TEST_CASE("allocator: max_split_size keeps oversize blocks whole and for large requests") {
+  SimBackend b(Environment::fixed({}), sim(256));
+  Allocator a(b, 0, conf("max_split_size_mb:32,max_non_split_rounding_mb:10"));
+  StreamHandle s = b.stream_create(0, 0);
+  void* p = a.allocate(40 * kMiB, s);
+  CHECK(a.stats().oversize_allocations.current == 1);
+  CHECK(a.stats().oversize_segments.current == 1);
+  a.deallocate(p);
+  void* q = a.allocate(25 * kMiB, s);  // below max_split_size: may not take the 40 MiB block
+  CHECK(q != p);
+  void* r = a.allocate(36 * kMiB, s);  // oversize, within 10 MiB of 40 MiB: takes it whole
+  CHECK(r == p);
+  a.deallocate(r);
+  void* t = a.allocate(33 * kMiB, s);  // 7 MiB over, under the 10 MiB rounding: takes it
+  CHECK(t == p);
+  a.deallocate(t);
+  void* u = a.allocate(34 * kMiB, s);
+  CHECK(u == p);
+  MemorySnapshot snap = a.snapshot();
+  for (const SegmentSnapshot& seg : snap.segments)
+    if (seg.address == reinterpret_cast<std::uintptr_t>(p))
+      CHECK(seg.blocks.size() == 1);  // never split
+  a.deallocate(u);
+  a.deallocate(q);
+  check_invariants(a);
+}
+
+TEST_CASE("allocator: the garbage collection threshold returns old cache before growing") {
+  SimBackend b(Environment::fixed({}), sim(64));
+  Allocator a(b, 0, conf("garbage_collection_threshold:0.5"));
+  StreamHandle s = b.stream_create(0, 0);
+  void* x = a.allocate(12 * kMiB, s);
+  a.deallocate(x);                       // 12 MiB cached
+  void* y = a.allocate(22 * kMiB, s);    // 12 + 22 > 32 MiB: the cache goes first
+  DeviceStats st = a.stats();
+  CHECK(a.reserved_bytes() == 22 * kMiB);
+  CHECK(st.num_device_free == 1);
+  CHECK(st.num_alloc_retries == 0);  // collected, not retried after a failure
+  a.deallocate(y);
+  check_invariants(a);
+}
+
+TEST_CASE("allocator: with caching off every allocation goes to the driver") {
+  SimBackend b(Environment::fixed({{"SIMDEV_NO_MEMORY_CACHING", "1"}}), sim(64));
+  CachingAllocator<simdev::SimRuntime> all_devices(b);
+  REQUIRE_FALSE(all_devices.config().caching);
+  Allocator& a = all_devices.device(0);
+  StreamHandle s = b.stream_create(0, 0);
+  for (int i = 0; i < 3; ++i) {
+    void* p = a.allocate(1000, s);
+    CHECK(b.runtime().bytes_in_use(0) == 4096);  // simdev rounds to pages
+    a.deallocate(p);
+    CHECK(b.runtime().bytes_in_use(0) == 0);
+  }
+  DeviceStats st = a.stats();
+  CHECK(st.num_device_alloc == 3);
+  CHECK(st.num_device_free == 3);
+  CHECK(st.reserved_bytes[all].current == 0);
+  CHECK(st.allocated_bytes[all].allocated == 3 * 1024);
+}
+
+TEST_CASE("allocator: a double free is a RuntimeError and changes nothing") {
+  SimBackend b(Environment::fixed({}), sim());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  void* p = a.allocate(4096, s);
+  a.deallocate(p);
+  DeviceStats before = a.stats();
+  try {
+    a.deallocate(p);
+    FAIL("double free accepted");
+  } catch (const RuntimeError& e) {
+    CHECK(contains(e.what(), "not a live allocation of this allocator (double free"));
+  }
+  CHECK(a.stats().allocation[all].freed == before.allocation[all].freed);
+  int x = 0;
+  CHECK_THROWS_AS(a.record_stream(&x, s), RuntimeError);
+  CHECK(a.allocate(4096, s) == p);
+}
+
+TEST_CASE("allocator: a driver failure while growing leaves the allocator consistent") {
+  SimBackend b(Environment::fixed({}), sim());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  b.runtime().inject_fault("malloc");
+  CHECK_THROWS_AS(a.allocate(4096, s), DriverError);
+  CHECK(a.reserved_bytes() == 0);
+  CHECK(a.stats().segment[all].current == 0);
+  void* p = a.allocate(4096, s);
+  CHECK(p != nullptr);
+  // A failure to record the stream use falls back to waiting for the stream.
+  StreamHandle s2 = b.stream_create(0, 0);
+  a.record_stream(p, s2);
+  b.runtime().inject_fault("event_record");
+  a.deallocate(p);
+  CHECK(a.allocate(4096, s) == p);  // synchronized, so immediately reusable
+  a.deallocate(p);
+  check_invariants(a);
+}
+
+TEST_CASE("allocator: history and snapshot are exported as JSON, bounded") {
+  SimBackend b(Environment::fixed({}), sim());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  a.record_history(4);
+  void* p = a.allocate(4096, s);
+  MemorySnapshot snap = a.snapshot();
+  REQUIRE(snap.trace.size() == 2);
+  CHECK(snap.trace[0].action == TraceEntry::Action::segment_alloc);
+  CHECK(snap.trace[1].action == TraceEntry::Action::alloc);
+  CHECK(snap.trace[1].address == reinterpret_cast<std::uintptr_t>(p));
+  std::string json = to_json(snap);
+  CHECK(contains(json, "\"state\": \"active_allocated\""));
+  CHECK(contains(json, "\"segment_type\": \"small\""));
+  CHECK(contains(json, "\"action\": \"alloc\""));
+  for (int i = 0; i < 50; ++i) a.deallocate(a.allocate(512, s));
+  a.deallocate(p);
+  snap = a.snapshot();
+  REQUIRE(snap.trace.size() == 4);
+  CHECK(snap.trace[3].action == TraceEntry::Action::free_completed);
+  CHECK(snap.trace[2].action == TraceEntry::Action::free_requested);
+  CHECK(snap.trace[0].time_ns <= snap.trace[3].time_ns);
+  std::string stats_json = to_json(a.stats());
+  CHECK(contains(stats_json, "\"allocation.all.current\": 0"));
+  CHECK(contains(stats_json, "\"segment.small_pool.current\": 1"));
+}
+
+TEST_CASE("allocator: statistics reset their peaks and totals") {
+  SimBackend b(Environment::fixed({}), sim());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  void* p = a.allocate(8192, s);
+  void* q = a.allocate(8192, s);
+  a.deallocate(q);
+  CHECK(a.stats().allocated_bytes[all].peak == 16384);
+  a.reset_peak_stats();
+  CHECK(a.stats().allocated_bytes[all].peak == 8192);
+  a.reset_accumulated_stats();
+  CHECK(a.stats().allocation[all].allocated == 0);
+  CHECK(a.stats().allocation[all].current == 1);
+  a.deallocate(p);
+}
+
+TEST_CASE("allocator: many threads on many streams never hand out overlapping blocks") {
+  SimBackend b(Environment::fixed({}), sim(512));
+  Allocator a(b, 0, AllocatorConfig{});
+  std::vector<StreamHandle> streams;
+  for (int i = 0; i < 3; ++i) streams.push_back(b.stream_create(0, 0));
+  std::mutex live_mutex;
+  std::map<std::uintptr_t, std::uintptr_t> live;  // start -> end
+  std::atomic<int> overlaps{0}, corrupted{0};
+  auto worker = [&](int id) {
+    std::mt19937 rng(static_cast<unsigned>(id));
+    std::vector<std::pair<unsigned char*, std::size_t>> mine;
+    StreamHandle s = streams[static_cast<std::size_t>(id) % streams.size()];
+    for (int op = 0; op < 4000; ++op) {
+      if (mine.size() < 64 && (mine.empty() || rng() % 3 != 0)) {
+        std::size_t size = rng() % 4 == 0 ? (rng() % (4 * kMiB)) + 1 : (rng() % 20000) + 1;
+        auto* p = static_cast<unsigned char*>(a.allocate(size, s));
+        {
+          std::lock_guard<std::mutex> lock(live_mutex);
+          auto start = reinterpret_cast<std::uintptr_t>(p);
+          auto next = live.lower_bound(start);
+          if (next != live.end() && next->first < start + size) ++overlaps;
+          if (next != live.begin() && std::prev(next)->second > start) ++overlaps;
+          live.emplace(start, start + size);
+        }
+        p[0] = p[size - 1] = static_cast<unsigned char>(id);
+        mine.emplace_back(p, size);
+      } else {
+        std::size_t i = rng() % mine.size();
+        auto [p, size] = mine[i];
+        if (p[0] != id || p[size - 1] != id) ++corrupted;
+        {
+          std::lock_guard<std::mutex> lock(live_mutex);
+          live.erase(reinterpret_cast<std::uintptr_t>(p));
+        }
+        if (rng() % 8 == 0) a.record_stream(p, streams[(static_cast<std::size_t>(id) + 1) % 3]);
+        a.deallocate(p);
+        mine[i] = mine.back();
+        mine.pop_back();
+      }
+    }
+    for (auto [p, size] : mine) {
+      {
+        std::lock_guard<std::mutex> lock(live_mutex);
+        live.erase(reinterpret_cast<std::uintptr_t>(p));
+      }
+      a.deallocate(p);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back(worker, t);
+  for (auto& t : threads) t.join();
+  CHECK(overlaps == 0);
+  CHECK(corrupted == 0);
+  b.device_synchronize(0);
+  a.empty_cache();
+  DeviceStats st = a.stats();
+  CHECK(st.allocation[all].current == 0);
+  CHECK(st.allocated_bytes[all].current == 0);
+  CHECK(st.requested_bytes[all].current == 0);
+  CHECK(st.active[all].current == 0);
+  CHECK(st.reserved_bytes[all].current == 0);
+  CHECK(st.allocation[all].allocated == st.allocation[all].freed);
+  CHECK(b.runtime().bytes_in_use(0) == 0);
+  check_invariants(a);
+}
+
+TEST_CASE("allocator: one allocator per device through CachingAllocator") {
+  SimBackend b(Environment::fixed({{"SIMDEV_ALLOC_CONF", "max_split_size_mb:64"}}), sim(64, 2));
+  CachingAllocator<simdev::SimRuntime> alloc(b);
+  CHECK(alloc.config().max_split_size == 64 * kMiB);
+  StreamHandle s0 = b.stream_create(0, 0);
+  StreamHandle s1 = b.stream_create(1, 0);
+  void* p0 = alloc.allocate(0, 1 << 20, s0);
+  void* p1 = alloc.allocate(1, 1 << 20, s1);
+  CHECK(&alloc.device(0) != &alloc.device(1));
+  CHECK(alloc.device(1).stats().allocation[all].current == 1);
+  CHECK_THROWS_AS(alloc.device(2), IndexError);
+  alloc.deallocate(0, p0);
+  alloc.deallocate(1, p1);
+  alloc.empty_cache();
+  CHECK(b.runtime().bytes_in_use(0) == 0);
+  CHECK(b.runtime().bytes_in_use(1) == 0);
+  SimBackend bad(Environment::fixed({{"SIMDEV_ALLOC_CONF", "max_split_size_mb:x"}}), sim(64));
+  CHECK_THROWS_AS(CachingAllocator<simdev::SimRuntime>(bad), ValueError);
+}
