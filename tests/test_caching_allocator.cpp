@@ -70,13 +70,19 @@ TEST_CASE("allocator: small requests split a 2 MiB segment, and frees merge back
   a.deallocate(p);
   CHECK(a.stats().inactive_split[all].current == 2);  // p's hole and the tail
   a.deallocate(q);
+  CHECK(a.stats().inactive_split[all].current == 3);  // parked unmerged, for reuse
+  CHECK(a.allocate(1000, s) == q);                    // the same shape comes back at once
+  a.deallocate(q);
+  // A request no binned block fits takes the parked block that fits best,
+  // split: p's 1 KiB serves 512 B, and its remainder stays binned.
+  void* half = a.allocate(512, s);
+  CHECK(half == p);
   st = a.stats();
-  CHECK(st.inactive_split[all].current == 0);  // all merged into one whole block
-  MemorySnapshot snap = a.snapshot();
-  REQUIRE(snap.segments.size() == 1);
-  REQUIRE(snap.segments[0].blocks.size() == 1);
-  CHECK(snap.segments[0].blocks[0].size == 2 * kMiB);
-  CHECK(snap.segments[0].blocks[0].state == "inactive");
+  CHECK(st.segment[all].current == 1);
+  CHECK(st.inactive_split[all].current == 3);  // q parked, p's upper half, the tail
+  a.deallocate(half);
+  a.empty_cache();  // merges everything, then returns the now whole segment
+  CHECK(a.reserved_bytes() == 0);
   check_invariants(a);
 }
 
@@ -459,6 +465,7 @@ TEST_CASE("allocator: many threads on many streams never hand out overlapping bl
   CHECK(st.reserved_bytes[all].current == 0);
   CHECK(st.allocation[all].allocated == st.allocation[all].freed);
   CHECK(b.runtime().bytes_in_use(0) == 0);
+  if (st.reserved_bytes[all].current != 0) FAIL_CHECK(to_json(a.snapshot()));
   check_invariants(a);
 }
 

@@ -32,6 +32,14 @@
 #define ACCELKIT_HAS_CONCEPTS 0
 #endif
 
+// For the few tiny helpers on the allocation hot path that GCC declines to
+// inline on its own.
+#if defined(__GNUC__)
+#define ACCELKIT_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ACCELKIT_ALWAYS_INLINE inline
+#endif
+
 ACCELKIT_BEGIN_NAMESPACE
 struct version_info {
   int major, minor, patch;

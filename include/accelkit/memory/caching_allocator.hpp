@@ -18,6 +18,13 @@
 //    recycled. No operation scans a list.
 //  - Live pointers are found through a sharded open-addressing map
 //    (Note [Pointer map]).
+//  - Note [Recently freed blocks]: the last few blocks freed on a stream are
+//    parked unmerged, and a request of exactly their size takes one back
+//    without a split or a merge: the common "free, then allocate the same
+//    shape again" of a training loop costs neither. Parked blocks merge into
+//    the bins when evicted, when a request finds nothing else, and before
+//    any memory goes back to the driver, so at most kHot blocks per stream
+//    ever sit unmerged.
 // Blocks that were used on other streams (record_stream) are returned to the
 // cache only after events recorded on those streams at free time complete;
 // the events come from a pool (EventPool).
@@ -75,7 +82,7 @@ struct MemBlock {
   MemBlock* bin_prev = nullptr;   // small-bin list, or the pool's spare list
   MemBlock* bin_next = nullptr;
   bool allocated = false;
-  bool cached = false;            // in the pool's free structures
+  bool cached = false;            // in the pool's bins or large set (mergeable)
   std::vector<StreamHandle> uses; // other streams the block was used on
 };
 
@@ -216,11 +223,14 @@ struct alignas(64) PoolShard {
     }
   }
 
+  // A block object with every field reset (uses is kept empty by recycle).
   MemBlock* new_block() {
     if (!spare) return new MemBlock();
     MemBlock* b = spare;
     spare = b->bin_next;
-    *b = MemBlock();
+    b->requested = 0;
+    b->prev = b->next = b->bin_prev = b->bin_next = nullptr;
+    b->allocated = b->cached = false;
     return b;
   }
   void recycle(MemBlock* b) noexcept {
@@ -238,6 +248,11 @@ struct alignas(64) PoolShard {
   std::vector<MemSegment*> segments;
   MemBlock* spare = nullptr;
   DeviceStats stats;
+  // Note [Recently freed blocks]
+  static constexpr std::size_t kHot = 8;
+  std::array<MemBlock*, kHot> hot{};
+  std::size_t hot_count = 0;
+  std::size_t hot_victim = 0;
 };
 
 inline std::string format_bytes(std::uint64_t n) {
@@ -598,10 +613,14 @@ class DeviceCachingAllocator {
 
   // ------------------------------------------------------------ statistics
 
-  template <class F>
-  static void for_types(bool small, F&& f) {
-    f(static_cast<std::size_t>(StatType::aggregate));
-    f(static_cast<std::size_t>(small ? StatType::small_pool : StatType::large_pool));
+  // Adds to / subtracts from a statistic at the aggregate and at the pool type.
+  ACCELKIT_ALWAYS_INLINE static void up(StatArray& a, bool small, std::int64_t n) noexcept {
+    a[0].increase(n);
+    a[small ? 1 : 2].increase(n);
+  }
+  ACCELKIT_ALWAYS_INLINE static void down(StatArray& a, bool small, std::int64_t n) noexcept {
+    a[0].decrease(n);
+    a[small ? 1 : 2].decrease(n);
   }
   static bool is_small(const Block* b) noexcept {
     return b->segment ? b->segment->small : b->size <= memory_constants::kSmallSize;
@@ -611,38 +630,34 @@ class DeviceCachingAllocator {
     auto n = static_cast<std::int64_t>(b->size);
     auto req = static_cast<std::int64_t>(b->requested);
     DeviceStats& s = pool.stats;
-    for_types(is_small(b), [&](std::size_t t) {
-      s.allocation[t].increase(1);
-      s.allocated_bytes[t].increase(n);
-      s.active[t].increase(1);
-      s.active_bytes[t].increase(n);
-      s.requested_bytes[t].increase(req);
-    });
+    bool sm = is_small(b);
+    up(s.allocation, sm, 1);
+    up(s.allocated_bytes, sm, n);
+    up(s.active, sm, 1);
+    up(s.active_bytes, sm, n);
+    up(s.requested_bytes, sm, req);
     if (b->size >= config_.max_split_size) s.oversize_allocations.increase(1);
   }
   void count_free(Pool& pool, const Block* b) {
     auto n = static_cast<std::int64_t>(b->size);
     auto req = static_cast<std::int64_t>(b->requested);
     DeviceStats& s = pool.stats;
-    for_types(is_small(b), [&](std::size_t t) {
-      s.allocation[t].decrease(1);
-      s.allocated_bytes[t].decrease(n);
-      s.requested_bytes[t].decrease(req);
-    });
+    bool sm = is_small(b);
+    down(s.allocation, sm, 1);
+    down(s.allocated_bytes, sm, n);
+    down(s.requested_bytes, sm, req);
     if (b->size >= config_.max_split_size) s.oversize_allocations.decrease(1);
   }
   void count_segment(Pool& pool, const Segment* seg, bool added) {
     auto n = static_cast<std::int64_t>(seg->size);
     DeviceStats& s = pool.stats;
-    for_types(seg->small, [&](std::size_t t) {
-      if (added) {
-        s.segment[t].increase(1);
-        s.reserved_bytes[t].increase(n);
-      } else {
-        s.segment[t].decrease(1);
-        s.reserved_bytes[t].decrease(n);
-      }
-    });
+    if (added) {
+      up(s.segment, seg->small, 1);
+      up(s.reserved_bytes, seg->small, n);
+    } else {
+      down(s.segment, seg->small, 1);
+      down(s.reserved_bytes, seg->small, n);
+    }
     if (seg->oversize) {
       if (added) s.oversize_segments.increase(1);
       else s.oversize_segments.decrease(1);
@@ -655,26 +670,22 @@ class DeviceCachingAllocator {
 
   void insert_free(Pool& pool, Block* b) {
     b->cached = true;
-    if (b->segment->small) pool.small.insert(b);
+    bool sm = b->segment->small;
+    if (sm) pool.small.insert(b);
     else pool.large.insert(b);
     if (!detail::whole_segment(b)) {
-      auto n = static_cast<std::int64_t>(b->size);
-      for_types(b->segment->small, [&](std::size_t t) {
-        pool.stats.inactive_split[t].increase(1);
-        pool.stats.inactive_split_bytes[t].increase(n);
-      });
+      up(pool.stats.inactive_split, sm, 1);
+      up(pool.stats.inactive_split_bytes, sm, static_cast<std::int64_t>(b->size));
     }
   }
   void unlink_free(Pool& pool, Block* b) {
     b->cached = false;
-    if (b->segment->small) pool.small.remove(b);
+    bool sm = b->segment->small;
+    if (sm) pool.small.remove(b);
     else pool.large.erase(b);
     if (!detail::whole_segment(b)) {
-      auto n = static_cast<std::int64_t>(b->size);
-      for_types(b->segment->small, [&](std::size_t t) {
-        pool.stats.inactive_split[t].decrease(1);
-        pool.stats.inactive_split_bytes[t].decrease(n);
-      });
+      down(pool.stats.inactive_split, sm, 1);
+      down(pool.stats.inactive_split_bytes, sm, static_cast<std::int64_t>(b->size));
     }
   }
 
@@ -683,25 +694,76 @@ class DeviceCachingAllocator {
     key.size = size;
     auto it = pool.large.lower_bound(&key);
     if (it == pool.large.end()) return nullptr;
-    Block* b = *it;
-    if (config_.max_split_size != std::numeric_limits<std::size_t>::max()) {
-      // An unsplittable block serves only requests that are themselves that
-      // large, and only if it is not much larger than asked.
-      if (size < config_.max_split_size && b->size >= config_.max_split_size) return nullptr;
-      if (size >= config_.max_split_size && b->size >= size + config_.max_non_split_rounding)
-        return nullptr;
-    }
-    return b;
+    // An unsplittable block serves only requests that are themselves that
+    // large, and only if it is not much larger than asked; the next larger
+    // blocks are larger still.
+    return fits(size, (*it)->size) ? *it : nullptr;
   }
 
   // Under the pool lock: a cached block of at least `size`, split to size
   // and marked allocated, or nullptr.
   Block* take_cached(Pool& pool, std::size_t size, std::size_t requested) {
+    for (std::size_t i = pool.hot_count; i-- > 0;) {  // most recently parked first
+      Block* h = pool.hot[i];
+      if (h->size != size) continue;
+      pool.hot[i] = pool.hot[--pool.hot_count];
+      leave_hot(pool, h);
+      h->allocated = true;
+      h->requested = requested;
+      count_alloc(pool, h);
+      return h;
+    }
     bool small = size <= memory_constants::kSmallSize;
     Block* b = small ? pool.small.find(size) : find_large(pool, size);
+    // A parked block that fits better than the binned one is split instead.
+    std::size_t best = pool.hot_count;
+    for (std::size_t i = 0; i < pool.hot_count; ++i) {
+      const Block* h = pool.hot[i];
+      if (h->segment->small == small && h->size > size && fits(size, h->size) &&
+          (!b || h->size < b->size) && (best == pool.hot_count || h->size < pool.hot[best]->size))
+        best = i;
+    }
+    if (best != pool.hot_count) {
+      Block* h = pool.hot[best];
+      pool.hot[best] = pool.hot[--pool.hot_count];
+      leave_hot(pool, h);
+      return carve(pool, h, size, requested);
+    }
+    if (!b && pool.hot_count) {
+      flush_hot(pool);
+      b = small ? pool.small.find(size) : find_large(pool, size);
+    }
     if (!b) return nullptr;
     unlink_free(pool, b);
     return carve(pool, b, size, requested);
+  }
+
+  // Whether a free block of `block` bytes may serve a request of `size`
+  // under max_split_size (always, when it is unlimited).
+  bool fits(std::size_t size, std::size_t block) const noexcept {
+    if (config_.max_split_size == std::numeric_limits<std::size_t>::max()) return true;
+    if (size < config_.max_split_size) return block < config_.max_split_size;
+    return block < size + config_.max_non_split_rounding;
+  }
+
+  // A parked block counts as an inactive split block, as it would in a bin.
+  void enter_hot(Pool& pool, const Block* b) {
+    if (detail::whole_segment(b)) return;
+    up(pool.stats.inactive_split, b->segment->small, 1);
+    up(pool.stats.inactive_split_bytes, b->segment->small, static_cast<std::int64_t>(b->size));
+  }
+  void leave_hot(Pool& pool, const Block* b) {
+    if (detail::whole_segment(b)) return;
+    down(pool.stats.inactive_split, b->segment->small, 1);
+    down(pool.stats.inactive_split_bytes, b->segment->small, static_cast<std::int64_t>(b->size));
+  }
+  // Under the pool lock: merges every parked block into the bins.
+  void flush_hot(Pool& pool) {
+    for (std::size_t i = 0; i < pool.hot_count; ++i) {
+      leave_hot(pool, pool.hot[i]);
+      cache_block(pool, pool.hot[i]);
+    }
+    pool.hot_count = 0;
   }
 
   // Under the pool lock: splits `b` (not in the free structures) to `size`
@@ -722,6 +784,16 @@ class DeviceCachingAllocator {
       if (b->next) b->next->prev = r;
       b->next = r;
       b->size = size;
+      // A parked block may border a binned one (parked blocks do not merge):
+      // keep binned blocks merged with each other.
+      if (r->next && r->next->cached) {
+        Block* nx = r->next;
+        unlink_free(pool, nx);
+        r->size += nx->size;
+        r->next = nx->next;
+        if (nx->next) nx->next->prev = r;
+        pool.recycle(nx);
+      }
       insert_free(pool, r);
     }
     b->allocated = true;
@@ -730,16 +802,29 @@ class DeviceCachingAllocator {
     return b;
   }
 
-  // Under the pool lock: returns a block that is no longer in use to the
-  // free structures, merged with free neighbours.
+  // Under the pool lock: a block that is no longer in use (freed, and past
+  // its pending stream uses) is parked (Note [Recently freed blocks]),
+  // evicting the oldest parked block into the bins when all slots are full.
   void free_block(Pool& pool, Block* b) {
-    auto n = static_cast<std::int64_t>(b->size);
-    for_types(b->segment->small, [&](std::size_t t) {
-      pool.stats.active[t].decrease(1);
-      pool.stats.active_bytes[t].decrease(n);
-    });
+    down(pool.stats.active, b->segment->small, 1);
+    down(pool.stats.active_bytes, b->segment->small, static_cast<std::int64_t>(b->size));
     if (tracing_.load(std::memory_order_relaxed))
       trace(TraceEntry::Action::free_completed, b->ptr, b->size, pool.stream);
+    if (pool.hot_count == Pool::kHot) {
+      Block* victim = pool.hot[pool.hot_victim];
+      pool.hot[pool.hot_victim] = b;
+      pool.hot_victim = (pool.hot_victim + 1) % Pool::kHot;
+      leave_hot(pool, victim);
+      cache_block(pool, victim);
+    } else {
+      pool.hot[pool.hot_count++] = b;
+    }
+    enter_hot(pool, b);
+  }
+
+  // Under the pool lock: puts a free block into the bins or the large set,
+  // merged with free neighbours.
+  void cache_block(Pool& pool, Block* b) {
     if (b->prev && b->prev->cached) {
       Block* p = b->prev;
       unlink_free(pool, p);
@@ -814,7 +899,8 @@ class DeviceCachingAllocator {
         for (EventHandle e : p.events) events_.release(e);
         free_block(pool, p.block);
       } else {
-        pool.pending[kept++] = std::move(p);
+        if (kept != i) pool.pending[kept] = std::move(p);  // never self-move: it empties
+        ++kept;
       }
     }
     pool.pending.resize(kept);
@@ -908,6 +994,7 @@ class DeviceCachingAllocator {
         if (wait) ++pool->stats.num_sync_all_streams;
         process_pending(*pool, wait);
       }
+      flush_hot(*pool);
       for (std::size_t i = pool->segments.size(); i-- > 0;) {
         Segment* s = pool->segments[i];
         if (!wholly_free(s)) continue;
@@ -934,6 +1021,7 @@ class DeviceCachingAllocator {
     std::vector<Candidate> candidates;
     for (Pool* pool : pools_snapshot()) {
       std::lock_guard<detail::SpinLock> lock(pool->lock);
+      flush_hot(*pool);
       for (Segment* s : pool->segments)
         if (wholly_free(s)) candidates.push_back({s->free_tick, pool, s});
     }
@@ -1008,10 +1096,8 @@ class DeviceCachingAllocator {
     b->allocated = true;
     count_alloc(pool, b);
     DeviceStats& s = pool.stats;
-    for_types(is_small(b), [&](std::size_t t) {
-      s.segment[t].increase(1);
-      s.reserved_bytes[t].increase(static_cast<std::int64_t>(size));
-    });
+    up(s.segment, is_small(b), 1);
+    up(s.reserved_bytes, is_small(b), static_cast<std::int64_t>(size));
     ++s.num_device_alloc;
     return b;
   }
@@ -1033,12 +1119,11 @@ class DeviceCachingAllocator {
     count_free(pool, b);
     auto n = static_cast<std::int64_t>(b->size);
     DeviceStats& s = pool.stats;
-    for_types(is_small(b), [&](std::size_t t) {
-      s.active[t].decrease(1);
-      s.active_bytes[t].decrease(n);
-      s.segment[t].decrease(1);
-      s.reserved_bytes[t].decrease(n);
-    });
+    bool sm = is_small(b);
+    down(s.active, sm, 1);
+    down(s.active_bytes, sm, n);
+    down(s.segment, sm, 1);
+    down(s.reserved_bytes, sm, n);
     ++s.num_device_free;
     pool.recycle(b);
   }

@@ -345,7 +345,8 @@ class HostAllocator {
         release_events(p);
         bucket.free.push_back(p.block);
       } else {
-        bucket.pending[kept++] = std::move(p);
+        if (kept != i) bucket.pending[kept] = std::move(p);  // never self-move: it empties
+        ++kept;
       }
     }
     bucket.pending.resize(kept);

@@ -1,0 +1,431 @@
+// Benchmarks of accelkit's caching device allocator against the runtime's raw
+// driver allocation and a naive pool, all measured in the same run on simdev
+// (whose raw allocation is an mmap, costing microseconds as real drivers do).
+//
+//   memory_bench            the full run (a minute or two)
+//   memory_bench --quick    tiny sizes and counts, to check that it runs
+//
+// Prints, per workload, each allocator's figure and its ratio to accelkit's.
+#include <accelkit/accelkit.hpp>
+
+#include "simdev_runtime.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+using namespace accelkit;
+using memory_constants::kMiB;
+using Clock = std::chrono::steady_clock;
+using SimBackend = Backend<simdev::SimRuntime>;
+
+namespace {
+
+bool quick = false;
+
+double ns_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+}
+
+// ------------------------------------------------------------ allocators
+// Each offers allocate(size, stream), deallocate(ptr, size) and peak
+// reserved bytes (the driver memory it held at most).
+
+struct Raw {
+  static constexpr const char* name = "raw driver";
+  SimBackend& b;
+  std::size_t reserved = 0, peak = 0;
+  void* allocate(std::size_t n, StreamHandle) {
+    void* p = b.raw_malloc(0, n);
+    reserved += n;
+    peak = std::max(peak, reserved);
+    return p;
+  }
+  void deallocate(void* p, std::size_t n) {
+    b.raw_free(0, p, n);
+    reserved -= n;
+  }
+  std::size_t peak_reserved() const { return peak; }
+};
+
+// One mutex, free blocks in an ordered multimap by size, best fit, no
+// splitting: the pool many backends start with.
+struct Naive {
+  static constexpr const char* name = "naive pool";
+  SimBackend& b;
+  std::mutex m;
+  std::multimap<std::size_t, void*> free_blocks;
+  std::unordered_map<void*, std::size_t> sizes;
+  std::size_t reserved = 0, peak = 0;
+  void* allocate(std::size_t n, StreamHandle) {
+    std::size_t size = (n + 511) / 512 * 512;
+    std::lock_guard<std::mutex> lock(m);
+    auto it = free_blocks.lower_bound(size);
+    if (it != free_blocks.end()) {
+      void* p = it->second;
+      free_blocks.erase(it);
+      return p;
+    }
+    void* p = nullptr;
+    try {
+      p = b.raw_malloc(0, size);
+    } catch (const OutOfMemoryError&) {
+      for (auto& [s, q] : free_blocks) {
+        b.raw_free(0, q, s);
+        sizes.erase(q);
+        reserved -= s;
+      }
+      free_blocks.clear();
+      p = b.raw_malloc(0, size);
+    }
+    sizes[p] = size;
+    reserved += size;
+    peak = std::max(peak, reserved);
+    return p;
+  }
+  void deallocate(void* p, std::size_t) {
+    std::lock_guard<std::mutex> lock(m);
+    free_blocks.emplace(sizes.at(p), p);
+  }
+  std::size_t peak_reserved() const { return peak; }
+};
+
+struct Accelkit {
+  static constexpr const char* name = "accelkit";
+  DeviceCachingAllocator<simdev::SimRuntime> a;
+  explicit Accelkit(SimBackend& b) : a(b, 0, AllocatorConfig{}) {}
+  void* allocate(std::size_t n, StreamHandle s) { return a.allocate(n, s); }
+  void deallocate(void* p, std::size_t) { a.deallocate(p); }
+  std::size_t peak_reserved() {
+    return static_cast<std::size_t>(a.stats().reserved_bytes[0].peak);
+  }
+};
+
+std::unique_ptr<SimBackend> make_backend() {
+  simdev::Config c;
+  c.device_count = 1;
+  c.memory_bytes = {std::uint64_t{256} << 30};  // address space only: untouched
+  return std::make_unique<SimBackend>(Environment::fixed({}), c);
+}
+
+std::string human(std::size_t n) {
+  if (n >= kMiB) return std::to_string(n / kMiB) + " MiB";
+  if (n >= 1024) return std::to_string(n / 1024) + " KiB";
+  return std::to_string(n) + " B";
+}
+
+double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<std::size_t>(q * static_cast<double>(v.size() - 1))];
+}
+
+// ------------------------------------------------------------- hit path
+
+struct Latency {
+  double p50, p99;
+};
+
+// Allocates and frees the same size over and over. Each sample is the mean
+// of a batch of pairs (one clock read per batch, not per pair).
+template <class A>
+Latency hit_path(A& alloc, std::size_t size, StreamHandle s, int samples, int batch) {
+  for (int i = 0; i < 16; ++i) alloc.deallocate(alloc.allocate(size, s), size);  // warm
+  std::vector<double> per_pair;
+  per_pair.reserve(static_cast<std::size_t>(samples));
+  for (int i = 0; i < samples; ++i) {
+    auto t0 = Clock::now();
+    for (int j = 0; j < batch; ++j) alloc.deallocate(alloc.allocate(size, s), size);
+    per_pair.push_back(ns_since(t0) / batch);
+  }
+  return {percentile(per_pair, 0.5), percentile(per_pair, 0.99)};
+}
+
+void bench_hit_path() {
+  std::puts("\n== hit path: allocate + free of one size, warm (ns per pair) ==");
+  std::printf("%-10s %22s %22s %22s %12s\n", "size", "accelkit p50/p99", "naive pool p50/p99",
+              "raw driver p50/p99", "raw/accelkit");
+  std::vector<std::size_t> sizes = {256, 4096, 64 * 1024, kMiB, 16 * kMiB, 256 * kMiB};
+  if (quick) sizes = {256, 4 * kMiB};
+  for (std::size_t size : sizes) {
+    auto backend = make_backend();
+    StreamHandle s = backend->stream_create(0, 0);
+    Accelkit ours(*backend);
+    Naive naive{*backend, {}, {}, {}};
+    Raw raw{*backend};
+    int samples = quick ? 20 : 2000, batch = quick ? 4 : 64;
+    Latency a = hit_path(ours, size, s, samples, batch);
+    Latency n = hit_path(naive, size, s, samples, batch);
+    Latency r = hit_path(raw, size, s, quick ? 10 : 200, quick ? 2 : 8);
+    std::printf("%-10s %12.1f /%8.1f %12.1f /%8.1f %12.1f /%8.1f %11.0fx\n", human(size).c_str(),
+                a.p50, a.p99, n.p50, n.p99, r.p50, r.p99, r.p50 / a.p50);
+  }
+}
+
+// ------------------------------------------------------ random allocations
+
+// In the manner of RMM's random_allocations: keep `live` blocks of sizes
+// uniform in [1, max_size]; each operation frees a random one and allocates
+// a new random size. Reports ns per operation (an alloc or a free).
+template <class A>
+double random_allocations(A& alloc, StreamHandle s, std::size_t live, std::size_t max_size,
+                          std::size_t ops) {
+  std::mt19937_64 rng(42);
+  std::uniform_int_distribution<std::size_t> size_dist(1, max_size);
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  blocks.reserve(live);
+  for (std::size_t i = 0; i < live; ++i) {
+    std::size_t n = size_dist(rng);
+    blocks.emplace_back(alloc.allocate(n, s), n);
+  }
+  std::vector<std::size_t> victims(ops), sizes(ops);
+  for (std::size_t i = 0; i < ops; ++i) {
+    victims[i] = rng() % live;
+    sizes[i] = size_dist(rng);
+  }
+  auto t0 = Clock::now();
+  for (std::size_t i = 0; i < ops; ++i) {
+    auto& [p, n] = blocks[victims[i]];
+    alloc.deallocate(p, n);
+    n = sizes[i];
+    p = alloc.allocate(n, s);
+  }
+  double ns = ns_since(t0) / static_cast<double>(2 * ops);
+  for (auto& [p, n] : blocks) alloc.deallocate(p, n);
+  return ns;
+}
+
+void bench_random() {
+  std::size_t max_size = quick ? 4096 : 64 * 1024;
+  std::printf("\n== random allocations: sizes uniform in [1 B, %s], N live (ns per op) ==\n",
+              human(max_size).c_str());
+  std::printf("%-8s %12s %12s %12s %14s %14s\n", "N", "accelkit", "naive pool", "raw driver",
+              "naive/accelkit", "raw/accelkit");
+  std::vector<std::size_t> counts = {1000, 10000, 100000};
+  if (quick) counts = {100, 1000};
+  double first = 0, last = 0;
+  for (std::size_t n : counts) {
+    std::size_t ops = quick ? 2000 : 200000;
+    auto backend = make_backend();
+    StreamHandle s = backend->stream_create(0, 0);
+    Accelkit ours(*backend);
+    Naive naive{*backend, {}, {}, {}};
+    Raw raw{*backend};
+    double a = random_allocations(ours, s, n, max_size, ops);
+    double nv = random_allocations(naive, s, n, max_size, ops);
+    double r = random_allocations(raw, s, n, max_size, quick ? 200 : 20000);
+    std::printf("%-8zu %12.1f %12.1f %12.1f %13.1fx %13.1fx\n", n, a, nv, r, nv / a, r / a);
+    if (first == 0) first = a;
+    last = a;
+  }
+  std::printf("accelkit ns/op at the largest N / at the smallest N: %.2f (target <= 2)\n",
+              last / first);
+}
+
+// --------------------------------------------------------- fragmentation
+
+struct Replay {
+  std::size_t requested = 0, peak_requested = 0;
+  std::vector<std::pair<void*, std::size_t>> live;
+};
+
+template <class A>
+void* take(A& alloc, Replay& r, std::size_t n, StreamHandle s) {
+  void* p = alloc.allocate(n, s);
+  r.requested += n;
+  r.peak_requested = std::max(r.peak_requested, r.requested);
+  return p;
+}
+template <class A>
+void give(A& alloc, Replay& r, void* p, std::size_t n) {
+  alloc.deallocate(p, n);
+  r.requested -= n;
+}
+
+// 8 x 16 MiB freed, then 4 x 32 MiB (or the reverse).
+template <class A>
+double phases(A& alloc, StreamHandle s, std::size_t first_size, int first_count,
+              std::size_t second_size, int second_count) {
+  Replay r;
+  std::vector<void*> ps;
+  for (int i = 0; i < first_count; ++i) ps.push_back(take(alloc, r, first_size, s));
+  for (void* p : ps) give(alloc, r, p, first_size);
+  ps.clear();
+  for (int i = 0; i < second_count; ++i) ps.push_back(take(alloc, r, second_size, s));
+  for (void* p : ps) give(alloc, r, p, second_size);
+  return static_cast<double>(alloc.peak_reserved()) / static_cast<double>(r.peak_requested);
+}
+
+// A training step replayed: parameters live throughout; the forward pass
+// allocates each layer's activations (and short-lived temporaries), the
+// backward pass frees them in reverse while producing gradients, and the
+// optimizer step frees the gradients.
+template <class A>
+double training_replay(A& alloc, StreamHandle s, int steps) {
+  Replay r;
+  struct Layer {
+    std::size_t weight, bias, activation, workspace;
+  };
+  std::vector<Layer> layers;
+  std::size_t batch = quick ? 8 : 256;
+  std::size_t widths[] = {784, 2048, 2048, 1024, 1024, 512, 512, 256, 10};
+  for (std::size_t i = 0; i + 1 < std::size(widths); ++i)
+    layers.push_back({widths[i] * widths[i + 1] * 4, widths[i + 1] * 4,
+                      batch * widths[i + 1] * 4, batch * widths[i + 1] * 2});
+  std::vector<void*> weights, biases;
+  for (const Layer& l : layers) {
+    weights.push_back(take(alloc, r, l.weight, s));
+    biases.push_back(take(alloc, r, l.bias, s));
+  }
+  for (int step = 0; step < steps; ++step) {
+    std::vector<void*> acts;
+    for (const Layer& l : layers) {
+      void* tmp = take(alloc, r, l.workspace, s);
+      acts.push_back(take(alloc, r, l.activation, s));
+      give(alloc, r, tmp, l.workspace);
+    }
+    std::vector<std::pair<void*, std::size_t>> grads;
+    void* grad_out = nullptr;
+    std::size_t grad_out_size = 0;
+    for (std::size_t i = layers.size(); i-- > 0;) {
+      const Layer& l = layers[i];
+      grads.emplace_back(take(alloc, r, l.weight, s), l.weight);
+      grads.emplace_back(take(alloc, r, l.bias, s), l.bias);
+      void* grad_in = take(alloc, r, i > 0 ? layers[i - 1].activation : batch * 784 * 4, s);
+      if (grad_out) give(alloc, r, grad_out, grad_out_size);
+      grad_out = grad_in;
+      grad_out_size = i > 0 ? layers[i - 1].activation : batch * 784 * 4;
+      give(alloc, r, acts[i], l.activation);
+    }
+    give(alloc, r, grad_out, grad_out_size);
+    for (auto& [p, n] : grads) give(alloc, r, p, n);
+  }
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    give(alloc, r, weights[i], layers[i].weight);
+    give(alloc, r, biases[i], layers[i].bias);
+  }
+  return static_cast<double>(alloc.peak_reserved()) / static_cast<double>(r.peak_requested);
+}
+
+void bench_fragmentation() {
+  std::puts("\n== fragmentation: peak reserved / peak requested (lower is better, 1.0 ideal) ==");
+  std::printf("%-34s %10s %11s %11s\n", "workload", "accelkit", "naive pool", "raw driver");
+  std::size_t unit = quick ? kMiB : 16 * kMiB;
+  auto run = [&](const char* label, auto&& workload) {
+    double v[3];
+    {
+      auto backend = make_backend();
+      StreamHandle s = backend->stream_create(0, 0);
+      Accelkit a(*backend);
+      v[0] = workload(a, s);
+    }
+    {
+      auto backend = make_backend();
+      StreamHandle s = backend->stream_create(0, 0);
+      Naive n{*backend, {}, {}, {}};
+      v[1] = workload(n, s);
+    }
+    {
+      auto backend = make_backend();
+      StreamHandle s = backend->stream_create(0, 0);
+      Raw raw{*backend};
+      v[2] = workload(raw, s);
+    }
+    std::printf("%-34s %10.2f %11.2f %11.2f\n", label, v[0], v[1], v[2]);
+  };
+  run("8 x 16 MiB freed, then 4 x 32 MiB",
+      [&](auto& a, StreamHandle s) { return phases(a, s, unit, 8, 2 * unit, 4); });
+  run("4 x 32 MiB freed, then 8 x 16 MiB",
+      [&](auto& a, StreamHandle s) { return phases(a, s, 2 * unit, 4, unit, 8); });
+  run("training-step replay (MLP, 5 steps)",
+      [&](auto& a, StreamHandle s) { return training_replay(a, s, quick ? 2 : 5); });
+}
+
+// ------------------------------------------------------------ two threads
+
+// Each thread allocates and frees sizes 512 B .. 64 KiB on its own stream;
+// aggregate pairs per second with two threads against one.
+template <class A>
+double throughput(A& alloc, std::vector<StreamHandle> streams, long pairs_per_thread) {
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  auto work = [&](StreamHandle s) {
+    std::size_t sizes[] = {512, 4096, 1000, 65536, 2048, 30000};
+    for (std::size_t sz : sizes) alloc.deallocate(alloc.allocate(sz, s), sz);  // warm
+    ++ready;
+    while (!go.load()) std::this_thread::yield();
+    void* keep[4] = {};
+    for (long i = 0; i < pairs_per_thread; ++i) {
+      std::size_t sz = sizes[i % 6];
+      void*& slot = keep[i & 3];
+      if (slot) alloc.deallocate(slot, sz);
+      slot = alloc.allocate(sz, s);
+    }
+    for (void* p : keep)
+      if (p) alloc.deallocate(p, 0);
+  };
+  std::vector<std::thread> threads;
+  for (StreamHandle s : streams) threads.emplace_back(work, s);
+  while (ready.load() < static_cast<int>(streams.size())) std::this_thread::yield();
+  auto t0 = Clock::now();
+  go = true;
+  for (auto& t : threads) t.join();
+  return static_cast<double>(pairs_per_thread) * static_cast<double>(streams.size()) /
+         (ns_since(t0) * 1e-9);
+}
+
+void bench_threads() {
+  std::puts("\n== two threads on two streams vs one thread (million alloc+free pairs/s) ==");
+  long pairs = quick ? 20000 : 4000000;
+  std::printf("%-12s %12s %12s %10s\n", "allocator", "1 thread", "2 threads", "2T / 1T");
+  auto run = [&](const char* name, auto make) {
+    double one = 0, two = 0;
+    for (int rep = 0; rep < 3; ++rep) {  // best of three: the machine has other work
+      auto backend = make_backend();
+      StreamHandle s1 = backend->stream_create(0, 0);
+      StreamHandle s2 = backend->stream_create(0, 0);
+      auto a = make(*backend);
+      one = std::max(one, throughput(*a, {s1}, pairs));
+      two = std::max(two, throughput(*a, {s1, s2}, pairs));
+    }
+    std::printf("%-12s %12.2f %12.2f %9.2fx\n", name, one / 1e6, two / 1e6, two / one);
+  };
+  run("accelkit", [](SimBackend& b) { return std::make_unique<Accelkit>(b); });
+  run("naive pool", [](SimBackend& b) {
+    return std::unique_ptr<Naive>(new Naive{b, {}, {}, {}});
+  });
+  std::printf("(hardware threads on this machine: %u)\n", std::thread::hardware_concurrency());
+}
+
+void bench_driver_cost() {
+  std::puts("\n== the simulated driver: one raw malloc + free (what a cache miss costs) ==");
+  auto backend = make_backend();
+  StreamHandle s = backend->stream_create(0, 0);
+  Raw raw{*backend};
+  for (std::size_t size : {std::size_t{512}, 2 * kMiB, 20 * kMiB}) {
+    Latency l = hit_path(raw, size, s, quick ? 10 : 400, quick ? 2 : 8);
+    std::printf("%-10s p50 %8.0f ns   p99 %8.0f ns\n", human(size).c_str(), l.p50, l.p99);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  std::printf("accelkit memory benchmark%s: caching allocator vs baselines on simdev\n",
+              quick ? " (quick smoke run: figures not meaningful)" : "");
+  bench_driver_cost();
+  bench_hit_path();
+  bench_random();
+  bench_fragmentation();
+  bench_threads();
+  return 0;
+}
