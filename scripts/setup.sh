@@ -50,9 +50,13 @@ PY
 configure_and_build() {
   if [ ! -f "$ACCELKIT_BUILD/build.ninja" ]; then
     log "configuring $ACCELKIT_BUILD"
+    local torch_prefix
+    torch_prefix="$("$ACCELKIT_VENV/bin/python" -c \
+      'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
     cmake -S "$ACCELKIT_ROOT" -B "$ACCELKIT_BUILD" -G Ninja \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+      -DCMAKE_PREFIX_PATH="$torch_prefix" \
       -DPython3_EXECUTABLE="$ACCELKIT_VENV/bin/python" >/dev/null
   fi
   cmake --build "$ACCELKIT_BUILD"

@@ -87,16 +87,21 @@ TEST_CASE("allocator: small requests split a 2 MiB segment, and frees merge back
 }
 
 TEST_CASE("allocator: large requests use large segments and best fit") {
-  SimBackend b(Environment::fixed({}), sim(128));
+  SimBackend b(Environment::fixed({}), sim(1024));
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
+  // Note [Segment sizes]: in a small pool a 1-10 MiB request gets a segment
+  // of its own size...
+  void* first = a.allocate(3 * kMiB, s);
+  CHECK(a.reserved_bytes() == 3 * kMiB);
+  // ...and once the pool holds 640 MiB, a 20 MiB segment that later ones share.
+  void* big = a.allocate(640 * kMiB, s);  // >= 10 MiB: its own segment, exact
+  CHECK(a.stats().segment[large].current == 2);
   char* x = static_cast<char*>(a.allocate(3 * kMiB, s));
   char* y = static_cast<char*>(a.allocate(5 * kMiB, s));
-  CHECK(y == x + 3 * kMiB);  // split from the same 20 MiB segment
-  CHECK(a.stats().segment[large].current == 1);
-  char* big = static_cast<char*>(a.allocate(30 * kMiB, s));  // >= 10 MiB: own segment
-  CHECK(a.stats().segment[large].current == 2);
-  CHECK(a.stats().reserved_bytes[large].current == 50 * static_cast<std::int64_t>(kMiB));
+  CHECK(static_cast<void*>(y) == static_cast<void*>(x + 3 * kMiB));
+  CHECK(a.stats().segment[large].current == 3);
+  CHECK(a.stats().reserved_bytes[large].current == 663 * static_cast<std::int64_t>(kMiB));
 
   // Best fit: with free blocks of 4 KiB and 8 KiB, a 3 KiB request takes 4 KiB.
   void* k4 = a.allocate(4096, s);
@@ -107,8 +112,7 @@ TEST_CASE("allocator: large requests use large segments and best fit") {
   a.deallocate(k4);
   CHECK(a.allocate(3000, s) == k4);
   CHECK(a.allocate(6000, s) == k8);
-  for (void* p : {k4, k8, sep1, sep2, static_cast<void*>(x), static_cast<void*>(y),
-                  static_cast<void*>(big)})
+  for (void* p : {k4, k8, sep1, sep2, static_cast<void*>(x), static_cast<void*>(y), big, first})
     a.deallocate(p);
   check_invariants(a);
   DeviceStats st = a.stats();
