@@ -317,7 +317,7 @@ double training_replay(A& alloc, StreamHandle s, int steps) {
 
 void bench_fragmentation() {
   std::puts("\n== fragmentation: peak reserved / peak requested (lower is better, 1.0 ideal) ==");
-  std::printf("%-34s %10s %11s %11s\n", "workload", "accelkit", "naive pool", "raw driver");
+  std::printf("%-36s %10s %11s %11s\n", "workload", "accelkit", "naive pool", "raw driver");
   std::size_t unit = quick ? kMiB : 16 * kMiB;
   auto run = [&](const char* label, auto&& workload) {
     double v[3];
@@ -339,7 +339,7 @@ void bench_fragmentation() {
       Raw raw{*backend};
       v[2] = workload(raw, s);
     }
-    std::printf("%-34s %10.2f %11.2f %11.2f\n", label, v[0], v[1], v[2]);
+    std::printf("%-36s %10.3f %11.3f %11.3f\n", label, v[0], v[1], v[2]);
   };
   run("8 x 16 MiB freed, then 4 x 32 MiB",
       [&](auto& a, StreamHandle s) { return phases(a, s, unit, 8, 2 * unit, 4); });

@@ -492,3 +492,15 @@ TEST_CASE("allocator: one allocator per device through CachingAllocator") {
   SimBackend bad(Environment::fixed({{"SIMDEV_ALLOC_CONF", "max_split_size_mb:x"}}), sim(64));
   CHECK_THROWS_AS(CachingAllocator<simdev::SimRuntime>(bad), ValueError);
 }
+
+TEST_CASE("allocator: a small request may reuse a free large block no bigger than 2 MiB") {
+  SimBackend b(Environment::fixed({}), sim(64));
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  void* big = a.allocate(2 * kMiB, s);  // a large request: its own 2 MiB segment
+  a.deallocate(big);
+  CHECK(a.allocate(kMiB, s) == big);  // no new small segment for it
+  CHECK(a.stats().segment[all].current == 1);
+  a.deallocate(big);
+  check_invariants(a);
+}

@@ -768,6 +768,12 @@ class DeviceCachingAllocator {
       flush_hot(pool);
       b = small ? pool.small.find(size) : find_large(pool, size);
     }
+    // A small request that finds no small block may take a free large-pool
+    // block no bigger than a small segment rather than make a new segment.
+    if (!b && small) {
+      Block* r = find_large(pool, size);
+      if (r && r->size <= memory_constants::kSmallBuffer) b = r;
+    }
     if (!b) return nullptr;
     unlink_free(pool, b);
     return carve(pool, b, size, requested);
