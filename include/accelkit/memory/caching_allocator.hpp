@@ -938,6 +938,14 @@ class DeviceCachingAllocator {
       if (done) {
         for (EventHandle e : p.events) events_.release(e);
         free_block(pool, p.block);
+      } else if (!wait) {
+        // Frees are queued oldest first, and a stream reaches them in that
+        // order: the rest are most likely not done either. Keep them all.
+        if (kept != i)
+          std::move(pool.pending.begin() + static_cast<std::ptrdiff_t>(i), pool.pending.end(),
+                    pool.pending.begin() + static_cast<std::ptrdiff_t>(kept));
+        kept += pool.pending.size() - i;
+        break;
       } else {
         if (kept != i) pool.pending[kept] = std::move(p);  // never self-move: it empties
         ++kept;

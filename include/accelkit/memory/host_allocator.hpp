@@ -344,6 +344,14 @@ class HostAllocator {
       if (done) {
         release_events(p);
         bucket.free.push_back(p.block);
+      } else if (!block) {
+        // Frees are queued oldest first, and a stream reaches them in that
+        // order: the rest are most likely not done either. Keep them all.
+        if (kept != i)
+          std::move(bucket.pending.begin() + static_cast<std::ptrdiff_t>(i), bucket.pending.end(),
+                    bucket.pending.begin() + static_cast<std::ptrdiff_t>(kept));
+        kept += bucket.pending.size() - i;
+        break;
       } else {
         if (kept != i) bucket.pending[kept] = std::move(p);  // never self-move: it empties
         ++kept;
