@@ -13,4 +13,5 @@
 #include <accelkit/memory/stats.hpp>
 #include <accelkit/runtime.hpp>
 #include <accelkit/stream/event_pool.hpp>
+#include <accelkit/stream/streams.hpp>
 #include <accelkit/types.hpp>

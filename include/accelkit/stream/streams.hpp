@@ -1,0 +1,508 @@
+// accelkit: streams and events with the same semantics on every backend.
+//
+// Note [Stream pools]
+// As torch.cuda does, each device has a default stream, and pools of streams
+// per priority level (kStreamsPerPool each) created on first use of that
+// level and handed out round-robin; a caller may also create a stream of its
+// own, or wrap a stream the vendor created without taking ownership. A
+// Stream is a small value (device, id); the current stream of each device is
+// thread-local, so reading or exchanging it never calls the driver.
+//
+// Note [Stream priorities]
+// PyTorch's convention: 0 is the default priority, negative numbers are more
+// urgent, down to -(levels - 1). The driver's own range comes from
+// properties().stream_priorities; priorities beyond the range are clamped,
+// as torch.cuda does.
+//
+// Note [Stream and event lifetime]
+// Ids carry the device's generation: after reset_device() (or the
+// destruction of an owned or wrapped stream) any use of an old Stream or
+// Event is a RuntimeError naming the backend, device and stream, never a
+// driver call on a dead handle.
+#pragma once
+
+#include <accelkit/config.hpp>
+#include <accelkit/device/backend.hpp>
+#include <accelkit/error.hpp>
+#include <accelkit/stream/event_pool.hpp>
+#include <accelkit/types.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+ACCELKIT_BEGIN_NAMESPACE
+
+// A stream of a device: a value, cheap to copy and compare. The id encodes
+// the kind of stream, its priority level and index, and the device's
+// generation (Note [Stream and event lifetime]).
+struct Stream {
+  device_index device = 0;
+  std::int64_t id = 0;
+  friend bool operator==(const Stream& a, const Stream& b) noexcept {
+    return a.device == b.device && a.id == b.id;
+  }
+  friend bool operator!=(const Stream& a, const Stream& b) noexcept { return !(a == b); }
+};
+
+namespace detail {
+// id layout: [generation:16][kind:4][level:4][index:32]; kind 0 = default.
+enum class StreamKind : std::int64_t { default_stream = 0, pooled = 1, owned = 2, external = 3 };
+constexpr std::int64_t make_stream_id(std::uint16_t generation, StreamKind kind, int level,
+                                      std::uint32_t index) noexcept {
+  return (static_cast<std::int64_t>(generation) << 40) |
+         (static_cast<std::int64_t>(kind) << 36) | (static_cast<std::int64_t>(level) << 32) |
+         static_cast<std::int64_t>(index);
+}
+constexpr std::uint16_t stream_generation(std::int64_t id) noexcept {
+  return static_cast<std::uint16_t>(id >> 40);
+}
+constexpr StreamKind stream_kind(std::int64_t id) noexcept {
+  return static_cast<StreamKind>((id >> 36) & 0xF);
+}
+constexpr int stream_level(std::int64_t id) noexcept { return static_cast<int>((id >> 32) & 0xF); }
+constexpr std::uint32_t stream_index(std::int64_t id) noexcept {
+  return static_cast<std::uint32_t>(id & 0xFFFFFFFF);
+}
+}  // namespace detail
+
+template <class R>
+class Streams {
+ public:
+  static constexpr int kStreamsPerPool = 32;
+  static constexpr int kMaxLevels = 8;
+
+  explicit Streams(Backend<R>& backend) : backend_(backend), id_(next_id()) {}
+  Streams(const Streams&) = delete;
+  Streams& operator=(const Streams&) = delete;
+  ~Streams() {
+    for (std::size_t i = 0; i < devices_.size(); ++i) {
+      try {
+        destroy_all(static_cast<device_index>(i), *devices_[i]);
+      } catch (...) {
+        // Teardown with a dead driver: nothing left to release to.
+      }
+    }
+  }
+
+  Backend<R>& backend() noexcept { return backend_; }
+
+  // PyTorch's priority range of a device: {most urgent, default}, e.g. {-2, 0}.
+  std::pair<int, int> priority_range(device_index device) {
+    return {-(levels(device) - 1), 0};
+  }
+
+  // The default stream of a device.
+  Stream default_stream(device_index device) {
+    Device& d = dev(device);
+    return Stream{device, detail::make_stream_id(d.generation, detail::StreamKind::default_stream,
+                                                 0, 0)};
+  }
+
+  // A stream from the device's pool for `priority` (PyTorch numbering,
+  // clamped), round-robin; the pool is created on first use.
+  Stream pool_stream(device_index device, int priority = 0) {
+    Device& d = dev(device);
+    int level = level_of(device, priority);
+    Pool& pool = d.pools[static_cast<std::size_t>(level)];
+    std::call_once(pool.created, [&] {
+      int native = native_priority(device, level);
+      for (auto& h : pool.handles) h = backend_.stream_create(device, native);
+    });
+    auto index = static_cast<std::uint32_t>(pool.next.fetch_add(1) % kStreamsPerPool);
+    return Stream{device, detail::make_stream_id(d.generation, detail::StreamKind::pooled, level,
+                                                 index)};
+  }
+
+  // A new stream owned by the caller until destroy_stream().
+  Stream create_stream(device_index device, int priority = 0) {
+    Device& d = dev(device);
+    int level = level_of(device, priority);
+    StreamHandle h = backend_.stream_create(device, native_priority(device, level));
+    std::lock_guard<std::mutex> lock(d.mutex);
+    d.registry.push_back({h, true, true});
+    return Stream{device, detail::make_stream_id(d.generation, detail::StreamKind::owned, level,
+                                                 static_cast<std::uint32_t>(d.registry.size() - 1))};
+  }
+
+  // Wraps a stream the vendor created; accelkit never destroys it.
+  Stream wrap_external(device_index device, StreamHandle handle) {
+    Device& d = dev(device);
+    std::lock_guard<std::mutex> lock(d.mutex);
+    d.registry.push_back({handle, false, true});
+    return Stream{device, detail::make_stream_id(d.generation, detail::StreamKind::external, 0,
+                                                 static_cast<std::uint32_t>(d.registry.size() - 1))};
+  }
+
+  // Destroys an owned stream (after its queued work), or forgets a wrapped
+  // one. Using it afterwards is a RuntimeError.
+  void destroy_stream(const Stream& s) {
+    Device& d = dev(s.device);
+    auto kind = detail::stream_kind(s.id);
+    if (kind != detail::StreamKind::owned && kind != detail::StreamKind::external)
+      throw ValueError(Backend<R>::name,
+                       fmt::format("{} is a default or pool stream, which cannot be destroyed",
+                                   describe(s)));
+    StreamHandle h;
+    bool owned;
+    {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      Entry& e = entry(d, s);
+      h = e.handle;
+      owned = e.owned;
+      e.live = false;
+    }
+    if (owned) backend_.stream_destroy(s.device, h);
+  }
+
+  // The driver handle of a live stream; RuntimeError for a destroyed one or
+  // one from before the device's reset.
+  StreamHandle handle(const Stream& s) {
+    Device& d = dev(s.device);
+    check_generation(d, s);
+    switch (detail::stream_kind(s.id)) {
+      case detail::StreamKind::default_stream: {
+        std::call_once(d.default_created, [&] {
+          d.default_handle = backend_.stream_create(s.device, native_priority(s.device, 0));
+        });
+        return d.default_handle;
+      }
+      case detail::StreamKind::pooled: {
+        Pool& pool = d.pools[static_cast<std::size_t>(detail::stream_level(s.id))];
+        return pool.handles[detail::stream_index(s.id) % kStreamsPerPool];
+      }
+      default: {
+        std::lock_guard<std::mutex> lock(d.mutex);
+        return entry(d, s).handle;
+      }
+    }
+  }
+
+  // ---------------------------------------------------- current stream
+
+  // The calling thread's current stream on `device` (its default stream
+  // until set). No driver call.
+  Stream current_stream(device_index device) {
+    CurrentTable& t = tls_current();
+    if (device >= 0 && device < kMaxDevices && t.set[static_cast<std::size_t>(device)])
+      return t.streams[static_cast<std::size_t>(device)];
+    return default_stream(device);
+  }
+  // Sets the thread's current stream of the stream's device, returning the
+  // previous one. No driver call.
+  Stream exchange_stream(const Stream& s) {
+    Stream previous = current_stream(s.device);
+    set_current_stream(s);
+    return previous;
+  }
+  void set_current_stream(const Stream& s) {
+    Device& d = dev(s.device);
+    check_generation(d, s);
+    if (s.device >= kMaxDevices)
+      throw IndexError(Backend<R>::name,
+                       fmt::format("device {} exceeds the {} devices whose current stream "
+                                   "accelkit tracks",
+                                   s.device, kMaxDevices));
+    CurrentTable& t = tls_current();
+    t.streams[static_cast<std::size_t>(s.device)] = s;
+    t.set[static_cast<std::size_t>(s.device)] = true;
+  }
+
+  // ----------------------------------------------------------- semantics
+
+  bool query(const Stream& s) { return backend_.stream_query(s.device, handle(s)); }
+  void synchronize(const Stream& s) { backend_.stream_synchronize(s.device, handle(s)); }
+  // Work queued on `waiter` from now on runs after the work queued so far on
+  // `target` (an event from the pool, not a new one).
+  void wait_stream(const Stream& waiter, const Stream& target) {
+    if (waiter.device != target.device)
+      throw ValueError(Backend<R>::name,
+                       fmt::format("{} cannot wait for {}: streams of different devices",
+                                   describe(waiter), describe(target)));
+    EventPool<R>& pool = events(target.device, EventFlags::none);
+    EventHandle e = pool.acquire();
+    try {
+      backend_.event_record(target.device, e, handle(target));
+      backend_.stream_wait_event(waiter.device, handle(waiter), e);
+    } catch (...) {
+      pool.release(e);
+      throw;
+    }
+    // Once recorded and waited on, the event may be re-recorded: the wait
+    // captured this record (Runtime contract: stream_wait_event).
+    pool.release(e);
+  }
+  void device_synchronize(device_index device) { backend_.device_synchronize(device); }
+
+  // Waits for the device, destroys every stream accelkit created on it and
+  // invalidates every Stream and Event of it (Note [Stream and event
+  // lifetime]). Must not run concurrently with other use of the device; the
+  // old state is kept (not freed) so that a racing reader does not crash.
+  void reset_device(device_index device) {
+    Device& d = dev(device);
+    backend_.device_synchronize(device);
+    destroy_all(device, d);
+    auto fresh = std::make_unique<Device>();
+    fresh->generation = static_cast<std::uint16_t>(d.generation + 1);
+    std::lock_guard<std::mutex> lock(retired_mutex_);
+    retired_.push_back(std::move(devices_[static_cast<std::size_t>(device)]));
+    devices_[static_cast<std::size_t>(device)] = std::move(fresh);
+  }
+
+  // Generation of a device's streams and events (bumped by reset_device).
+  std::uint16_t generation(device_index device) { return dev(device).generation; }
+
+  // The pool of driver events with `flags` on a device.
+  EventPool<R>& events(device_index device, EventFlags flags) {
+    Device& d = dev(device);
+    std::size_t slot = static_cast<unsigned>(flags) & 3u;
+    std::call_once(d.event_pools_created[slot], [&] {
+      d.event_pools[slot] = std::make_unique<EventPool<R>>(backend_, device, flags);
+    });
+    return *d.event_pools[slot];
+  }
+
+  std::string describe(const Stream& s) const {
+    static constexpr const char* kinds[] = {"default stream", "pool stream", "stream",
+                                            "external stream"};
+    auto kind = static_cast<std::size_t>(detail::stream_kind(s.id)) & 3u;
+    return fmt::format("{} {:#x} of {}:{}", kinds[kind], s.id, Backend<R>::name, s.device);
+  }
+
+  void check_generation(device_index device, std::uint16_t generation, const char* what) {
+    Device& d = dev(device);
+    if (generation != d.generation)
+      throw RuntimeError(Backend<R>::name,
+                         fmt::format("{} of {}:{} belongs to the device before it was reset",
+                                     what, Backend<R>::name, device));
+  }
+
+ private:
+  static constexpr int kMaxDevices = 64;
+
+  struct Pool {
+    std::once_flag created;
+    std::array<StreamHandle, kStreamsPerPool> handles{};
+    std::atomic<std::uint32_t> next{0};
+  };
+  struct Entry {
+    StreamHandle handle;
+    bool owned;
+    bool live;
+  };
+  struct Device {
+    std::uint16_t generation = 0;
+    std::once_flag default_created;
+    StreamHandle default_handle{};
+    std::array<Pool, kMaxLevels> pools;
+    std::mutex mutex;
+    std::vector<Entry> registry;
+    std::array<std::once_flag, 4> event_pools_created;
+    std::array<std::unique_ptr<EventPool<R>>, 4> event_pools;
+  };
+  struct CurrentTable {
+    std::uint64_t owner = 0;
+    std::array<Stream, kMaxDevices> streams{};
+    std::array<bool, kMaxDevices> set{};
+  };
+
+  static std::uint64_t next_id() noexcept {
+    static std::atomic<std::uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // One table per thread and runtime type; a thread that alternates between
+  // two Streams objects of one runtime (only tests do) starts afresh on each
+  // switch.
+  CurrentTable& tls_current() {
+    static thread_local CurrentTable table;
+    if (table.owner != id_) {
+      table = CurrentTable{};
+      table.owner = id_;
+    }
+    return table;
+  }
+
+  Device& dev(device_index device) {
+    backend_.check_device(device);
+    std::call_once(init_, [this] {
+      devices_.resize(static_cast<std::size_t>(backend_.device_count()));
+      for (auto& d : devices_) d = std::make_unique<Device>();
+    });
+    return *devices_[static_cast<std::size_t>(device)];
+  }
+
+  void check_generation(Device& d, const Stream& s) {
+    if (detail::stream_generation(s.id) != d.generation)
+      throw RuntimeError(Backend<R>::name,
+                         fmt::format("{} belongs to the device before it was reset", describe(s)));
+  }
+
+  Entry& entry(Device& d, const Stream& s) {
+    std::uint32_t i = detail::stream_index(s.id);
+    if (i >= d.registry.size())
+      throw RuntimeError(Backend<R>::name, fmt::format("{} does not exist", describe(s)));
+    Entry& e = d.registry[i];
+    if (!e.live)
+      throw RuntimeError(Backend<R>::name, fmt::format("{} was destroyed", describe(s)));
+    return e;
+  }
+
+  int levels(device_index device) {
+    return std::min(kMaxLevels, backend_.properties(device).stream_priorities.levels());
+  }
+  // PyTorch priority -> level 0 (default) .. levels-1 (most urgent), clamped.
+  int level_of(device_index device, int priority) {
+    return std::clamp(-priority, 0, levels(device) - 1);
+  }
+  int native_priority(device_index device, int level) {
+    StreamPriorityRange r = backend_.properties(device).stream_priorities;
+    return r.highest >= r.lowest ? r.lowest + level : r.lowest - level;
+  }
+
+  void destroy_all(device_index device, Device& d) {
+    if (d.default_handle != StreamHandle{}) backend_.stream_destroy(device, d.default_handle);
+    d.default_handle = StreamHandle{};
+    for (Pool& p : d.pools)
+      for (StreamHandle& h : p.handles) {
+        if (h != StreamHandle{}) backend_.stream_destroy(device, h);
+        h = StreamHandle{};
+      }
+    std::lock_guard<std::mutex> lock(d.mutex);
+    for (Entry& e : d.registry) {
+      if (e.live && e.owned) backend_.stream_destroy(device, e.handle);
+      e.live = false;
+    }
+  }
+
+  Backend<R>& backend_;
+  std::uint64_t id_;
+  std::once_flag init_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  std::mutex retired_mutex_;
+  std::vector<std::unique_ptr<Device>> retired_;
+};
+
+// An event: created lazily at its first record, from the device's event
+// pool, returned to it when the Event is destroyed. Semantics as c10::Event
+// and torch.Event (Note [Stream and event lifetime]).
+template <class R>
+class Event {
+ public:
+  explicit Event(Streams<R>& streams, EventFlags flags = EventFlags::none)
+      : streams_(&streams), flags_(flags) {}
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  Event(Event&& o) noexcept { *this = std::move(o); }
+  Event& operator=(Event&& o) noexcept {
+    if (this != &o) {
+      release();
+      streams_ = o.streams_;
+      flags_ = o.flags_;
+      device_ = o.device_;
+      generation_ = o.generation_;
+      handle_ = o.handle_;
+      recorded_ = o.recorded_;
+      o.handle_ = EventHandle{};
+      o.device_ = -1;
+      o.recorded_ = false;
+    }
+    return *this;
+  }
+  ~Event() { release(); }
+
+  bool was_recorded() const noexcept { return recorded_; }
+  device_index device() const noexcept { return device_; }
+  EventFlags flags() const noexcept { return flags_; }
+
+  // Captures the work queued on `s` so far; replaces an earlier record.
+  void record(const Stream& s) {
+    if (device_ >= 0 && device_ != s.device)
+      throw ValueError(name(), fmt::format("an event of {}:{} cannot be recorded on {}", name(),
+                                           device_, streams_->describe(s)));
+    StreamHandle sh = streams_->handle(s);
+    if (device_ < 0) {
+      handle_ = streams_->events(s.device, flags_).acquire();
+      device_ = s.device;
+      generation_ = streams_->generation(s.device);
+    } else {
+      check_live();
+    }
+    streams_->backend().event_record(device_, handle_, sh);
+    recorded_ = true;
+  }
+
+  // Makes work queued on `s` from now on wait for the recorded work. No-op
+  // for an event never recorded.
+  void block(const Stream& s) {
+    if (!recorded_) return;
+    check_live();
+    if (s.device != device_)
+      throw ValueError(name(), fmt::format("{} cannot wait for an event of {}:{}",
+                                           streams_->describe(s), name(), device_));
+    streams_->backend().stream_wait_event(device_, streams_->handle(s), handle_);
+  }
+
+  // True when the recorded work has completed; true if never recorded.
+  bool query() {
+    if (!recorded_) return true;
+    check_live();
+    return streams_->backend().event_query(device_, handle_);
+  }
+
+  void synchronize() {
+    if (!recorded_) return;
+    check_live();
+    streams_->backend().event_synchronize(device_, handle_);
+  }
+
+  // Milliseconds from this event's record to `end`'s. Both must be timing
+  // events, recorded, completed, on one device.
+  float elapsed_time(const Event& end) {
+    if (!has_flag(flags_, EventFlags::timing) || !has_flag(end.flags_, EventFlags::timing))
+      throw ValueError(name(), "elapsed_time needs both events created with timing enabled");
+    if (!recorded_ || !end.recorded_)
+      throw ValueError(name(), "elapsed_time needs both events recorded first");
+    if (device_ != end.device_)
+      throw ValueError(name(), fmt::format("elapsed_time between events of {}:{} and {}:{}",
+                                           name(), device_, name(), end.device_));
+    check_live();
+    streams_->backend().event_synchronize(device_, end.handle_);
+    return streams_->backend().event_elapsed_time(device_, handle_, end.handle_);
+  }
+
+ private:
+  static constexpr std::string_view name() { return Backend<R>::name; }
+
+  void check_live() { streams_->check_generation(device_, generation_, "event"); }
+
+  void release() noexcept {
+    if (device_ < 0 || handle_ == EventHandle{}) return;
+    try {
+      if (streams_->generation(device_) == generation_)
+        streams_->events(device_, flags_).release(handle_);
+    } catch (...) {
+    }
+    handle_ = EventHandle{};
+    device_ = -1;
+  }
+
+  Streams<R>* streams_ = nullptr;
+  EventFlags flags_ = EventFlags::none;
+  device_index device_ = -1;
+  std::uint16_t generation_ = 0;
+  EventHandle handle_{};
+  bool recorded_ = false;
+};
+
+ACCELKIT_END_NAMESPACE
