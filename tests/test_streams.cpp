@@ -296,3 +296,25 @@ TEST_CASE("events: moving an event keeps its record") {
   moved.synchronize();
   CHECK(moved.query());
 }
+
+TEST_CASE("streams: the memory pool orders stream uses with the stream layer's events") {
+  SimBackend b(Environment::fixed({}), sim());
+  SimStreams st(b);
+  DeviceCachingAllocator<simdev::SimRuntime> alloc(b, 0, AllocatorConfig{},
+                                                   st.events(0, EventFlags::none));
+  Stream s1 = st.pool_stream(0);
+  Stream s2 = st.pool_stream(0);
+  long before = b.runtime().events_created();
+  for (int i = 0; i < 50; ++i) {
+    void* p = alloc.allocate(4096, st.handle(s1));
+    alloc.record_stream(p, st.handle(s2));
+    alloc.deallocate(p);
+    st.wait_stream(s1, s2);  // the stream layer takes events from the same pool
+    st.synchronize(s2);
+  }
+  CHECK(b.runtime().events_created() - before <= 2);
+  CHECK(st.events(0, EventFlags::none).created() <= 2);
+  CHECK_THROWS_AS(DeviceCachingAllocator<simdev::SimRuntime>(b, 1, AllocatorConfig{},
+                                                             st.events(0, EventFlags::none)),
+                  ValueError);
+}

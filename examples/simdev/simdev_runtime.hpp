@@ -18,6 +18,8 @@
 //                         memory directly
 //   SIMDEV_INJECT_FAULT   comma list of member[@n]: that member throws a driver
 //                         error on its n-th call (default 1), once
+//   SIMDEV_EVENT_CREATE_NS what creating an event costs (default 2000 ns, as
+//                         real drivers' event creation does; busy-waited)
 #pragma once
 
 #include <accelkit/accelkit.hpp>
@@ -60,6 +62,7 @@ struct Config {
   std::vector<std::uint64_t> memory_bytes{1024ull << 20};  // one entry, or one per device
   bool host_visible = true;
   std::map<std::string, int> faults;  // member -> the call number that first fails
+  long event_create_ns = 2000;
 
   std::uint64_t capacity(int device) const {
     return memory_bytes.size() == 1 ? memory_bytes[0]
@@ -110,6 +113,8 @@ struct Config {
       else if (t == "0") c.host_visible = false;
       else throw bad("SIMDEV_HOST_VISIBLE", *v, "expected 0 or 1");
     }
+    if (auto v = env.get("SIMDEV_EVENT_CREATE_NS"))
+      c.event_create_ns = static_cast<long>(parse_int("SIMDEV_EVENT_CREATE_NS", *v, 0, 1'000'000));
     if (auto v = env.get("SIMDEV_INJECT_FAULT")) {
       std::string_view rest = *v;
       while (!accelkit::detail::trim(rest).empty()) {
@@ -353,6 +358,11 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     fault("event_create");
     context(device);
     ++events_created_;
+    if (config_.event_create_ns > 0) {  // the driver's cost of a new event
+      auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(config_.event_create_ns);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+    }
     auto e = std::make_shared<Event>();
     e->device = device;
     e->timing = accelkit::has_flag(flags, accelkit::EventFlags::timing);
@@ -379,7 +389,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
                    fmt::format("event of device {} recorded on a stream of device {}", e->device,
                                device));
     std::uint64_t target = ++e->records;
-    s->enqueue([e, target] { e->complete(target); });
+    s->record(e, target);
   }
 
   bool event_query(int, accelkit::EventHandle event) {
@@ -488,6 +498,18 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     bool idle() {
       std::lock_guard<std::mutex> lock(mutex_);
       return completed_ == enqueued_;
+    }
+    // An event record: on an idle stream it completes at once, as on a
+    // device; otherwise it completes when the stream reaches it.
+    template <class Ev>
+    void record(const std::shared_ptr<Ev>& e, std::uint64_t target) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (completed_ == enqueued_) {
+        e->complete(target);
+        return;
+      }
+      lock.unlock();
+      enqueue([e, target] { e->complete(target); });
     }
     void synchronize() {
       std::unique_lock<std::mutex> lock(mutex_);

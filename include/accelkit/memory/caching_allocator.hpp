@@ -386,7 +386,23 @@ class DeviceCachingAllocator {
         device_(device),
         config_(config),
         id_(next_id()),
-        events_(backend, device) {
+        own_events_(std::make_unique<EventPool<R>>(backend, device)),
+        events_(*own_events_) {
+    const DeviceProperties& p = backend.properties(device);
+    total_memory_ = p.total_memory;
+    max_allocation_ = p.max_allocation;
+    limit_ = fraction_limit(config.memory_fraction);
+  }
+  // The same, taking the events that order stream uses from a shared pool
+  // (the device's pool in Streams<R>, so the stream layer and the allocator
+  // use one set of driver events). `events` must outlive the allocator.
+  DeviceCachingAllocator(Backend<R>& backend, device_index device, AllocatorConfig config,
+                         EventPool<R>& events)
+      : backend_(backend), device_(device), config_(config), id_(next_id()), events_(events) {
+    if (events.device() != device)
+      throw ValueError(Backend<R>::name,
+                       fmt::format("the allocator of {}:{} was given the event pool of {}:{}",
+                                   Backend<R>::name, device, Backend<R>::name, events.device()));
     const DeviceProperties& p = backend.properties(device);
     total_memory_ = p.total_memory;
     max_allocation_ = p.max_allocation;
@@ -1258,7 +1274,8 @@ class DeviceCachingAllocator {
   std::atomic<std::size_t> limit_{0};
   std::atomic<std::size_t> reserved_{0};
   std::atomic<std::uint64_t> tick_{0};
-  EventPool<R> events_;
+  std::unique_ptr<EventPool<R>> own_events_;  // when no shared pool was given
+  EventPool<R>& events_;
   detail::PointerMap<Block> live_;
 
   std::mutex pools_mutex_;
