@@ -37,6 +37,7 @@ TEST_CASE("report: JSON carries every schema field of every device") {
   CHECK(contains(j, "\"pci_bus_id\": \"0000:11:00.0\""));
   CHECK(contains(j, "\"float8_e4m3fn\""));
   CHECK(contains(j, "\"levels\": 3"));
+  CHECK(contains(j, "\"pytorch_most_urgent\": -2"));
   CHECK(contains(j, "\"event_timing\": true"));
   CHECK(contains(j, "\"simdev.host_memory_backed\": true"));
   CHECK(contains(j, "\"peer_access\": [\n    [\n      true,\n      true\n    ]"));

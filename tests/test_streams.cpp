@@ -318,3 +318,17 @@ TEST_CASE("streams: the memory pool orders stream uses with the stream layer's e
                                                              st.events(0, EventFlags::none)),
                   ValueError);
 }
+
+TEST_CASE("streams: CachingAllocator can take every device's events from the stream layer") {
+  SimBackend b(Environment::fixed({}), sim());
+  SimStreams st(b);
+  CachingAllocator<simdev::SimRuntime> pool(
+      b, AllocatorConfig{}, [&](device_index d) { return &st.events(d, EventFlags::none); });
+  Stream s1 = st.pool_stream(1);
+  Stream s2 = st.pool_stream(1);
+  void* p = pool.allocate(1, 1 << 12, st.handle(s1));
+  pool.record_stream(1, p, st.handle(s2));
+  pool.deallocate(1, p);
+  CHECK(st.events(1, EventFlags::none).created() == 1);  // the free's event came from here
+  st.synchronize(s2);
+}

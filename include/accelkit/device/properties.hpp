@@ -126,7 +126,8 @@ struct Version {
 // Stream priorities in the driver's own numbering. `lowest` is the least
 // urgent priority (the one a default stream gets), `highest` the most urgent;
 // either may be numerically larger. The SDK maps PyTorch's convention
-// (0 = default, negative = more urgent) onto this range.
+// (0 = default, negative = more urgent, down to -(levels() - 1)) onto this
+// range (Note [Stream priorities]); the report shows both.
 struct StreamPriorityRange {
   int lowest = 0;
   int highest = 0;

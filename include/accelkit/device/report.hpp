@@ -40,6 +40,8 @@ inline void write_properties(JsonWriter& w, const DeviceProperties& p) {
       .field("lowest", p.stream_priorities.lowest)
       .field("highest", p.stream_priorities.highest)
       .field("levels", p.stream_priorities.levels())
+      .field("pytorch_default", 0)
+      .field("pytorch_most_urgent", -(p.stream_priorities.levels() - 1))
       .end_object();
   w.field("event_timing", p.event_timing).field("async_copy_engines", p.async_copy_engines);
   w.key("extras").begin_object();

@@ -56,6 +56,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -1301,6 +1302,13 @@ class CachingAllocator {
                          AllocatorConfig::from_environment(Backend<R>::name, backend.environment())) {}
   CachingAllocator(Backend<R>& backend, AllocatorConfig config)
       : backend_(backend), config_(config) {}
+  // With the event pools of the stream layer, so that one set of driver
+  // events serves both:
+  //   CachingAllocator<R> pool(backend, config,
+  //       [&](device_index d) { return &streams.events(d, EventFlags::none); });
+  CachingAllocator(Backend<R>& backend, AllocatorConfig config,
+                   std::function<EventPool<R>*(device_index)> event_pools)
+      : backend_(backend), config_(config), event_pools_(std::move(event_pools)) {}
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
@@ -1317,7 +1325,11 @@ class CachingAllocator {
     if (auto* a = slot.load(std::memory_order_acquire)) return *a;
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto* a = slot.load(std::memory_order_relaxed)) return *a;
-    owned_.push_back(std::make_unique<DeviceCachingAllocator<R>>(backend_, d, config_));
+    if (event_pools_)
+      owned_.push_back(
+          std::make_unique<DeviceCachingAllocator<R>>(backend_, d, config_, *event_pools_(d)));
+    else
+      owned_.push_back(std::make_unique<DeviceCachingAllocator<R>>(backend_, d, config_));
     slot.store(owned_.back().get(), std::memory_order_release);
     return *owned_.back();
   }
@@ -1338,6 +1350,7 @@ class CachingAllocator {
  private:
   Backend<R>& backend_;
   AllocatorConfig config_;
+  std::function<EventPool<R>*(device_index)> event_pools_;
   std::once_flag init_;
   std::unique_ptr<std::atomic<DeviceCachingAllocator<R>*>[]> slots_;
   int count_ = 0;
