@@ -844,12 +844,8 @@ class DeviceCachingAllocator {
       // A parked block may border a binned one (parked blocks do not merge):
       // keep binned blocks merged with each other.
       if (r->next && r->next->cached) {
-        Block* nx = r->next;
-        unlink_free(pool, nx);
-        r->size += nx->size;
-        r->next = nx->next;
-        if (nx->next) nx->next->prev = r;
-        pool.recycle(nx);
+        unlink_free(pool, r->next);
+        absorb_next(pool, r);
       }
       insert_free(pool, r);
     }
@@ -879,25 +875,27 @@ class DeviceCachingAllocator {
     enter_hot(pool, b);
   }
 
+  // Under the pool lock: `b` takes over its next neighbour, which is in no
+  // free structure (unlinked, or just freed).
+  void absorb_next(Pool& pool, Block* b) {
+    Block* nx = b->next;
+    b->size += nx->size;
+    b->next = nx->next;
+    if (nx->next) nx->next->prev = b;
+    pool.recycle(nx);
+  }
+
   // Under the pool lock: puts a free block into the bins or the large set,
   // merged with free neighbours.
   void cache_block(Pool& pool, Block* b) {
     if (b->prev && b->prev->cached) {
-      Block* p = b->prev;
-      unlink_free(pool, p);
-      p->size += b->size;
-      p->next = b->next;
-      if (b->next) b->next->prev = p;
-      pool.recycle(b);
-      b = p;
+      b = b->prev;
+      unlink_free(pool, b);
+      absorb_next(pool, b);
     }
     if (b->next && b->next->cached) {
-      Block* nx = b->next;
-      unlink_free(pool, nx);
-      b->size += nx->size;
-      b->next = nx->next;
-      if (nx->next) nx->next->prev = b;
-      pool.recycle(nx);
+      unlink_free(pool, b->next);
+      absorb_next(pool, b);
     }
     insert_free(pool, b);
     if (detail::whole_segment(b)) b->segment->free_tick = ++tick_;
