@@ -60,6 +60,13 @@ configure_and_build() {
       -DPython3_EXECUTABLE="$ACCELKIT_VENV/bin/python" >/dev/null
   fi
   cmake --build "$ACCELKIT_BUILD"
+  # `import torch_simdev` in the venv finds the package the build made.
+  local site
+  site="$("$ACCELKIT_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  local pth="$site/accelkit_build.pth"
+  if [ "$(cat "$pth" 2>/dev/null)" != "$ACCELKIT_BUILD/python" ]; then
+    echo "$ACCELKIT_BUILD/python" > "$pth"
+  fi
 }
 
 install_debian_packages

@@ -95,6 +95,13 @@ class Backend {
 
   bool is_initialized() const noexcept { return initialized_.load(std::memory_order_acquire); }
 
+  // True in a child forked after this backend was initialized (Note [Fork
+  // safety]): device use there raises.
+  bool in_bad_fork() const noexcept {
+    return is_initialized() &&
+           detail::fork_generation().load(std::memory_order_relaxed) != init_generation_;
+  }
+
   // Initializes the backend on first call: discovery, then the runtime's
   // optional initialize(). Throws what discovery threw (on every call: like
   // CUDA, the visibility variable is read once), RuntimeError when no device

@@ -507,6 +507,9 @@ class DeviceCachingAllocator {
       free_block(pool, b);
   }
 
+  // Whether `ptr` is the start of a live allocation of this allocator.
+  bool owns(const void* ptr) { return live_.find(ptr) != nullptr; }
+
   // Marks `ptr` as used on `stream` too: when freed it is not reused before
   // `stream` has passed the point of the free.
   void record_stream(void* ptr, StreamHandle stream) {

@@ -1,0 +1,134 @@
+"""torch.simdev: the device module, with the names torch.cuda users know."""
+import json
+
+import torch
+
+_ops = torch.ops.simdev
+
+
+def is_available() -> bool:
+    """Whether a simdev device is visible. Never raises, creates no context."""
+    return _ops.device_count() > 0
+
+
+def device_count() -> int:
+    return _ops.device_count()
+
+
+def init_error() -> str:
+    """Why device_count() is 0 (empty when discovery succeeded)."""
+    return _ops.init_error()
+
+
+def is_initialized() -> bool:
+    return _ops.is_initialized()
+
+
+def _is_in_bad_fork() -> bool:
+    """True in a child forked after simdev was initialized (device use raises there)."""
+    return _ops.in_bad_fork()
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seeds the generator of every simdev device. (Random operators without a
+    native kernel run through the CPU fallback and draw from the CPU generator,
+    which torch.manual_seed seeds too.)"""
+    _ops.manual_seed_all(int(seed))
+
+
+def manual_seed(seed: int) -> None:
+    manual_seed_all(seed)
+
+
+def current_device() -> int:
+    return torch.accelerator.current_device_index()
+
+
+def set_device(device) -> None:
+    torch.accelerator.set_device_index(_index(device))
+
+
+def synchronize(device=None) -> None:
+    torch.accelerator.synchronize(_index(device))
+
+
+def current_stream(device=None) -> torch.Stream:
+    return torch.accelerator.current_stream(_index(device))
+
+
+def set_stream(stream: torch.Stream) -> None:
+    torch.accelerator.set_stream(stream)
+
+
+def memory_allocated(device=None) -> int:
+    return torch.accelerator.memory_allocated(_index(device))
+
+
+def max_memory_allocated(device=None) -> int:
+    return torch.accelerator.max_memory_allocated(_index(device))
+
+
+def memory_reserved(device=None) -> int:
+    return torch.accelerator.memory_reserved(_index(device))
+
+
+def memory_stats(device=None) -> dict:
+    return json.loads(_ops.memory_stats_json(_index(device)))
+
+
+def memory_snapshot(device=None) -> dict:
+    return json.loads(_ops.memory_snapshot_json(_index(device)))
+
+
+def empty_cache() -> None:
+    torch.accelerator.empty_cache()
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    torch.accelerator.reset_peak_memory_stats(_index(device))
+
+
+def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+    _ops.set_memory_fraction(float(fraction), _index(device))
+
+
+def mem_get_info(device=None):
+    return torch.accelerator.get_memory_info(_index(device))
+
+
+def get_device_properties(device=None) -> dict:
+    report = json.loads(_ops.report_json())
+    return report["devices"][_index(device)]
+
+
+def get_device_name(device=None) -> str:
+    return get_device_properties(device)["name"]
+
+
+def report() -> str:
+    """The device and capability report (text)."""
+    return _ops.report_text()
+
+
+def fallback_report() -> list:
+    """Operators that ran through the CPU fallback: (op, count, total ms), most time first."""
+    rows = []
+    for line in _ops.fallback_report().splitlines():
+        op, count, ms = line.rsplit(" ", 2)
+        rows.append((op, int(count), float(ms)))
+    return rows
+
+
+def reset_fallback_report() -> None:
+    _ops.reset_fallback_report()
+
+
+def _index(device) -> int:
+    if device is None:
+        return torch.accelerator.current_device_index()
+    if isinstance(device, int):
+        return device
+    d = torch.device(device)
+    if d.type != "simdev":
+        raise ValueError(f"simdev: expected a simdev device, got {d}")
+    return d.index if d.index is not None else torch.accelerator.current_device_index()

@@ -1,0 +1,413 @@
+// accelkit: the PyTorch side of a backend — device guard, allocators, hooks,
+// the minimal native operators and the CPU fallback — generated for a
+// runtime R. The only accelkit header that includes PyTorch; include it (via
+// <accelkit/torch/register.hpp>) in one vendor .cpp file.
+//
+// Note [fmt beside libtorch]: the wheel's include directory carries its own
+// fmt headers, which shadow the system fmt in any translation unit that
+// includes PyTorch, while its compiled fmt is not exported. Translation units
+// that include this header must define FMT_HEADER_ONLY (the accelkit::torch
+// CMake target does).
+#pragma once
+
+#include <accelkit/accelkit.hpp>
+
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/Resize.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace torch_adapter {
+
+inline constexpr c10::DeviceType kDeviceType = c10::DeviceType::PrivateUse1;
+
+// Raises the PyTorch error that matches an accelkit error's kind (Note
+// [Error kinds]): Python sees IndexError, ValueError, torch.OutOfMemoryError
+// or RuntimeError.
+[[noreturn]] inline void rethrow(const Error& e) {
+  switch (e.kind()) {
+    case ErrorKind::index: TORCH_CHECK_INDEX(false, e.what());
+    case ErrorKind::value: TORCH_CHECK_VALUE(false, e.what());
+    case ErrorKind::out_of_memory: TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+    default: TORCH_CHECK(false, e.what());
+  }
+}
+
+// Runs f, translating accelkit errors into PyTorch's.
+template <class F>
+decltype(auto) translated(F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    rethrow(e);
+  }
+}
+
+// Everything the adapters share for one runtime, created on first use and
+// never destroyed (PyTorch calls into it from static destructors).
+template <class R>
+class State {
+ public:
+  static State& get() {
+    static State* const state = new State();
+    return *state;
+  }
+  Backend<R>& backend() { return backend_; }
+  Streams<R>& streams() { return streams_; }
+  CachingAllocator<R>& device_memory() {
+    std::call_once(memory_once_, [this] {
+      device_memory_ = std::make_unique<CachingAllocator<R>>(
+          backend_, AllocatorConfig::from_environment(R::name, backend_.environment()),
+          [this](device_index d) { return &streams_.events(d, EventFlags::none); });
+    });
+    return *device_memory_;
+  }
+  HostAllocator<R>& host_memory() {
+    std::call_once(host_once_, [this] { host_memory_ = std::make_unique<HostAllocator<R>>(backend_); });
+    return *host_memory_;
+  }
+
+  c10::Stream to_c10(const Stream& s) {
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kDeviceType, static_cast<c10::DeviceIndex>(s.device)), s.id);
+  }
+  Stream from_c10(const c10::Stream& s) {
+    return Stream{static_cast<device_index>(s.device_index()), s.id()};
+  }
+  StreamHandle current_handle(device_index d) { return streams_.handle(streams_.current_stream(d)); }
+
+ private:
+  State() : backend_(Backend<R>::instance()), streams_(backend_) {}
+  Backend<R>& backend_;
+  Streams<R> streams_;
+  std::once_flag memory_once_, host_once_;
+  std::unique_ptr<CachingAllocator<R>> device_memory_;
+  std::unique_ptr<HostAllocator<R>> host_memory_;
+};
+
+// ------------------------------------------------------------ device guard
+
+template <class R>
+struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
+  using Ev = accelkit::Event<R>;
+  static State<R>& st() { return State<R>::get(); }
+  static c10::Device dev(device_index d) { return c10::Device(kDeviceType, static_cast<c10::DeviceIndex>(d)); }
+
+  c10::DeviceType type() const override { return kDeviceType; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    return translated([&] { return dev(st().backend().exchange_device(d.index())); });
+  }
+  c10::Device getDevice() const override {
+    return translated([&] { return dev(st().backend().current_device()); });
+  }
+  void setDevice(c10::Device d) const override {
+    translated([&] { st().backend().set_device(d.index()); });
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    try {
+      st().backend().set_device(d.index());
+    } catch (...) {
+    }
+  }
+  c10::Stream getStream(c10::Device d) const override {
+    return translated([&] { return st().to_c10(st().streams().current_stream(d.index())); });
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return translated([&] { return st().to_c10(st().streams().default_stream(d.index())); });
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool high_priority) const override {
+    return translated([&] {
+      int priority = high_priority ? st().streams().priority_range(d.index()).first : 0;
+      return st().to_c10(st().streams().pool_stream(d.index(), priority));
+    });
+  }
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
+    return translated([&] { return st().to_c10(st().streams().pool_stream(d.index(), priority)); });
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    return translated([&] { return st().to_c10(st().streams().exchange_stream(st().from_c10(s))); });
+  }
+  void* getStreamNativeHandle(const c10::Stream s) const override {
+    return translated([&] {
+      return reinterpret_cast<void*>(st().streams().handle(st().from_c10(s)).value);
+    });
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<Ev*>(event);
+  }
+  void record(void** event, const c10::Stream& s, const c10::DeviceIndex device,
+              const c10::EventFlag flag) const override {
+    translated([&] {
+      TORCH_CHECK(device == -1 || device == s.device_index(), R::name,
+                  ": event of device ", static_cast<int>(device), " recorded on a stream of device ",
+                  static_cast<int>(s.device_index()));
+      if (!*event)
+        *event = new Ev(st().streams(), flag == c10::EventFlag::BACKEND_DEFAULT
+                                            ? EventFlags::timing
+                                            : EventFlags::none);
+      static_cast<Ev*>(*event)->record(st().from_c10(s));
+    });
+  }
+  void block(void* event, const c10::Stream& s) const override {
+    if (!event) return;
+    translated([&] { static_cast<Ev*>(event)->block(st().from_c10(s)); });
+  }
+  bool queryEvent(void* event) const override {
+    if (!event) return true;
+    return translated([&] { return static_cast<Ev*>(event)->query(); });
+  }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return static_cast<c10::DeviceIndex>(st().backend().device_count());
+  }
+  bool queryStream(const c10::Stream& s) const override {
+    return translated([&] { return st().streams().query(st().from_c10(s)); });
+  }
+  void synchronizeStream(const c10::Stream& s) const override {
+    translated([&] { st().streams().synchronize(st().from_c10(s)); });
+  }
+  void synchronizeEvent(void* event) const override {
+    if (!event) return;
+    translated([&] { static_cast<Ev*>(event)->synchronize(); });
+  }
+  void synchronizeDevice(const c10::DeviceIndex d) const override {
+    translated([&] { st().streams().device_synchronize(d); });
+  }
+  void recordDataPtrOnStream(const c10::DataPtr& p, const c10::Stream& s) const override {
+    if (!p.get()) return;
+    translated([&] {
+      st().device_memory().record_stream(p.device().index(), p.get(),
+                                         st().streams().handle(st().from_c10(s)));
+    });
+  }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    TORCH_CHECK_VALUE(start && end, R::name, ": elapsed_time needs both events recorded first");
+    return translated(
+        [&] { return static_cast<double>(static_cast<Ev*>(start)->elapsed_time(*static_cast<Ev*>(end))); });
+  }
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    return translated([&] {
+      c10::DeviceCapability cap;
+      cap.capability_data.capability_bits = 0;
+      const DeviceProperties& p = st().backend().properties(d.index());
+      auto set = [&](c10::ScalarType t, DType ours) {
+        if (p.dtypes.contains(ours)) cap.capability_data.capability_bits |= (1ULL << static_cast<int>(t));
+      };
+      set(c10::ScalarType::Double, DType::float64);
+      set(c10::ScalarType::Float, DType::float32);
+      set(c10::ScalarType::Half, DType::float16);
+      set(c10::ScalarType::BFloat16, DType::bfloat16);
+      set(c10::ScalarType::Float8_e4m3fn, DType::float8_e4m3fn);
+      set(c10::ScalarType::Float8_e5m2, DType::float8_e5m2);
+      set(c10::ScalarType::Float8_e4m3fnuz, DType::float8_e4m3fnuz);
+      set(c10::ScalarType::Float8_e5m2fnuz, DType::float8_e5m2fnuz);
+      set(c10::ScalarType::Float8_e8m0fnu, DType::float8_e8m0fnu);
+      set(c10::ScalarType::ComplexHalf, DType::complex32);
+      set(c10::ScalarType::ComplexFloat, DType::complex64);
+      set(c10::ScalarType::ComplexDouble, DType::complex128);
+      set(c10::ScalarType::Char, DType::int8);
+      set(c10::ScalarType::Short, DType::int16);
+      set(c10::ScalarType::Int, DType::int32);
+      set(c10::ScalarType::Long, DType::int64);
+      set(c10::ScalarType::Byte, DType::uint8);
+      set(c10::ScalarType::UInt16, DType::uint16);
+      set(c10::ScalarType::UInt32, DType::uint32);
+      set(c10::ScalarType::UInt64, DType::uint64);
+      set(c10::ScalarType::Bool, DType::bool_);
+      return cap;
+    });
+  }
+};
+
+// -------------------------------------------------------------- allocators
+
+inline void copy_stats(const StatArray& from, c10::CachingAllocator::StatArray& to) {
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    to[i].current = from[i].current;
+    to[i].peak = from[i].peak;
+    to[i].allocated = from[i].allocated;
+    to[i].freed = from[i].freed;
+  }
+}
+
+// The caching pool as PyTorch's DeviceAllocator for the device type, so that
+// torch.accelerator's memory functions work.
+template <class R>
+struct DeviceAllocator final : c10::DeviceAllocator {
+  static State<R>& st() { return State<R>::get(); }
+
+  static void deleter(void* ptr) {
+    if (!ptr) return;
+    State<R>& s = st();
+    int n = s.backend().device_count();
+    for (int d = 0; d < n; ++d)
+      if (s.device_memory().device(d).owns(ptr)) {
+        s.device_memory().device(d).deallocate(ptr);
+        return;
+      }
+  }
+
+  c10::DataPtr allocate(std::size_t n) override {
+    return translated([&] {
+      State<R>& s = st();
+      device_index d = s.backend().current_device();
+      void* p = s.device_memory().allocate(d, n, s.current_handle(d));
+      return c10::DataPtr(p, p, &deleter, c10::Device(kDeviceType, static_cast<c10::DeviceIndex>(d)));
+    });
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &deleter; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    translated([&] {
+      State<R>& s = st();
+      device_index d = s.backend().current_device();
+      StreamHandle h = s.current_handle(d);
+      s.backend().memcpy_async(d, dest, src, count, CopyKind::device_to_device, h);
+      s.backend().stream_synchronize(d, h);
+    });
+  }
+  bool initialized() override { return st().backend().is_initialized(); }
+  void emptyCache(c10::MempoolId_t) override {
+    translated([&] { st().device_memory().empty_cache(); });
+  }
+  void recordStream(const c10::DataPtr& p, c10::Stream s) override {
+    if (!p.get()) return;
+    translated([&] {
+      st().device_memory().record_stream(p.device().index(), p.get(),
+                                         st().streams().handle(st().from_c10(s)));
+    });
+  }
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex d) override {
+    return translated([&] {
+      DeviceStats s = st().device_memory().device(d).stats();
+      c10::CachingDeviceAllocator::DeviceStats out;
+      copy_stats(s.allocation, out.allocation);
+      copy_stats(s.segment, out.segment);
+      copy_stats(s.active, out.active);
+      copy_stats(s.inactive_split, out.inactive_split);
+      copy_stats(s.allocated_bytes, out.allocated_bytes);
+      copy_stats(s.reserved_bytes, out.reserved_bytes);
+      copy_stats(s.active_bytes, out.active_bytes);
+      copy_stats(s.inactive_split_bytes, out.inactive_split_bytes);
+      copy_stats(s.requested_bytes, out.requested_bytes);
+      out.num_alloc_retries = s.num_alloc_retries;
+      out.num_ooms = s.num_ooms;
+      out.num_sync_all_streams = s.num_sync_all_streams;
+      out.num_device_alloc = s.num_device_alloc;
+      out.num_device_free = s.num_device_free;
+      out.max_split_size = s.max_split_size;
+      return out;
+    });
+  }
+  void resetAccumulatedStats(c10::DeviceIndex d) override {
+    translated([&] { st().device_memory().device(d).reset_accumulated_stats(); });
+  }
+  void resetPeakStats(c10::DeviceIndex d) override {
+    translated([&] { st().device_memory().device(d).reset_peak_stats(); });
+  }
+  std::pair<std::size_t, std::size_t> getMemoryInfo(c10::DeviceIndex d) override {
+    return translated([&] {
+      MemoryInfo m = st().backend().memory_info(d);
+      return std::pair<std::size_t, std::size_t>(m.free, m.total);
+    });
+  }
+};
+
+// Pinned host memory for pin_memory(): a CPU allocator over HostAllocator.
+template <class R>
+struct PinnedAllocator final : c10::Allocator {
+  static void deleter(void* ptr) {
+    if (ptr) State<R>::get().host_memory().deallocate(ptr);
+  }
+  c10::DataPtr allocate(std::size_t n) override {
+    return translated([&] {
+      void* p = State<R>::get().host_memory().allocate(n);
+      return c10::DataPtr(p, p, &deleter, c10::Device(c10::DeviceType::CPU));
+    });
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &deleter; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+
+template <class R>
+DeviceAllocator<R>& device_allocator() {
+  static DeviceAllocator<R> a;
+  return a;
+}
+template <class R>
+PinnedAllocator<R>& pinned_allocator() {
+  static PinnedAllocator<R> a;
+  return a;
+}
+
+// -------------------------------------------------------------------- hooks
+
+template <class R>
+struct Hooks final : at::PrivateUse1HooksInterface {
+  static State<R>& st() { return State<R>::get(); }
+  bool isBuilt() const override { return true; }
+  // Never throws and never creates a device context.
+  bool isAvailable() const override { return Backend<R>::instance().device_count() > 0; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override {
+    return Backend<R>::instance().is_initialized();
+  }
+  void init() const override {
+    translated([&] { st().backend().lazy_init(); });
+  }
+  c10::DeviceIndex deviceCount() const override {
+    return static_cast<c10::DeviceIndex>(Backend<R>::instance().device_count());
+  }
+  void setCurrentDevice(c10::DeviceIndex d) const override {
+    translated([&] { st().backend().set_device(d); });
+  }
+  c10::DeviceIndex getCurrentDevice() const override {
+    return translated([&] { return static_cast<c10::DeviceIndex>(st().backend().current_device()); });
+  }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
+    return translated([&] { return static_cast<c10::DeviceIndex>(st().backend().exchange_device(d)); });
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override {
+    return exchangeDevice(d);
+  }
+  bool isPinnedPtr(const void* p) const override {
+    return p && Backend<R>::instance().is_initialized() && st().host_memory().is_allocation(p);
+  }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator<R>(); }
+  at::Device getDeviceFromPtr(void* p) const override {
+    return translated([&] {
+      int n = st().backend().device_count();
+      for (int d = 0; d < n; ++d)
+        if (st().device_memory().device(d).owns(p))
+          return at::Device(kDeviceType, static_cast<c10::DeviceIndex>(d));
+      TORCH_CHECK(false, R::name, ": pointer ", p, " is not memory of any ", R::name, " device");
+    });
+  }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex d) const override {
+    static std::vector<at::Generator> generators = [] {
+      std::vector<at::Generator> g;
+      int n = Backend<R>::instance().device_count();
+      for (int i = 0; i < n; ++i) g.push_back(at::make_generator<at::CPUGeneratorImpl>(c10::detail::getNonDeterministicRandom()));
+      return g;
+    }();
+    TORCH_CHECK_INDEX(d >= -1 && d < static_cast<c10::DeviceIndex>(generators.size()), R::name,
+                      ": invalid device index ", static_cast<int>(d));
+    return generators[static_cast<std::size_t>(d < 0 ? translated([&] { return st().backend().current_device(); }) : d)];
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex) const override {
+    return at::make_generator<at::CPUGeneratorImpl>(c10::detail::getNonDeterministicRandom());
+  }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, std::size_t newsize) const override;
+};
+
+}  // namespace torch_adapter
+ACCELKIT_END_NAMESPACE

@@ -1,0 +1,487 @@
+// accelkit: the minimal native operators PyTorch requires of a backend, and
+// the fallback that runs every other operator through the CPU.
+#pragma once
+
+#include <accelkit/torch/adapter.hpp>
+
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace torch_adapter {
+
+template <class R>
+struct Ops {
+  static State<R>& st() { return State<R>::get(); }
+  static bool on_device(const at::Tensor& t) { return t.device().type() == kDeviceType; }
+  static device_index dev(const at::Tensor& t) { return t.device().index(); }
+  static bool host_visible(device_index d) {
+    return st().backend().properties(d).host_visible_memory;
+  }
+  static std::size_t nbytes(const at::Tensor& t) {
+    return static_cast<std::size_t>(t.numel()) * t.element_size();
+  }
+  static StreamHandle stream_of(device_index d) { return st().current_handle(d); }
+  static void sync(device_index d) { st().backend().stream_synchronize(d, stream_of(d)); }
+
+  // A CPU tensor viewing the device memory of `t` (host-visible devices only).
+  static at::Tensor host_view(const at::Tensor& t) {
+    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(),
+                         at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
+  }
+
+  // The whole storage of a device tensor, copied to a CPU byte buffer, and
+  // `t`'s view of it.
+  static std::pair<at::Tensor, at::Tensor> storage_to_cpu(const at::Tensor& t) {
+    device_index d = dev(t);
+    const c10::Storage& s = t.storage();
+    at::Tensor bytes = at::empty({static_cast<int64_t>(s.nbytes())}, at::TensorOptions().dtype(at::kByte));
+    st().backend().memcpy_async(d, bytes.data_ptr(), s.data(), s.nbytes(), CopyKind::device_to_host,
+                                stream_of(d));
+    sync(d);
+    at::Tensor view = at::from_blob(static_cast<char*>(bytes.data_ptr()) +
+                                        t.storage_offset() * t.element_size(),
+                                    t.sizes(), t.strides(),
+                                    at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
+    return {bytes, view};
+  }
+
+  // A contiguous CPU copy of a device tensor.
+  static at::Tensor to_cpu(const at::Tensor& t) {
+    device_index d = dev(t);
+    if (t.is_contiguous()) {
+      at::Tensor out = at::empty(t.sizes(), t.options().device(at::kCPU));
+      st().backend().memcpy_async(d, out.data_ptr(), t.data_ptr(), nbytes(t),
+                                  CopyKind::device_to_host, stream_of(d));
+      sync(d);
+      return out;
+    }
+    if (host_visible(d)) {
+      sync(d);
+      return host_view(t).clone(at::MemoryFormat::Contiguous);
+    }
+    return storage_to_cpu(t).second.clone(at::MemoryFormat::Contiguous);
+  }
+
+  // Writes a CPU tensor (broadcast and converted to dst's shape and dtype)
+  // into a device tensor.
+  static void from_cpu(const at::Tensor& dst, const at::Tensor& src) {
+    device_index d = dev(dst);
+    at::Tensor tmp = at::empty(dst.sizes(), dst.options().device(at::kCPU));
+    tmp.copy_(src);
+    if (dst.is_contiguous()) {
+      st().backend().memcpy_async(d, dst.data_ptr(), tmp.data_ptr(), nbytes(dst),
+                                  CopyKind::host_to_device, stream_of(d));
+      sync(d);
+      return;
+    }
+    if (host_visible(d)) {
+      sync(d);
+      host_view(dst).copy_(tmp);
+      return;
+    }
+    auto [bytes, view] = storage_to_cpu(dst);  // read, modify, write back
+    view.copy_(tmp);
+    const c10::Storage& s = dst.storage();
+    st().backend().memcpy_async(d, s.mutable_data(), bytes.data_ptr(), s.nbytes(),
+                                CopyKind::host_to_device, stream_of(d));
+    sync(d);
+  }
+
+  static bool same_layout(const at::Tensor& a, const at::Tensor& b) {
+    return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && a.is_contiguous() &&
+           b.is_contiguous();
+  }
+
+  static at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+    return translated([&] {
+      if (self.numel() == 0) return dst;
+      bool src_dev = on_device(self), dst_dev = on_device(dst);
+      Backend<R>& b = st().backend();
+      if (src_dev && dst_dev) {
+        if (same_layout(self, dst)) {
+          if (dev(self) == dev(dst)) {
+            b.memcpy_async(dev(dst), dst.data_ptr(), self.data_ptr(), nbytes(dst),
+                           CopyKind::device_to_device, stream_of(dev(dst)));
+          } else {
+            sync(dev(dst));  // earlier work on dst finishes before it is overwritten
+            b.memcpy_peer_async(dst.data_ptr(), dev(dst), self.data_ptr(), dev(self),
+                                nbytes(dst), stream_of(dev(self)));
+            sync(dev(self));
+          }
+          return dst;
+        }
+        if (dev(self) == dev(dst) && host_visible(dev(self)) && dst.sizes() == self.sizes()) {
+          sync(dev(self));
+          host_view(dst).copy_(host_view(self));
+          return dst;
+        }
+        from_cpu(dst, to_cpu(self));
+        return dst;
+      }
+      if (src_dev) {  // device -> host
+        if (same_layout(self, dst)) {
+          b.memcpy_async(dev(self), dst.data_ptr(), self.data_ptr(), nbytes(dst),
+                         CopyKind::device_to_host, stream_of(dev(self)));
+          if (!(non_blocking && dst.is_pinned())) sync(dev(self));
+          return dst;
+        }
+        dst.copy_(to_cpu(self));
+        return dst;
+      }
+      // host -> device
+      if (same_layout(self, dst)) {
+        b.memcpy_async(dev(dst), dst.data_ptr(), self.data_ptr(), nbytes(dst),
+                       CopyKind::host_to_device, stream_of(dev(dst)));
+        if (!(non_blocking && self.is_pinned())) sync(dev(dst));
+        return dst;
+      }
+      from_cpu(dst, self);
+      return dst;
+    });
+  }
+
+  static at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+    dst.resize_(self.sizes());
+    return copy_from(self, dst, false);
+  }
+
+  static at::Tensor empty_memory_format(c10::SymIntArrayRef size,
+                                        std::optional<c10::ScalarType> dtype,
+                                        std::optional<c10::Layout>, std::optional<c10::Device> device,
+                                        std::optional<bool>,
+                                        std::optional<c10::MemoryFormat> memory_format) {
+    c10::OptionalDeviceGuard guard(device);
+    return at::detail::empty_generic(C10_AS_INTARRAYREF_SLOW(size), &device_allocator<R>(),
+                                     c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                     dtype.value_or(at::get_default_dtype_as_scalartype()),
+                                     memory_format);
+  }
+
+  static at::Tensor empty_strided(c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                                  std::optional<c10::ScalarType> dtype, std::optional<c10::Layout>,
+                                  std::optional<c10::Device> device, std::optional<bool>) {
+    c10::OptionalDeviceGuard guard(device);
+    return at::detail::empty_strided_generic(
+        C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride), &device_allocator<R>(),
+        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+        dtype.value_or(at::get_default_dtype_as_scalartype()));
+  }
+
+  static at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size,
+                               c10::SymIntArrayRef stride, std::optional<c10::SymInt> offset) {
+    return at::native::as_strided_tensorimpl(
+        self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride),
+        offset ? std::optional<int64_t>(offset->expect_int()) : std::nullopt);
+  }
+
+  static at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
+    return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
+  }
+
+  static at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size,
+                                  c10::SymIntArrayRef stride) {
+    return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size),
+                                      C10_AS_INTARRAYREF_SLOW(stride));
+  }
+
+  // Grows a storage to `n` bytes, keeping its contents (device to device).
+  static void grow_storage(const c10::Storage& storage, std::size_t n) {
+    if (n <= storage.nbytes()) return;
+    device_index d = storage.device().index();
+    c10::DeviceGuard guard(storage.device());
+    c10::DataPtr fresh = device_allocator<R>().allocate(n);
+    if (storage.nbytes() > 0)
+      st().backend().memcpy_async(d, fresh.get(), storage.data(), storage.nbytes(),
+                                  CopyKind::device_to_device, stream_of(d));
+    const_cast<c10::Storage&>(storage).set_data_ptr_noswap(std::move(fresh));
+    const_cast<c10::Storage&>(storage).set_nbytes(n);
+  }
+
+  static const at::Tensor& resize(const at::Tensor& self, c10::SymIntArrayRef size,
+                                  std::optional<c10::MemoryFormat> memory_format) {
+    return translated([&]() -> const at::Tensor& {
+      auto* impl = self.unsafeGetTensorImpl();
+      at::native::resize_impl_cpu_(impl, C10_AS_INTARRAYREF_SLOW(size), std::nullopt,
+                                   /*resize_storage=*/false);
+      if (impl->numel() > 0) {
+        std::size_t needed = at::detail::computeStorageNbytesContiguous(
+            impl->sizes(), self.element_size(), impl->storage_offset());
+        grow_storage(impl->storage(), needed);
+      }
+      if (memory_format) impl->empty_tensor_restride(*memory_format);
+      return self;
+    });
+  }
+
+  static at::Scalar local_scalar_dense(const at::Tensor& self) {
+    return translated([&] { return to_cpu(self).item(); });
+  }
+
+  static at::Tensor& set_storage(at::Tensor& self, at::Storage source, c10::SymInt offset,
+                                 c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+    return at::native::set_storage_cpu_(self, source, offset.expect_int(),
+                                        C10_AS_INTARRAYREF_SLOW(size),
+                                        C10_AS_INTARRAYREF_SLOW(stride));
+  }
+
+  static at::Tensor& fill(at::Tensor& self, const at::Scalar& value) {
+    return translated([&]() -> at::Tensor& {
+      if (self.numel() == 0) return self;
+      if (host_visible(dev(self))) {
+        sync(dev(self));
+        host_view(self).fill_(value);
+      } else {
+        from_cpu(self, at::scalar_tensor(value, self.options().device(at::kCPU)));
+      }
+      return self;
+    });
+  }
+
+  static at::Tensor& zero(at::Tensor& self) {
+    return translated([&]() -> at::Tensor& {
+      if (self.numel() == 0) return self;
+      if (self.is_contiguous()) {
+        st().backend().memset_async(dev(self), self.data_ptr(), 0, nbytes(self),
+                                    stream_of(dev(self)));
+        return self;
+      }
+      return fill(self, 0);
+    });
+  }
+};
+
+template <class R>
+class Fallback;
+
+// Convolutions reach a backend as convolution_overrideable, whose default
+// kernel raises instead of falling back; these run them through the CPU like
+// the fallback does (and count in its report).
+template <class R>
+struct Convolution {
+  static at::Tensor cpu(const at::Tensor& t) { return t.defined() ? t.cpu() : t; }
+  static at::Tensor forward(const at::Tensor& input, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
+                            c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
+                            bool transposed, c10::SymIntArrayRef output_padding, c10::SymInt groups) {
+    auto timer = Fallback<R>::get().time("aten::convolution_overrideable");
+    std::optional<at::Tensor> b = bias && bias->defined() ? std::optional<at::Tensor>(cpu(*bias))
+                                                          : std::nullopt;
+    at::Tensor out = at::convolution_symint(cpu(input), cpu(weight), b, stride, padding, dilation,
+                                            transposed, output_padding, std::move(groups));
+    return out.to(input.device());
+  }
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
+      const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+      c10::SymIntArrayRef stride, c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
+      bool transposed, c10::SymIntArrayRef output_padding, c10::SymInt groups,
+      std::array<bool, 3> output_mask) {
+    auto timer = Fallback<R>::get().time("aten::convolution_backward_overrideable");
+    std::vector<c10::SymInt> bias_sizes{weight.sym_size(transposed ? 1 : 0) * groups};
+    auto [gi, gw, gb] = at::convolution_backward_symint(
+        cpu(grad_output), cpu(input), cpu(weight), c10::SymIntArrayRef(bias_sizes), stride,
+        padding, dilation, transposed, output_padding, std::move(groups), output_mask);
+    auto back = [&](const at::Tensor& t) { return t.defined() ? t.to(input.device()) : t; };
+    return {back(gi), back(gw), back(gb)};
+  }
+};
+
+template <class R>
+void register_aten_ops(torch::Library& m) {
+  using O = Ops<R>;
+  m.impl("empty.memory_format", TORCH_FN(O::empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(O::empty_strided));
+  m.impl("as_strided", TORCH_FN(O::as_strided));
+  m.impl("view", TORCH_FN(O::view));
+  m.impl("_reshape_alias", TORCH_FN(O::reshape_alias));
+  m.impl("resize_", TORCH_FN(O::resize));
+  m.impl("_copy_from", TORCH_FN(O::copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(O::copy_from_and_resize));
+  m.impl("_local_scalar_dense", TORCH_FN(O::local_scalar_dense));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(O::set_storage));
+  m.impl("fill_.Scalar", TORCH_FN(O::fill));
+  m.impl("zero_", TORCH_FN(O::zero));
+  m.impl("convolution_overrideable", TORCH_FN(Convolution<R>::forward));
+  m.impl("convolution_backward_overrideable", TORCH_FN(Convolution<R>::backward));
+  // set_.source_Storage and set_.source_Tensor re-dispatch to the above.
+  m.impl("set_.source_Storage",
+         [](at::Tensor& self, at::Storage source) -> at::Tensor& {
+           return at::native::set_(self, source);
+         });
+  m.impl("set_.source_Tensor",
+         [](at::Tensor& self, const at::Tensor& source) -> at::Tensor& {
+           return at::native::set_tensor_(self, source);
+         });
+}
+
+// Note [CPU fallback policy]: every operator without a native kernel runs on
+// the CPU (inputs copied there, outputs copied back). <NAME>_FALLBACK
+// chooses what happens: "allow" (default), "warn" (a warning the first time
+// each operator falls back) or "error"; <NAME>_FALLBACK_BLOCKLIST names
+// operators (comma list) that must not fall back. The report lists each
+// operator that fell back, how often and for how long.
+template <class R>
+class Fallback {
+ public:
+  enum class Policy { allow, warn, error };
+  static Fallback& get() {
+    static Fallback* const f = new Fallback();
+    return *f;
+  }
+
+  void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const std::string& name = op.schema().operator_name().name;
+    std::string full = name;
+    if (!op.schema().operator_name().overload_name.empty())
+      full += "." + op.schema().operator_name().overload_name;
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        policy_ != Policy::error && blocked_.count(name) == 0 && blocked_.count(full) == 0,
+        "The operator '", full, "' is not implemented for ", R::name, " and its CPU fallback is ",
+        policy_ == Policy::error ? "disabled (" : "blocked (", upper(), "_FALLBACK",
+        policy_ == Policy::error ? "=error)" : "_BLOCKLIST)");
+    check_one_device(op, *stack, full);
+    bool first;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      first = ++stats_[full].count == 1;
+    }
+    if (first && policy_ == Policy::warn)
+      TORCH_WARN("The operator '", full, "' is not implemented for ", R::name,
+                 " and falls back to the CPU; this may be slow.");
+    auto t0 = std::chrono::steady_clock::now();
+    at::native::cpu_fallback(op, stack);
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now() - t0)
+                  .count();
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_[full].ns += ns;
+  }
+
+  // Counts one run of `op` through the CPU, timed until the result dies.
+  class Timer {
+   public:
+    Timer(Fallback& f, std::string op) : f_(f), op_(std::move(op)), t0_(std::chrono::steady_clock::now()) {}
+    ~Timer() {
+      auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now() - t0_)
+                    .count();
+      std::lock_guard<std::mutex> lock(f_.mutex_);
+      Entry& e = f_.stats_[op_];
+      ++e.count;
+      e.ns += ns;
+    }
+    Timer(const Timer&) = delete;
+    Timer& operator=(const Timer&) = delete;
+
+   private:
+    Fallback& f_;
+    std::string op_;
+    std::chrono::steady_clock::time_point t0_;
+  };
+  Timer time(std::string op) { return Timer(*this, std::move(op)); }
+
+  // "op count total_ms" lines, most time first.
+  std::string report() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::pair<std::string, Entry>> v(stats_.begin(), stats_.end());
+    std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second.ns > b.second.ns; });
+    std::ostringstream out;
+    for (auto& [op, e] : v) out << op << ' ' << e.count << ' ' << (e.ns / 1e6) << '\n';
+    return out.str();
+  }
+  void reset() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.clear();
+  }
+
+ private:
+  struct Entry {
+    std::int64_t count = 0;
+    std::int64_t ns = 0;
+  };
+
+  static std::string upper() { return detail::upper(R::name); }
+
+  // Like PyTorch's native kernels, refuse tensors of two devices of this
+  // backend in one operator (the CPU fallback would silently mix them).
+  static void check_one_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                               const std::string& full) {
+    std::size_t n = op.schema().arguments().size();
+    std::optional<c10::Device> seen;
+    auto check = [&](const at::Tensor& t) {
+      if (!t.defined() || t.device().type() != kDeviceType) return;
+      if (!seen) seen = t.device();
+      TORCH_CHECK(*seen == t.device(),
+                  "Expected all tensors to be on the same device, but found at least two devices, ",
+                  *seen, " and ", t.device(), "! (in ", full, ")");
+    };
+    for (std::size_t i = stack.size() - n; i < stack.size(); ++i) {
+      const c10::IValue& v = stack[i];
+      if (v.isTensor()) {
+        check(v.toTensor());
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorVector()) check(t);
+      } else if (v.isList()) {
+        for (const c10::IValue& e : v.toListRef())
+          if (e.isTensor()) check(e.toTensor());
+      }
+    }
+  }
+
+  Fallback() {
+    const Environment& env = Backend<R>::instance().environment();
+    if (auto v = env.get(upper() + "_FALLBACK")) {
+      std::string_view s = detail::trim(*v);
+      if (s == "allow" || s.empty()) policy_ = Policy::allow;
+      else if (s == "warn") policy_ = Policy::warn;
+      else if (s == "error") policy_ = Policy::error;
+      else
+        TORCH_CHECK_VALUE(false, R::name, ": ", upper(), "_FALLBACK='", *v,
+                          "': expected allow, warn or error");
+    }
+    if (auto v = env.get(upper() + "_FALLBACK_BLOCKLIST")) {
+      std::string_view rest = *v;
+      while (!rest.empty()) {
+        auto comma = rest.find(',');
+        std::string_view item = detail::trim(rest.substr(0, comma));
+        if (!item.empty()) {
+          std::string op(item);
+          if (op.rfind("aten::", 0) != 0) op = "aten::" + op;
+          blocked_.insert(op);
+        }
+        if (comma == std::string_view::npos) break;
+        rest = rest.substr(comma + 1);
+      }
+    }
+  }
+
+  Policy policy_ = Policy::allow;
+  std::set<std::string> blocked_;
+  std::mutex mutex_;
+  std::map<std::string, Entry> stats_;
+};
+
+template <class R>
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Fallback<R>::get().run(op, stack);
+}
+
+template <class R>
+void Hooks<R>::resizePrivateUse1Bytes(const c10::Storage& storage, std::size_t newsize) const {
+  translated([&] { Ops<R>::grow_storage(storage, newsize); });
+}
+
+}  // namespace torch_adapter
+ACCELKIT_END_NAMESPACE

@@ -1,0 +1,69 @@
+// accelkit: ACCELKIT_REGISTER_BACKEND(R), the one line of a vendor's
+// registration file that turns runtime R into a PyTorch backend.
+#pragma once
+
+#include <accelkit/torch/adapter.hpp>
+#include <accelkit/torch/ops.hpp>
+
+#include <c10/core/impl/alloc_cpu.h>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace torch_adapter {
+
+// Registrations that need no macro: the device name, the allocator, the
+// hooks, and the operators of the Python device module (torch.ops.<name>.*).
+template <class R>
+bool register_backend() {
+  c10::register_privateuse1_backend(std::string(R::name));
+  c10::SetAllocator(kDeviceType, &device_allocator<R>());
+  at::RegisterPrivateUse1HooksInterface(new Hooks<R>());
+  static torch::Library lib(torch::Library::DEF, std::string(R::name), std::nullopt, __FILE__,
+                            __LINE__);
+  lib.def("device_count() -> int", [] { return static_cast<int64_t>(Backend<R>::instance().device_count()); });
+  lib.def("init_error() -> str", [] { return Backend<R>::instance().init_error(); });
+  lib.def("is_initialized() -> bool", [] { return Backend<R>::instance().is_initialized(); });
+  lib.def("in_bad_fork() -> bool", [] { return Backend<R>::instance().in_bad_fork(); });
+  lib.def("manual_seed_all(int seed) -> ()", [](int64_t seed) {
+    Hooks<R> hooks;
+    int n = Backend<R>::instance().device_count();
+    for (int d = 0; d < n; ++d) {
+      at::Generator g = hooks.getDefaultGenerator(static_cast<c10::DeviceIndex>(d));
+      std::lock_guard<std::mutex> lock(g.mutex());
+      g.set_current_seed(static_cast<uint64_t>(seed));
+    }
+  });
+  lib.def("report_json() -> str", [] { return report_json(Backend<R>::instance()); });
+  lib.def("report_text() -> str", [] { return report_text(Backend<R>::instance()); });
+  lib.def("fallback_report() -> str", [] { return Fallback<R>::get().report(); });
+  lib.def("reset_fallback_report() -> ()", [] { Fallback<R>::get().reset(); });
+  lib.def("memory_snapshot_json(int device) -> str", [](int64_t d) {
+    return translated([&] {
+      return to_json(State<R>::get().device_memory().device(static_cast<device_index>(d)).snapshot());
+    });
+  });
+  lib.def("memory_stats_json(int device) -> str", [](int64_t d) {
+    return translated([&] {
+      return to_json(State<R>::get().device_memory().device(static_cast<device_index>(d)).stats());
+    });
+  });
+  lib.def("set_memory_fraction(float fraction, int device) -> ()", [](double f, int64_t d) {
+    translated([&] {
+      State<R>::get().device_memory().device(static_cast<device_index>(d)).set_memory_fraction(f);
+    });
+  });
+  return true;
+}
+
+}  // namespace torch_adapter
+ACCELKIT_END_NAMESPACE
+
+// Registers runtime R as PyTorch's PrivateUse1 backend, named R::name. Use
+// once, at namespace scope, in one .cpp file of the vendor's extension.
+#define ACCELKIT_REGISTER_BACKEND(R)                                                            \
+  C10_REGISTER_GUARD_IMPL(PrivateUse1, ::accelkit::torch_adapter::GuardImpl<R>);              \
+  TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { ::accelkit::torch_adapter::register_aten_ops<R>(m); } \
+  TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {                                                     \
+    m.fallback(                                                                               \
+        torch::CppFunction::makeFromBoxedFunction<&::accelkit::torch_adapter::fallback<R>>()); \
+  }                                                                                           \
+  static const bool accelkit_backend_registered_ = ::accelkit::torch_adapter::register_backend<R>()
