@@ -361,7 +361,7 @@ class Fallback {
       TORCH_WARN("The operator '", full, "' is not implemented for ", R::name,
                  " and falls back to the CPU; this may be slow.");
     auto t0 = std::chrono::steady_clock::now();
-    at::native::cpu_fallback(op, stack);
+    if (!zero_copy(op, *stack)) at::native::cpu_fallback(op, stack);
     auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                   std::chrono::steady_clock::now() - t0)
                   .count();
@@ -413,6 +413,88 @@ class Fallback {
   };
 
   static std::string upper() { return detail::upper(R::name); }
+
+  // Note [Zero-copy fallback]: when the device's memory is host-visible
+  // (capability schema), the CPU kernel runs directly on device memory: the
+  // current stream is synchronized (the kernel then runs, in effect, at its
+  // place on that stream), every device tensor argument is replaced by a CPU
+  // tensor viewing the same memory, and results that are those views are
+  // mapped back to the device tensors. A new result (a functional operator's
+  // output) is copied to the device; an output the kernel had to reallocate
+  // is copied back into its device tensor. Operators with no device tensor,
+  // or with tensors of other devices or device types, take the copying path
+  // (at::native::cpu_fallback).
+  bool zero_copy(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    std::size_t n = op.schema().arguments().size();
+    std::size_t first = stack.size() - n;
+    std::optional<c10::Device> device;
+    for (std::size_t i = first; i < stack.size(); ++i) {
+      const c10::IValue& v = stack[i];
+      auto consider = [&](const at::Tensor& t) {
+        if (!t.defined() || t.device().type() != kDeviceType) return true;
+        if (!device) device = t.device();
+        return t.layout() == c10::kStrided && *device == t.device();
+      };
+      if (v.isTensor()) {
+        if (!consider(v.toTensor())) return false;
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorVector())
+          if (!consider(t)) return false;
+      } else if (v.isList() || v.isDevice()) {
+        return false;  // optional-tensor lists and device arguments: copying path
+      }
+    }
+    if (!device) return false;
+    State<R>& st = State<R>::get();
+    device_index d = device->index();
+    if (!translated([&] { return st.backend().properties(d).host_visible_memory; })) return false;
+    translated([&] { st.backend().stream_synchronize(d, st.current_handle(d)); });
+
+    struct Alias {
+      at::Tensor device_tensor;
+      at::Tensor host_view;
+      void* ptr;
+    };
+    std::vector<Alias> aliases;
+    auto alias_of = [&](const at::Tensor& t) -> at::Tensor {
+      if (!t.defined() || t.device().type() != kDeviceType) return t;
+      at::Tensor view =
+          t.numel() == 0
+              ? at::empty(t.sizes(), t.options().device(at::kCPU))
+              : at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(at::kCPU));
+      aliases.push_back({t, view, view.data_ptr()});
+      return view;
+    };
+    for (std::size_t i = first; i < stack.size(); ++i) {
+      c10::IValue& v = stack[i];
+      if (v.isTensor()) {
+        v = alias_of(v.toTensor());
+      } else if (v.isTensorList()) {
+        std::vector<at::Tensor> list;
+        for (const at::Tensor& t : v.toTensorVector()) list.push_back(alias_of(t));
+        v = c10::IValue(list);
+      }
+    }
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+
+    std::size_t results = op.schema().returns().size();
+    for (std::size_t i = stack.size() - results; i < stack.size(); ++i) {
+      c10::IValue& v = stack[i];
+      if (!v.isTensor()) continue;
+      const at::Tensor& out = v.toTensor();
+      auto same = std::find_if(aliases.begin(), aliases.end(), [&](const Alias& a) {
+        return a.host_view.unsafeGetTensorImpl() == out.unsafeGetTensorImpl();
+      });
+      v = same != aliases.end() ? c10::IValue(same->device_tensor)
+                                : c10::IValue(out.defined() ? out.to(*device) : out);
+    }
+    for (Alias& a : aliases) {  // outputs the kernel resized onto new CPU memory
+      if (a.host_view.numel() == 0 || a.host_view.data_ptr() == a.ptr) continue;
+      a.device_tensor.resize_(a.host_view.sizes());
+      a.device_tensor.copy_(a.host_view);
+    }
+    return true;
+  }
 
   // Like PyTorch's native kernels, refuse tensors of two devices of this
   // backend in one operator (the CPU fallback would silently mix them).

@@ -1,0 +1,107 @@
+"""simdev through PyTorch against the CPU, measured in the same run.
+
+  python bench/simdev_bench.py           the full run
+  python bench/simdev_bench.py --quick   tiny sizes, to check that it runs
+
+Prints each figure on simdev next to the same on the CPU, with the ratio:
+per-op latency of a small elementwise op and of empty+free, host<->device
+copy bandwidth at 256 MiB against memcpy (a CPU tensor copy), and the
+training-step time of an MLP.
+"""
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import torch_simdev  # noqa: F401
+
+
+def per_call_us(fn, calls, repeats=7):
+    fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def row(name, sim, cpu, unit, lower_is_better=True):
+    ratio = sim / cpu if lower_is_better else cpu / sim
+    print(f"{name:44s} {sim:12.2f} {cpu:12.2f} {unit:6s} {ratio:8.2f}x")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    calls = 50 if args.quick else 5000
+    mib = 4 if args.quick else 256
+    steps = 3 if args.quick else 50
+    torch.set_num_threads(1)
+
+    print(f"{'figure':44s} {'simdev':>12s} {'cpu':>12s} {'unit':6s} {'simdev/cpu':>9s}")
+    a_s, b_s = torch.randn(1024, device="simdev"), torch.randn(1024, device="simdev")
+    a_c, b_c = a_s.cpu(), b_s.cpu()
+    torch.accelerator.synchronize()
+    row("add of two 1024-float tensors (per op)", per_call_us(lambda: a_s + b_s, calls),
+        per_call_us(lambda: a_c + b_c, calls), "us")
+    row("empty(1024) + free (per pair)", per_call_us(lambda: torch.empty(1024, device="simdev"), calls),
+        per_call_us(lambda: torch.empty(1024), calls), "us")
+
+    n = mib << 20
+    host = torch.empty(n, dtype=torch.uint8).fill_(7)
+    host2 = torch.empty(n, dtype=torch.uint8)
+    dev = torch.empty(n, dtype=torch.uint8, device="simdev")
+    reps = 3 if args.quick else 5
+
+    def bandwidth(fn):
+        fn()
+        best = min(_timed(fn) for _ in range(reps))
+        return n / best / 1e9
+
+    def _timed(fn):
+        t0 = time.perf_counter()
+        fn()
+        torch.accelerator.synchronize()
+        return time.perf_counter() - t0
+
+    memcpy = bandwidth(lambda: host2.copy_(host))
+    h2d = bandwidth(lambda: dev.copy_(host))
+    d2h = bandwidth(lambda: host2.copy_(dev))
+    print(f"{'host->device copy, ' + str(mib) + ' MiB (GB/s)':44s} {h2d:12.2f} {memcpy:12.2f} {'GB/s':6s} {h2d / memcpy:8.2f}x of memcpy")
+    print(f"{'device->host copy, ' + str(mib) + ' MiB (GB/s)':44s} {d2h:12.2f} {memcpy:12.2f} {'GB/s':6s} {d2h / memcpy:8.2f}x of memcpy")
+    del dev
+
+    def step_time(device):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                    torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                    torch.nn.Linear(256, 10)).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(128, 64).to(device)
+        y = torch.randint(0, 10, (128,)).to(device)
+
+        def step():
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+
+        for _ in range(3):
+            step()
+        torch.accelerator.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.accelerator.synchronize()
+        return (time.perf_counter() - t0) / steps * 1e3
+
+    row("MLP training step (SGD, batch 128)", step_time("simdev"), step_time("cpu"), "ms")
+    print("\nvisible to the host:", torch.simdev.get_device_properties(0)["host_visible_memory"])
+
+
+if __name__ == "__main__":
+    main()
