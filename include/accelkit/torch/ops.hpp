@@ -313,6 +313,17 @@ void register_aten_ops(torch::Library& m) {
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(O::set_storage));
   m.impl("fill_.Scalar", TORCH_FN(O::fill));
   m.impl("zero_", TORCH_FN(O::zero));
+  // Lets a CPU parameter take device data in place (variable.set_data, which
+  // libtorch's Module::to uses); PyTorch's own check knows only its built-in
+  // device types. Both are plain strided TensorImpls.
+  m.impl("_has_compatible_shallow_copy_type",
+         [](const at::Tensor& self, const at::Tensor& from) -> bool {
+           auto plain = [](const at::Tensor& t) {
+             return t.layout() == c10::kStrided && !t.is_sparse() && !t.is_quantized() &&
+                    (t.device().type() == kDeviceType || t.device().is_cpu());
+           };
+           return plain(self) && plain(from);
+         });
   m.impl("convolution_overrideable", TORCH_FN(Convolution<R>::forward));
   m.impl("convolution_backward_overrideable", TORCH_FN(Convolution<R>::backward));
   // set_.source_Storage and set_.source_Tensor re-dispatch to the above.
@@ -456,12 +467,21 @@ class Fallback {
       void* ptr;
     };
     std::vector<Alias> aliases;
+    // A CPU tensor over the same memory, whose storage the CPU kernel may
+    // still resize (onto new CPU memory, copied back afterwards).
     auto alias_of = [&](const at::Tensor& t) -> at::Tensor {
       if (!t.defined() || t.device().type() != kDeviceType) return t;
-      at::Tensor view =
-          t.numel() == 0
-              ? at::empty(t.sizes(), t.options().device(at::kCPU))
-              : at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(at::kCPU));
+      at::Tensor view;
+      if (t.numel() == 0) {
+        view = at::empty(t.sizes(), t.options().device(at::kCPU));
+      } else {
+        std::size_t bytes = at::detail::computeStorageNbytes(t.sizes(), t.strides(),
+                                                             t.element_size());
+        c10::Storage storage(c10::Storage::use_byte_size_t(), bytes,
+                             c10::DataPtr(t.data_ptr(), c10::Device(c10::kCPU)),
+                             c10::GetCPUAllocator(), /*resizable=*/true);
+        view = at::empty({0}, t.options().device(at::kCPU)).set_(storage, 0, t.sizes(), t.strides());
+      }
       aliases.push_back({t, view, view.data_ptr()});
       return view;
     };
