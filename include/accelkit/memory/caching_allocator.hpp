@@ -1316,11 +1316,13 @@ class CachingAllocator {
   const AllocatorConfig& config() const noexcept { return config_; }
 
   DeviceCachingAllocator<R>& device(device_index d) {
+    if (d >= 0 && d < count_.load(std::memory_order_acquire))  // created: no checks needed
+      if (auto* a = slots_[static_cast<std::size_t>(d)].load(std::memory_order_acquire)) return *a;
     backend_.check_device(d);
     std::call_once(init_, [this] {
       slots_ = std::make_unique<std::atomic<DeviceCachingAllocator<R>*>[]>(
           static_cast<std::size_t>(backend_.device_count()));
-      count_ = backend_.device_count();
+      count_.store(backend_.device_count(), std::memory_order_release);
     });
     auto& slot = slots_[static_cast<std::size_t>(d)];
     if (auto* a = slot.load(std::memory_order_acquire)) return *a;
@@ -1354,7 +1356,7 @@ class CachingAllocator {
   std::function<EventPool<R>*(device_index)> event_pools_;
   std::once_flag init_;
   std::unique_ptr<std::atomic<DeviceCachingAllocator<R>*>[]> slots_;
-  int count_ = 0;
+  std::atomic<int> count_{0};
   std::mutex mutex_;
   std::vector<std::unique_ptr<DeviceCachingAllocator<R>>> owned_;
 };

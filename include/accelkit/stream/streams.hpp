@@ -165,6 +165,20 @@ class Streams {
     if (owned) backend_.stream_destroy(s.device, h);
   }
 
+  // The driver handle of the thread's current stream of `device` (the hot
+  // path of every allocation and copy).
+  StreamHandle current_handle(device_index device) {
+    CurrentTable& t = tls_current();
+    if (ready_.load(std::memory_order_acquire) && device >= 0 && device < kMaxDevices &&
+        !t.set[static_cast<std::size_t>(device)] &&
+        static_cast<std::size_t>(device) < devices_.size()) {
+      Device& d = *devices_[static_cast<std::size_t>(device)];
+      if (StreamHandle h = d.default_ready.load(std::memory_order_acquire); h != StreamHandle{})
+        return h;
+    }
+    return handle(current_stream(device));
+  }
+
   // The driver handle of a live stream; RuntimeError for a destroyed one or
   // one from before the device's reset.
   StreamHandle handle(const Stream& s) {
@@ -174,6 +188,7 @@ class Streams {
       case detail::StreamKind::default_stream: {
         std::call_once(d.default_created, [&] {
           d.default_handle = backend_.stream_create(s.device, native_priority(s.device, 0));
+          d.default_ready.store(d.default_handle, std::memory_order_release);
         });
         return d.default_handle;
       }
@@ -304,6 +319,7 @@ class Streams {
     std::uint16_t generation = 0;
     std::once_flag default_created;
     StreamHandle default_handle{};
+    std::atomic<StreamHandle> default_ready{StreamHandle{}};  // set once created
     std::array<Pool, kMaxLevels> pools;
     std::mutex mutex;
     std::vector<Entry> registry;
@@ -338,6 +354,7 @@ class Streams {
     std::call_once(init_, [this] {
       devices_.resize(static_cast<std::size_t>(backend_.device_count()));
       for (auto& d : devices_) d = std::make_unique<Device>();
+      ready_.store(true, std::memory_order_release);
     });
     return *devices_[static_cast<std::size_t>(device)];
   }
@@ -373,6 +390,7 @@ class Streams {
   void destroy_all(device_index device, Device& d) {
     if (d.default_handle != StreamHandle{}) backend_.stream_destroy(device, d.default_handle);
     d.default_handle = StreamHandle{};
+    d.default_ready.store(StreamHandle{}, std::memory_order_release);
     for (Pool& p : d.pools)
       for (StreamHandle& h : p.handles) {
         if (h != StreamHandle{}) backend_.stream_destroy(device, h);
@@ -388,6 +406,7 @@ class Streams {
   Backend<R>& backend_;
   std::uint64_t id_;
   std::once_flag init_;
+  std::atomic<bool> ready_{false};
   std::vector<std::unique_ptr<Device>> devices_;
   std::mutex retired_mutex_;
   std::vector<std::unique_ptr<Device>> retired_;

@@ -84,7 +84,7 @@ class State {
   Stream from_c10(const c10::Stream& s) {
     return Stream{static_cast<device_index>(s.device_index()), s.id()};
   }
-  StreamHandle current_handle(device_index d) { return streams_.handle(streams_.current_stream(d)); }
+  StreamHandle current_handle(device_index d) { return streams_.current_handle(d); }
 
  private:
   State() : backend_(Backend<R>::instance()), streams_(backend_) {}
@@ -245,15 +245,15 @@ template <class R>
 struct DeviceAllocator final : c10::DeviceAllocator {
   static State<R>& st() { return State<R>::get(); }
 
-  static void deleter(void* ptr) {
-    if (!ptr) return;
-    State<R>& s = st();
-    int n = s.backend().device_count();
-    for (int d = 0; d < n; ++d)
-      if (s.device_memory().device(d).owns(ptr)) {
-        s.device_memory().device(d).deallocate(ptr);
-        return;
-      }
+  // Note [DataPtr context]: device memory is at least 256-byte aligned
+  // (Runtime contract: malloc), so the context is the pointer with the
+  // device index in its low 8 bits; the deleter frees on the right device
+  // without searching.
+  static void deleter(void* ctx) {
+    auto v = reinterpret_cast<std::uintptr_t>(ctx);
+    if (!v) return;
+    auto d = static_cast<device_index>(v & 0xFF);
+    st().device_memory().device(d).deallocate(reinterpret_cast<void*>(v & ~std::uintptr_t{0xFF}));
   }
 
   c10::DataPtr allocate(std::size_t n) override {
@@ -261,7 +261,10 @@ struct DeviceAllocator final : c10::DeviceAllocator {
       State<R>& s = st();
       device_index d = s.backend().current_device();
       void* p = s.device_memory().allocate(d, n, s.current_handle(d));
-      return c10::DataPtr(p, p, &deleter, c10::Device(kDeviceType, static_cast<c10::DeviceIndex>(d)));
+      void* ctx = p ? reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(p) |
+                                              static_cast<std::uintptr_t>(d))
+                    : nullptr;
+      return c10::DataPtr(p, ctx, &deleter, c10::Device(kDeviceType, static_cast<c10::DeviceIndex>(d)));
     });
   }
   c10::DeleterFnPtr raw_deleter() const override { return &deleter; }

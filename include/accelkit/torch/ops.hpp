@@ -17,6 +17,8 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <tuple>
+#include <unordered_map>
 #include <string>
 
 ACCELKIT_BEGIN_NAMESPACE
@@ -353,31 +355,20 @@ class Fallback {
   }
 
   void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::string& name = op.schema().operator_name().name;
-    std::string full = name;
-    if (!op.schema().operator_name().overload_name.empty())
-      full += "." + op.schema().operator_name().overload_name;
+    Entry& e = entry_for(op);
     TORCH_CHECK_NOT_IMPLEMENTED(
-        policy_ != Policy::error && blocked_.count(name) == 0 && blocked_.count(full) == 0,
-        "The operator '", full, "' is not implemented for ", R::name, " and its CPU fallback is ",
+        policy_ != Policy::error && !e.blocked, "The operator '", e.name,
+        "' is not implemented for ", R::name, " and its CPU fallback is ",
         policy_ == Policy::error ? "disabled (" : "blocked (", upper(), "_FALLBACK",
         policy_ == Policy::error ? "=error)" : "_BLOCKLIST)");
-    check_one_device(op, *stack, full);
-    bool first;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      first = ++stats_[full].count == 1;
-    }
-    if (first && policy_ == Policy::warn)
-      TORCH_WARN("The operator '", full, "' is not implemented for ", R::name,
+    check_one_device(op, *stack, e.name);
+    if (policy_ == Policy::warn && !e.warned.exchange(true, std::memory_order_relaxed))
+      TORCH_WARN("The operator '", e.name, "' is not implemented for ", R::name,
                  " and falls back to the CPU; this may be slow.");
     auto t0 = std::chrono::steady_clock::now();
     if (!zero_copy(op, *stack)) at::native::cpu_fallback(op, stack);
-    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                  std::chrono::steady_clock::now() - t0)
-                  .count();
-    std::lock_guard<std::mutex> lock(mutex_);
-    stats_[full].ns += ns;
+    e.add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+              .count());
   }
 
   // Counts one run of `op` through the CPU, timed until the result dies.
@@ -385,13 +376,9 @@ class Fallback {
    public:
     Timer(Fallback& f, std::string op) : f_(f), op_(std::move(op)), t0_(std::chrono::steady_clock::now()) {}
     ~Timer() {
-      auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                    std::chrono::steady_clock::now() - t0_)
-                    .count();
-      std::lock_guard<std::mutex> lock(f_.mutex_);
-      Entry& e = f_.stats_[op_];
-      ++e.count;
-      e.ns += ns;
+      f_.entry_named(op_).add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::steady_clock::now() - t0_)
+                                  .count());
     }
     Timer(const Timer&) = delete;
     Timer& operator=(const Timer&) = delete;
@@ -405,23 +392,74 @@ class Fallback {
 
   // "op count total_ms" lines, most time first.
   std::string report() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<std::pair<std::string, Entry>> v(stats_.begin(), stats_.end());
-    std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second.ns > b.second.ns; });
+    std::vector<std::tuple<std::int64_t, std::int64_t, std::string>> v;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& [name, e] : stats_)
+        if (auto c = e->count.load()) v.emplace_back(e->ns.load(), c, name);
+    }
+    std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return std::get<0>(a) > std::get<0>(b); });
     std::ostringstream out;
-    for (auto& [op, e] : v) out << op << ' ' << e.count << ' ' << (e.ns / 1e6) << '\n';
+    for (auto& [ns, count, name] : v) out << name << ' ' << count << ' ' << (ns / 1e6) << '\n';
     return out.str();
   }
+  // Zeroes the counts (entries stay: threads cache them).
   void reset() {
     std::lock_guard<std::mutex> lock(mutex_);
-    stats_.clear();
+    for (auto& [name, e] : stats_) {
+      e->count = 0;
+      e->ns = 0;
+    }
   }
 
  private:
   struct Entry {
-    std::int64_t count = 0;
-    std::int64_t ns = 0;
+    std::string name;  // "aten::add.out"
+    bool blocked = false;
+    std::atomic<std::int64_t> count{0};
+    std::atomic<std::int64_t> ns{0};
+    std::atomic<bool> warned{false};
+    void add(std::int64_t elapsed) {
+      count.fetch_add(1, std::memory_order_relaxed);
+      ns.fetch_add(elapsed, std::memory_order_relaxed);
+    }
   };
+
+  Entry& entry_named(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_ptr<Entry>& slot = stats_[name];
+    if (!slot) {
+      slot = std::make_unique<Entry>();
+      slot->name = name;
+      std::string base = name.substr(0, name.find('.'));
+      slot->blocked = blocked_.count(name) != 0 || blocked_.count(base) != 0;
+    }
+    return *slot;
+  }
+
+  // The entry of an operator, cached per thread (the dispatcher's schema
+  // objects live as long as the process).
+  Entry& entry_for(const c10::OperatorHandle& op) {
+    static thread_local const void* last_schema = nullptr;
+    static thread_local Entry* last = nullptr;
+    const void* schema = &op.schema();
+    if (schema == last_schema) return *last;
+    Entry* e;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = by_schema_.find(schema);
+      e = it == by_schema_.end() ? nullptr : it->second;
+    }
+    if (!e) {
+      const c10::OperatorName& n = op.schema().operator_name();
+      e = &entry_named(n.overload_name.empty() ? n.name : n.name + "." + n.overload_name);
+      std::lock_guard<std::mutex> lock(mutex_);
+      by_schema_.emplace(schema, e);
+    }
+    last_schema = schema;
+    last = e;
+    return *e;
+  }
 
   static std::string upper() { return detail::upper(R::name); }
 
@@ -480,7 +518,9 @@ class Fallback {
         c10::Storage storage(c10::Storage::use_byte_size_t(), bytes,
                              c10::DataPtr(t.data_ptr(), c10::Device(c10::kCPU)),
                              c10::GetCPUAllocator(), /*resizable=*/true);
-        view = at::empty({0}, t.options().device(at::kCPU)).set_(storage, 0, t.sizes(), t.strides());
+        view = at::detail::make_tensor<c10::TensorImpl>(
+            std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+        view.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides());
       }
       aliases.push_back({t, view, view.data_ptr()});
       return view;
@@ -572,7 +612,8 @@ class Fallback {
   Policy policy_ = Policy::allow;
   std::set<std::string> blocked_;
   std::mutex mutex_;
-  std::map<std::string, Entry> stats_;
+  std::map<std::string, std::unique_ptr<Entry>> stats_;
+  std::unordered_map<const void*, Entry*> by_schema_;
 };
 
 template <class R>
