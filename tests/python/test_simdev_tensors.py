@@ -186,3 +186,42 @@ def test_report_is_json_with_every_device():
     report = json.loads(torch.ops.simdev.report_json())
     assert report["device_count"] == 2
     assert [d["index"] for d in report["devices"]] == [0, 1]
+
+
+def test_fallback_policy_error_and_blocklist_and_warn_once_per_operator():
+    r = _run("""
+a = torch.ones(4, device='simdev')
+try:
+    a * 2
+    print('ran')
+except NotImplementedError as e:
+    print('refused:', e)
+""", SIMDEV_FALLBACK="error")
+    assert "refused: The operator 'aten::mul.out' is not implemented for simdev and its CPU " \
+           "fallback is disabled (SIMDEV_FALLBACK=error)" in r.stdout, r.stdout + r.stderr
+
+    r = _run("""
+a = torch.ones(4, 4, device='simdev')
+print('add', (a + a).sum().item())
+try:
+    a @ a
+except NotImplementedError as e:
+    print('blocked:', 'SIMDEV_FALLBACK_BLOCKLIST' in str(e))
+""", SIMDEV_FALLBACK_BLOCKLIST="mm, aten::bmm")
+    assert "add 32.0" in r.stdout and "blocked: True" in r.stdout, r.stdout + r.stderr
+
+    r = _run("""
+import warnings
+warnings.simplefilter('always')
+a = torch.ones(4, device='simdev')
+with warnings.catch_warnings(record=True) as w:
+    for _ in range(3):
+        a * 2
+        a - 1
+print('warnings', sorted({str(x.message).split("'")[1] for x in w}), len(w))
+""", SIMDEV_FALLBACK="warn")
+    assert "warnings ['aten::mul.out', 'aten::sub.out'] 2" in r.stdout, r.stdout + r.stderr
+
+    r = _run("torch.ones(1, device='simdev') * 2", SIMDEV_FALLBACK="sometimes")
+    assert "ValueError: simdev: SIMDEV_FALLBACK='sometimes': expected allow, warn or error" \
+        in r.stderr, r.stderr
