@@ -721,25 +721,31 @@ class DeviceCachingAllocator {
 
   // ------------------------------------------------------ free structures
 
+  // A free block inside a partly used segment counts as inactive split,
+  // whether binned or parked.
+  void count_inactive(Pool& pool, const Block* b, bool entering) {
+    if (detail::whole_segment(b)) return;
+    bool sm = b->segment->small;
+    auto n = static_cast<std::int64_t>(b->size);
+    if (entering) {
+      up(pool.stats.inactive_split, sm, 1);
+      up(pool.stats.inactive_split_bytes, sm, n);
+    } else {
+      down(pool.stats.inactive_split, sm, 1);
+      down(pool.stats.inactive_split_bytes, sm, n);
+    }
+  }
   void insert_free(Pool& pool, Block* b) {
     b->cached = true;
-    bool sm = b->segment->small;
-    if (sm) pool.small.insert(b);
+    if (b->segment->small) pool.small.insert(b);
     else pool.large.insert(b);
-    if (!detail::whole_segment(b)) {
-      up(pool.stats.inactive_split, sm, 1);
-      up(pool.stats.inactive_split_bytes, sm, static_cast<std::int64_t>(b->size));
-    }
+    count_inactive(pool, b, true);
   }
   void unlink_free(Pool& pool, Block* b) {
     b->cached = false;
-    bool sm = b->segment->small;
-    if (sm) pool.small.remove(b);
+    if (b->segment->small) pool.small.remove(b);
     else pool.large.erase(b);
-    if (!detail::whole_segment(b)) {
-      down(pool.stats.inactive_split, sm, 1);
-      down(pool.stats.inactive_split_bytes, sm, static_cast<std::int64_t>(b->size));
-    }
+    count_inactive(pool, b, false);
   }
 
   Block* find_large(Pool& pool, std::size_t size) {
@@ -807,17 +813,8 @@ class DeviceCachingAllocator {
     return block < size + config_.max_non_split_rounding;
   }
 
-  // A parked block counts as an inactive split block, as it would in a bin.
-  void enter_hot(Pool& pool, const Block* b) {
-    if (detail::whole_segment(b)) return;
-    up(pool.stats.inactive_split, b->segment->small, 1);
-    up(pool.stats.inactive_split_bytes, b->segment->small, static_cast<std::int64_t>(b->size));
-  }
-  void leave_hot(Pool& pool, const Block* b) {
-    if (detail::whole_segment(b)) return;
-    down(pool.stats.inactive_split, b->segment->small, 1);
-    down(pool.stats.inactive_split_bytes, b->segment->small, static_cast<std::int64_t>(b->size));
-  }
+  void enter_hot(Pool& pool, const Block* b) { count_inactive(pool, b, true); }
+  void leave_hot(Pool& pool, const Block* b) { count_inactive(pool, b, false); }
   // Under the pool lock: merges every parked block into the bins.
   void flush_hot(Pool& pool) {
     for (std::size_t i = 0; i < pool.hot_count; ++i) {
