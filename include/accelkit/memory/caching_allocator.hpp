@@ -723,7 +723,7 @@ class DeviceCachingAllocator {
 
   // A free block inside a partly used segment counts as inactive split,
   // whether binned or parked.
-  void count_inactive(Pool& pool, const Block* b, bool entering) {
+  ACCELKIT_ALWAYS_INLINE void count_inactive(Pool& pool, const Block* b, bool entering) {
     if (detail::whole_segment(b)) return;
     bool sm = b->segment->small;
     auto n = static_cast<std::int64_t>(b->size);
