@@ -366,7 +366,7 @@ class Fallback {
       TORCH_WARN("The operator '", e.name, "' is not implemented for ", R::name,
                  " and falls back to the CPU; this may be slow.");
     auto t0 = std::chrono::steady_clock::now();
-    if (!zero_copy(op, *stack)) at::native::cpu_fallback(op, stack);
+    if (!zero_copy(op, *stack)) at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
     e.add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
               .count());
   }
@@ -474,6 +474,10 @@ class Fallback {
   // or with tensors of other devices or device types, take the copying path
   // (at::native::cpu_fallback).
   bool zero_copy(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    // A result that aliases an input (a view) cannot be mapped back; such
+    // operators take at::native::cpu_fallback, which refuses them clearly.
+    for (const c10::Argument& r : op.schema().returns())
+      if (r.alias_info() && !r.alias_info()->isWrite()) return false;
     std::size_t n = op.schema().arguments().size();
     std::size_t first = stack.size() - n;
     std::optional<c10::Device> device;
