@@ -225,3 +225,15 @@ print('warnings', sorted({str(x.message).split("'")[1] for x in w}), len(w))
     r = _run("torch.ones(1, device='simdev') * 2", SIMDEV_FALLBACK="sometimes")
     assert "ValueError: simdev: SIMDEV_FALLBACK='sometimes': expected allow, warn or error" \
         in r.stderr, r.stderr
+
+
+def test_untyped_storage_resizes_both_ways_keeping_the_prefix():
+    x = torch.arange(8, dtype=torch.uint8, device="simdev")
+    s = x.untyped_storage()
+    s.resize_(16)
+    assert s.nbytes() == 16
+    assert torch.equal(torch.tensor([], dtype=torch.uint8).set_(s.cpu())[:8],
+                       torch.arange(8, dtype=torch.uint8))
+    s.resize_(4)
+    assert s.nbytes() == 4
+    assert torch.tensor([], dtype=torch.uint8).set_(s.cpu()).tolist() == [0, 1, 2, 3]

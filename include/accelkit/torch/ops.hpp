@@ -625,9 +625,24 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Fallback<R>::get().run(op, stack);
 }
 
+// storage.resize_(n): new memory of exactly n bytes, the common prefix
+// copied (device to device, on the current stream), as the CPU does.
 template <class R>
 void Hooks<R>::resizePrivateUse1Bytes(const c10::Storage& storage, std::size_t newsize) const {
-  translated([&] { Ops<R>::grow_storage(storage, newsize); });
+  translated([&] {
+    if (newsize == storage.nbytes()) return;
+    auto& s = const_cast<c10::Storage&>(storage);
+    device_index d = storage.device().index();
+    c10::DeviceGuard guard(storage.device());
+    c10::DataPtr fresh = device_allocator<R>().allocate(newsize);
+    std::size_t keep = std::min(newsize, storage.nbytes());
+    if (keep > 0)
+      State<R>::get().backend().memcpy_async(d, fresh.get(), storage.data(), keep,
+                                             CopyKind::device_to_device,
+                                             State<R>::get().current_handle(d));
+    s.set_data_ptr_noswap(std::move(fresh));
+    s.set_nbytes(newsize);
+  });
 }
 
 }  // namespace torch_adapter
