@@ -165,7 +165,8 @@ struct Ops {
                                         std::optional<c10::Layout>, std::optional<c10::Device> device,
                                         std::optional<bool>,
                                         std::optional<c10::MemoryFormat> memory_format) {
-    c10::OptionalDeviceGuard guard(device);
+    std::optional<c10::DeviceGuard> guard;  // only for an explicit index: else current
+    if (device && device->has_index()) guard.emplace(*device);
     return at::detail::empty_generic(C10_AS_INTARRAYREF_SLOW(size), &device_allocator<R>(),
                                      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                      dtype.value_or(at::get_default_dtype_as_scalartype()),
@@ -175,7 +176,8 @@ struct Ops {
   static at::Tensor empty_strided(c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
                                   std::optional<c10::ScalarType> dtype, std::optional<c10::Layout>,
                                   std::optional<c10::Device> device, std::optional<bool>) {
-    c10::OptionalDeviceGuard guard(device);
+    std::optional<c10::DeviceGuard> guard;
+    if (device && device->has_index()) guard.emplace(*device);
     return at::detail::empty_strided_generic(
         C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride), &device_allocator<R>(),
         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
