@@ -237,3 +237,24 @@ def test_untyped_storage_resizes_both_ways_keeping_the_prefix():
     s.resize_(4)
     assert s.nbytes() == 4
     assert torch.tensor([], dtype=torch.uint8).set_(s.cpu()).tolist() == [0, 1, 2, 3]
+
+
+def test_device_and_stream_context_managers_restore_what_was_current():
+    with torch.simdev.device(1):
+        assert torch.simdev.current_device() == 1
+        assert torch.empty(1, device="simdev").device == torch.device("simdev:1")
+    assert torch.simdev.current_device() == 0
+    with pytest.raises(IndexError):
+        with torch.simdev.device(9):
+            pass
+    assert torch.simdev.current_device() == 0
+    default = torch.simdev.current_stream(0)
+    s = torch.simdev.Stream(0, priority=-1)
+    with torch.simdev.stream(s):
+        assert torch.simdev.current_stream(0) == s
+    assert torch.simdev.current_stream(0) == default
+    e = torch.simdev.Event(enable_timing=True)
+    e.record()
+    e.synchronize()
+    assert torch.simdev.is_bf16_supported()
+    assert "float8_e4m3fn" in torch.simdev.supported_dtypes(0)

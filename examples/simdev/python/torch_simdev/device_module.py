@@ -52,6 +52,61 @@ def synchronize(device=None) -> None:
     torch.accelerator.synchronize(_index(device))
 
 
+class device:
+    """Context manager that makes a simdev device current: ``with torch.simdev.device(1):``."""
+
+    def __init__(self, device):
+        self.index = _index(device) if device is not None else None
+        self.previous = None
+
+    def __enter__(self):
+        if self.index is not None:
+            self.previous = current_device()
+            set_device(self.index)
+        return self
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            set_device(self.previous)
+        return False
+
+
+class stream:
+    """Context manager that makes a stream current on its device."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.previous = None
+
+    def __enter__(self):
+        if self.stream is not None:
+            self.previous = torch.accelerator.current_stream(self.stream.device_index)
+            torch.accelerator.set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            torch.accelerator.set_stream(self.previous)
+        return False
+
+
+def Stream(device=None, priority: int = 0) -> torch.Stream:  # noqa: N802 (torch.cuda.Stream)
+    return torch.Stream(device=torch.device("simdev", _index(device)), priority=priority)
+
+
+def Event(enable_timing: bool = False, blocking: bool = False) -> torch.Event:  # noqa: N802
+    return torch.Event(device="simdev", enable_timing=enable_timing, blocking=blocking)
+
+
+def is_bf16_supported() -> bool:
+    return "bfloat16" in get_device_properties()["dtypes"]
+
+
+def supported_dtypes(device=None) -> list:
+    """The dtypes with native kernels, from the capability schema."""
+    return list(get_device_properties(device)["dtypes"])
+
+
 def current_stream(device=None) -> torch.Stream:
     return torch.accelerator.current_stream(_index(device))
 
