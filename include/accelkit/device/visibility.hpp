@@ -32,6 +32,11 @@ inline std::string_view trim(std::string_view s) noexcept {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
   return s;
 }
+inline std::string upper(std::string_view s) {
+  std::string out;
+  for (char c : s) out += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
 inline bool iequal_prefix(std::string_view prefix, std::string_view s) noexcept {
   if (prefix.size() > s.size()) return false;
   for (std::size_t i = 0; i < prefix.size(); ++i)
@@ -44,9 +49,7 @@ inline bool iequal_prefix(std::string_view prefix, std::string_view s) noexcept 
 
 // The variable's name for a backend: "simdev" -> "SIMDEV_VISIBLE_DEVICES".
 inline std::string visible_devices_variable(std::string_view backend) {
-  std::string v;
-  for (char c : backend) v += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return v + "_VISIBLE_DEVICES";
+  return detail::upper(backend) + "_VISIBLE_DEVICES";
 }
 
 // Parses `value` of `variable` against `physical_count` devices and returns

@@ -38,6 +38,7 @@
 
 #include <accelkit/config.hpp>
 #include <accelkit/detail/json.hpp>
+#include <accelkit/detail/pending.hpp>
 #include <accelkit/detail/pointer_map.hpp>
 #include <accelkit/detail/spinlock.hpp>
 #include <accelkit/device/backend.hpp>
@@ -937,36 +938,23 @@ class DeviceCachingAllocator {
   // Under the pool lock: frees pending blocks whose events have completed
   // (all of them, waiting, when `wait`).
   void process_pending(Pool& pool, bool wait) {
-    std::size_t kept = 0;
-    for (std::size_t i = 0; i < pool.pending.size(); ++i) {
-      detail::PendingFree& p = pool.pending[i];
-      bool done = true;
-      for (EventHandle e : p.events) {
-        try {
-          if (wait) backend_.event_synchronize(device_, e);
-          if (!backend_.event_query(device_, e)) done = false;
-        } catch (const std::exception&) {
-          done = false;  // the driver could not say: keep waiting
-        }
-        if (!done) break;
-      }
-      if (done) {
-        for (EventHandle e : p.events) events_.release(e);
-        free_block(pool, p.block);
-      } else if (!wait) {
-        // Frees are queued oldest first, and a stream reaches them in that
-        // order: the rest are most likely not done either. Keep them all.
-        if (kept != i)
-          std::move(pool.pending.begin() + static_cast<std::ptrdiff_t>(i), pool.pending.end(),
-                    pool.pending.begin() + static_cast<std::ptrdiff_t>(kept));
-        kept += pool.pending.size() - i;
-        break;
-      } else {
-        if (kept != i) pool.pending[kept] = std::move(p);  // never self-move: it empties
-        ++kept;
-      }
-    }
-    pool.pending.resize(kept);
+    detail::drain_pending(
+        pool.pending, wait,
+        [&](const detail::PendingFree& p) {
+          for (EventHandle e : p.events) {
+            try {
+              if (wait) backend_.event_synchronize(device_, e);
+              if (!backend_.event_query(device_, e)) return false;
+            } catch (const std::exception&) {
+              return false;  // the driver could not say: keep waiting
+            }
+          }
+          return true;
+        },
+        [&](detail::PendingFree& p) {
+          for (EventHandle e : p.events) events_.release(e);
+          free_block(pool, p.block);
+        });
   }
 
   // -------------------------------------------------------- driver memory

@@ -88,11 +88,6 @@ struct AllocatorConfig {
 };
 
 namespace detail {
-inline std::string upper(std::string_view s) {
-  std::string out;
-  for (char c : s) out += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return out;
-}
 
 inline int floor_log2(std::uint64_t v) noexcept { return 63 - __builtin_clzll(v); }
 

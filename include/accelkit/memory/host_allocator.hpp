@@ -13,6 +13,7 @@
 #pragma once
 
 #include <accelkit/config.hpp>
+#include <accelkit/detail/pending.hpp>
 #include <accelkit/detail/pointer_map.hpp>
 #include <accelkit/detail/spinlock.hpp>
 #include <accelkit/device/backend.hpp>
@@ -326,38 +327,25 @@ class HostAllocator {
     release_events(p);
   }
 
-  // Under the bucket lock.
+  // Under the bucket lock (Note [Pinned host allocator]).
   void process_pending(Bucket& bucket, bool block) {
-    std::size_t kept = 0;
-    for (std::size_t i = 0; i < bucket.pending.size(); ++i) {
-      Pending& p = bucket.pending[i];
-      bool done = true;
-      for (auto [device, e] : p.events) {
-        try {
-          if (block) backend_.event_synchronize(device, e);
-          done = backend_.event_query(device, e);
-        } catch (const std::exception&) {
-          done = false;
-        }
-        if (!done) break;
-      }
-      if (done) {
-        release_events(p);
-        bucket.free.push_back(p.block);
-      } else if (!block) {
-        // Frees are queued oldest first, and a stream reaches them in that
-        // order: the rest are most likely not done either. Keep them all.
-        if (kept != i)
-          std::move(bucket.pending.begin() + static_cast<std::ptrdiff_t>(i), bucket.pending.end(),
-                    bucket.pending.begin() + static_cast<std::ptrdiff_t>(kept));
-        kept += bucket.pending.size() - i;
-        break;
-      } else {
-        if (kept != i) bucket.pending[kept] = std::move(p);  // never self-move: it empties
-        ++kept;
-      }
-    }
-    bucket.pending.resize(kept);
+    detail::drain_pending(
+        bucket.pending, block,
+        [&](const Pending& p) {
+          for (auto [device, e] : p.events) {
+            try {
+              if (block) backend_.event_synchronize(device, e);
+              if (!backend_.event_query(device, e)) return false;
+            } catch (const std::exception&) {
+              return false;
+            }
+          }
+          return true;
+        },
+        [&](Pending& p) {
+          release_events(p);
+          bucket.free.push_back(p.block);
+        });
   }
 
   Backend<R>& backend_;

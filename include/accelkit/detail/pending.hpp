@@ -1,0 +1,43 @@
+// accelkit: the queue of frees that wait for other streams (both memory pools).
+#pragma once
+
+#include <accelkit/config.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <iterator>
+#include <utility>
+#include <vector>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace detail {
+
+// Completes the entries of `pending` that are done and keeps the others in
+// order. `done(entry)` says whether an entry's stream uses have completed
+// (waiting for them first when `wait`); `complete(entry)` returns it to its
+// cache. Without `wait`, the scan stops at the first entry not done: frees
+// are queued oldest first and a stream reaches them in that order, so the
+// rest are most likely not done either.
+template <class Entry, class Done, class Complete>
+void drain_pending(std::vector<Entry>& pending, bool wait, Done&& done, Complete&& complete) {
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    Entry& p = pending[i];
+    if (done(p)) {
+      complete(p);
+    } else if (!wait) {
+      if (kept != i)
+        std::move(pending.begin() + static_cast<std::ptrdiff_t>(i), pending.end(),
+                  pending.begin() + static_cast<std::ptrdiff_t>(kept));
+      kept += pending.size() - i;
+      break;
+    } else {
+      if (kept != i) pending[kept] = std::move(p);  // never self-move: it empties vectors
+      ++kept;
+    }
+  }
+  pending.resize(kept);
+}
+
+}  // namespace detail
+ACCELKIT_END_NAMESPACE
