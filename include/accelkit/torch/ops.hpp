@@ -202,16 +202,22 @@ struct Ops {
   }
 
   // Grows a storage to `n` bytes, keeping its contents (device to device).
-  static void grow_storage(const c10::Storage& storage, std::size_t n) {
-    if (n <= storage.nbytes()) return;
+  // Moves a storage to new memory of exactly `n` bytes, keeping the common
+  // prefix (device to device, on the current stream), as the CPU does.
+  static void reallocate_storage(const c10::Storage& storage, std::size_t n) {
     device_index d = storage.device().index();
     c10::DeviceGuard guard(storage.device());
     c10::DataPtr fresh = device_allocator<R>().allocate(n);
-    if (storage.nbytes() > 0)
-      st().backend().memcpy_async(d, fresh.get(), storage.data(), storage.nbytes(),
+    std::size_t keep = std::min(n, storage.nbytes());
+    if (keep > 0)
+      st().backend().memcpy_async(d, fresh.get(), storage.data(), keep,
                                   CopyKind::device_to_device, stream_of(d));
     const_cast<c10::Storage&>(storage).set_data_ptr_noswap(std::move(fresh));
     const_cast<c10::Storage&>(storage).set_nbytes(n);
+  }
+  // Grows a storage to `n` bytes (never shrinks: Tensor.resize_ keeps memory).
+  static void grow_storage(const c10::Storage& storage, std::size_t n) {
+    if (n > storage.nbytes()) reallocate_storage(storage, n);
   }
 
   static const at::Tensor& resize(const at::Tensor& self, c10::SymIntArrayRef size,
@@ -627,23 +633,11 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Fallback<R>::get().run(op, stack);
 }
 
-// storage.resize_(n): new memory of exactly n bytes, the common prefix
-// copied (device to device, on the current stream), as the CPU does.
+// storage.resize_(n): new memory of exactly n bytes, keeping the prefix.
 template <class R>
 void Hooks<R>::resizePrivateUse1Bytes(const c10::Storage& storage, std::size_t newsize) const {
   translated([&] {
-    if (newsize == storage.nbytes()) return;
-    auto& s = const_cast<c10::Storage&>(storage);
-    device_index d = storage.device().index();
-    c10::DeviceGuard guard(storage.device());
-    c10::DataPtr fresh = device_allocator<R>().allocate(newsize);
-    std::size_t keep = std::min(newsize, storage.nbytes());
-    if (keep > 0)
-      State<R>::get().backend().memcpy_async(d, fresh.get(), storage.data(), keep,
-                                             CopyKind::device_to_device,
-                                             State<R>::get().current_handle(d));
-    s.set_data_ptr_noswap(std::move(fresh));
-    s.set_nbytes(newsize);
+    if (newsize != storage.nbytes()) Ops<R>::reallocate_storage(storage, newsize);
   });
 }
 
