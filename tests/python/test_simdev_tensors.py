@@ -197,7 +197,7 @@ try:
 except NotImplementedError as e:
     print('refused:', e)
 """, SIMDEV_FALLBACK="error")
-    assert "refused: The operator 'aten::mul.out' is not implemented for simdev and its CPU " \
+    assert "refused: The operator 'aten::mul.Tensor' is not implemented for simdev and its CPU " \
            "fallback is disabled (SIMDEV_FALLBACK=error)" in r.stdout, r.stdout + r.stderr
 
     r = _run("""
@@ -220,7 +220,7 @@ with warnings.catch_warnings(record=True) as w:
         a - 1
 print('warnings', sorted({str(x.message).split("'")[1] for x in w}), len(w))
 """, SIMDEV_FALLBACK="warn")
-    assert "warnings ['aten::mul.out', 'aten::sub.out'] 2" in r.stdout, r.stdout + r.stderr
+    assert "warnings ['aten::mul.Tensor', 'aten::sub.Tensor'] 2" in r.stdout, r.stdout + r.stderr
 
     r = _run("torch.ones(1, device='simdev') * 2", SIMDEV_FALLBACK="sometimes")
     assert "ValueError: simdev: SIMDEV_FALLBACK='sometimes': expected allow, warn or error" \

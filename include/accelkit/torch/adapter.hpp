@@ -8,7 +8,25 @@
 // includes PyTorch, while its compiled fmt is not exported. Translation units
 // that include this header must define FMT_HEADER_ONLY (the accelkit::torch
 // CMake target does).
+//
+// Note [CPU kernel stubs]: PyTorch's x86-64 builds compile every
+// TensorIterator kernel stub for AVX2 and AVX512 and export the stub lookup
+// with those variants in its signature; the macros that say so are not part
+// of the installed headers. Host kernels (host_kernels.hpp) call stubs, so
+// they are defined here, before any PyTorch header: include accelkit's torch
+// headers first in a translation unit (a PyTorch header included before them
+// shows as an undefined at::native::DispatchStubImpl::get_call_ptr at link).
 #pragma once
+
+#if defined(__x86_64__) || defined(_M_X64)
+#ifndef HAVE_AVX512_CPU_DEFINITION
+#define HAVE_AVX512_CPU_DEFINITION
+#endif
+#ifndef HAVE_AVX2_CPU_DEFINITION
+#define HAVE_AVX2_CPU_DEFINITION
+#endif
+#define ACCELKIT_TORCH_CPU_STUBS 1
+#endif
 
 #include <accelkit/accelkit.hpp>
 
@@ -102,6 +120,10 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   using Ev = accelkit::Event<R>;
   static State<R>& st() { return State<R>::get(); }
   static c10::Device dev(device_index d) { return c10::Device(kDeviceType, static_cast<c10::DeviceIndex>(d)); }
+  // A device without an index (torch.Stream(device="simdev")) is the current one.
+  static device_index index(c10::Device d) {
+    return d.has_index() ? d.index() : st().backend().current_device();
+  }
 
   c10::DeviceType type() const override { return kDeviceType; }
   c10::Device exchangeDevice(c10::Device d) const override {
@@ -120,19 +142,20 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
     }
   }
   c10::Stream getStream(c10::Device d) const override {
-    return translated([&] { return st().to_c10(st().streams().current_stream(d.index())); });
+    return translated([&] { return st().to_c10(st().streams().current_stream(index(d))); });
   }
   c10::Stream getDefaultStream(c10::Device d) const override {
-    return translated([&] { return st().to_c10(st().streams().default_stream(d.index())); });
+    return translated([&] { return st().to_c10(st().streams().default_stream(index(d))); });
   }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool high_priority) const override {
     return translated([&] {
-      int priority = high_priority ? st().streams().priority_range(d.index()).first : 0;
-      return st().to_c10(st().streams().pool_stream(d.index(), priority));
+      device_index i = index(d);
+      int priority = high_priority ? st().streams().priority_range(i).first : 0;
+      return st().to_c10(st().streams().pool_stream(i, priority));
     });
   }
   c10::Stream getNewStream(c10::Device d, int priority) const override {
-    return translated([&] { return st().to_c10(st().streams().pool_stream(d.index(), priority)); });
+    return translated([&] { return st().to_c10(st().streams().pool_stream(index(d), priority)); });
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
     return translated([&] { return st().to_c10(st().streams().exchange_stream(st().from_c10(s))); });

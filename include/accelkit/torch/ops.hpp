@@ -24,6 +24,20 @@
 ACCELKIT_BEGIN_NAMESPACE
 namespace torch_adapter {
 
+// Note [Device work inside host kernels]: a host kernel (host_kernels.hpp)
+// is the current stream's work done on the host, in order. A device
+// operation it issues (the zero_() of an output before a CPU kernel writes
+// into it) must therefore be finished before the kernel's host code goes on;
+// while this count is non-zero on a thread, the operators below wait for
+// what they queue.
+inline thread_local int host_kernel_depth = 0;
+struct HostKernelScope {
+  HostKernelScope() noexcept { ++host_kernel_depth; }
+  ~HostKernelScope() { --host_kernel_depth; }
+  HostKernelScope(const HostKernelScope&) = delete;
+  HostKernelScope& operator=(const HostKernelScope&) = delete;
+};
+
 template <class R>
 struct Ops {
   static State<R>& st() { return State<R>::get(); }
@@ -37,6 +51,10 @@ struct Ops {
   }
   static StreamHandle stream_of(device_index d) { return st().current_handle(d); }
   static void sync(device_index d) { st().backend().stream_synchronize(d, stream_of(d)); }
+  // After queueing work on d's current stream (Note [Device work inside host kernels]).
+  static void queued(device_index d) {
+    if (host_kernel_depth > 0) sync(d);
+  }
 
   // A CPU tensor viewing the device memory of `t` (host-visible devices only).
   static at::Tensor host_view(const at::Tensor& t) {
@@ -117,6 +135,7 @@ struct Ops {
           if (dev(self) == dev(dst)) {
             b.memcpy_async(dev(dst), dst.data_ptr(), self.data_ptr(), nbytes(dst),
                            CopyKind::device_to_device, stream_of(dev(dst)));
+            queued(dev(dst));
           } else {
             sync(dev(dst));  // earlier work on dst finishes before it is overwritten
             b.memcpy_peer_async(dst.data_ptr(), dev(dst), self.data_ptr(), dev(self),
@@ -138,6 +157,7 @@ struct Ops {
           b.memcpy_async(dev(self), dst.data_ptr(), self.data_ptr(), nbytes(dst),
                          CopyKind::device_to_host, stream_of(dev(self)));
           if (!(non_blocking && dst.is_pinned())) sync(dev(self));
+          else queued(dev(self));
           return dst;
         }
         dst.copy_(to_cpu(self));
@@ -148,6 +168,7 @@ struct Ops {
         b.memcpy_async(dev(dst), dst.data_ptr(), self.data_ptr(), nbytes(dst),
                        CopyKind::host_to_device, stream_of(dev(dst)));
         if (!(non_blocking && self.is_pinned())) sync(dev(dst));
+        else queued(dev(dst));
         return dst;
       }
       from_cpu(dst, self);
@@ -209,9 +230,11 @@ struct Ops {
     c10::DeviceGuard guard(storage.device());
     c10::DataPtr fresh = device_allocator<R>().allocate(n);
     std::size_t keep = std::min(n, storage.nbytes());
-    if (keep > 0)
+    if (keep > 0) {
       st().backend().memcpy_async(d, fresh.get(), storage.data(), keep,
                                   CopyKind::device_to_device, stream_of(d));
+      queued(d);
+    }
     const_cast<c10::Storage&>(storage).set_data_ptr_noswap(std::move(fresh));
     const_cast<c10::Storage&>(storage).set_nbytes(n);
   }
@@ -266,6 +289,7 @@ struct Ops {
       if (self.is_contiguous()) {
         st().backend().memset_async(dev(self), self.data_ptr(), 0, nbytes(self),
                                     stream_of(dev(self)));
+        queued(dev(self));
         return self;
       }
       return fill(self, 0);
@@ -363,20 +387,28 @@ class Fallback {
   }
 
   void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    Entry& e = entry_for(op);
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        policy_ != Policy::error && !e.blocked, "The operator '", e.name,
-        "' is not implemented for ", R::name, " and its CPU fallback is ",
-        policy_ == Policy::error ? "disabled (" : "blocked (", upper(), "_FALLBACK",
-        policy_ == Policy::error ? "=error)" : "_BLOCKLIST)");
+    Entry& e = admit(op);
     check_one_device(op, *stack, e.name);
-    if (policy_ == Policy::warn && !e.warned.exchange(true, std::memory_order_relaxed))
-      TORCH_WARN("The operator '", e.name, "' is not implemented for ", R::name,
-                 " and falls back to the CPU; this may be slow.");
     auto t0 = std::chrono::steady_clock::now();
     if (!zero_copy(op, *stack)) at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
     e.add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
               .count());
+  }
+
+  // Runs body() as operator `op` through the CPU under the policy, counted
+  // in the report: the host kernels' way in (Note [Host kernels]).
+  template <class F>
+  decltype(auto) host(const c10::OperatorHandle& op, F&& body) {
+    Entry& e = admit(op);
+    struct Count {
+      Entry& e;
+      std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+      ~Count() {
+        e.add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+                  .count());
+      }
+    } count{e};
+    return body();
   }
 
   // Counts one run of `op` through the CPU, timed until the result dies.
@@ -470,6 +502,21 @@ class Fallback {
   }
 
   static std::string upper() { return detail::upper(R::name); }
+
+  // The entry of `op`, once the policy and the block list let it through
+  // the CPU (warning once per operator under the warn policy).
+  Entry& admit(const c10::OperatorHandle& op) {
+    Entry& e = entry_for(op);
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        policy_ != Policy::error && !e.blocked, "The operator '", e.name,
+        "' is not implemented for ", R::name, " and its CPU fallback is ",
+        policy_ == Policy::error ? "disabled (" : "blocked (", upper(), "_FALLBACK",
+        policy_ == Policy::error ? "=error)" : "_BLOCKLIST)");
+    if (policy_ == Policy::warn && !e.warned.exchange(true, std::memory_order_relaxed))
+      TORCH_WARN("The operator '", e.name, "' is not implemented for ", R::name,
+                 " and falls back to the CPU; this may be slow.");
+    return e;
+  }
 
   // Note [Zero-copy fallback]: when the device's memory is host-visible
   // (capability schema), the CPU kernel runs directly on device memory: the

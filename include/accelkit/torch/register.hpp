@@ -3,6 +3,7 @@
 #pragma once
 
 #include <accelkit/torch/adapter.hpp>
+#include <accelkit/torch/host_kernels.hpp>
 #include <accelkit/torch/ops.hpp>
 
 #include <c10/core/impl/alloc_cpu.h>
@@ -61,7 +62,7 @@ ACCELKIT_END_NAMESPACE
 // once, at namespace scope, in one .cpp file of the vendor's extension.
 #define ACCELKIT_REGISTER_BACKEND(R)                                                            \
   C10_REGISTER_GUARD_IMPL(PrivateUse1, ::accelkit::torch_adapter::GuardImpl<R>);              \
-  TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { ::accelkit::torch_adapter::register_aten_ops<R>(m); } \
+  TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { ::accelkit::torch_adapter::register_aten_ops<R>(m); ::accelkit::torch_adapter::register_host_kernels<R>(m); } \
   TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {                                                     \
     m.fallback(                                                                               \
         torch::CppFunction::makeFromBoxedFunction<&::accelkit::torch_adapter::fallback<R>>()); \

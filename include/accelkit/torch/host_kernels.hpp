@@ -1,0 +1,284 @@
+// accelkit: PyTorch's own CPU kernels as native kernels of a backend whose
+// memory the host can address.
+//
+// Note [Host kernels]
+// The boxed CPU fallback serves every operator, but each call pays for
+// boxing the arguments into a stack, a CPU tensor aliasing each device
+// tensor, and a second trip through the dispatcher: about 1.5 us, as much as
+// a small kernel itself. When the device's memory is host-visible
+// (capability schema), the hottest operators do without all of that: their
+// PrivateUse1 kernel orders itself after the current stream, then runs
+// PyTorch's CPU kernel of the same operator directly on the device tensors,
+// either by an unboxed redispatch to the CPU key (out= forms) or, for the
+// functional forms of elementwise operators, through the structured CPU
+// kernel class with outputs allocated on the device (what PyTorch generates
+// for the CPU, with this backend's allocator). PyTorch's CPU kernels need
+// nothing of a CPU tensor but its memory; where one calls a TensorIterator
+// kernel stub with the iterator's device type, the stub gets a PrivateUse1
+// entry that forwards to its CPU kernel (installed once some device reported
+// host-visible memory).
+//
+// They remain CPU execution: each is counted in the fallback report under
+// its operator's name, and the fallback policy and block list apply to them
+// as to any fallback. Arguments they do not take (tensors of two devices or
+// of another device type, mixed dtypes that a TensorIterator would have to
+// convert, a device without host-visible memory) go to the fallback
+// unchanged. A device operation issued inside one (zeroing an output) is
+// waited for (Note [Device work inside host kernels]). A runtime that brings
+// its own kernels for these operators declares
+// `static constexpr bool host_kernels = false;`.
+#pragma once
+
+#include <accelkit/torch/ops.hpp>
+
+#include <ATen/native/Activation.h>
+#include <ATen/native/BinaryOps.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/ReduceOps.h>
+#include <ATen/native/TensorCompare.h>
+#include <ATen/ops/_log_softmax_backward_data_ops.h>
+#include <ATen/ops/_log_softmax_ops.h>
+#include <ATen/ops/add_native.h>
+#include <ATen/ops/add_ops.h>
+#include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/clamp_min_native.h>
+#include <ATen/ops/clamp_min_ops.h>
+#include <ATen/ops/div_native.h>
+#include <ATen/ops/div_ops.h>
+#include <ATen/ops/mm_ops.h>
+#include <ATen/ops/mul_native.h>
+#include <ATen/ops/mul_ops.h>
+#include <ATen/ops/nll_loss_backward_ops.h>
+#include <ATen/ops/nll_loss_forward_ops.h>
+#include <ATen/ops/relu_ops.h>
+#include <ATen/ops/sub_native.h>
+#include <ATen/ops/sub_ops.h>
+#include <ATen/ops/sum_ops.h>
+#include <ATen/ops/threshold_backward_native.h>
+#include <ATen/ops/threshold_backward_ops.h>
+
+#include <array>
+#include <mutex>
+#include <optional>
+#include <type_traits>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace torch_adapter {
+namespace host {
+
+// A stub's PrivateUse1 entry: the same call on the CPU entry.
+template <auto& Stub, class Fn>
+struct StubForward;
+template <auto& Stub, class Ret, class... A>
+struct StubForward<Stub, Ret (*)(A...)> {
+  static Ret call(A... a) { return Stub(c10::DeviceType::CPU, std::forward<A>(a)...); }
+};
+template <auto& Stub>
+void forward_stub() {
+  using FnPtr = typename std::remove_reference_t<decltype(Stub)>::FnPtr;
+  Stub.set_privateuse1_dispatch_ptr(&StubForward<Stub, FnPtr>::call);
+}
+
+inline void install_stubs() {
+#ifdef ACCELKIT_TORCH_CPU_STUBS
+  using namespace at::native;
+  forward_stub<add_stub>();
+  forward_stub<mul_stub>();
+  forward_stub<div_true_stub>();
+  forward_stub<clamp_min_scalar_stub>();
+  forward_stub<threshold_stub>();
+  forward_stub<sum_stub>();
+#endif
+}
+
+// A runtime opts out with `static constexpr bool host_kernels = false;`.
+template <class R, class = void>
+struct wants_host_kernels : std::true_type {};
+template <class R>
+struct wants_host_kernels<R, std::void_t<decltype(R::host_kernels)>>
+    : std::bool_constant<R::host_kernels> {};
+
+template <class F>
+void visit_tensors(const at::Tensor& t, const F& f) {
+  f(t);
+}
+template <class F>
+void visit_tensors(const std::optional<at::Tensor>& t, const F& f) {
+  if (t) f(*t);
+}
+template <class T, class F>
+void visit_tensors(const T&, const F&) {}
+
+// Whether device d's memory is host-visible, asked of the runtime once per
+// device; the first yes installs the stubs' PrivateUse1 entries.
+template <class R>
+bool host_visible(c10::DeviceIndex d) {
+  static std::atomic<int> known[256];  // 0 not asked yet, 1 no, 2 yes
+  if (d < 0 || d >= 256) return false;
+  int k = known[d].load(std::memory_order_acquire);
+  if (k == 0) {
+    bool yes = translated([&] { return State<R>::get().backend().properties(d).host_visible_memory; });
+    if (yes) {
+      static std::once_flag once;
+      std::call_once(once, install_stubs);
+    }
+    k = yes ? 2 : 1;
+    known[d].store(k, std::memory_order_release);
+  }
+  return k == 2;
+}
+
+// The device that a host kernel may run on for these arguments: the one
+// device of this backend that every tensor argument is on, if its memory is
+// host-visible; then ordered after its current stream. With `uniform`, the
+// tensors must also share one dtype: a TensorIterator on a device other than
+// the CPU leaves type conversion to the kernel, which PyTorch's CPU kernels
+// do not do. Otherwise nullopt, and the call goes to the fallback (which
+// copies through the CPU, converts, or reports two devices).
+template <class R, bool uniform, class... Args>
+std::optional<c10::Device> host_device(const Args&... args) {
+  std::optional<c10::Device> device;
+  std::optional<caffe2::TypeMeta> dtype;
+  bool ok = true;
+  auto look = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (t.device().type() != kDeviceType) {
+      ok = false;
+      return;
+    }
+    if (!device) device = t.device();
+    else if (*device != t.device()) ok = false;
+    if (!uniform) return;
+    if (!dtype) dtype = t.dtype();
+    else if (*dtype != t.dtype()) ok = false;
+  };
+  (visit_tensors(args, look), ...);
+  if (!device || !ok || !host_visible<R>(device->index())) return std::nullopt;
+  State<R>& st = State<R>::get();
+  translated([&] { st.backend().stream_synchronize(device->index(), st.current_handle(device->index())); });
+  return device;
+}
+
+// The dispatcher's handle of operator Op (for the fallback report).
+template <class Op>
+const c10::OperatorHandle& handle() {
+  static const c10::OperatorHandle h =
+      c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+  return h;
+}
+
+// An out= (or otherwise allocation-free) operator: its CPU kernel, called
+// directly on the device tensors.
+template <class R, class Op, bool uniform, class Sig = typename Op::schema>
+struct Kernel;
+template <class R, class Op, bool uniform, class Ret, class... Args>
+struct Kernel<R, Op, uniform, Ret(Args...)> {
+  static Ret call(Args... args) {
+    if (!host_device<R, uniform>(args...))
+      return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
+    return Fallback<R>::get().host(handle<Op>(), [&]() -> Ret {
+      HostKernelScope scope;
+      return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), args...);
+    });
+  }
+};
+
+// A structured CPU kernel class (meta + impl, TensorIterator based) whose
+// outputs are allocated on the device: what PyTorch generates for CPU, with
+// the device allocator.
+template <class R, class Impl, std::size_t N>
+struct DeviceOutputs final : Impl {
+  std::array<at::Tensor, N> outputs;
+  void set_output_strided(int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                          at::TensorOptions options) override {
+    make(i, sizes, strides, options);
+  }
+  void set_output_raw_strided(int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                              at::TensorOptions options) override {
+    make(i, sizes, strides, options);
+  }
+  const at::Tensor& maybe_get_output(int64_t i) override { return outputs[static_cast<std::size_t>(i)]; }
+
+ private:
+  void make(int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides, at::TensorOptions options) {
+    constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
+    at::ScalarType dtype = options.dtype().toScalarType();
+    // No strides: contiguous in the requested memory format.
+    outputs[static_cast<std::size_t>(i)] =
+        strides.empty() ? at::detail::empty_generic(sizes, &device_allocator<R>(), keys, dtype,
+                                                    options.memory_format_opt())
+                        : at::detail::empty_strided_generic(sizes, strides, &device_allocator<R>(),
+                                                            keys, dtype);
+    at::TensorIteratorBase::set_output_raw_strided(i, sizes, strides, options);
+  }
+};
+
+// A functional operator with one result, run by the structured CPU kernel
+// class Impl (meta(args...), then impl(args..., out)) on the device.
+template <class R, class Op, class Impl, class Sig = typename Op::schema>
+struct Functional;
+template <class R, class Op, class Impl, class... Args>
+struct Functional<R, Op, Impl, at::Tensor(Args...)> {
+  static at::Tensor call(Args... args) {
+    std::optional<c10::Device> device = host_device<R, true>(args...);
+    if (!device)
+      return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
+    c10::DeviceGuard guard(*device);  // the allocator serves the current device
+    DeviceOutputs<R, Impl, 1> op;
+    op.meta(args...);
+    for (int i = 1; i < op.ntensors(); ++i)
+      if (op.dtype(i) != op.dtype(0))  // a promoting result (int / int): see host_device
+        return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
+    return Fallback<R>::get().host(handle<Op>(), [&] {
+      HostKernelScope scope;
+      op.impl(args..., op.outputs[0]);
+      return std::move(op.outputs[0]);
+    });
+  }
+};
+
+}  // namespace host
+
+// The operators with host kernels: those of a training step (linear layers,
+// ReLU, cross-entropy, SGD) and the common elementwise arithmetic. Those
+// whose CPU kernel calls a TensorIterator stub need the stub entries, which
+// are known for x86-64 builds of PyTorch only (Note [CPU kernel stubs]).
+template <class R>
+void register_host_kernels(torch::Library& m) {
+  if constexpr (host::wants_host_kernels<R>::value) {
+    // uniform: TensorIterator kernels (see host_device).
+#define ACCELKIT_HOST_KERNEL(name, op, uniform) \
+  m.impl(name, TORCH_FN((host::Kernel<R, at::_ops::op, uniform>::call)))
+#define ACCELKIT_HOST_FUNCTIONAL(name, op, cls) \
+  m.impl(name, TORCH_FN((host::Functional<R, at::_ops::op, at::native::cls>::call)))
+    ACCELKIT_HOST_KERNEL("relu", relu, false);
+    ACCELKIT_HOST_KERNEL("relu_", relu_, false);
+    ACCELKIT_HOST_KERNEL("mm.out", mm_out, false);
+    ACCELKIT_HOST_KERNEL("addmm.out", addmm_out, false);
+    ACCELKIT_HOST_KERNEL("_log_softmax.out", _log_softmax_out, false);
+    ACCELKIT_HOST_KERNEL("_log_softmax_backward_data.out", _log_softmax_backward_data_out, false);
+    ACCELKIT_HOST_KERNEL("nll_loss_forward.output", nll_loss_forward_output, false);
+    ACCELKIT_HOST_KERNEL("nll_loss_backward.grad_input", nll_loss_backward_grad_input, false);
+#ifdef ACCELKIT_TORCH_CPU_STUBS
+    ACCELKIT_HOST_KERNEL("add.out", add_out, true);
+    ACCELKIT_HOST_KERNEL("sub.out", sub_out, true);
+    ACCELKIT_HOST_KERNEL("mul.out", mul_out, true);
+    ACCELKIT_HOST_KERNEL("div.out", div_out, true);
+    ACCELKIT_HOST_KERNEL("clamp_min.out", clamp_min_out, true);
+    ACCELKIT_HOST_KERNEL("threshold_backward.grad_input", threshold_backward_grad_input, true);
+    ACCELKIT_HOST_KERNEL("sum.IntList_out", sum_IntList_out, true);
+    ACCELKIT_HOST_FUNCTIONAL("add.Tensor", add_Tensor, structured_ufunc_add_CPU);
+    ACCELKIT_HOST_FUNCTIONAL("sub.Tensor", sub_Tensor, structured_sub_out);
+    ACCELKIT_HOST_FUNCTIONAL("mul.Tensor", mul_Tensor, structured_mul_out);
+    ACCELKIT_HOST_FUNCTIONAL("div.Tensor", div_Tensor, structured_div_out);
+    ACCELKIT_HOST_FUNCTIONAL("clamp_min", clamp_min, structured_clamp_min_out);
+    ACCELKIT_HOST_FUNCTIONAL("threshold_backward", threshold_backward,
+                             structured_threshold_backward_out);
+#endif
+#undef ACCELKIT_HOST_FUNCTIONAL
+#undef ACCELKIT_HOST_KERNEL
+  }
+}
+
+}  // namespace torch_adapter
+ACCELKIT_END_NAMESPACE

@@ -1,0 +1,143 @@
+"""The host kernels (include/accelkit/torch/host_kernels.hpp): PyTorch's CPU kernels run
+directly on simdev memory for the hottest operators. Each result must equal the CPU's
+exactly, whatever path serves it: with host-visible memory the host kernel (or, for
+arguments it does not take, the fallback), without it the fallback. The suite runs in
+both modes (SIMDEV_HOST_VISIBLE=1 and 0)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+HOST_VISIBLE = os.environ.get("SIMDEV_HOST_VISIBLE", "1") != "0"
+
+
+def _sim(x):
+    return x.to("simdev") if isinstance(x, torch.Tensor) else x
+
+
+def _same(fn, *args):
+    want = fn(*args)
+    got = fn(*[_sim(a) for a in args])
+    assert got.device.type == "simdev"
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+g = torch.Generator().manual_seed(3)
+A = torch.randn(33, 65, generator=g)
+B = torch.randn(33, 65, generator=g)
+ROW = torch.randn(65, generator=g)
+W = torch.randn(40, 65, generator=g)
+I = torch.randint(-9, 9, (33, 65), generator=g)
+J = torch.randint(1, 9, (33, 65), generator=g)
+
+CASES = {
+    "add": (torch.add, A, B),
+    "add broadcast": (torch.add, A, ROW),
+    "add alpha": (lambda a, b: torch.add(a, b, alpha=-0.25), A, B),
+    "add non-contiguous": (lambda a, b: a.t() + b.t(), A, B),
+    "add python scalar": (lambda a: a + 2.5, A),
+    "add int": (torch.add, I, J),
+    "add float and double (promotes)": (lambda a, b: a + b.double(), A, B),
+    "sub": (torch.sub, A, B),
+    "mul": (torch.mul, A, B),
+    "mul scalar": (lambda a: a * 0.5, A),
+    "div": (torch.div, A, B),
+    "div int by int (promotes to float)": (torch.div, I, J),
+    "relu": (torch.relu, A),
+    "relu_": (lambda a: a.clone().relu_(), A),
+    "clamp_min": (lambda a: torch.clamp_min(a, 0.25), A),
+    "threshold_backward": (lambda gr, a: torch.ops.aten.threshold_backward(gr, a, 0.0), B, A),
+    "sum dim 0": (lambda a: a.sum(0), A),
+    "sum dim 1 keepdim": (lambda a: a.sum(1, keepdim=True), A),
+    "sum all": (lambda a: a.sum(), A),
+    "sum to double": (lambda a: a.sum(0, dtype=torch.float64), A),
+    "mm": (lambda a, w: a @ w.t(), A, W),
+    "addmm (linear)": (lambda a, w, b: F.linear(a, w, b), A, W, W[:, 0].contiguous()),
+    "log_softmax": (lambda a: F.log_softmax(a, 1), A),
+    "nll_loss": (lambda a, t: F.nll_loss(F.log_softmax(a, 1), t), A, J[:, 0]),
+    "cross_entropy, weighted": (lambda a, t, w: F.cross_entropy(a, t, weight=w), A, J[:, 0], ROW.abs()),
+    "add_ in place": (lambda a, b: a.clone().add_(b, alpha=2), A, B),
+    "mul_ in place": (lambda a, b: a.clone().mul_(b), A, B),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_result_equals_the_cpu(name):
+    fn, *args = CASES[name]
+    _same(fn, *args)
+
+
+def test_out_variant_resizes_a_wrong_sized_output():
+    out = torch.empty(3, device="simdev")
+    torch.add(A.to("simdev"), B.to("simdev"), out=out)
+    assert out.shape == A.shape
+    torch.testing.assert_close(out.cpu(), A + B, rtol=0, atol=0)
+
+
+def test_backward_of_every_kernel_matches_the_cpu():
+    def grads(device):
+        torch.manual_seed(0)
+        w = W.clone().to(device).requires_grad_()
+        a = A.clone().to(device).requires_grad_()
+        t = J[:, 0].to(device)
+        loss = F.cross_entropy(torch.relu(F.linear(a, w) * 0.5 - 0.1) / 2.0, t)
+        loss.backward()
+        return loss.detach().cpu(), w.grad.cpu(), a.grad.cpu()
+
+    for want, got in zip(grads("cpu"), grads("simdev")):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_device_work_queued_inside_a_kernel_is_waited_for():
+    # nll_loss_backward zeroes its output on the device (an asynchronous memset on
+    # simdev's stream) before its CPU code writes into it. Reused memory holds old
+    # values, so a memset that landed late would wipe the result or leave garbage.
+    logits = torch.randn(256, 10, generator=g)
+    target = torch.randint(0, 10, (256,), generator=g)
+    want = torch.autograd.grad(F.cross_entropy(logits.requires_grad_(), target), logits)[0]
+    for _ in range(20):
+        x = logits.detach().to("simdev").requires_grad_()
+        junk = torch.full((256, 10), 7.0, device="simdev")  # fills the cache with non-zeros
+        del junk
+        got = torch.autograd.grad(F.cross_entropy(x, target.to("simdev")), x)[0]
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+def test_kernels_order_after_work_queued_on_the_current_stream():
+    side = torch.Stream(device="simdev")  # no index: the current device
+    assert side.device_index == torch.simdev.current_device()
+    src = torch.arange(1 << 20, dtype=torch.float32).pin_memory()
+    with torch.simdev.stream(side):
+        dst = torch.empty(1 << 20, device="simdev")
+        dst.copy_(src, non_blocking=True)
+        total = (dst + 1).sum()
+    torch.accelerator.synchronize()
+    assert total.item() == float(((1 << 20) - 1) * (1 << 20) / 2 + (1 << 20))
+
+
+def test_host_kernels_count_in_the_fallback_report():
+    torch.simdev.reset_fallback_report()
+    a = A.to("simdev")
+    for _ in range(3):
+        a + a
+    report = {op: count for op, count, _ in torch.simdev.fallback_report()}
+    assert report.get("aten::add.Tensor", 0) == 3, report
+
+
+def test_fallback_policy_error_refuses_host_kernels_too():
+    code = """
+import torch, torch_simdev
+a = torch.ones(4, device='simdev')
+try:
+    a + a
+    print('ran')
+except NotImplementedError as e:
+    print('refused:', e)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, SIMDEV_FALLBACK="error"), timeout=120)
+    assert "refused: The operator 'aten::add.Tensor' is not implemented for simdev" in r.stdout, \
+        r.stdout + r.stderr
