@@ -109,23 +109,14 @@ void visit_tensors(const std::optional<at::Tensor>& t, const F& f) {
 template <class T, class F>
 void visit_tensors(const T&, const F&) {}
 
-// Whether device d's memory is host-visible, asked of the runtime once per
-// device; the first yes installs the stubs' PrivateUse1 entries.
+// Whether device d's memory is host-visible (the backend keeps the
+// properties); the first yes installs the stubs' PrivateUse1 entries.
 template <class R>
 bool host_visible(c10::DeviceIndex d) {
-  static std::atomic<int> known[256];  // 0 not asked yet, 1 no, 2 yes
-  if (d < 0 || d >= 256) return false;
-  int k = known[d].load(std::memory_order_acquire);
-  if (k == 0) {
-    bool yes = translated([&] { return State<R>::get().backend().properties(d).host_visible_memory; });
-    if (yes) {
-      static std::once_flag once;
-      std::call_once(once, install_stubs);
-    }
-    k = yes ? 2 : 1;
-    known[d].store(k, std::memory_order_release);
-  }
-  return k == 2;
+  if (!translated([&] { return Ops<R>::host_visible(d); })) return false;
+  static std::once_flag once;
+  std::call_once(once, install_stubs);
+  return true;
 }
 
 // The device that a host kernel may run on for these arguments: the one
@@ -154,8 +145,7 @@ std::optional<c10::Device> host_device(const Args&... args) {
   };
   (visit_tensors(args, look), ...);
   if (!device || !ok || !host_visible<R>(device->index())) return std::nullopt;
-  State<R>& st = State<R>::get();
-  translated([&] { st.backend().stream_synchronize(device->index(), st.current_handle(device->index())); });
+  translated([&] { Ops<R>::sync(device->index()); });
   return device;
 }
 

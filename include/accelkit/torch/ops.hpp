@@ -379,6 +379,8 @@ void register_aten_ops(torch::Library& m) {
 // operator that fell back, how often and for how long.
 template <class R>
 class Fallback {
+  struct Entry;
+
  public:
   enum class Policy { allow, warn, error };
   static Fallback& get() {
@@ -395,40 +397,32 @@ class Fallback {
               .count());
   }
 
+  // Counts one run of an operator through the CPU in the report, timed
+  // until it is destroyed.
+  class Count {
+   public:
+    explicit Count(Entry& e) : e_(e) {}
+    ~Count() {
+      e_.add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_)
+                 .count());
+    }
+    Count(const Count&) = delete;
+    Count& operator=(const Count&) = delete;
+
+   private:
+    Entry& e_;
+    std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  };
+  // A run of operator `op` (by name) that does not come through run().
+  Count time(const std::string& op) { return Count(entry_named(op)); }
+
   // Runs body() as operator `op` through the CPU under the policy, counted
   // in the report: the host kernels' way in (Note [Host kernels]).
   template <class F>
   decltype(auto) host(const c10::OperatorHandle& op, F&& body) {
-    Entry& e = admit(op);
-    struct Count {
-      Entry& e;
-      std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-      ~Count() {
-        e.add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-                  .count());
-      }
-    } count{e};
+    Count count(admit(op));
     return body();
   }
-
-  // Counts one run of `op` through the CPU, timed until the result dies.
-  class Timer {
-   public:
-    Timer(Fallback& f, std::string op) : f_(f), op_(std::move(op)), t0_(std::chrono::steady_clock::now()) {}
-    ~Timer() {
-      f_.entry_named(op_).add(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                  std::chrono::steady_clock::now() - t0_)
-                                  .count());
-    }
-    Timer(const Timer&) = delete;
-    Timer& operator=(const Timer&) = delete;
-
-   private:
-    Fallback& f_;
-    std::string op_;
-    std::chrono::steady_clock::time_point t0_;
-  };
-  Timer time(std::string op) { return Timer(*this, std::move(op)); }
 
   // "op count total_ms" lines, most time first.
   std::string report() {
@@ -553,10 +547,9 @@ class Fallback {
       }
     }
     if (!device) return false;
-    State<R>& st = State<R>::get();
     device_index d = device->index();
-    if (!translated([&] { return st.backend().properties(d).host_visible_memory; })) return false;
-    translated([&] { st.backend().stream_synchronize(d, st.current_handle(d)); });
+    if (!translated([&] { return Ops<R>::host_visible(d); })) return false;
+    translated([&] { Ops<R>::sync(d); });
 
     struct Alias {
       at::Tensor device_tensor;
