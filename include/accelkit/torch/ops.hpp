@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -29,7 +30,12 @@ namespace torch_adapter {
 // operation it issues (the zero_() of an output before a CPU kernel writes
 // into it) must therefore be finished before the kernel's host code goes on;
 // while this count is non-zero on a thread, the operators below wait for
-// what they queue.
+// what they queue. On a device with host-visible memory they do not queue at
+// all: they wait for the stream and do the work on the host thread, as the
+// host kernel itself does. Queueing it would cost two thread switches (the
+// stream's worker wakes, then the waiting thread), which on a virtual
+// machine with idle cores is tens of microseconds for a memset of a few
+// bytes.
 inline thread_local int host_kernel_depth = 0;
 struct HostKernelScope {
   HostKernelScope() noexcept { ++host_kernel_depth; }
@@ -54,6 +60,13 @@ struct Ops {
   // After queueing work on d's current stream (Note [Device work inside host kernels]).
   static void queued(device_index d) {
     if (host_kernel_depth > 0) sync(d);
+  }
+  // Whether device work on d is better done right here, on the host
+  // (Note [Device work inside host kernels]). Waits for d's stream if so.
+  static bool run_on_host(device_index d) {
+    if (host_kernel_depth == 0 || !host_visible(d)) return false;
+    sync(d);
+    return true;
   }
 
   // A CPU tensor viewing the device memory of `t` (host-visible devices only).
@@ -133,6 +146,10 @@ struct Ops {
       if (src_dev && dst_dev) {
         if (same_layout(self, dst)) {
           if (dev(self) == dev(dst)) {
+            if (run_on_host(dev(dst))) {
+              std::memmove(dst.data_ptr(), self.data_ptr(), nbytes(dst));
+              return dst;
+            }
             b.memcpy_async(dev(dst), dst.data_ptr(), self.data_ptr(), nbytes(dst),
                            CopyKind::device_to_device, stream_of(dev(dst)));
             queued(dev(dst));
@@ -287,6 +304,10 @@ struct Ops {
     return translated([&]() -> at::Tensor& {
       if (self.numel() == 0) return self;
       if (self.is_contiguous()) {
+        if (run_on_host(dev(self))) {
+          std::memset(self.data_ptr(), 0, nbytes(self));
+          return self;
+        }
         st().backend().memset_async(dev(self), self.data_ptr(), 0, nbytes(self),
                                     stream_of(dev(self)));
         queued(dev(self));
