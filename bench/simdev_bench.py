@@ -92,6 +92,18 @@ def main():
         cpu_ms.append(block_ms(cpu_step))
     row("MLP training step (SGD, batch 128)", statistics.median(sim_ms), statistics.median(cpu_ms), "ms")
 
+    # The same with backward run on the calling thread, as the CPU's always
+    # is: what is left once the engine's device-thread handoff (below) is
+    # taken out. A diagnostic, not the default.
+    torch.autograd.set_multithreading_enabled(False)
+    sim_ms, cpu_ms = [], []
+    for _ in range(3 if args.quick else 9):
+        sim_ms.append(block_ms(sim_step))
+        cpu_ms.append(block_ms(cpu_step))
+    torch.autograd.set_multithreading_enabled(True)
+    row("  the same, backward on the calling thread", statistics.median(sim_ms),
+        statistics.median(cpu_ms), "ms")
+
     # Part of every backward on a device other than the CPU: PyTorch's
     # autograd engine runs it on a thread of its own for the device and the
     # caller waits for it (the same for CUDA). A graph of one tiny op shows
