@@ -390,6 +390,46 @@ TEST_CASE("allocator: history and snapshot are exported as JSON, bounded") {
   CHECK(contains(stats_json, "\"segment.small_pool.current\": 1"));
 }
 
+// Note [Freeing without the block record]: a common free reads only its map
+// slot and leaves the block's record alone; what it reports must not lag.
+TEST_CASE("allocator: a free shows at once in statistics and in the snapshot") {
+  SimBackend b(Environment::fixed({}), sim());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  std::vector<void*> blocks;
+  for (std::size_t n : {1000, 3000, 70000, 512}) blocks.push_back(a.allocate(n, s));
+  void* big = a.allocate(3 * kMiB, s);  // large pool
+  auto state_of = [&](void* p) {
+    for (const SegmentSnapshot& seg : a.snapshot().segments)
+      for (const BlockSnapshot& blk : seg.blocks)
+        if (blk.address == reinterpret_cast<std::uintptr_t>(p)) return std::string(blk.state);
+    return std::string("missing");
+  };
+  CHECK(state_of(blocks[1]) == "active_allocated");
+  a.deallocate(blocks[1]);
+  DeviceStats st = a.stats();
+  CHECK(st.allocated_bytes[small].current == 1024 + 70144 + 512);
+  CHECK(st.requested_bytes[small].current == 1000 + 70000 + 512);
+  CHECK(st.active_bytes[small].current == 1024 + 70144 + 512);
+  CHECK(st.allocation[small].current == 3);
+  CHECK(state_of(blocks[1]) == "inactive");
+  CHECK(state_of(blocks[0]) == "active_allocated");
+  a.deallocate(big);
+  CHECK(a.stats().allocated_bytes[large].current == 0);
+  CHECK(state_of(big) == "inactive");
+  // The parked block comes back for the same shape, allocated again.
+  CHECK(a.allocate(3000, s) == blocks[1]);
+  CHECK(state_of(blocks[1]) == "active_allocated");
+  CHECK(a.stats().requested_bytes[small].current == 1000 + 3000 + 70000 + 512);
+  for (void* p : blocks) a.deallocate(p);
+  st = a.stats();
+  CHECK(st.allocated_bytes[all].current == 0);
+  CHECK(st.requested_bytes[all].current == 0);
+  CHECK(st.active[all].current == 0);
+  check_invariants(a);
+  CHECK_THROWS_AS(a.deallocate(blocks[2]), RuntimeError);  // still a double free
+}
+
 TEST_CASE("allocator: statistics reset their peaks and totals") {
   SimBackend b(Environment::fixed({}), sim());
   Allocator a(b, 0, AllocatorConfig{});

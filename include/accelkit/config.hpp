@@ -40,6 +40,13 @@
 #define ACCELKIT_ALWAYS_INLINE inline
 #endif
 
+// A hint to start loading the cache line at `p` (never faults).
+#if defined(__GNUC__)
+#define ACCELKIT_PREFETCH(p) __builtin_prefetch(p)
+#else
+#define ACCELKIT_PREFETCH(p) ((void)(p))
+#endif
+
 ACCELKIT_BEGIN_NAMESPACE
 struct version_info {
   int major, minor, patch;

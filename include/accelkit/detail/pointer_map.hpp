@@ -10,6 +10,9 @@
 // handful of hot blocks a thread cycles through, 64 shards made that happen
 // in about a third of runs (measured: 1.46x instead of 1.8x for two threads),
 // 1024 make it rare, for at most a few KiB per shard in use.
+// The values are small trivially copyable records (a pointer, or what the
+// device allocator needs to free a block without reading its record, Note
+// [Freeing without the block record]); a value-initialized V means "absent".
 #pragma once
 
 #include <accelkit/config.hpp>
@@ -18,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 ACCELKIT_BEGIN_NAMESPACE
@@ -25,25 +29,45 @@ namespace detail {
 
 template <class V>
 class PointerMap {
+  static_assert(std::is_trivially_copyable<V>::value, "values are copied into the table");
+
  public:
   static constexpr std::size_t kShards = 1024;
   static_assert(kShards == (std::size_t{1} << 10), "shard() takes the top 10 hash bits");
 
-  void insert(const void* key, V* value) {
+  void insert(const void* key, const V& value) {
     Shard& s = shard(key);
     std::lock_guard<SpinLock> lock(s.lock);
     s.table.insert(reinterpret_cast<std::uintptr_t>(key), value);
   }
-  // Removes and returns the value of `key`, or nullptr when absent.
-  V* erase(const void* key) {
+  // Removes and returns the value of `key`, or V{} when absent.
+  V erase(const void* key) {
     Shard& s = shard(key);
     std::lock_guard<SpinLock> lock(s.lock);
     return s.table.erase(reinterpret_cast<std::uintptr_t>(key));
   }
-  V* find(const void* key) {
+  V find(const void* key) {
     Shard& s = shard(key);
     std::lock_guard<SpinLock> lock(s.lock);
     return s.table.find(reinterpret_cast<std::uintptr_t>(key));
+  }
+  // Calls f(V&) on the value of `key` under the shard's lock; false when
+  // `key` is absent.
+  template <class F>
+  bool update(const void* key, F&& f) {
+    Shard& s = shard(key);
+    std::lock_guard<SpinLock> lock(s.lock);
+    V* v = s.table.slot(reinterpret_cast<std::uintptr_t>(key));
+    if (!v) return false;
+    f(*v);
+    return true;
+  }
+  // Starts loading the slot where `key` would go, so that an insert() that
+  // follows other work finds it in cache.
+  void prefetch(const void* key) {
+    Shard& s = shard(key);
+    std::lock_guard<SpinLock> lock(s.lock);
+    s.table.prefetch(reinterpret_cast<std::uintptr_t>(key));
   }
   std::size_t size() {
     std::size_t n = 0;
@@ -59,7 +83,7 @@ class PointerMap {
   // tombstone (neither is a valid allocation address).
   class Table {
    public:
-    void insert(std::uintptr_t key, V* value) {
+    void insert(std::uintptr_t key, const V& value) {
       if ((used_ + 1) * 2 > slots_.size()) grow();
       std::size_t i = index(key);
       std::size_t tomb = npos;
@@ -79,28 +103,43 @@ class PointerMap {
       slots_[i] = {key, value};
       ++size_;
     }
-    V* erase(std::uintptr_t key) {
-      if (slots_.empty()) return nullptr;
+    V erase(std::uintptr_t key) {
+      if (slots_.empty()) return V{};
       std::size_t i = locate(key);
-      if (i == npos) return nullptr;
-      V* v = slots_[i].value;
-      slots_[i] = {kTomb, nullptr};
+      if (i == npos) return V{};
+      V v = slots_[i].value;
+      slots_[i] = {kTomb, V{}};
       --size_;
       return v;
     }
-    V* find(std::uintptr_t key) const {
+    V find(std::uintptr_t key) const {
+      if (slots_.empty()) return V{};
+      std::size_t i = locate(key);
+      return i == npos ? V{} : slots_[i].value;
+    }
+    V* slot(std::uintptr_t key) {
       if (slots_.empty()) return nullptr;
       std::size_t i = locate(key);
-      return i == npos ? nullptr : slots_[i].value;
+      return i == npos ? nullptr : &slots_[i].value;
     }
     std::size_t size() const { return size_; }
+    void prefetch(std::uintptr_t key) const {
+      if (!slots_.empty()) ACCELKIT_PREFETCH(&slots_[index(key)]);
+    }
 
    private:
     static constexpr std::uintptr_t kEmpty = 0, kTomb = 1;
     static constexpr std::size_t npos = static_cast<std::size_t>(-1);
-    struct Slot {
+    // A power-of-two size and alignment, so that no slot straddles two
+    // cache lines.
+    static constexpr std::size_t slot_align(std::size_t n) {
+      std::size_t a = 1;
+      while (a < n) a *= 2;
+      return a;
+    }
+    struct alignas(slot_align(sizeof(std::uintptr_t) + sizeof(V))) Slot {
       std::uintptr_t key = kEmpty;
-      V* value = nullptr;
+      V value{};
     };
     std::size_t index(std::uintptr_t key) const {
       std::uint64_t h = static_cast<std::uint64_t>(key >> 9) * 0xC2B2AE3D27D4EB4Full;

@@ -351,7 +351,7 @@ class HostAllocator {
   Backend<R>& backend_;
   AllocatorConfig config_;
   std::array<Bucket, kClasses> buckets_;
-  detail::PointerMap<Block> live_;
+  detail::PointerMap<Block*> live_;
   std::mutex events_mutex_;
   std::unordered_map<device_index, std::unique_ptr<EventPool<R>>> event_pools_;
 };
