@@ -161,7 +161,12 @@ TEST_CASE("discovery: a malformed runtime variable surfaces as a ValueError nami
   CHECK(contains(error_of({{"SIMDEV_MEMORY_MB", "1,2,3"}}), "gives 3 capacities for 2 devices"));
   CHECK(contains(error_of({{"SIMDEV_HOST_VISIBLE", "yes"}}), "expected 0 or 1"));
   CHECK(contains(error_of({{"SIMDEV_INJECT_FAULT", "@3"}}), "entry '@3' is not member[@n]"));
-  CHECK(error_of({{"SIMDEV_MEMORY_MB", "16,32"}, {"SIMDEV_INJECT_FAULT", "malloc@2"}}).empty());
+  CHECK(contains(error_of({{"SIMDEV_INJECT_FAULT", "malloc,"}}), "entry '' is not member[@n]"));
+  CHECK(contains(error_of({{"SIMDEV_MEMORY_MB", "16,,32"}}),
+                 "SIMDEV_MEMORY_MB='16,,32': entry '' is not a capacity in MiB"));
+  CHECK(contains(error_of({{"SIMDEV_MEMORY_MB", " "}}), "gives 0 capacities for 2 devices"));
+  CHECK(error_of({{"SIMDEV_MEMORY_MB", "16, 32"}, {"SIMDEV_INJECT_FAULT", " malloc@2 , free"}})
+            .empty());
 }
 
 TEST_CASE("discovery: a failing initialize() throws and the next use retries") {

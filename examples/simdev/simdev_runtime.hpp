@@ -90,16 +90,15 @@ struct Config {
       c.device_count = static_cast<int>(parse_int("SIMDEV_DEVICE_COUNT", *v, 0, 64));
     if (auto v = env.get("SIMDEV_MEMORY_MB")) {
       c.memory_bytes.clear();
-      std::string_view rest = *v;
-      while (true) {
-        auto comma = rest.find(',');
-        c.memory_bytes.push_back(
-            static_cast<std::uint64_t>(parse_int("SIMDEV_MEMORY_MB",
-                                                 std::string(rest.substr(0, comma)), 1,
-                                                 1 << 20))
-            << 20);
-        if (comma == std::string_view::npos) break;
-        rest = rest.substr(comma + 1);
+      for (std::string_view item : accelkit::detail::split_list(*v)) {
+        long long mb = 0;
+        try {
+          mb = parse_int("SIMDEV_MEMORY_MB", std::string(item), 1, 1 << 20);
+        } catch (const accelkit::ValueError&) {
+          throw bad("SIMDEV_MEMORY_MB", *v,
+                    fmt::format("entry '{}' is not a capacity in MiB (1..{})", item, 1 << 20));
+        }
+        c.memory_bytes.push_back(static_cast<std::uint64_t>(mb) << 20);
       }
       if (c.memory_bytes.size() != 1 &&
           c.memory_bytes.size() != static_cast<std::size_t>(c.device_count))
@@ -116,10 +115,8 @@ struct Config {
     if (auto v = env.get("SIMDEV_EVENT_CREATE_NS"))
       c.event_create_ns = static_cast<long>(parse_int("SIMDEV_EVENT_CREATE_NS", *v, 0, 1'000'000));
     if (auto v = env.get("SIMDEV_INJECT_FAULT")) {
-      std::string_view rest = *v;
-      while (!accelkit::detail::trim(rest).empty()) {
-        auto comma = rest.find(',');
-        std::string entry(accelkit::detail::trim(rest.substr(0, comma)));
+      for (std::string_view item : accelkit::detail::split_list(*v)) {
+        std::string entry(item);
         auto at = entry.find('@');
         std::string member = entry.substr(0, at);
         int nth = at == std::string::npos
@@ -130,8 +127,6 @@ struct Config {
           throw bad("SIMDEV_INJECT_FAULT", *v,
                     fmt::format("entry '{}' is not member[@n]", entry));
         c.faults[member] = nth;
-        if (comma == std::string_view::npos) break;
-        rest = rest.substr(comma + 1);
       }
     }
     return c;

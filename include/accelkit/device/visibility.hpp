@@ -32,6 +32,18 @@ inline std::string_view trim(std::string_view s) noexcept {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
   return s;
 }
+// The comma-separated items of a list, trimmed. A blank list has none; an
+// empty item (a stray comma) is kept for the caller to judge.
+inline std::vector<std::string_view> split_list(std::string_view s) {
+  std::vector<std::string_view> out;
+  if (trim(s).empty()) return out;
+  while (true) {
+    auto comma = s.find(',');
+    out.push_back(trim(s.substr(0, comma)));
+    if (comma == std::string_view::npos) return out;
+    s = s.substr(comma + 1);
+  }
+}
 inline std::string upper(std::string_view s) {
   std::string out;
   for (char c : s) out += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -61,16 +73,12 @@ std::vector<int> parse_visible_devices(std::string_view backend, std::string_vie
                                        std::string_view value, int physical_count,
                                        UuidOf&& uuid_of) {
   std::vector<int> out;
-  std::string_view rest = detail::trim(value);
-  if (rest.empty()) return out;
 
   auto fail = [&](std::string_view entry, const std::string& why) -> void {
     throw ValueError(backend, fmt::format("{}='{}': entry '{}' {}", variable, value, entry, why));
   };
   std::vector<std::string> uuids;  // fetched on first UUID entry
-  while (true) {
-    auto comma = rest.find(',');
-    std::string_view entry = detail::trim(rest.substr(0, comma));
+  for (std::string_view entry : detail::split_list(value)) {
     if (entry.empty()) fail(entry, "is empty (stray comma?)");
 
     int device = -1;
@@ -107,8 +115,6 @@ std::vector<int> parse_visible_devices(std::string_view backend, std::string_vie
     for (int seen : out)
       if (seen == device) fail(entry, fmt::format("names device {} a second time", device));
     out.push_back(device);
-    if (comma == std::string_view::npos) break;
-    rest = rest.substr(comma + 1);
   }
   return out;
 }

@@ -667,17 +667,11 @@ class Fallback {
                           "': expected allow, warn or error");
     }
     if (auto v = env.get(upper() + "_FALLBACK_BLOCKLIST")) {
-      std::string_view rest = *v;
-      while (!rest.empty()) {
-        auto comma = rest.find(',');
-        std::string_view item = detail::trim(rest.substr(0, comma));
-        if (!item.empty()) {
-          std::string op(item);
-          if (op.rfind("aten::", 0) != 0) op = "aten::" + op;
-          blocked_.insert(op);
-        }
-        if (comma == std::string_view::npos) break;
-        rest = rest.substr(comma + 1);
+      for (std::string_view item : detail::split_list(*v)) {
+        if (item.empty()) continue;
+        std::string op(item);
+        if (op.rfind("aten::", 0) != 0) op = "aten::" + op;
+        blocked_.insert(op);
       }
     }
   }
