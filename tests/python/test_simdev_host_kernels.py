@@ -4,6 +4,7 @@ exactly, whatever path serves it: with host-visible memory the host kernel (or, 
 arguments it does not take, the fallback), without it the fallback. The suite runs in
 both modes (SIMDEV_HOST_VISIBLE=1 and 0)."""
 import os
+import platform
 import subprocess
 import sys
 
@@ -61,6 +62,24 @@ CASES = {
     "cross_entropy, weighted": (lambda a, t, w: F.cross_entropy(a, t, weight=w), A, J[:, 0], ROW.abs()),
     "add_ in place": (lambda a, b: a.clone().add_(b, alpha=2), A, B),
     "mul_ in place": (lambda a, b: a.clone().mul_(b), A, B),
+    "sub_ in place, alpha": (lambda a, b: a.clone().sub_(b, alpha=0.5), A, B),
+    "div_ in place": (lambda a, b: a.clone().div_(b), A, B),
+    "div_ in place, broadcast": (lambda a, r: a.clone().div_(r), A, ROW),
+    # CPU scalar operands: converted to the tensor's dtype first, as the CPU does,
+    # unless that would change the result (then the fallback serves them).
+    "scalar minus tensor": (lambda a: 2.0 - a, A),
+    "add_ python scalar in place": (lambda a: a.clone().add_(0.1), A),
+    "mul_ python scalar in place": (lambda a: a.clone().mul_(0.9), A),
+    "div by python scalar": (lambda a: a / 3.0, A),
+    "int times python int": (lambda i: i * 3, I),
+    "int plus python float (promotes)": (lambda i: i + 0.5, I),
+    "int divided by python int (promotes)": (lambda i: i / 2, I),
+    "zero-dim CPU tensor operand": (lambda a: a * torch.tensor(2.5), A),
+    "zero-dim CPU double operand": (lambda a: a + torch.tensor(0.1, dtype=torch.float64), A),
+    "zero-dim CPU tensor as self": (lambda a: torch.sub(torch.tensor(1.5), a), A),
+    "double tensor times 0.1": (lambda a: a.double() * 0.1, A),
+    "half tensor times 0.1 (original precision)": (lambda a: a.half() * 0.1, A),
+    "bfloat16 tensor plus 0.3": (lambda a: a.bfloat16() + 0.3, A),
 }
 
 
@@ -68,6 +87,13 @@ CASES = {
 def test_result_equals_the_cpu(name):
     fn, *args = CASES[name]
     _same(fn, *args)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                    reason="the elementwise host kernels need x86-64 kernel stubs")
+def test_in_place_elementwise_operators_have_host_kernels():
+    for op in ("add_.Tensor", "sub_.Tensor", "mul_.Tensor", "div_.Tensor"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + op, "PrivateUse1"), op
 
 
 def test_out_variant_resizes_a_wrong_sized_output():

@@ -23,7 +23,10 @@
 // as to any fallback. Arguments they do not take (tensors of two devices or
 // of another device type, mixed dtypes that a TensorIterator would have to
 // convert, a device without host-visible memory) go to the fallback
-// unchanged. A device operation issued inside one (zeroing an output) is
+// unchanged. A CPU scalar operand (`x * 0.5`, a zero-dim CPU tensor) is
+// taken when it does not change the result's dtype: it is converted to that
+// dtype first, as the CPU's TensorIterator does, except for Half and
+// BFloat16, whose CPU kernels compute with the scalar's original precision. A device operation issued inside one (zeroing an output) is
 // waited for (Note [Device work inside host kernels]). A runtime that brings
 // its own kernels for these operators declares
 // `static constexpr bool host_kernels = false;`.
@@ -60,6 +63,7 @@
 #include <array>
 #include <mutex>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 
 ACCELKIT_BEGIN_NAMESPACE
@@ -98,13 +102,19 @@ template <class R>
 struct wants_host_kernels<R, std::void_t<decltype(R::host_kernels)>>
     : std::bool_constant<R::host_kernels> {};
 
+// f(tensor, written): each tensor argument, and whether the operator writes
+// it (out= and in-place arguments are the non-const ones).
 template <class F>
 void visit_tensors(const at::Tensor& t, const F& f) {
-  f(t);
+  f(t, false);
+}
+template <class F>
+void visit_tensors(at::Tensor& t, const F& f) {
+  f(t, true);
 }
 template <class F>
 void visit_tensors(const std::optional<at::Tensor>& t, const F& f) {
-  if (t) f(*t);
+  if (t) f(*t, false);
 }
 template <class T, class F>
 void visit_tensors(const T&, const F&) {}
@@ -119,34 +129,86 @@ bool host_visible(c10::DeviceIndex d) {
   return true;
 }
 
+// A zero-dim CPU tensor: TensorIterator takes it beside tensors of any device.
+inline bool cpu_scalar(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.dim() == 0;
+}
+
+// Where a host kernel may run for some arguments, and the dtype its CPU
+// scalars are converted to.
+struct HostPlace {
+  c10::Device device;
+  at::ScalarType dtype;
+};
+
 // The device that a host kernel may run on for these arguments: the one
 // device of this backend that every tensor argument is on, if its memory is
 // host-visible; then ordered after its current stream. With `uniform`, the
 // tensors must also share one dtype: a TensorIterator on a device other than
 // the CPU leaves type conversion to the kernel, which PyTorch's CPU kernels
-// do not do. Otherwise nullopt, and the call goes to the fallback (which
-// copies through the CPU, converts, or reports two devices).
+// do not do; CPU scalars are allowed if converting them to that dtype is what
+// the CPU would do (Note [Host kernels]). Otherwise nullopt, and the call goes
+// to the fallback (which copies through the CPU, converts, or reports two
+// devices).
 template <class R, bool uniform, class... Args>
-std::optional<c10::Device> host_device(const Args&... args) {
+std::optional<HostPlace> host_device(Args&&... args) {  // forwarding: sees which are written
   std::optional<c10::Device> device;
-  std::optional<caffe2::TypeMeta> dtype;
-  bool ok = true;
-  auto look = [&](const at::Tensor& t) {
+  std::optional<at::ScalarType> dtype;
+  const at::Tensor* first = nullptr;
+  bool ok = true, scalars = false;
+  auto look = [&](const at::Tensor& t, bool written) {
     if (!t.defined()) return;
+    if (uniform && !written && cpu_scalar(t)) {
+      scalars = true;
+      return;
+    }
     if (t.device().type() != kDeviceType) {
       ok = false;
       return;
     }
-    if (!device) device = t.device();
-    else if (*device != t.device()) ok = false;
-    if (!uniform) return;
-    if (!dtype) dtype = t.dtype();
-    else if (*dtype != t.dtype()) ok = false;
+    if (!device) {
+      device = t.device();
+      dtype = t.scalar_type();
+      first = &t;
+    } else if (*device != t.device() || (uniform && *dtype != t.scalar_type())) {
+      ok = false;
+    }
   };
   (visit_tensors(args, look), ...);
-  if (!device || !ok || !host_visible<R>(device->index())) return std::nullopt;
+  if (!device || !ok) return std::nullopt;
+  if (scalars) {
+    at::ScalarType d = *dtype;
+    if (d == at::kHalf || d == at::kBFloat16 || d == at::kBool || !(at::isFloatingType(d) ||
+        at::isComplexType(d) || at::isIntegralType(d, /*includeBool=*/false)))
+      return std::nullopt;
+    auto keeps = [&](const at::Tensor& t, bool written) {
+      if (!written && cpu_scalar(t) && at::result_type(*first, t) != d) ok = false;
+    };
+    (visit_tensors(args, keeps), ...);
+    if (!ok) return std::nullopt;
+  }
+  if (!host_visible<R>(device->index())) return std::nullopt;
   translated([&] { Ops<R>::sync(device->index()); });
-  return device;
+  return HostPlace{*device, *dtype};
+}
+
+// The arguments as the CPU kernel gets them: CPU scalars converted to the
+// kernel's dtype (held in `held` for the call), everything else as it is.
+struct Converted {
+  std::array<at::Tensor, 4> held;
+  std::size_t n = 0;
+};
+template <class T>
+const T& cpu_arg(const T& a, Converted&, at::ScalarType) {
+  return a;
+}
+inline at::Tensor& cpu_arg(at::Tensor& a, Converted&, at::ScalarType) { return a; }
+inline const at::Tensor& cpu_arg(const at::Tensor& a, Converted& c, at::ScalarType d) {
+  if (!cpu_scalar(a) || a.scalar_type() == d || c.n == c.held.size()) return a;
+  at::Tensor t = a.to(d);
+  if (a.unsafeGetTensorImpl()->is_wrapped_number()) t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  c.held[c.n] = std::move(t);
+  return c.held[c.n++];
 }
 
 // The dispatcher's handle of operator Op (for the fallback report).
@@ -164,11 +226,13 @@ struct Kernel;
 template <class R, class Op, bool uniform, class Ret, class... Args>
 struct Kernel<R, Op, uniform, Ret(Args...)> {
   static Ret call(Args... args) {
-    if (!host_device<R, uniform>(args...))
-      return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
+    std::optional<HostPlace> place = host_device<R, uniform>(args...);
+    if (!place) return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
     return Fallback<R>::get().host(handle<Op>(), [&]() -> Ret {
       HostKernelScope scope;
-      return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), args...);
+      Converted c;
+      return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
+                            cpu_arg(args, c, place->dtype)...);
     });
   }
 };
@@ -210,18 +274,19 @@ struct Functional;
 template <class R, class Op, class Impl, class... Args>
 struct Functional<R, Op, Impl, at::Tensor(Args...)> {
   static at::Tensor call(Args... args) {
-    std::optional<c10::Device> device = host_device<R, true>(args...);
-    if (!device)
-      return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
-    c10::DeviceGuard guard(*device);  // the allocator serves the current device
+    std::optional<HostPlace> place = host_device<R, true>(args...);
+    if (!place) return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
+    c10::DeviceGuard guard(place->device);  // the allocator serves the current device
+    Converted c;
+    auto cpu_args = std::forward_as_tuple(cpu_arg(args, c, place->dtype)...);
     DeviceOutputs<R, Impl, 1> op;
-    op.meta(args...);
+    std::apply([&](const auto&... a) { op.meta(a...); }, cpu_args);
     for (int i = 1; i < op.ntensors(); ++i)
       if (op.dtype(i) != op.dtype(0))  // a promoting result (int / int): see host_device
         return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
     return Fallback<R>::get().host(handle<Op>(), [&] {
       HostKernelScope scope;
-      op.impl(args..., op.outputs[0]);
+      std::apply([&](const auto&... a) { op.impl(a..., op.outputs[0]); }, cpu_args);
       return std::move(op.outputs[0]);
     });
   }
@@ -257,6 +322,10 @@ void register_host_kernels(torch::Library& m) {
     ACCELKIT_HOST_KERNEL("clamp_min.out", clamp_min_out, true);
     ACCELKIT_HOST_KERNEL("threshold_backward.grad_input", threshold_backward_grad_input, true);
     ACCELKIT_HOST_KERNEL("sum.IntList_out", sum_IntList_out, true);
+    ACCELKIT_HOST_KERNEL("add_.Tensor", add__Tensor, true);
+    ACCELKIT_HOST_KERNEL("sub_.Tensor", sub__Tensor, true);
+    ACCELKIT_HOST_KERNEL("mul_.Tensor", mul__Tensor, true);
+    ACCELKIT_HOST_KERNEL("div_.Tensor", div__Tensor, true);
     ACCELKIT_HOST_FUNCTIONAL("add.Tensor", add_Tensor, structured_ufunc_add_CPU);
     ACCELKIT_HOST_FUNCTIONAL("sub.Tensor", sub_Tensor, structured_sub_out);
     ACCELKIT_HOST_FUNCTIONAL("mul.Tensor", mul_Tensor, structured_mul_out);

@@ -411,9 +411,12 @@ class Fallback {
 
   void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     Entry& e = admit(op);
-    check_one_device(op, *stack, e.name);
+    std::optional<c10::Device> to_device = check_one_device(op, *stack, e.name);
     auto t0 = std::chrono::steady_clock::now();
-    if (!zero_copy(op, *stack)) at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+    if (!zero_copy(op, *stack)) {
+      at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+      if (to_device) results_to(op, *stack, *to_device);
+    }
     e.add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
               .count());
   }
@@ -631,12 +634,22 @@ class Fallback {
 
   // Like PyTorch's native kernels, refuse tensors of two devices of this
   // backend in one operator (the CPU fallback would silently mix them).
-  static void check_one_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                               const std::string& full) {
+  // Raises unless the tensor arguments are on at most one device of this
+  // backend. Returns that device when at::native::cpu_fallback would put the
+  // results elsewhere: it follows the first tensor argument, which may be a
+  // CPU scalar (`2.0 - x` is sub(scalar, x)), while on a device (as with
+  // CUDA) the results of such an operator belong on the device.
+  static std::optional<c10::Device> check_one_device(const c10::OperatorHandle& op,
+                                                     const torch::jit::Stack& stack,
+                                                     const std::string& full) {
     std::size_t n = op.schema().arguments().size();
     std::optional<c10::Device> seen;
+    bool cpu_first = false, any = false, device_arg = false;
     auto check = [&](const at::Tensor& t) {
-      if (!t.defined() || t.device().type() != kDeviceType) return;
+      if (!t.defined()) return;
+      if (!any) cpu_first = t.device().is_cpu();
+      any = true;
+      if (t.device().type() != kDeviceType) return;
       if (!seen) seen = t.device();
       TORCH_CHECK(*seen == t.device(),
                   "Expected all tensors to be on the same device, but found at least two devices, ",
@@ -651,7 +664,24 @@ class Fallback {
       } else if (v.isList()) {
         for (const c10::IValue& e : v.toListRef())
           if (e.isTensor()) check(e.toTensor());
+      } else if (v.isDevice()) {
+        device_arg = true;  // the operator says where its results go
       }
+    }
+    if (seen && cpu_first && !device_arg) return seen;
+    return std::nullopt;
+  }
+
+  // Moves the new (non-aliasing) tensor results on the CPU to `device`.
+  static void results_to(const c10::OperatorHandle& op, torch::jit::Stack& stack,
+                         c10::Device device) {
+    const auto& returns = op.schema().returns();
+    std::size_t first = stack.size() - returns.size();
+    for (std::size_t i = 0; i < returns.size(); ++i) {
+      c10::IValue& v = stack[first + i];
+      if (returns[i].alias_info() || !v.isTensor()) continue;
+      const at::Tensor& t = v.toTensor();
+      if (t.defined() && t.device().is_cpu()) v = t.to(device);
     }
   }
 
