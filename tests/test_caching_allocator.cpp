@@ -421,12 +421,28 @@ TEST_CASE("allocator: a free shows at once in statistics and in the snapshot") {
   CHECK(a.allocate(3000, s) == blocks[1]);
   CHECK(state_of(blocks[1]) == "active_allocated");
   CHECK(a.stats().requested_bytes[small].current == 1000 + 3000 + 70000 + 512);
-  for (void* p : blocks) a.deallocate(p);
+  // Out of the parking queue and into the bins (evicted by later frees, or
+  // merged by empty_cache), a block still reads as free.
+  std::vector<void*> more;
+  for (int i = 0; i < 12; ++i) more.push_back(a.allocate(4096 + 512 * i, s));
+  a.deallocate(blocks[1]);
+  for (int i = 0; i < 11; i += 2) a.deallocate(more[static_cast<std::size_t>(i)]);
+  CHECK(state_of(blocks[1]) == "inactive");
+  a.deallocate(blocks[0]);
+  a.empty_cache();  // merges the parked blocks; the segment stays (others live)
+  CHECK(state_of(blocks[0]) == "inactive");
+  for (std::size_t i = 1; i < more.size(); i += 2) a.deallocate(more[i]);
+  for (std::size_t i = 2; i < blocks.size(); ++i) a.deallocate(blocks[i]);
   st = a.stats();
   CHECK(st.allocated_bytes[all].current == 0);
   CHECK(st.requested_bytes[all].current == 0);
   CHECK(st.active[all].current == 0);
   check_invariants(a);
+  MemorySnapshot snap = a.snapshot();
+  for (const SegmentSnapshot& seg : snap.segments) {
+    CHECK(seg.allocated_size == 0);
+    for (const BlockSnapshot& blk : seg.blocks) CHECK(blk.state == "inactive");
+  }
   CHECK_THROWS_AS(a.deallocate(blocks[2]), RuntimeError);  // still a double free
 }
 

@@ -116,8 +116,9 @@ inline bool whole_segment(const MemBlock* b) noexcept { return !b->prev && !b->n
 // the record: even a one-bit store is a read that stalls. It only prefetches
 // the record for its eviction from the parking queue a few frees later (Note
 // [Prefetching the next eviction]). The record's allocated flag of a parked
-// block is therefore stale; parking means free, and snapshot() clears the
-// flag before it reads it. A block used on other
+// block is therefore stale; parking means free. The flag is cleared when the
+// block enters the bins, and snapshot() clears it for parked blocks before
+// it reads it. A block used on other
 // streams (record_stream clears the summary), one of 4 GiB or more, and every
 // block while caching is off or tracing is on take the path through the record.
 struct LiveBlock {
@@ -464,6 +465,7 @@ class DeviceCachingAllocator {
     if (bytes > max_allocation_) throw too_large(bytes);
     detail::PoolShard& pool = pool_for(stream);
     detail::MemBlock* b = nullptr;
+    std::uint64_t summary = 0;  // summarize() reads neighbour links: under the lock
     if (!config_.caching) {
       b = allocate_uncached(pool, bytes);
     } else {
@@ -472,10 +474,15 @@ class DeviceCachingAllocator {
         std::lock_guard<detail::SpinLock> lock(pool.lock);
         if (!pool.pending.empty()) process_pending(pool, false);
         b = take_cached(pool, size, bytes);
+        if (b) summary = summarize(b);
       }
-      if (!b) b = allocate_slow(pool, size, bytes);
+      if (!b) {
+        b = allocate_slow(pool, size, bytes);
+        std::lock_guard<detail::SpinLock> lock(pool.lock);
+        summary = summarize(b);
+      }
     }
-    live_.insert(b->ptr, {b, b->segment->pool, config_.caching ? summarize(b) : 0});
+    live_.insert(b->ptr, {b, b->segment->pool, summary});
     if (tracing_.load(std::memory_order_relaxed))
       trace(TraceEntry::Action::alloc, b->ptr, b->size, stream);
     return b->ptr;
@@ -772,6 +779,7 @@ class DeviceCachingAllocator {
   }
   void insert_free(Pool& pool, Block* b) {
     b->cached = true;
+    b->allocated = false;  // stale if it was parked (Note [Freeing without the block record])
     if (b->segment->small) pool.small.insert(b);
     else pool.large.insert(b);
     count_inactive(pool, b, true);

@@ -23,10 +23,12 @@
 // as to any fallback. Arguments they do not take (tensors of two devices or
 // of another device type, mixed dtypes that a TensorIterator would have to
 // convert, a device without host-visible memory) go to the fallback
-// unchanged. A CPU scalar operand (`x * 0.5`, a zero-dim CPU tensor) is
-// taken when it does not change the result's dtype: it is converted to that
-// dtype first, as the CPU's TensorIterator does, except for Half and
-// BFloat16, whose CPU kernels compute with the scalar's original precision. A device operation issued inside one (zeroing an output) is
+// unchanged. The arithmetic operators (add, sub, mul, div) also take one
+// CPU scalar operand (`x * 0.5`, a zero-dim CPU tensor) beside a device
+// tensor, as TensorIterator allows on any device, when it does not change
+// the result's dtype: it is converted to that dtype first, as the CPU's
+// TensorIterator does, except for Half and BFloat16, whose CPU kernels
+// compute with the scalar's original precision. A device operation issued inside one (zeroing an output) is
 // waited for (Note [Device work inside host kernels]). A runtime that brings
 // its own kernels for these operators declares
 // `static constexpr bool host_kernels = false;`.
@@ -146,20 +148,22 @@ struct HostPlace {
 // host-visible; then ordered after its current stream. With `uniform`, the
 // tensors must also share one dtype: a TensorIterator on a device other than
 // the CPU leaves type conversion to the kernel, which PyTorch's CPU kernels
-// do not do; CPU scalars are allowed if converting them to that dtype is what
-// the CPU would do (Note [Host kernels]). Otherwise nullopt, and the call goes
-// to the fallback (which copies through the CPU, converts, or reports two
-// devices).
-template <class R, bool uniform, class... Args>
+// do not do. With `scalar`, one input may instead be a CPU scalar whose
+// conversion to that dtype is what the CPU would do (Note [Host kernels]).
+// Otherwise nullopt, and the call goes to the fallback (which copies through
+// the CPU, converts, or reports two devices).
+template <class R, bool uniform, bool scalar = false, class... Args>
 std::optional<HostPlace> host_device(Args&&... args) {  // forwarding: sees which are written
   std::optional<c10::Device> device;
   std::optional<at::ScalarType> dtype;
-  const at::Tensor* first = nullptr;
-  bool ok = true, scalars = false;
+  const at::Tensor* first = nullptr;  // the first device tensor
+  const at::Tensor* cpu = nullptr;    // the CPU scalar
+  bool ok = true;
   auto look = [&](const at::Tensor& t, bool written) {
     if (!t.defined()) return;
-    if (uniform && !written && cpu_scalar(t)) {
-      scalars = true;
+    if (scalar && !written && cpu_scalar(t)) {
+      if (cpu) ok = false;  // TensorIterator takes one CPU scalar at most
+      cpu = &t;
       return;
     }
     if (t.device().type() != kDeviceType) {
@@ -167,36 +171,31 @@ std::optional<HostPlace> host_device(Args&&... args) {  // forwarding: sees whic
       return;
     }
     if (!device) {
+      first = &t;
       device = t.device();
       dtype = t.scalar_type();
-      first = &t;
     } else if (*device != t.device() || (uniform && *dtype != t.scalar_type())) {
       ok = false;
     }
   };
   (visit_tensors(args, look), ...);
   if (!device || !ok) return std::nullopt;
-  if (scalars) {
+  if (cpu) {
     at::ScalarType d = *dtype;
-    if (d == at::kHalf || d == at::kBFloat16 || d == at::kBool || !(at::isFloatingType(d) ||
-        at::isComplexType(d) || at::isIntegralType(d, /*includeBool=*/false)))
-      return std::nullopt;
-    auto keeps = [&](const at::Tensor& t, bool written) {
-      if (!written && cpu_scalar(t) && at::result_type(*first, t) != d) ok = false;
-    };
-    (visit_tensors(args, keeps), ...);
-    if (!ok) return std::nullopt;
+    bool exact = at::isComplexType(d) || at::isIntegralType(d, /*includeBool=*/false) ||
+                 (at::isFloatingType(d) && d != at::kHalf && d != at::kBFloat16);
+    if (!exact || at::result_type(*first, *cpu) != d) return std::nullopt;
   }
   if (!host_visible<R>(device->index())) return std::nullopt;
   translated([&] { Ops<R>::sync(device->index()); });
   return HostPlace{*device, *dtype};
 }
 
-// The arguments as the CPU kernel gets them: CPU scalars converted to the
-// kernel's dtype (held in `held` for the call), everything else as it is.
+// The arguments as the CPU kernel gets them: the CPU scalar (host_device
+// allows one) converted to the kernel's dtype and held here for the call,
+// everything else as it is.
 struct Converted {
-  std::array<at::Tensor, 4> held;
-  std::size_t n = 0;
+  at::Tensor held;
 };
 template <class T>
 const T& cpu_arg(const T& a, Converted&, at::ScalarType) {
@@ -204,11 +203,12 @@ const T& cpu_arg(const T& a, Converted&, at::ScalarType) {
 }
 inline at::Tensor& cpu_arg(at::Tensor& a, Converted&, at::ScalarType) { return a; }
 inline const at::Tensor& cpu_arg(const at::Tensor& a, Converted& c, at::ScalarType d) {
-  if (!cpu_scalar(a) || a.scalar_type() == d || c.n == c.held.size()) return a;
-  at::Tensor t = a.to(d);
-  if (a.unsafeGetTensorImpl()->is_wrapped_number()) t.unsafeGetTensorImpl()->set_wrapped_number(true);
-  c.held[c.n] = std::move(t);
-  return c.held[c.n++];
+  if (!cpu_scalar(a) || a.scalar_type() == d) return a;
+  TORCH_INTERNAL_ASSERT(!c.held.defined(), "host kernels take one CPU scalar");
+  c.held = a.to(d);
+  if (a.unsafeGetTensorImpl()->is_wrapped_number())
+    c.held.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return c.held;
 }
 
 // The dispatcher's handle of operator Op (for the fallback report).
@@ -221,12 +221,12 @@ const c10::OperatorHandle& handle() {
 
 // An out= (or otherwise allocation-free) operator: its CPU kernel, called
 // directly on the device tensors.
-template <class R, class Op, bool uniform, class Sig = typename Op::schema>
+template <class R, class Op, bool uniform, bool scalar = false, class Sig = typename Op::schema>
 struct Kernel;
-template <class R, class Op, bool uniform, class Ret, class... Args>
-struct Kernel<R, Op, uniform, Ret(Args...)> {
+template <class R, class Op, bool uniform, bool scalar, class Ret, class... Args>
+struct Kernel<R, Op, uniform, scalar, Ret(Args...)> {
   static Ret call(Args... args) {
-    std::optional<HostPlace> place = host_device<R, uniform>(args...);
+    std::optional<HostPlace> place = host_device<R, uniform, scalar>(args...);
     if (!place) return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
     return Fallback<R>::get().host(handle<Op>(), [&]() -> Ret {
       HostKernelScope scope;
@@ -269,12 +269,12 @@ struct DeviceOutputs final : Impl {
 
 // A functional operator with one result, run by the structured CPU kernel
 // class Impl (meta(args...), then impl(args..., out)) on the device.
-template <class R, class Op, class Impl, class Sig = typename Op::schema>
+template <class R, class Op, class Impl, bool scalar = false, class Sig = typename Op::schema>
 struct Functional;
-template <class R, class Op, class Impl, class... Args>
-struct Functional<R, Op, Impl, at::Tensor(Args...)> {
+template <class R, class Op, class Impl, bool scalar, class... Args>
+struct Functional<R, Op, Impl, scalar, at::Tensor(Args...)> {
   static at::Tensor call(Args... args) {
-    std::optional<HostPlace> place = host_device<R, true>(args...);
+    std::optional<HostPlace> place = host_device<R, true, scalar>(args...);
     if (!place) return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
     c10::DeviceGuard guard(place->device);  // the allocator serves the current device
     Converted c;
@@ -306,6 +306,11 @@ void register_host_kernels(torch::Library& m) {
   m.impl(name, TORCH_FN((host::Kernel<R, at::_ops::op, uniform>::call)))
 #define ACCELKIT_HOST_FUNCTIONAL(name, op, cls) \
   m.impl(name, TORCH_FN((host::Functional<R, at::_ops::op, at::native::cls>::call)))
+    // Arithmetic: one CPU scalar operand allowed (see host_device).
+#define ACCELKIT_HOST_ARITHMETIC(name, op) \
+  m.impl(name, TORCH_FN((host::Kernel<R, at::_ops::op, true, true>::call)))
+#define ACCELKIT_HOST_ARITHMETIC_FUNCTIONAL(name, op, cls) \
+  m.impl(name, TORCH_FN((host::Functional<R, at::_ops::op, at::native::cls, true>::call)))
     ACCELKIT_HOST_KERNEL("relu", relu, false);
     ACCELKIT_HOST_KERNEL("relu_", relu_, false);
     ACCELKIT_HOST_KERNEL("mm.out", mm_out, false);
@@ -315,25 +320,27 @@ void register_host_kernels(torch::Library& m) {
     ACCELKIT_HOST_KERNEL("nll_loss_forward.output", nll_loss_forward_output, false);
     ACCELKIT_HOST_KERNEL("nll_loss_backward.grad_input", nll_loss_backward_grad_input, false);
 #ifdef ACCELKIT_TORCH_CPU_STUBS
-    ACCELKIT_HOST_KERNEL("add.out", add_out, true);
-    ACCELKIT_HOST_KERNEL("sub.out", sub_out, true);
-    ACCELKIT_HOST_KERNEL("mul.out", mul_out, true);
-    ACCELKIT_HOST_KERNEL("div.out", div_out, true);
+    ACCELKIT_HOST_ARITHMETIC("add.out", add_out);
+    ACCELKIT_HOST_ARITHMETIC("sub.out", sub_out);
+    ACCELKIT_HOST_ARITHMETIC("mul.out", mul_out);
+    ACCELKIT_HOST_ARITHMETIC("div.out", div_out);
     ACCELKIT_HOST_KERNEL("clamp_min.out", clamp_min_out, true);
     ACCELKIT_HOST_KERNEL("threshold_backward.grad_input", threshold_backward_grad_input, true);
     ACCELKIT_HOST_KERNEL("sum.IntList_out", sum_IntList_out, true);
-    ACCELKIT_HOST_KERNEL("add_.Tensor", add__Tensor, true);
-    ACCELKIT_HOST_KERNEL("sub_.Tensor", sub__Tensor, true);
-    ACCELKIT_HOST_KERNEL("mul_.Tensor", mul__Tensor, true);
-    ACCELKIT_HOST_KERNEL("div_.Tensor", div__Tensor, true);
-    ACCELKIT_HOST_FUNCTIONAL("add.Tensor", add_Tensor, structured_ufunc_add_CPU);
-    ACCELKIT_HOST_FUNCTIONAL("sub.Tensor", sub_Tensor, structured_sub_out);
-    ACCELKIT_HOST_FUNCTIONAL("mul.Tensor", mul_Tensor, structured_mul_out);
-    ACCELKIT_HOST_FUNCTIONAL("div.Tensor", div_Tensor, structured_div_out);
+    ACCELKIT_HOST_ARITHMETIC("add_.Tensor", add__Tensor);
+    ACCELKIT_HOST_ARITHMETIC("sub_.Tensor", sub__Tensor);
+    ACCELKIT_HOST_ARITHMETIC("mul_.Tensor", mul__Tensor);
+    ACCELKIT_HOST_ARITHMETIC("div_.Tensor", div__Tensor);
+    ACCELKIT_HOST_ARITHMETIC_FUNCTIONAL("add.Tensor", add_Tensor, structured_ufunc_add_CPU);
+    ACCELKIT_HOST_ARITHMETIC_FUNCTIONAL("sub.Tensor", sub_Tensor, structured_sub_out);
+    ACCELKIT_HOST_ARITHMETIC_FUNCTIONAL("mul.Tensor", mul_Tensor, structured_mul_out);
+    ACCELKIT_HOST_ARITHMETIC_FUNCTIONAL("div.Tensor", div_Tensor, structured_div_out);
     ACCELKIT_HOST_FUNCTIONAL("clamp_min", clamp_min, structured_clamp_min_out);
     ACCELKIT_HOST_FUNCTIONAL("threshold_backward", threshold_backward,
                              structured_threshold_backward_out);
 #endif
+#undef ACCELKIT_HOST_ARITHMETIC_FUNCTIONAL
+#undef ACCELKIT_HOST_ARITHMETIC
 #undef ACCELKIT_HOST_FUNCTIONAL
 #undef ACCELKIT_HOST_KERNEL
   }

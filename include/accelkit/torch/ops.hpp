@@ -637,8 +637,10 @@ class Fallback {
   // Raises unless the tensor arguments are on at most one device of this
   // backend. Returns that device when at::native::cpu_fallback would put the
   // results elsewhere: it follows the first tensor argument, which may be a
-  // CPU scalar (`2.0 - x` is sub(scalar, x)), while on a device (as with
-  // CUDA) the results of such an operator belong on the device.
+  // CPU scalar (a zero-dim CPU tensor: `2.0 - x` is sub(scalar, x)), while
+  // on a device (as with CUDA) the results of such an operator belong on the
+  // device. A first argument that is a CPU tensor of any other shape keeps
+  // PyTorch's rule (`cpu_x[device_mask]` is a CPU tensor).
   static std::optional<c10::Device> check_one_device(const c10::OperatorHandle& op,
                                                      const torch::jit::Stack& stack,
                                                      const std::string& full) {
@@ -647,7 +649,7 @@ class Fallback {
     bool cpu_first = false, any = false, device_arg = false;
     auto check = [&](const at::Tensor& t) {
       if (!t.defined()) return;
-      if (!any) cpu_first = t.device().is_cpu();
+      if (!any) cpu_first = t.device().is_cpu() && t.dim() == 0;
       any = true;
       if (t.device().type() != kDeviceType) return;
       if (!seen) seen = t.device();
