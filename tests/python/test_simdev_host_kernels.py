@@ -80,6 +80,27 @@ CASES = {
     "double tensor times 0.1": (lambda a: a.double() * 0.1, A),
     "half tensor times 0.1 (original precision)": (lambda a: a.half() * 0.1, A),
     "bfloat16 tensor plus 0.3": (lambda a: a.bfloat16() + 0.3, A),
+    # Pointwise functions: functional, in place, out=.
+    "exp": (torch.exp, A),
+    "log": (lambda a: torch.log(a.abs() + 1), A),
+    "sqrt": (lambda a: torch.sqrt(a.abs()), A),
+    "rsqrt": (lambda a: torch.rsqrt(a.abs() + 0.5), A),
+    "tanh": (torch.tanh, A),
+    "sigmoid": (torch.sigmoid, A),
+    "neg": (torch.neg, A),
+    "reciprocal": (lambda a: torch.reciprocal(a + 10), A),
+    "exp_ in place": (lambda a: a.clone().exp_(), A),
+    "sqrt out=": (lambda a: torch.sqrt(a.abs(), out=torch.empty_like(a)), A),
+    "tanh non-contiguous": (lambda a: torch.tanh(a.t()), A),
+    "exp of int (promotes to float)": (torch.exp, I),
+    "lerp": (lambda a, b: torch.lerp(a, b, 0.1), A, B),
+    "lerp_ in place": (lambda a, b: a.clone().lerp_(b, 0.9), A, B),
+    "addcmul": (lambda a, b, r: torch.addcmul(a, b, r, value=0.5), A, B, ROW),
+    "addcmul_ in place": (lambda a, b: a.clone().addcmul_(b, b, value=-0.1), A, B),
+    "addcdiv": (lambda a, b: torch.addcdiv(a, b, b.abs() + 1, value=2), A, B),
+    "addcdiv_ in place": (lambda a, b: a.clone().addcdiv_(a, b.abs() + 1e-3, value=-0.01), A, B),
+    "tanh_backward": (lambda g, a: torch.ops.aten.tanh_backward(g, torch.tanh(a)), B, A),
+    "sigmoid_backward": (lambda g, a: torch.ops.aten.sigmoid_backward(g, torch.sigmoid(a)), B, A),
 }
 
 
@@ -91,8 +112,9 @@ def test_result_equals_the_cpu(name):
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
                     reason="the elementwise host kernels need x86-64 kernel stubs")
-def test_in_place_elementwise_operators_have_host_kernels():
-    for op in ("add_.Tensor", "sub_.Tensor", "mul_.Tensor", "div_.Tensor"):
+def test_elementwise_operators_have_host_kernels():
+    for op in ("add_.Tensor", "sub_.Tensor", "mul_.Tensor", "div_.Tensor", "exp", "tanh_",
+               "sigmoid.out", "lerp_.Scalar", "addcdiv_", "tanh_backward"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + op, "PrivateUse1"), op
 
 
@@ -109,7 +131,8 @@ def test_backward_of_every_kernel_matches_the_cpu():
         w = W.clone().to(device).requires_grad_()
         a = A.clone().to(device).requires_grad_()
         t = J[:, 0].to(device)
-        loss = F.cross_entropy(torch.relu(F.linear(a, w) * 0.5 - 0.1) / 2.0, t)
+        h = F.linear(a, w) * 0.5 - 0.1
+        loss = F.cross_entropy(torch.relu(h) / 2.0 + torch.tanh(h) * torch.sigmoid(h), t)
         loss.backward()
         return loss.detach().cpu(), w.grad.cpu(), a.grad.cpu()
 

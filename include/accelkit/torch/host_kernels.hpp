@@ -39,8 +39,11 @@
 #include <ATen/native/Activation.h>
 #include <ATen/native/BinaryOps.h>
 #include <ATen/native/CPUFallback.h>
+#include <ATen/native/Lerp.h>
+#include <ATen/native/PointwiseOps.h>
 #include <ATen/native/ReduceOps.h>
 #include <ATen/native/TensorCompare.h>
+#include <ATen/native/UnaryOps.h>
 #include <ATen/ops/_log_softmax_backward_data_ops.h>
 #include <ATen/ops/_log_softmax_ops.h>
 #include <ATen/ops/add_native.h>
@@ -61,6 +64,32 @@
 #include <ATen/ops/sum_ops.h>
 #include <ATen/ops/threshold_backward_native.h>
 #include <ATen/ops/threshold_backward_ops.h>
+#include <ATen/ops/exp_native.h>
+#include <ATen/ops/exp_ops.h>
+#include <ATen/ops/log_native.h>
+#include <ATen/ops/log_ops.h>
+#include <ATen/ops/sqrt_native.h>
+#include <ATen/ops/sqrt_ops.h>
+#include <ATen/ops/rsqrt_native.h>
+#include <ATen/ops/rsqrt_ops.h>
+#include <ATen/ops/tanh_native.h>
+#include <ATen/ops/tanh_ops.h>
+#include <ATen/ops/sigmoid_native.h>
+#include <ATen/ops/sigmoid_ops.h>
+#include <ATen/ops/neg_native.h>
+#include <ATen/ops/neg_ops.h>
+#include <ATen/ops/reciprocal_native.h>
+#include <ATen/ops/reciprocal_ops.h>
+#include <ATen/ops/lerp_native.h>
+#include <ATen/ops/lerp_ops.h>
+#include <ATen/ops/addcmul_native.h>
+#include <ATen/ops/addcmul_ops.h>
+#include <ATen/ops/addcdiv_native.h>
+#include <ATen/ops/addcdiv_ops.h>
+#include <ATen/ops/tanh_backward_native.h>
+#include <ATen/ops/tanh_backward_ops.h>
+#include <ATen/ops/sigmoid_backward_native.h>
+#include <ATen/ops/sigmoid_backward_ops.h>
 
 #include <array>
 #include <mutex>
@@ -94,6 +123,19 @@ inline void install_stubs() {
   forward_stub<clamp_min_scalar_stub>();
   forward_stub<threshold_stub>();
   forward_stub<sum_stub>();
+  forward_stub<exp_stub>();
+  forward_stub<log_stub>();
+  forward_stub<sqrt_stub>();
+  forward_stub<rsqrt_stub>();
+  forward_stub<tanh_stub>();
+  forward_stub<sigmoid_stub>();
+  forward_stub<neg_stub>();
+  forward_stub<reciprocal_stub>();
+  forward_stub<lerp_kernel_scalar_weight>();
+  forward_stub<addcmul_stub>();
+  forward_stub<addcdiv_stub>();
+  forward_stub<tanh_backward_stub>();
+  forward_stub<sigmoid_backward_stub>();
 #endif
 }
 
@@ -295,7 +337,8 @@ struct Functional<R, Op, Impl, scalar, at::Tensor(Args...)> {
 }  // namespace host
 
 // The operators with host kernels: those of a training step (linear layers,
-// ReLU, cross-entropy, SGD) and the common elementwise arithmetic. Those
+// ReLU, tanh, sigmoid, cross-entropy, SGD, Adam) and the common elementwise
+// arithmetic and functions. Those
 // whose CPU kernel calls a TensorIterator stub need the stub entries, which
 // are known for x86-64 builds of PyTorch only (Note [CPU kernel stubs]).
 template <class R>
@@ -338,6 +381,31 @@ void register_host_kernels(torch::Library& m) {
     ACCELKIT_HOST_FUNCTIONAL("clamp_min", clamp_min, structured_clamp_min_out);
     ACCELKIT_HOST_FUNCTIONAL("threshold_backward", threshold_backward,
                              structured_threshold_backward_out);
+    // Pointwise operators (activations, optimizer steps): functional, in
+    // place and out=.
+#define ACCELKIT_HOST_POINTWISE(op)                                 \
+  ACCELKIT_HOST_FUNCTIONAL(#op, op, structured_##op##_out);          \
+  ACCELKIT_HOST_KERNEL(#op "_", op##_, true);                        \
+  ACCELKIT_HOST_KERNEL(#op ".out", op##_out, true)
+    ACCELKIT_HOST_POINTWISE(exp);
+    ACCELKIT_HOST_POINTWISE(log);
+    ACCELKIT_HOST_POINTWISE(sqrt);
+    ACCELKIT_HOST_POINTWISE(rsqrt);
+    ACCELKIT_HOST_POINTWISE(tanh);
+    ACCELKIT_HOST_POINTWISE(sigmoid);
+    ACCELKIT_HOST_POINTWISE(neg);
+    ACCELKIT_HOST_POINTWISE(reciprocal);
+    ACCELKIT_HOST_POINTWISE(addcmul);
+    ACCELKIT_HOST_POINTWISE(addcdiv);
+#undef ACCELKIT_HOST_POINTWISE
+    ACCELKIT_HOST_FUNCTIONAL("lerp.Scalar", lerp_Scalar, structured_lerp_Scalar);
+    ACCELKIT_HOST_KERNEL("lerp_.Scalar", lerp__Scalar, true);
+    ACCELKIT_HOST_KERNEL("lerp.Scalar_out", lerp_Scalar_out, true);
+    ACCELKIT_HOST_FUNCTIONAL("tanh_backward", tanh_backward, structured_tanh_backward_out);
+    ACCELKIT_HOST_KERNEL("tanh_backward.grad_input", tanh_backward_grad_input, true);
+    ACCELKIT_HOST_FUNCTIONAL("sigmoid_backward", sigmoid_backward,
+                             structured_sigmoid_backward_out);
+    ACCELKIT_HOST_KERNEL("sigmoid_backward.grad_input", sigmoid_backward_grad_input, true);
 #endif
 #undef ACCELKIT_HOST_ARITHMETIC_FUNCTIONAL
 #undef ACCELKIT_HOST_ARITHMETIC
