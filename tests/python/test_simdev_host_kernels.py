@@ -56,6 +56,10 @@ CASES = {
     "sum all": (lambda a: a.sum(), A),
     "sum to double": (lambda a: a.sum(0, dtype=torch.float64), A),
     "mm": (lambda a, w: a @ w.t(), A, W),
+    # The CPU kernel writes a temporary and copies it into the strided out: a
+    # device-to-device copy issued inside the host kernel.
+    "mm into a transposed out=": (lambda a, w: torch.mm(a, w.t(), out=torch.empty(
+        40, 33, device=a.device).t()), A, W),
     "addmm (linear)": (lambda a, w, b: F.linear(a, w, b), A, W, W[:, 0].contiguous()),
     "log_softmax": (lambda a: F.log_softmax(a, 1), A),
     "nll_loss": (lambda a, t: F.nll_loss(F.log_softmax(a, 1), t), A, J[:, 0]),
