@@ -1,0 +1,101 @@
+"""simdev from many Python threads at once: PyTorch releases the GIL inside operators, so the
+allocator, the current-stream registry, the host kernels, the fallback and its report are
+all entered concurrently. Each thread checks its own results against the CPU."""
+import threading
+
+import torch
+import torch.nn.functional as F
+
+THREADS = 4
+ROUNDS = 60
+
+
+def _run_threads(body):
+    errors = []
+    start = threading.Barrier(THREADS)
+
+    def wrapped(i):
+        try:
+            start.wait()
+            body(i)
+        except BaseException as e:  # noqa: BLE001 -- reported by the main thread
+            errors.append((i, repr(e)))
+
+    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert not errors, errors
+
+
+def _work(x, w):
+    """Host kernels (mm, add, scalar mul, exp, sum) and fallback operators (cumsum, sort)."""
+    h = torch.exp(torch.tanh(x @ w.t()) * 0.5 + 1.0)
+    return h.sum(0), torch.cumsum(h, 1), torch.sort(h[:, 0]).values
+
+
+def test_operators_from_many_threads_match_the_cpu():
+    before = [torch.simdev.memory_allocated(d) for d in range(torch.simdev.device_count())]
+    torch.simdev.reset_fallback_report()
+
+    def body(i):
+        g = torch.Generator().manual_seed(i)
+        device = f"simdev:{i % torch.simdev.device_count()}"
+        side = torch.Stream(device=device) if i % 2 else None
+        for r in range(ROUNDS):
+            x = torch.randn(17, 33, generator=g)
+            w = torch.randn(9, 33, generator=g)
+            want = _work(x, w)
+            if side is not None:
+                with torch.simdev.stream(side):
+                    got = _work(x.to(device), w.to(device))
+                side.synchronize()
+            else:
+                got = _work(x.to(device), w.to(device))
+            for a, b in zip(got, want):
+                assert a.device == torch.device(device), (i, r, a.device)
+                torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0)
+
+    _run_threads(body)
+    torch.accelerator.synchronize()
+    report = {op: count for op, count, _ in torch.simdev.fallback_report()}
+    # Every call was counted, none lost to a race: each round runs one cumsum.
+    assert report.get("aten::cumsum.out", 0) + report.get("aten::cumsum", 0) == THREADS * ROUNDS, report
+    after = [torch.simdev.memory_allocated(d) for d in range(torch.simdev.device_count())]
+    assert after == before
+
+
+def _train(device, seed, init_lock):
+    with init_lock:  # torch.manual_seed and the initialization share the global generator
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    model.to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(32, 8, generator=g).to(device)
+    y = torch.randint(0, 3, (32,), generator=g).to(device)
+    losses = []
+    for _ in range(10):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_training_from_many_threads_matches_the_cpu():
+    """Each thread trains its own model; every backward goes through the autograd engine's
+    device threads, which all of them share."""
+    init_lock = threading.Lock()
+    want = [_train("cpu", i, init_lock) for i in range(THREADS)]
+    got = [None] * THREADS
+
+    def body(i):
+        got[i] = _train(f"simdev:{i % torch.simdev.device_count()}", i, init_lock)
+
+    _run_threads(body)
+    for i in range(THREADS):
+        torch.testing.assert_close(torch.tensor(got[i]), torch.tensor(want[i]), rtol=1e-5, atol=1e-6)
