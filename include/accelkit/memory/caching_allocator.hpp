@@ -118,9 +118,9 @@ inline bool whole_segment(const MemBlock* b) noexcept { return !b->prev && !b->n
 // [Prefetching the next eviction]). The record's allocated flag of a parked
 // block is therefore stale; parking means free. The flag is cleared when the
 // block enters the bins, and snapshot() clears it for parked blocks before
-// it reads it. A block used on other
-// streams (record_stream clears the summary), one of 4 GiB or more, and every
-// block while caching is off or tracing is on take the path through the record.
+// it reads it. A block used on other streams (record_stream clears the
+// summary), one of 4 GiB or more, and every block while caching is off or
+// tracing is on take the path through the record.
 struct LiveBlock {
   MemBlock* block = nullptr;
   PoolShard* pool = nullptr;
