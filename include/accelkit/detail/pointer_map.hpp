@@ -79,26 +79,21 @@ class PointerMap {
   }
 
  private:
-  // Open addressing with linear probing; key 0 marks an empty slot, 1 a
-  // tombstone (neither is a valid allocation address).
+  // Open addressing with linear probing; key 0 marks an empty slot (never a
+  // valid allocation address). An erase shifts the entries after it back
+  // instead of leaving a tombstone, so the table holds no dead slots and runs
+  // at up to 70% load.
   class Table {
    public:
     void insert(std::uintptr_t key, const V& value) {
-      if ((used_ + 1) * 2 > slots_.size()) grow();
+      if ((size_ + 1) * 10 > slots_.size() * 7) grow();
       std::size_t i = index(key);
-      std::size_t tomb = npos;
       while (slots_[i].key != kEmpty) {
         if (slots_[i].key == key) {
           slots_[i].value = value;
           return;
         }
-        if (slots_[i].key == kTomb && tomb == npos) tomb = i;
-        i = (i + 1) & (slots_.size() - 1);
-      }
-      if (tomb != npos) {
-        i = tomb;
-      } else {
-        ++used_;
+        i = next(i);
       }
       slots_[i] = {key, value};
       ++size_;
@@ -108,7 +103,16 @@ class PointerMap {
       std::size_t i = locate(key);
       if (i == npos) return V{};
       V v = slots_[i].value;
-      slots_[i] = {kTomb, V{}};
+      // Backward-shift deletion: move later entries of the probe run into
+      // the hole unless that would put them before their home slot.
+      for (std::size_t j = next(i); slots_[j].key != kEmpty; j = next(j)) {
+        std::size_t home = index(slots_[j].key);
+        bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+        if (stays) continue;
+        slots_[i] = slots_[j];
+        i = j;
+      }
+      slots_[i] = Slot{};
       --size_;
       return v;
     }
@@ -128,7 +132,7 @@ class PointerMap {
     }
 
    private:
-    static constexpr std::uintptr_t kEmpty = 0, kTomb = 1;
+    static constexpr std::uintptr_t kEmpty = 0;
     static constexpr std::size_t npos = static_cast<std::size_t>(-1);
     // A power-of-two size and alignment, so that no slot straddles two
     // cache lines.
@@ -141,6 +145,7 @@ class PointerMap {
       std::uintptr_t key = kEmpty;
       V value{};
     };
+    std::size_t next(std::size_t i) const { return (i + 1) & (slots_.size() - 1); }
     std::size_t index(std::uintptr_t key) const {
       std::uint64_t h = static_cast<std::uint64_t>(key >> 9) * 0xC2B2AE3D27D4EB4Full;
       return static_cast<std::size_t>(h >> 32) & (slots_.size() - 1);
@@ -149,25 +154,21 @@ class PointerMap {
       std::size_t i = index(key);
       while (slots_[i].key != kEmpty) {
         if (slots_[i].key == key) return i;
-        i = (i + 1) & (slots_.size() - 1);
+        i = next(i);
       }
       return npos;
     }
     void grow() {
       std::vector<Slot> old;
       old.swap(slots_);
-      // Grow when live entries fill a quarter; otherwise just drop tombstones.
-      std::size_t capacity = old.empty() ? 64 : old.size();
-      if ((size_ + 1) * 4 > capacity) capacity *= 2;
-      slots_.assign(capacity, Slot{});
-      used_ = size_ = 0;
+      slots_.assign(old.empty() ? 16 : old.size() * 2, Slot{});
+      size_ = 0;
       for (const Slot& s : old)
-        if (s.key != kEmpty && s.key != kTomb) insert(s.key, s.value);
+        if (s.key != kEmpty) insert(s.key, s.value);
     }
 
     std::vector<Slot> slots_;
-    std::size_t used_ = 0;  // live entries and tombstones
-    std::size_t size_ = 0;  // live entries
+    std::size_t size_ = 0;
   };
 
   struct alignas(64) Shard {
