@@ -194,3 +194,26 @@ except NotImplementedError as e:
                        env=dict(os.environ, SIMDEV_FALLBACK="error"), timeout=120)
     assert "refused: The operator 'aten::add.Tensor' is not implemented for simdev" in r.stdout, \
         r.stdout + r.stderr
+
+
+def test_a_driver_fault_while_ordering_a_kernel_is_a_runtime_error_and_nothing_is_lost():
+    # The kernel waits for the current stream first; the driver fails that wait once.
+    code = """
+import torch, torch_simdev
+a = torch.ones(4, device='simdev')
+for i in range(3):
+    try:
+        b = a * 2 + 1
+        print('ok', b.cpu().tolist())
+    except RuntimeError as e:
+        print('error:', str(e).splitlines()[0])
+del b
+print('allocated', torch.simdev.memory_allocated())
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, SIMDEV_INJECT_FAULT="stream_synchronize@2"))
+    lines = r.stdout.splitlines()
+    assert any(l.startswith("error: simdev: simdev driver error 999 in stream_synchronize")
+               for l in lines), r.stdout + r.stderr
+    assert lines.count("ok [3.0, 3.0, 3.0, 3.0]") == 2, r.stdout + r.stderr
+    assert lines[-1] == "allocated 512", r.stdout + r.stderr  # only `a` (one 512-byte block)
