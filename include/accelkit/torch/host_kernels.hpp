@@ -28,10 +28,10 @@
 // tensor, as TensorIterator allows on any device, when it does not change
 // the result's dtype: it is converted to that dtype first, as the CPU's
 // TensorIterator does, except for Half and BFloat16, whose CPU kernels
-// compute with the scalar's original precision. A device operation issued inside one (zeroing an output) is
-// waited for (Note [Device work inside host kernels]). A runtime that brings
-// its own kernels for these operators declares
-// `static constexpr bool host_kernels = false;`.
+// compute with the scalar's original precision. Device work issued inside a
+// host kernel (zeroing an output) is done in order, on the host (Note
+// [Device work inside host kernels]). A runtime that brings its own kernels
+// for these operators declares `static constexpr bool host_kernels = false;`.
 #pragma once
 
 #include <accelkit/torch/ops.hpp>
