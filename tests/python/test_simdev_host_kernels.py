@@ -103,6 +103,12 @@ CASES = {
     "addcmul_ in place": (lambda a, b: a.clone().addcmul_(b, b, value=-0.1), A, B),
     "addcdiv": (lambda a, b: torch.addcdiv(a, b, b.abs() + 1, value=2), A, B),
     "addcdiv_ in place": (lambda a, b: a.clone().addcdiv_(a, b.abs() + 1e-3, value=-0.01), A, B),
+    "mean all": (lambda a: a.mean(), A),
+    "mean dim -1 keepdim": (lambda a: a.mean(-1, keepdim=True), A),
+    "mean dims (0, 1) to double": (lambda a: a.mean((0, 1), dtype=torch.float64), A),
+    "mean of half (the CPU sums in float)": (lambda a: a.half().mean(0), A),
+    "mean of complex": (lambda a, b: torch.complex(a, b).mean(1), A, B),
+    "adaptive_avg_pool2d to 1x1 (a mean)": (lambda a: F.adaptive_avg_pool2d(a.view(3, 11, 5, 13), 1), A),
     "tanh_backward": (lambda g, a: torch.ops.aten.tanh_backward(g, torch.tanh(a)), B, A),
     "sigmoid_backward": (lambda g, a: torch.ops.aten.sigmoid_backward(g, torch.sigmoid(a)), B, A),
 }
@@ -118,7 +124,7 @@ def test_result_equals_the_cpu(name):
                     reason="the elementwise host kernels need x86-64 kernel stubs")
 def test_elementwise_operators_have_host_kernels():
     for op in ("add_.Tensor", "sub_.Tensor", "mul_.Tensor", "div_.Tensor", "exp", "tanh_",
-               "sigmoid.out", "lerp_.Scalar", "addcdiv_", "tanh_backward"):
+               "sigmoid.out", "lerp_.Scalar", "addcdiv_", "tanh_backward", "mean.out"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + op, "PrivateUse1"), op
 
 

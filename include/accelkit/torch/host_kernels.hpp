@@ -64,6 +64,8 @@
 #include <ATen/ops/sum_ops.h>
 #include <ATen/ops/threshold_backward_native.h>
 #include <ATen/ops/threshold_backward_ops.h>
+#include <ATen/ops/mean_ops.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/exp_native.h>
 #include <ATen/ops/exp_ops.h>
 #include <ATen/ops/log_native.h>
@@ -334,6 +336,43 @@ struct Functional<R, Op, Impl, scalar, at::Tensor(Args...)> {
   }
 };
 
+// mean.out as the CPU computes it: a sum, then a division by the number of
+// elements reduced. PyTorch's mean.out takes that path for CPU tensors only;
+// for any other device it calls a mean kernel stub, which rounds
+// differently. Half and BFloat16 (which the CPU sums in float), and dtypes
+// that mean rejects, go to the fallback.
+template <class R>
+struct Mean {
+  using Op = at::_ops::mean_out;
+  static at::Tensor& call(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                          std::optional<at::ScalarType> dtype, at::Tensor& out) {
+    auto plain = [](at::ScalarType t) {
+      return (at::isFloatingType(t) && t != at::kHalf && t != at::kBFloat16) ||
+             (at::isComplexType(t) && t != at::kComplexHalf);
+    };
+    at::ScalarType d = out.scalar_type();
+    if (!plain(self.scalar_type()) || !plain(d) || (dtype && *dtype != d) ||
+        !host_device<R, false>(self, out))
+      return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(self, dim, keepdim,
+                                                                         dtype, out);
+    return Fallback<R>::get().host(handle<Op>(), [&]() -> at::Tensor& {
+      HostKernelScope scope;
+      int64_t n = 1;
+      if (!dim || dim->empty() || self.dim() == 0) {
+        n = self.numel();
+      } else {
+        for (int64_t i : *dim) n *= self.size(i);
+      }
+      constexpr c10::DispatchKeySet cpu(c10::DispatchKey::CPU);
+      at::_ops::sum_IntList_out::redispatch(cpu, self, dim, keepdim, d, out);
+      // out.div_(n) on the CPU: n as a wrapped number, converted to out's dtype.
+      at::Tensor divisor = at::scalar_tensor(n, at::TensorOptions().dtype(d));
+      divisor.unsafeGetTensorImpl()->set_wrapped_number(true);
+      return at::_ops::div__Tensor::redispatch(cpu, out, divisor);
+    });
+  }
+};
+
 }  // namespace host
 
 // The operators with host kernels: those of a training step (linear layers,
@@ -403,6 +442,7 @@ void register_host_kernels(torch::Library& m) {
     ACCELKIT_HOST_KERNEL("lerp.Scalar_out", lerp_Scalar_out, true);
     ACCELKIT_HOST_FUNCTIONAL("tanh_backward", tanh_backward, structured_tanh_backward_out);
     ACCELKIT_HOST_KERNEL("tanh_backward.grad_input", tanh_backward_grad_input, true);
+    m.impl("mean.out", TORCH_FN(host::Mean<R>::call));
     ACCELKIT_HOST_FUNCTIONAL("sigmoid_backward", sigmoid_backward,
                              structured_sigmoid_backward_out);
     ACCELKIT_HOST_KERNEL("sigmoid_backward.grad_input", sigmoid_backward_grad_input, true);
