@@ -33,6 +33,9 @@ ROW = torch.randn(65, generator=g)
 W = torch.randn(40, 65, generator=g)
 I = torch.randint(-9, 9, (33, 65), generator=g)
 J = torch.randint(1, 9, (33, 65), generator=g)
+X4 = torch.randn(3, 11, 5, 13, generator=g)  # a batch of images
+KW = torch.randn(8, 11, 3, 3, generator=g)   # convolution weight
+KB = torch.randn(8, generator=g)
 
 CASES = {
     "add": (torch.add, A, B),
@@ -109,6 +112,9 @@ CASES = {
     "mean of half (the CPU sums in float)": (lambda a: a.half().mean(0), A),
     "mean of complex": (lambda a, b: torch.complex(a, b).mean(1), A, B),
     "adaptive_avg_pool2d to 1x1 (a mean)": (lambda a: F.adaptive_avg_pool2d(a.view(3, 11, 5, 13), 1), A),
+    # Convolution reads its inputs through host views (Convolution in ops.hpp).
+    "conv2d with bias": (lambda x, w, b: F.conv2d(x, w, b, padding=1), X4, KW, KB),
+    "conv2d of a non-contiguous input": (lambda x, w: F.conv2d(x.transpose(2, 3), w), X4, KW),
     "tanh_backward": (lambda g, a: torch.ops.aten.tanh_backward(g, torch.tanh(a)), B, A),
     "sigmoid_backward": (lambda g, a: torch.ops.aten.sigmoid_backward(g, torch.sigmoid(a)), B, A),
 }
@@ -145,6 +151,16 @@ def test_backward_of_every_kernel_matches_the_cpu():
         loss = F.cross_entropy(torch.relu(h) / 2.0 + torch.tanh(h) * torch.sigmoid(h), t)
         loss.backward()
         return loss.detach().cpu(), w.grad.cpu(), a.grad.cpu()
+
+    for want, got in zip(grads("cpu"), grads("simdev")):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_convolution_backward_matches_the_cpu():
+    def grads(device):
+        x, w, b = (t.clone().to(device).requires_grad_() for t in (X4, KW, KB))
+        F.conv2d(x, w, b, padding=1).square().sum().backward()
+        return x.grad.cpu(), w.grad.cpu(), b.grad.cpu()
 
     for want, got in zip(grads("cpu"), grads("simdev")):
         torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -326,14 +326,35 @@ class Fallback;
 // the fallback does (and count in its report).
 template <class R>
 struct Convolution {
-  static at::Tensor cpu(const at::Tensor& t) { return t.defined() ? t.cpu() : t; }
+  // The CPU tensors a CPU convolution reads: views of the device memory when
+  // every tensor is on one device with host-visible memory (after its stream
+  // is waited for), copies otherwise.
+  struct Inputs {
+    bool view = false;
+    at::Tensor operator()(const at::Tensor& t) const {
+      if (!t.defined()) return t;
+      return view ? Ops<R>::host_view(t) : t.cpu();
+    }
+  };
+  template <class... T>
+  static Inputs inputs(const at::Tensor& first, const T&... rest) {
+    if (first.device().type() != kDeviceType) return {};
+    bool same = ((!rest.defined() || rest.device() == first.device()) && ...);
+    device_index d = first.device().index();
+    if (!same || !translated([&] { return Ops<R>::host_visible(d); })) return {};
+    translated([&] { Ops<R>::sync(d); });
+    return {true};
+  }
   static at::Tensor forward(const at::Tensor& input, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
                             c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
                             bool transposed, c10::SymIntArrayRef output_padding, c10::SymInt groups) {
     auto timer = Fallback<R>::get().time("aten::convolution_overrideable");
-    std::optional<at::Tensor> b = bias && bias->defined() ? std::optional<at::Tensor>(cpu(*bias))
-                                                          : std::nullopt;
+    at::Tensor no_bias;
+    const at::Tensor& bias_t = bias && bias->defined() ? *bias : no_bias;
+    Inputs cpu = inputs(input, weight, bias_t);
+    std::optional<at::Tensor> b =
+        bias_t.defined() ? std::optional<at::Tensor>(cpu(bias_t)) : std::nullopt;
     at::Tensor out = at::convolution_symint(cpu(input), cpu(weight), b, stride, padding, dilation,
                                             transposed, output_padding, std::move(groups));
     return out.to(input.device());
@@ -345,6 +366,7 @@ struct Convolution {
       std::array<bool, 3> output_mask) {
     auto timer = Fallback<R>::get().time("aten::convolution_backward_overrideable");
     std::vector<c10::SymInt> bias_sizes{weight.sym_size(transposed ? 1 : 0) * groups};
+    Inputs cpu = inputs(input, grad_output, weight);
     auto [gi, gw, gb] = at::convolution_backward_symint(
         cpu(grad_output), cpu(input), cpu(weight), c10::SymIntArrayRef(bias_sizes), stride,
         padding, dilation, transposed, output_padding, std::move(groups), output_mask);
