@@ -402,21 +402,19 @@ void register_host_kernels(torch::Library& m) {
     ACCELKIT_HOST_KERNEL("nll_loss_forward.output", nll_loss_forward_output, false);
     ACCELKIT_HOST_KERNEL("nll_loss_backward.grad_input", nll_loss_backward_grad_input, false);
 #ifdef ACCELKIT_TORCH_CPU_STUBS
-    ACCELKIT_HOST_ARITHMETIC("add.out", add_out);
-    ACCELKIT_HOST_ARITHMETIC("sub.out", sub_out);
-    ACCELKIT_HOST_ARITHMETIC("mul.out", mul_out);
-    ACCELKIT_HOST_ARITHMETIC("div.out", div_out);
+    // add, sub, mul, div: out=, in place and functional.
+#define ACCELKIT_HOST_ARITHMETIC_OPS(op, cls)            \
+  ACCELKIT_HOST_ARITHMETIC(#op ".out", op##_out);         \
+  ACCELKIT_HOST_ARITHMETIC(#op "_.Tensor", op##__Tensor); \
+  ACCELKIT_HOST_ARITHMETIC_FUNCTIONAL(#op ".Tensor", op##_Tensor, cls)
+    ACCELKIT_HOST_ARITHMETIC_OPS(add, structured_ufunc_add_CPU);
+    ACCELKIT_HOST_ARITHMETIC_OPS(sub, structured_sub_out);
+    ACCELKIT_HOST_ARITHMETIC_OPS(mul, structured_mul_out);
+    ACCELKIT_HOST_ARITHMETIC_OPS(div, structured_div_out);
+#undef ACCELKIT_HOST_ARITHMETIC_OPS
     ACCELKIT_HOST_KERNEL("clamp_min.out", clamp_min_out, true);
     ACCELKIT_HOST_KERNEL("threshold_backward.grad_input", threshold_backward_grad_input, true);
     ACCELKIT_HOST_KERNEL("sum.IntList_out", sum_IntList_out, true);
-    ACCELKIT_HOST_ARITHMETIC("add_.Tensor", add__Tensor);
-    ACCELKIT_HOST_ARITHMETIC("sub_.Tensor", sub__Tensor);
-    ACCELKIT_HOST_ARITHMETIC("mul_.Tensor", mul__Tensor);
-    ACCELKIT_HOST_ARITHMETIC("div_.Tensor", div__Tensor);
-    ACCELKIT_HOST_ARITHMETIC_FUNCTIONAL("add.Tensor", add_Tensor, structured_ufunc_add_CPU);
-    ACCELKIT_HOST_ARITHMETIC_FUNCTIONAL("sub.Tensor", sub_Tensor, structured_sub_out);
-    ACCELKIT_HOST_ARITHMETIC_FUNCTIONAL("mul.Tensor", mul_Tensor, structured_mul_out);
-    ACCELKIT_HOST_ARITHMETIC_FUNCTIONAL("div.Tensor", div_Tensor, structured_div_out);
     ACCELKIT_HOST_FUNCTIONAL("clamp_min", clamp_min, structured_clamp_min_out);
     ACCELKIT_HOST_FUNCTIONAL("threshold_backward", threshold_backward,
                              structured_threshold_backward_out);
