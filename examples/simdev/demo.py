@@ -2,7 +2,7 @@
 
 Prints the device and capability report, trains a small model on simdev with
 the same computation on the CPU beside it, then shows the memory statistics
-and which operators ran through the CPU fallback.
+and which operators ran on the CPU (through the fallback or as host kernels).
 """
 import argparse
 import time
@@ -62,7 +62,8 @@ def main():
         print(f"  {key:28s} {stats[key]}")
     print(f"  memory_allocated()           {torch.simdev.memory_allocated(0)}")
 
-    print("\nOperators that ran through the CPU fallback (most time first):")
+    print("\nOperators that ran on the CPU, through the fallback or as host kernels"
+          " (most time first; the ones to write device kernels for):")
     print(f"  {'operator':45s} {'calls':>7s} {'ms':>9s}")
     for op, count, ms in torch.simdev.fallback_report()[:15]:
         print(f"  {op:45s} {count:7d} {ms:9.2f}")
