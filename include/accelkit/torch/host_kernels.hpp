@@ -165,11 +165,11 @@ void visit_tensors(const std::optional<at::Tensor>& t, const F& f) {
 template <class T, class F>
 void visit_tensors(const T&, const F&) {}
 
-// Whether device d's memory is host-visible (the backend keeps the
-// properties); the first yes installs the stubs' PrivateUse1 entries.
+// Ops<R>::host_ready (host-visible memory, current stream waited for); the
+// first yes installs the stubs' PrivateUse1 entries.
 template <class R>
-bool host_visible(c10::DeviceIndex d) {
-  if (!translated([&] { return Ops<R>::host_visible(d); })) return false;
+bool host_ready(c10::DeviceIndex d) {
+  if (!translated([&] { return Ops<R>::host_ready(d); })) return false;
   static std::once_flag once;
   std::call_once(once, install_stubs);
   return true;
@@ -230,8 +230,7 @@ std::optional<HostPlace> host_device(Args&&... args) {  // forwarding: sees whic
                  (at::isFloatingType(d) && d != at::kHalf && d != at::kBFloat16);
     if (!exact || at::result_type(*first, *cpu) != d) return std::nullopt;
   }
-  if (!host_visible<R>(device->index())) return std::nullopt;
-  translated([&] { Ops<R>::sync(device->index()); });
+  if (!host_ready<R>(device->index())) return std::nullopt;
   return HostPlace{*device, *dtype};
 }
 

@@ -61,13 +61,16 @@ struct Ops {
   static void queued(device_index d) {
     if (host_kernel_depth > 0) sync(d);
   }
-  // Whether device work on d is better done right here, on the host
-  // (Note [Device work inside host kernels]). Waits for d's stream if so.
-  static bool run_on_host(device_index d) {
-    if (host_kernel_depth == 0 || !host_visible(d)) return false;
+  // Whether the host may work on d's memory now: it is host-visible, and
+  // d's current stream has been waited for (so the work lands in order).
+  static bool host_ready(device_index d) {
+    if (!host_visible(d)) return false;
     sync(d);
     return true;
   }
+  // Whether device work on d is better done right here, on the host
+  // (Note [Device work inside host kernels]). Waits for d's stream if so.
+  static bool run_on_host(device_index d) { return host_kernel_depth > 0 && host_ready(d); }
 
   // A CPU tensor viewing the device memory of `t` (host-visible devices only).
   static at::Tensor host_view(const at::Tensor& t) {
@@ -101,10 +104,7 @@ struct Ops {
       sync(d);
       return out;
     }
-    if (host_visible(d)) {
-      sync(d);
-      return host_view(t).clone(at::MemoryFormat::Contiguous);
-    }
+    if (host_ready(d)) return host_view(t).clone(at::MemoryFormat::Contiguous);
     return storage_to_cpu(t).second.clone(at::MemoryFormat::Contiguous);
   }
 
@@ -120,8 +120,7 @@ struct Ops {
       sync(d);
       return;
     }
-    if (host_visible(d)) {
-      sync(d);
+    if (host_ready(d)) {
       host_view(dst).copy_(tmp);
       return;
     }
@@ -161,33 +160,30 @@ struct Ops {
           }
           return dst;
         }
-        if (dev(self) == dev(dst) && host_visible(dev(self)) && dst.sizes() == self.sizes()) {
-          sync(dev(self));
+        if (dev(self) == dev(dst) && dst.sizes() == self.sizes() && host_ready(dev(self))) {
           host_view(dst).copy_(host_view(self));
           return dst;
         }
         from_cpu(dst, to_cpu(self));
         return dst;
       }
+      // Between device d and host memory that is pinned or not: left in
+      // flight on d's stream only when asked to and the host side is pinned.
+      auto transfer = [&](device_index d, CopyKind kind, bool pinned) {
+        b.memcpy_async(d, dst.data_ptr(), self.data_ptr(), nbytes(dst), kind, stream_of(d));
+        if (non_blocking && pinned) queued(d);
+        else sync(d);
+        return dst;
+      };
       if (src_dev) {  // device -> host
-        if (same_layout(self, dst)) {
-          b.memcpy_async(dev(self), dst.data_ptr(), self.data_ptr(), nbytes(dst),
-                         CopyKind::device_to_host, stream_of(dev(self)));
-          if (!(non_blocking && dst.is_pinned())) sync(dev(self));
-          else queued(dev(self));
-          return dst;
-        }
+        if (same_layout(self, dst))
+          return transfer(dev(self), CopyKind::device_to_host, dst.is_pinned());
         dst.copy_(to_cpu(self));
         return dst;
       }
       // host -> device
-      if (same_layout(self, dst)) {
-        b.memcpy_async(dev(dst), dst.data_ptr(), self.data_ptr(), nbytes(dst),
-                       CopyKind::host_to_device, stream_of(dev(dst)));
-        if (!(non_blocking && self.is_pinned())) sync(dev(dst));
-        else queued(dev(dst));
-        return dst;
-      }
+      if (same_layout(self, dst))
+        return transfer(dev(dst), CopyKind::host_to_device, self.is_pinned());
       from_cpu(dst, self);
       return dst;
     });
@@ -290,8 +286,7 @@ struct Ops {
   static at::Tensor& fill(at::Tensor& self, const at::Scalar& value) {
     return translated([&]() -> at::Tensor& {
       if (self.numel() == 0) return self;
-      if (host_visible(dev(self))) {
-        sync(dev(self));
+      if (host_ready(dev(self))) {
         host_view(self).fill_(value);
       } else {
         from_cpu(self, at::scalar_tensor(value, self.options().device(at::kCPU)));
@@ -341,8 +336,7 @@ struct Convolution {
     if (first.device().type() != kDeviceType) return {};
     bool same = ((!rest.defined() || rest.device() == first.device()) && ...);
     device_index d = first.device().index();
-    if (!same || !translated([&] { return Ops<R>::host_visible(d); })) return {};
-    translated([&] { Ops<R>::sync(d); });
+    if (!same || !translated([&] { return Ops<R>::host_ready(d); })) return {};
     return {true};
   }
   static at::Tensor forward(const at::Tensor& input, const at::Tensor& weight,
@@ -594,8 +588,7 @@ class Fallback {
     }
     if (!device) return false;
     device_index d = device->index();
-    if (!translated([&] { return Ops<R>::host_visible(d); })) return false;
-    translated([&] { Ops<R>::sync(d); });
+    if (!translated([&] { return Ops<R>::host_ready(d); })) return false;
 
     struct Alias {
       at::Tensor device_tensor;
