@@ -343,6 +343,108 @@ TEST_CASE("allocator: a double free is a RuntimeError and changes nothing") {
   CHECK(a.allocate(4096, s) == p);
 }
 
+TEST_CASE("allocator: a pointer inside a small block, or off its start, is not freed") {
+  SimBackend b(Environment::fixed({}), sim());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  auto* p = static_cast<char*>(a.allocate(4096, s));
+  auto* q = static_cast<char*>(a.allocate(4096, s));
+  DeviceStats before = a.stats();
+  for (char* bad : {p + 512, p + 1, q + 4095, p + 2 * kMiB - 512}) {
+    CHECK_FALSE(a.owns(bad));
+    try {
+      a.deallocate(bad);
+      FAIL("a pointer that starts no block was freed");
+    } catch (const RuntimeError& e) {
+      CHECK(contains(e.what(), "simdev:0"));
+      CHECK(contains(e.what(), "not a live allocation"));
+    }
+    CHECK_THROWS_AS(a.record_stream(bad, s), RuntimeError);
+  }
+  DeviceStats after = a.stats();
+  CHECK(after.allocation[all].current == before.allocation[all].current);
+  CHECK(after.allocated_bytes[all].current == before.allocated_bytes[all].current);
+  CHECK(a.owns(p));
+  CHECK(a.owns(q));
+  a.deallocate(p);
+  CHECK_FALSE(a.owns(p));
+  a.deallocate(q);
+  a.empty_cache();
+  CHECK(a.reserved_bytes() == 0);
+  check_invariants(a);
+}
+
+// Every small segment's blocks tile it, and the statistics agree with the
+// blocks the snapshot shows and with what the caller holds.
+void check_small_blocks(Allocator& a, const std::map<std::uintptr_t, std::size_t>& held) {
+  MemorySnapshot snap = a.snapshot();
+  std::int64_t allocated = 0, requested = 0, inactive_split = 0;
+  std::size_t allocations = 0;
+  for (const SegmentSnapshot& seg : snap.segments) {
+    if (seg.segment_type != "small") continue;
+    std::uintptr_t at = seg.address;
+    for (const BlockSnapshot& blk : seg.blocks) {
+      REQUIRE(blk.address == at);
+      at += blk.size;
+      if (blk.state == "active_allocated") {
+        auto it = held.find(blk.address);
+        REQUIRE(it != held.end());
+        CHECK(blk.requested_size == it->second);
+        allocated += static_cast<std::int64_t>(blk.size);
+        requested += static_cast<std::int64_t>(blk.requested_size);
+        ++allocations;
+      } else if (blk.state == "inactive" && seg.blocks.size() > 1) {
+        inactive_split += static_cast<std::int64_t>(blk.size);
+      }
+    }
+    REQUIRE(at == seg.address + seg.total_size);
+  }
+  DeviceStats st = a.stats();
+  CHECK(allocations == held.size());
+  CHECK(st.allocation[small].current == static_cast<std::int64_t>(allocations));
+  CHECK(st.allocated_bytes[small].current == allocated);
+  CHECK(st.requested_bytes[small].current == requested);
+  CHECK(st.inactive_split_bytes[small].current == inactive_split);
+}
+
+TEST_CASE("allocator: small blocks stay consistent through random splits and merges") {
+  SimBackend b(Environment::fixed({}), sim(256));
+  // Power-of-two divisions make the rounding up larger than 512 B.
+  for (const char* text : {"", "roundup_power2_divisions:4"}) {
+    CAPTURE(text);
+    Allocator a(b, 0, conf(text));
+    StreamHandle s = b.stream_create(0, 0), other = b.stream_create(0, 0);
+    std::mt19937 rng(7);
+    std::map<std::uintptr_t, std::size_t> held;
+    for (int op = 0; op < 3000; ++op) {
+      if (held.size() < 200 && (held.empty() || rng() % 2 == 0)) {
+        std::size_t n = rng() % 4 == 0 ? rng() % kMiB + 1 : rng() % 8192 + 1;
+        auto p = reinterpret_cast<std::uintptr_t>(a.allocate(n, s));
+        REQUIRE(held.emplace(p, n).second);
+        // No overlap with the neighbours held.
+        auto it = held.find(p);
+        if (it != held.begin()) CHECK(std::prev(it)->first + std::prev(it)->second <= p);
+        if (std::next(it) != held.end()) CHECK(p + n <= std::next(it)->first);
+      } else {
+        auto it = held.begin();
+        std::advance(it, static_cast<std::ptrdiff_t>(rng() % held.size()));
+        if (rng() % 16 == 0) a.record_stream(reinterpret_cast<void*>(it->first), other);
+        a.deallocate(reinterpret_cast<void*>(it->first));
+        held.erase(it);
+      }
+      if (op % 97 == 0) check_small_blocks(a, held);
+    }
+    check_small_blocks(a, held);
+    for (auto [p, n] : held) a.deallocate(reinterpret_cast<void*>(p));
+    held.clear();
+    b.device_synchronize(0);
+    a.empty_cache();  // everything merged back into whole segments, then returned
+    CHECK(a.reserved_bytes() == 0);
+    CHECK(a.snapshot().segments.empty());
+    check_invariants(a);
+  }
+}
+
 TEST_CASE("allocator: a driver failure while growing leaves the allocator consistent") {
   SimBackend b(Environment::fixed({}), sim());
   Allocator a(b, 0, AllocatorConfig{});

@@ -63,6 +63,30 @@ class PointerMap {
     f(*v);
     return true;
   }
+  // Calls f(V&) under the shard's lock on the value of `key`, inserted
+  // value-initialized if absent; erases `key` when f returns false.
+  template <class F>
+  void modify(const void* key, F&& f) {
+    Shard& s = shard(key);
+    std::lock_guard<SpinLock> lock(s.lock);
+    auto k = reinterpret_cast<std::uintptr_t>(key);
+    V* v = s.table.slot(k);
+    if (!v) {
+      s.table.insert(k, V{});  // may throw: nothing changed
+      v = s.table.slot(k);
+    }
+    if (!f(*v)) s.table.erase(k);
+  }
+  // The same for a key that is present (nothing happens otherwise); never
+  // allocates.
+  template <class F>
+  void modify_existing(const void* key, F&& f) noexcept {
+    Shard& s = shard(key);
+    std::lock_guard<SpinLock> lock(s.lock);
+    auto k = reinterpret_cast<std::uintptr_t>(key);
+    if (V* v = s.table.slot(k))
+      if (!f(*v)) s.table.erase(k);
+  }
   // Starts loading the slot where `key` would go, so that an insert() that
   // follows other work finds it in cache.
   void prefetch(const void* key) {

@@ -11,13 +11,14 @@
 //    stream, so nothing is shared between streams on the hot path, and two
 //    threads allocating on two streams do not contend. A segment belongs to
 //    the pool of the stream that first needed it.
-//  - Small blocks sit in 4096 exact size bins (one per 512 B step up to the
-//    2 MiB segment) with a two-level bitmap, so best fit is a couple of
-//    bit scans and insertion and removal are O(1), with no allocation; large
-//    blocks sit in an ordered set keyed (size, address) whose nodes are
-//    recycled. No operation scans a list.
-//  - Live pointers are found through a sharded open-addressing map
-//    (Note [Pointer map]).
+//  - Small blocks have no per-block records: each small segment keeps a
+//    sorted array of 8-byte descriptors, and free small blocks sit in 4096
+//    exact size bins (one per 512 B step up to the 2 MiB segment) with a
+//    two-level bitmap, so best fit is a couple of bit scans (Note [Small
+//    arena]). Large blocks have records and sit in an ordered set keyed
+//    (size, address) whose nodes are recycled. No operation scans a list.
+//  - Live large blocks are found through a sharded open-addressing map
+//    (Note [Pointer map]); small ones through their segment.
 //  - Note [Recently freed blocks]: the last few blocks freed on a stream are
 //    parked unmerged, and a request of exactly their size takes one back
 //    without a split or a merge: the common "free, then allocate the same
@@ -44,6 +45,7 @@
 #include <accelkit/device/backend.hpp>
 #include <accelkit/error.hpp>
 #include <accelkit/memory/config.hpp>
+#include <accelkit/memory/small_arena.hpp>
 #include <accelkit/memory/stats.hpp>
 #include <accelkit/stream/event_pool.hpp>
 #include <accelkit/types.hpp>
@@ -73,9 +75,9 @@ namespace detail {
 struct PoolShard;
 struct MemSegment;
 
-// Note [Block records]: one cache line per block. With 100,000 live blocks
-// the allocator is bound by cache misses on these records, not by
-// instructions, so they are kept to 64 bytes, allocated in slabs, and hold
+// Note [Block records]: one cache line per block, for large blocks (and for
+// every block while caching is off; small blocks have none otherwise, Note
+// [Small arena]). They are kept to 64 bytes, allocated in slabs, and hold
 // nothing that is rarely needed (the streams a block was used on live in a
 // side table of its pool, flagged by has_uses).
 struct alignas(64) MemBlock {
@@ -83,8 +85,7 @@ struct alignas(64) MemBlock {
   std::size_t size = 0;
   MemBlock* prev = nullptr;      // neighbours in the segment, by address
   MemBlock* next = nullptr;
-  MemBlock* bin_prev = nullptr;  // small-bin list, or the pool's spare list
-  MemBlock* bin_next = nullptr;
+  MemBlock* next_spare = nullptr;  // the pool's spare list
   MemSegment* segment = nullptr;
   std::uint64_t requested : 61;
   std::uint64_t allocated : 1;
@@ -108,6 +109,7 @@ struct MemSegment {
 inline bool whole_segment(const MemBlock* b) noexcept { return !b->prev && !b->next; }
 
 // Note [Freeing without the block record]
+// (Large blocks: small ones have no records, Note [Small arena].)
 // With 100,000 live blocks a free used to miss in cache twice in a row: on
 // its pointer-map slot, then on the block record the slot points to. The
 // slot now also carries what a free needs (the block's pool, size, requested
@@ -127,55 +129,6 @@ struct LiveBlock {
   // 0, or: size | small (bit 0) | whole segment (bit 1) in the high half,
   // requested bytes in the low half.
   std::uint64_t summary = 0;
-};
-
-// Exact-size bins for small blocks with a two-level bitmap (Note [Caching
-// device allocator]).
-class SmallBins {
- public:
-  static constexpr std::size_t kBins = memory_constants::kSmallBuffer / memory_constants::kMinBlockSize;
-  static_assert(kBins == 64 * 64, "two bitmap levels of 64 bits");
-
-  void insert(MemBlock* b) noexcept {
-    std::size_t c = bin(b->size);
-    b->bin_prev = nullptr;
-    b->bin_next = heads_[c];
-    if (heads_[c]) heads_[c]->bin_prev = b;
-    heads_[c] = b;
-    words_[c >> 6] |= std::uint64_t{1} << (c & 63);
-    summary_ |= std::uint64_t{1} << (c >> 6);
-  }
-  void remove(MemBlock* b) noexcept {
-    std::size_t c = bin(b->size);
-    if (b->bin_prev) b->bin_prev->bin_next = b->bin_next;
-    else heads_[c] = b->bin_next;
-    if (b->bin_next) b->bin_next->bin_prev = b->bin_prev;
-    b->bin_prev = b->bin_next = nullptr;
-    if (!heads_[c]) {
-      words_[c >> 6] &= ~(std::uint64_t{1} << (c & 63));
-      if (!words_[c >> 6]) summary_ &= ~(std::uint64_t{1} << (c >> 6));
-    }
-  }
-  // A block of the smallest cached size >= size, or nullptr.
-  MemBlock* find(std::size_t size) const noexcept {
-    std::size_t c = bin(size);
-    std::size_t w = c >> 6;
-    std::uint64_t bits = words_[w] & (~std::uint64_t{0} << (c & 63));
-    if (bits) return heads_[(w << 6) + static_cast<std::size_t>(__builtin_ctzll(bits))];
-    if (w == 63) return nullptr;
-    std::uint64_t rest = summary_ & (~std::uint64_t{0} << (w + 1));
-    if (!rest) return nullptr;
-    w = static_cast<std::size_t>(__builtin_ctzll(rest));
-    return heads_[(w << 6) + static_cast<std::size_t>(__builtin_ctzll(words_[w]))];
-  }
-
- private:
-  static std::size_t bin(std::size_t size) noexcept {
-    return size / memory_constants::kMinBlockSize - 1;
-  }
-  std::array<MemBlock*, kBins> heads_{};
-  std::array<std::uint64_t, 64> words_{};
-  std::uint64_t summary_ = 0;
 };
 
 // Recycles the nodes of one std::set so that inserting a free block does not
@@ -235,9 +188,38 @@ struct LargeOrder {
   }
 };
 
+// A freed block waiting for events on the streams it was used on: a record
+// (large blocks), or a small block at `ptr` in `seg`.
 struct PendingFree {
   MemBlock* block;
+  SmallSegment* seg;
+  char* ptr;
   std::vector<EventHandle> events;
+};
+
+// Where the small segments overlapping one 2 MiB address window are (Note
+// [Small arena]): at most two, as they are 2 MiB each and do not overlap.
+struct SmallWindow {
+  PoolShard* pool[2] = {nullptr, nullptr};
+  char* base[2] = {nullptr, nullptr};
+  std::uint64_t id[2] = {0, 0};
+  static SmallWindow without(const SmallWindow& w, int k) noexcept {
+    SmallWindow out;
+    int keep = 1 - k;
+    out.pool[0] = w.pool[keep];
+    out.base[0] = w.base[keep];
+    out.id[0] = w.id[keep];
+    return out;
+  }
+};
+
+// A parked block (Note [Recently freed blocks]): a record, or a small block
+// at `ptr` in `seg`.
+struct Parked {
+  MemBlock* block = nullptr;
+  SmallSegment* seg = nullptr;
+  char* ptr = nullptr;
+  std::size_t hint = 0;  // the small block's index when parked (SmallSegment::index_of)
 };
 
 // The cached memory of one stream (Note [Caching device allocator]).
@@ -255,47 +237,47 @@ struct alignas(64) PoolShard {
       slabs.push_back(std::make_unique<MemBlock[]>(n));
       MemBlock* slab = slabs.back().get();
       for (std::size_t i = n; i-- > 0;) {
-        slab[i].bin_next = spare;
+        slab[i].next_spare = spare;
         spare = &slab[i];
       }
     }
     MemBlock* b = spare;
-    spare = b->bin_next;
+    spare = b->next_spare;
     *b = MemBlock();
     return b;
   }
   void recycle(MemBlock* b) noexcept {
-    if (b->has_uses) uses.erase(b);
-    b->bin_next = spare;
+    if (b->has_uses) uses.erase(b->ptr);
+    b->next_spare = spare;
     spare = b;
   }
 
   SpinLock lock;
   StreamHandle stream;
-  SmallBins small;
+  SmallArena arena;    // small blocks (Note [Small arena])
   NodeFreeList nodes;  // before `large`: destroyed after it
   std::set<MemBlock*, LargeOrder, NodeRecycler<MemBlock*>> large;
   std::vector<PendingFree> pending;
   std::vector<MemSegment*> segments;
   std::vector<std::unique_ptr<MemBlock[]>> slabs;
   MemBlock* spare = nullptr;
-  std::unordered_map<const MemBlock*, std::vector<StreamHandle>> uses;
+  std::unordered_map<const void*, std::vector<StreamHandle>> uses;  // by block address
   DeviceStats stats;
   // Note [Recently freed blocks]
   // The sizes sit beside the pointers (bit 0: small pool) so that a lookup
   // scans one cache line instead of touching every parked block.
   static constexpr std::size_t kHot = 8;
-  std::array<MemBlock*, kHot> hot{};
+  std::array<Parked, kHot> hot{};
   std::array<std::size_t, kHot> hot_key{};
   std::size_t hot_count = 0;
   std::size_t hot_victim = 0;
   static std::size_t key(std::size_t size, bool small) noexcept { return size | (small ? 1 : 0); }
-  void park(std::size_t i, MemBlock* b, std::size_t size, bool small) noexcept {
+  void park(std::size_t i, const Parked& b, std::size_t size, bool small) noexcept {
     hot[i] = b;
     hot_key[i] = key(size, small);
   }
-  MemBlock* unpark(std::size_t i) noexcept {
-    MemBlock* b = hot[i];
+  Parked unpark(std::size_t i) noexcept {
+    Parked b = hot[i];
     --hot_count;
     hot[i] = hot[hot_count];
     hot_key[i] = hot_key[hot_count];
@@ -450,6 +432,13 @@ class DeviceCachingAllocator {
         }
         delete s;
       }
+      pool.arena.for_each_segment([&](detail::SmallSegment& s) {
+        try {
+          backend_.raw_free(device_, s.ptr, s.size());
+        } catch (...) {
+          // As above.
+        }
+      });
     }
   }
 
@@ -464,28 +453,31 @@ class DeviceCachingAllocator {
     if (bytes == 0) return nullptr;
     if (bytes > max_allocation_) throw too_large(bytes);
     detail::PoolShard& pool = pool_for(stream);
-    detail::MemBlock* b = nullptr;
-    std::uint64_t summary = 0;  // summarize() reads neighbour links: under the lock
+    Taken t;
     if (!config_.caching) {
-      b = allocate_uncached(pool, bytes);
+      Block* b = allocate_uncached(pool, bytes);
+      t = {b, b->ptr, b->size, 0};
     } else {
       std::size_t size = config_.round_size(bytes);
       {
         std::lock_guard<detail::SpinLock> lock(pool.lock);
         if (!pool.pending.empty()) process_pending(pool, false);
-        b = take_cached(pool, size, bytes);
-        if (b) summary = summarize(b);
+        t = take_cached(pool, size, bytes);
+        if (t.block) t.summary = summarize(t.block);
       }
-      if (!b) {
-        b = allocate_slow(pool, size, bytes);
-        std::lock_guard<detail::SpinLock> lock(pool.lock);
-        summary = summarize(b);
+      if (!t.ptr) {
+        t = allocate_slow(pool, size, bytes);
+        if (t.block) {
+          std::lock_guard<detail::SpinLock> lock(pool.lock);
+          t.summary = summarize(t.block);
+        }
       }
     }
-    live_.insert(b->ptr, {b, b->segment->pool, summary});
+    // Small blocks are found through their segment (Note [Small arena]).
+    if (t.block) live_.insert(t.ptr, {t.block, t.block->segment->pool, t.summary});
     if (tracing_.load(std::memory_order_relaxed))
-      trace(TraceEntry::Action::alloc, b->ptr, b->size, stream);
-    return b->ptr;
+      trace(TraceEntry::Action::alloc, t.ptr, t.size, stream);
+    return t.ptr;
   }
 
   // Returns memory from allocate(). The block is cached for its stream, or,
@@ -495,15 +487,14 @@ class DeviceCachingAllocator {
   // falls back to synchronizing those streams).
   void deallocate(void* ptr) {
     if (!ptr) return;
+    if (SmallRef r = find_small(ptr); r.pool) {
+      free_small(r, static_cast<char*>(ptr));
+      return;
+    }
     detail::LiveBlock live = live_.erase(ptr);
-    if (!live.block)
-      throw RuntimeError(
-          Backend<R>::name,
-          fmt::format("free of {} on {}:{}: not a live allocation of this allocator (double free, "
-                      "or memory from elsewhere)",
-                      ptr, Backend<R>::name, device_));
+    if (!live.block) throw not_live(ptr);
     if (live.summary != 0 && !tracing_.load(std::memory_order_relaxed)) {
-      free_summarized(live);
+      free_summarized(live, static_cast<char*>(ptr));
       return;
     }
     detail::MemBlock* b = live.block;
@@ -514,7 +505,7 @@ class DeviceCachingAllocator {
     {
       std::lock_guard<detail::SpinLock> lock(pool.lock);
       if (b->has_uses) {
-        auto it = pool.uses.find(b);
+        auto it = pool.uses.find(b->ptr);
         uses = std::move(it->second);
         pool.uses.erase(it);
         b->has_uses = false;
@@ -530,34 +521,60 @@ class DeviceCachingAllocator {
       return;
     }
     bool safe = true;
-    std::vector<EventHandle> events = record_uses(b, uses, safe);
+    std::vector<EventHandle> events = record_uses(b->ptr, uses, safe);
     std::lock_guard<detail::SpinLock> lock(pool.lock);
     b->allocated = false;
     count_free(pool, b);
     if (!safe) return;  // quarantined: see record_uses
     if (!events.empty())
-      pool.pending.push_back({b, std::move(events)});
+      pool.pending.push_back({b, nullptr, b->ptr, std::move(events)});
     else
       free_block(pool, b);
   }
 
   // Whether `ptr` is the start of a live allocation of this allocator.
-  bool owns(const void* ptr) { return live_.find(ptr).block != nullptr; }
+  bool owns(const void* ptr) {
+    if (SmallRef r = find_small(ptr); r.pool) {
+      std::lock_guard<detail::SpinLock> lock(r.pool->lock);
+      std::size_t i = 0;
+      return live_small(r, ptr, i) != nullptr;
+    }
+    return live_.find(ptr).block != nullptr;
+  }
 
   // Marks `ptr` as used on `stream` too: when freed it is not reused before
   // `stream` has passed the point of the free.
   void record_stream(void* ptr, StreamHandle stream) {
+    auto not_live = [&] {
+      return RuntimeError(Backend<R>::name,
+                          fmt::format("record_stream: {} is not a live allocation on {}:{}", ptr,
+                                      Backend<R>::name, device_));
+    };
+    if (SmallRef r = find_small(ptr); r.pool) {
+      detail::PoolShard& pool = *r.pool;
+      if (stream == pool.stream) {
+        std::lock_guard<detail::SpinLock> lock(pool.lock);
+        std::size_t i = 0;
+        if (!live_small(r, ptr, i)) throw not_live();
+        return;
+      }
+      std::lock_guard<detail::SpinLock> lock(pool.lock);
+      std::size_t i = 0;
+      detail::SmallSegment* seg = live_small(r, ptr, i);
+      if (!seg) throw not_live();
+      std::vector<StreamHandle>& uses = pool.uses[ptr];
+      seg->blocks[i] = detail::small_block::with_uses(seg->blocks[i], true);
+      if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
+      return;
+    }
     detail::MemBlock* b = live_.find(ptr).block;
-    if (!b)
-      throw RuntimeError(Backend<R>::name,
-                         fmt::format("record_stream: {} is not a live allocation on {}:{}", ptr,
-                                     Backend<R>::name, device_));
+    if (!b) throw not_live();
     detail::PoolShard& pool = *b->segment->pool;
     if (stream == pool.stream) return;
     // Its free must now read the record (Note [Freeing without the block record]).
     live_.update(ptr, [](detail::LiveBlock& l) { l.summary = 0; });
     std::lock_guard<detail::SpinLock> lock(pool.lock);
-    std::vector<StreamHandle>& uses = pool.uses[b];
+    std::vector<StreamHandle>& uses = pool.uses[b->ptr];
     b->has_uses = true;
     if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
   }
@@ -622,9 +639,11 @@ class DeviceCachingAllocator {
       std::lock_guard<detail::SpinLock> lock(pool->lock);
       // A parked block's record may still say allocated (Note [Freeing
       // without the block record]).
-      for (std::size_t i = 0; i < pool->hot_count; ++i) pool->hot[i]->allocated = false;
+      for (std::size_t i = 0; i < pool->hot_count; ++i)
+        if (pool->hot[i].block) pool->hot[i].block->allocated = false;
       std::vector<const detail::MemBlock*> pending;
-      for (const detail::PendingFree& p : pool->pending) pending.push_back(p.block);
+      for (const detail::PendingFree& p : pool->pending)
+        if (p.block) pending.push_back(p.block);
       for (const detail::MemSegment* s : pool->segments) {
         SegmentSnapshot seg{device_, reinterpret_cast<std::uintptr_t>(s->ptr), s->size, 0, 0, 0,
                             pool->stream, s->small ? "small" : "large", {}};
@@ -644,6 +663,27 @@ class DeviceCachingAllocator {
         }
         out.segments.push_back(std::move(seg));
       }
+      pool->arena.for_each_segment([&](const detail::SmallSegment& s) {
+        using namespace detail::small_block;
+        SegmentSnapshot seg{device_, reinterpret_cast<std::uintptr_t>(s.ptr), s.size(), 0, 0, 0,
+                            pool->stream, "small", {}};
+        for (std::size_t i = 0; i < s.blocks.size(); ++i) {
+          Desc d = s.blocks[i];
+          bool allocated = state(d) == detail::small_block::allocated;
+          bool is_pending = state(d) == detail::small_block::pending;
+          std::size_t requested = allocated ? static_cast<std::size_t>(payload(d)) : 0;
+          seg.blocks.push_back({reinterpret_cast<std::uintptr_t>(s.address(i)), bytes(d), requested,
+                                allocated    ? "active_allocated"
+                                : is_pending ? "active_pending_free"
+                                             : "inactive"});
+          if (allocated) {
+            seg.allocated_size += bytes(d);
+            seg.requested_size += requested;
+          }
+          if (allocated || is_pending) seg.active_size += bytes(d);
+        }
+        out.segments.push_back(std::move(seg));
+      });
     }
     std::sort(out.segments.begin(), out.segments.end(),
               [](const SegmentSnapshot& a, const SegmentSnapshot& b) { return a.address < b.address; });
@@ -662,6 +702,16 @@ class DeviceCachingAllocator {
   using Block = detail::MemBlock;
   using Pool = detail::PoolShard;
   using Segment = detail::MemSegment;
+
+  // An allocated block: a record (large blocks, and every block while
+  // caching is off), or a small block (block null, Note [Small arena]).
+  struct Taken {
+    Block* block = nullptr;
+    char* ptr = nullptr;  // null: nothing was taken
+    std::size_t size = 0;
+    std::uint64_t summary = 0;  // Note [Freeing without the block record]
+  };
+  static Taken whole(Block* b) noexcept { return {b, b->ptr, b->size, 0}; }
 
   static std::uint64_t next_id() noexcept {
     static std::atomic<std::uint64_t> next{1};
@@ -719,16 +769,17 @@ class DeviceCachingAllocator {
   static bool is_small(const Block* b) noexcept { return b->segment->small; }
 
   void count_alloc(Pool& pool, const Block* b) {
-    auto n = static_cast<std::int64_t>(b->size);
-    auto req = static_cast<std::int64_t>(b->requested);
+    count_alloc(pool, b->size, b->requested, is_small(b));
+  }
+  void count_alloc(Pool& pool, std::size_t size, std::size_t requested, bool sm) {
+    auto n = static_cast<std::int64_t>(size);
     DeviceStats& s = pool.stats;
-    bool sm = is_small(b);
     up(s.allocation, sm, 1);
     up(s.allocated_bytes, sm, n);
     up(s.active, sm, 1);
     up(s.active_bytes, sm, n);
-    up(s.requested_bytes, sm, req);
-    if (b->size >= config_.max_split_size) s.oversize_allocations.increase(1);
+    up(s.requested_bytes, sm, static_cast<std::int64_t>(requested));
+    if (size >= config_.max_split_size) s.oversize_allocations.increase(1);
   }
   void count_free(Pool& pool, const Block* b) {
     count_free(pool, b->size, b->requested, is_small(b));
@@ -741,16 +792,19 @@ class DeviceCachingAllocator {
     if (size >= config_.max_split_size) s.oversize_allocations.decrease(1);
   }
   void count_segment(Pool& pool, const Segment* seg, bool added) {
-    auto n = static_cast<std::int64_t>(seg->size);
+    count_segment(pool, seg->size, seg->small, seg->oversize, added);
+  }
+  void count_segment(Pool& pool, std::size_t size, bool small, bool oversize, bool added) {
+    auto n = static_cast<std::int64_t>(size);
     DeviceStats& s = pool.stats;
     if (added) {
-      up(s.segment, seg->small, 1);
-      up(s.reserved_bytes, seg->small, n);
+      up(s.segment, small, 1);
+      up(s.reserved_bytes, small, n);
     } else {
-      down(s.segment, seg->small, 1);
-      down(s.reserved_bytes, seg->small, n);
+      down(s.segment, small, 1);
+      down(s.reserved_bytes, small, n);
     }
-    if (seg->oversize) {
+    if (oversize) {
       if (added) s.oversize_segments.increase(1);
       else s.oversize_segments.decrease(1);
     }
@@ -777,17 +831,17 @@ class DeviceCachingAllocator {
       down(pool.stats.inactive_split_bytes, sm, n);
     }
   }
+  // Records are cached only in the large pool: small blocks have none while
+  // caching is on (Note [Small arena]), and none is cached while it is off.
   void insert_free(Pool& pool, Block* b) {
+    pool.large.insert(b);  // may throw: nothing changed yet
     b->cached = true;
     b->allocated = false;  // stale if it was parked (Note [Freeing without the block record])
-    if (b->segment->small) pool.small.insert(b);
-    else pool.large.insert(b);
     count_inactive(pool, b, true);
   }
   void unlink_free(Pool& pool, Block* b) {
     b->cached = false;
-    if (b->segment->small) pool.small.remove(b);
-    else pool.large.erase(b);
+    pool.large.erase(b);
     count_inactive(pool, b, false);
   }
 
@@ -803,50 +857,143 @@ class DeviceCachingAllocator {
   }
 
   // Under the pool lock: a cached block of at least `size`, split to size
-  // and marked allocated, or nullptr.
-  Block* take_cached(Pool& pool, std::size_t size, std::size_t requested) {
+  // and marked allocated, or {} (t.ptr null).
+  Taken take_cached(Pool& pool, std::size_t size, std::size_t requested) {
+    using namespace detail::small_block;
     bool small = size <= memory_constants::kSmallSize;
     const std::size_t want = Pool::key(size, small);
     for (std::size_t i = pool.hot_count; i-- > 0;) {  // most recently parked first
       if (pool.hot_key[i] != want) continue;
-      Block* h = pool.unpark(i);
-      leave_hot(pool, h);
-      h->allocated = true;
-      h->requested = requested;
-      count_alloc(pool, h);
-      return h;
+      detail::Parked h = pool.unpark(i);
+      if (h.seg) {
+        std::size_t j = h.seg->index_of(h.ptr, h.hint);
+        count_inactive(pool, size, true, h.seg->blocks.size() == 1, false);
+        h.seg->blocks[j] = make(offset(h.seg->blocks[j]), granules(h.seg->blocks[j]),
+                                detail::small_block::allocated, false, requested);
+        count_alloc(pool, size, requested, true);
+        return {nullptr, h.ptr, size, 0};
+      }
+      Block* b = h.block;
+      leave_hot(pool, b);
+      b->allocated = true;
+      b->requested = requested;
+      count_alloc(pool, b);
+      return {b, b->ptr, b->size, 0};
     }
-    Block* b = small ? pool.small.find(size) : find_large(pool, size);
-    // A parked block that fits better than the binned one is split instead.
+    if (small) {
+      detail::SmallSegment* seg = nullptr;
+      std::size_t i = 0;
+      bool found = pool.arena.best_fit(size / kGranule, seg, i);
+      // A parked block that fits better than the binned one is split instead.
+      std::size_t best = pool.hot_count;
+      std::size_t best_size = found ? bytes(seg->blocks[i]) : std::numeric_limits<std::size_t>::max();
+      for (std::size_t k = 0; k < pool.hot_count; ++k) {
+        std::size_t key = pool.hot_key[k];
+        std::size_t hs = key & ~std::size_t{1};
+        if ((key & 1) && hs > size && hs < best_size && fits(size, hs)) {
+          best = k;
+          best_size = hs;
+        }
+      }
+      if (best != pool.hot_count) {
+        detail::Parked h = pool.unpark(best);
+        std::size_t j = h.seg->index_of(h.ptr, h.hint);
+        bool whole = h.seg->blocks.size() == 1;
+        char* p;
+        try {
+          p = carve_small(pool, *h.seg, j, size, requested);
+        } catch (...) {
+          pool.park(pool.hot_count++, h, best_size, true);  // back where it was
+          throw;
+        }
+        count_inactive(pool, best_size, true, whole, false);
+        return {nullptr, p, size, 0};
+      }
+      if (!found && pool.hot_count) {
+        flush_hot(pool);
+        found = pool.arena.best_fit(size / kGranule, seg, i);
+      }
+      if (found) {
+        pool.arena.unbin(*seg, i);
+        std::size_t block = bytes(seg->blocks[i]);
+        bool whole = seg->blocks.size() == 1;
+        char* p;
+        try {
+          p = carve_small(pool, *seg, i, size, requested);
+        } catch (...) {
+          pool.arena.bin(*seg, i);  // cannot throw: its bin entry was just freed
+          throw;
+        }
+        count_inactive(pool, block, true, whole, false);
+        return {nullptr, p, size, 0};
+      }
+      // A small request that finds no small block may take a free large-pool
+      // block no bigger than a small segment rather than make a new segment.
+      Block* r = find_large(pool, size);
+      if (!r || r->size > memory_constants::kSmallBuffer) return {};
+      live_.prefetch(r->ptr);
+      unlink_free(pool, r);
+      Block* b = carve(pool, r, size, requested);
+      return {b, b->ptr, b->size, 0};
+    }
+    Block* b = find_large(pool, size);
+    // A parked block that fits better than the set's is split instead.
     std::size_t best = pool.hot_count;
     std::size_t best_size = b ? b->size : std::numeric_limits<std::size_t>::max();
     for (std::size_t i = 0; i < pool.hot_count; ++i) {
       std::size_t k = pool.hot_key[i];
       std::size_t hs = k & ~std::size_t{1};
-      if ((k & 1) == (small ? 1u : 0u) && hs > size && hs < best_size && fits(size, hs)) {
+      if (!(k & 1) && hs > size && hs < best_size && fits(size, hs)) {
         best = i;
         best_size = hs;
       }
     }
     if (best != pool.hot_count) {
-      Block* h = pool.unpark(best);
+      Block* h = pool.unpark(best).block;
       leave_hot(pool, h);
-      return carve(pool, h, size, requested);
+      Block* c = carve(pool, h, size, requested);
+      return {c, c->ptr, c->size, 0};
     }
     if (!b && pool.hot_count) {
       flush_hot(pool);
-      b = small ? pool.small.find(size) : find_large(pool, size);
+      b = find_large(pool, size);
     }
-    // A small request that finds no small block may take a free large-pool
-    // block no bigger than a small segment rather than make a new segment.
-    if (!b && small) {
-      Block* r = find_large(pool, size);
-      if (r && r->size <= memory_constants::kSmallBuffer) b = r;
-    }
-    if (!b) return nullptr;
+    if (!b) return {};
     live_.prefetch(b->ptr);  // the insert after carving, overlapped with its reads
     unlink_free(pool, b);
-    return carve(pool, b, size, requested);
+    b = carve(pool, b, size, requested);
+    return {b, b->ptr, b->size, 0};
+  }
+
+  // Under the pool lock: splits block `i` of `seg` (in no bin) to `size`,
+  // binning the rest, and marks it allocated. On error nothing changed.
+  char* carve_small(Pool& pool, detail::SmallSegment& seg, std::size_t i, std::size_t size,
+                    std::size_t requested) {
+    using namespace detail::small_block;
+    std::uint32_t off = offset(seg.blocks[i]), total = granules(seg.blocks[i]);
+    auto gran = static_cast<std::uint32_t>(size / kGranule);
+    if (total > gran) {
+      // A parked block may border a binned one (parked blocks do not
+      // merge): the rest joins it, keeping binned blocks merged.
+      std::size_t n = i + 1;
+      bool merge = n < seg.blocks.size() && state(seg.blocks[n]) == binned;
+      std::uint32_t rest = total - gran + (merge ? granules(seg.blocks[n]) : 0);
+      pool.arena.reserve_bin(rest);
+      if (merge) {
+        count_inactive(pool, bytes(seg.blocks[n]), true, false, false);
+        pool.arena.unbin(seg, n);
+        seg.blocks[n] = make(off + gran, rest, parked, false, 0);
+      } else {
+        seg.blocks.insert(seg.blocks.begin() + static_cast<std::ptrdiff_t>(n),
+                          make(off + gran, rest, parked, false, 0));
+      }
+      pool.arena.bin(seg, n);
+      count_inactive(pool, std::size_t{rest} * kGranule, true, false, true);
+      total = gran;
+    }
+    seg.blocks[i] = make(off, total, detail::small_block::allocated, false, requested);
+    count_alloc(pool, std::size_t{total} * kGranule, requested, true);
+    return seg.ptr + std::size_t{off} * kGranule;
   }
 
   // Whether a free block of `block` bytes may serve a request of `size`
@@ -858,13 +1005,22 @@ class DeviceCachingAllocator {
   }
 
   void leave_hot(Pool& pool, const Block* b) { count_inactive(pool, b, false); }
+  // Under the pool lock: merges a block that left the parking slots into the
+  // bins.
+  void evict(Pool& pool, const detail::Parked& p) {
+    if (p.seg) {
+      std::size_t i = p.seg->index_of(p.ptr, p.hint);
+      count_inactive(pool, detail::small_block::bytes(p.seg->blocks[i]), true,
+                     p.seg->blocks.size() == 1, false);
+      cache_small(pool, *p.seg, i);
+    } else {
+      leave_hot(pool, p.block);
+      cache_block(pool, p.block);
+    }
+  }
   // Under the pool lock: merges every parked block into the bins.
   void flush_hot(Pool& pool) {
-    for (std::size_t i = 0; i < pool.hot_count; ++i) {
-      leave_hot(pool, pool.hot[i]);
-      cache_block(pool, pool.hot[i]);
-    }
-    pool.hot_count = 0;
+    while (pool.hot_count) evict(pool, pool.unpark(pool.hot_count - 1));
   }
 
   // Under the pool lock: splits `b` (not in the free structures) to `size`
@@ -902,26 +1058,32 @@ class DeviceCachingAllocator {
   // its pending stream uses) is parked (Note [Recently freed blocks]),
   // evicting the oldest parked block into the bins when all slots are full.
   void free_block(Pool& pool, Block* b) {
-    free_block(pool, b, b->size, b->segment->small, detail::whole_segment(b));
+    park_block(pool, {b, nullptr, b->ptr}, b->size, b->segment->small, detail::whole_segment(b));
+  }
+  // The same for small block `i` of `seg`.
+  void free_small_block(Pool& pool, detail::SmallSegment& seg, std::size_t i) {
+    using namespace detail::small_block;
+    Desc d = seg.blocks[i];
+    seg.blocks[i] = with_payload(with_state(d, parked), 0);
+    park_block(pool, {nullptr, &seg, seg.address(i), i}, bytes(d), true, seg.blocks.size() == 1);
   }
   // The same, told the block's size and kind (Note [Freeing without the
   // block record]).
-  void free_block(Pool& pool, Block* b, std::size_t size, bool small, bool whole) {
+  void park_block(Pool& pool, const detail::Parked& b, std::size_t size, bool small, bool whole) {
     down(pool.stats.active, small, 1);
     down(pool.stats.active_bytes, small, static_cast<std::int64_t>(size));
     if (tracing_.load(std::memory_order_relaxed))
-      trace(TraceEntry::Action::free_completed, b->ptr, size, pool.stream);
+      trace(TraceEntry::Action::free_completed, b.ptr, size, pool.stream);
+    count_inactive(pool, size, small, whole, true);
     if (pool.hot_count == Pool::kHot) {
-      Block* victim = pool.hot[pool.hot_victim];
+      detail::Parked victim = pool.hot[pool.hot_victim];
       pool.park(pool.hot_victim, b, size, small);
       pool.hot_victim = (pool.hot_victim + 1) % Pool::kHot;
-      leave_hot(pool, victim);
-      cache_block(pool, victim);
+      evict(pool, victim);
       prefetch_neighbours(pool.hot[pool.hot_victim]);
     } else {
       pool.park(pool.hot_count++, b, size, small);
     }
-    count_inactive(pool, size, small, whole, true);
   }
 
   static std::uint64_t summarize(const Block* b) noexcept {
@@ -931,7 +1093,7 @@ class DeviceCachingAllocator {
     return (static_cast<std::uint64_t>(b->size) | flags) << 32 | b->requested;
   }
   // deallocate() of a block whose map slot summarizes it.
-  void free_summarized(const detail::LiveBlock& live) {
+  void free_summarized(const detail::LiveBlock& live, char* ptr) {
     std::uint64_t high = live.summary >> 32;
     std::size_t size = static_cast<std::size_t>(high & ~std::uint64_t{511});
     bool small = (high & 1) != 0, whole = (high & 2) != 0;
@@ -940,7 +1102,7 @@ class DeviceCachingAllocator {
     ACCELKIT_PREFETCH(live.block);  // for its eviction (see the note)
     std::lock_guard<detail::SpinLock> lock(pool.lock);
     count_free(pool, size, requested, small);
-    free_block(pool, live.block, size, small, whole);
+    park_block(pool, {live.block, nullptr, ptr}, size, small, whole);
   }
 
   // Note [Prefetching the next eviction]: merging an evicted block reads its
@@ -948,9 +1110,10 @@ class DeviceCachingAllocator {
   // (three quarters of a free's time at 100,000 live blocks). The next block
   // to be evicted is known one free ahead, so its neighbours are fetched now
   // and have arrived when it goes.
-  static void prefetch_neighbours(const Block* b) noexcept {
-    if (b->prev) ACCELKIT_PREFETCH(b->prev);
-    if (b->next) ACCELKIT_PREFETCH(b->next);
+  static void prefetch_neighbours(const detail::Parked& p) noexcept {
+    if (!p.block) return;  // a small block's neighbours are beside it (Note [Small arena])
+    if (p.block->prev) ACCELKIT_PREFETCH(p.block->prev);
+    if (p.block->next) ACCELKIT_PREFETCH(p.block->next);
   }
 
   // Under the pool lock: `b` takes over its next neighbour, which is in no
@@ -979,11 +1142,40 @@ class DeviceCachingAllocator {
     if (detail::whole_segment(b)) b->segment->free_tick = ++tick_;
   }
 
+  // Under the pool lock: puts small block `i` of `seg` (in no bin) into the
+  // bins, merged with binned neighbours.
+  void cache_small(Pool& pool, detail::SmallSegment& seg, std::size_t i) {
+    using namespace detail::small_block;
+    std::uint32_t off = offset(seg.blocks[i]), total = granules(seg.blocks[i]);
+    bool next = i + 1 < seg.blocks.size() && state(seg.blocks[i + 1]) == binned;
+    bool prev = i > 0 && state(seg.blocks[i - 1]) == binned;
+    if (next) total += granules(seg.blocks[i + 1]);
+    if (prev) total += granules(seg.blocks[i - 1]);
+    pool.arena.reserve_bin(total);  // nothing below throws
+    if (next) {
+      count_inactive(pool, bytes(seg.blocks[i + 1]), true, false, false);
+      pool.arena.unbin(seg, i + 1);
+      seg.blocks.erase(seg.blocks.begin() + static_cast<std::ptrdiff_t>(i + 1));
+    }
+    if (prev) {
+      count_inactive(pool, bytes(seg.blocks[i - 1]), true, false, false);
+      pool.arena.unbin(seg, i - 1);
+      off = offset(seg.blocks[i - 1]);
+      seg.blocks.erase(seg.blocks.begin() + static_cast<std::ptrdiff_t>(i));
+      --i;
+    }
+    seg.blocks[i] = make(off, total, parked, false, 0);
+    pool.arena.bin(seg, i);
+    bool whole = seg.blocks.size() == 1;
+    count_inactive(pool, std::size_t{total} * kGranule, true, whole, true);
+    if (whole) seg.free_tick = ++tick_;
+  }
+
   // Records an event on each stream the block was used on. If the driver
   // fails, falls back to waiting for those streams; if that fails too, the
   // block is quarantined (never reused) rather than risk handing out memory
   // another stream may still touch: `safe` is set false.
-  std::vector<EventHandle> record_uses(Block* b, const std::vector<StreamHandle>& uses,
+  std::vector<EventHandle> record_uses(char* ptr, const std::vector<StreamHandle>& uses,
                                       bool& safe) {
     std::vector<EventHandle> events;
     for (StreamHandle s : uses) {
@@ -1002,7 +1194,7 @@ class DeviceCachingAllocator {
         std::fprintf(stderr,
                      "[accelkit] %s:%d: cannot order the free of %p after stream %#lx (%s); "
                      "the block is kept out of the cache\n",
-                     std::string(Backend<R>::name).c_str(), device_, static_cast<void*>(b->ptr),
+                     std::string(Backend<R>::name).c_str(), device_, static_cast<void*>(ptr),
                      static_cast<unsigned long>(s.value), err.what());
         safe = false;
       }
@@ -1030,7 +1222,8 @@ class DeviceCachingAllocator {
         },
         [&](detail::PendingFree& p) {
           for (EventHandle e : p.events) events_.release(e);
-          free_block(pool, p.block);
+          if (p.seg) free_small_block(pool, *p.seg, p.seg->index_of(p.ptr));
+          else free_block(pool, p.block);
         });
   }
 
@@ -1092,6 +1285,168 @@ class DeviceCachingAllocator {
     return b;
   }
 
+  // Under the pool lock: a new small segment at `ptr`, from the driver,
+  // carved for the request. On error the memory goes back to the driver.
+  Taken add_small_segment(Pool& pool, char* ptr, std::size_t size, std::size_t requested) {
+    constexpr std::size_t n = memory_constants::kSmallBuffer;
+    detail::SmallSegment* seg = nullptr;
+    char* p = nullptr;
+    try {
+      seg = pool.arena.add_segment(ptr);
+      register_windows(pool, *seg);
+      try {
+        p = carve_small(pool, *seg, 0, size, requested);
+      } catch (...) {
+        unregister_windows(pool, *seg);
+        throw;
+      }
+    } catch (...) {
+      if (seg) pool.arena.discard_segment(seg);
+      try {
+        backend_.raw_free(device_, ptr, n);
+      } catch (...) {
+      }
+      reserved_.fetch_sub(n);
+      throw;
+    }
+    count_segment(pool, n, true, n >= config_.max_split_size, true);
+    if (tracing_.load(std::memory_order_relaxed))
+      trace(TraceEntry::Action::segment_alloc, ptr, n, pool.stream);
+    return {nullptr, p, size, 0};
+  }
+
+  // Under the pool lock: removes a wholly free small segment from the pool
+  // and deletes its bookkeeping; its memory is the caller's to return.
+  void detach_small(Pool& pool, detail::SmallSegment* seg) {
+    constexpr std::size_t n = memory_constants::kSmallBuffer;
+    unregister_windows(pool, *seg);
+    count_segment(pool, n, true, n >= config_.max_split_size, false);
+    if (tracing_.load(std::memory_order_relaxed))
+      trace(TraceEntry::Action::segment_free, seg->ptr, n, pool.stream);
+    pool.arena.remove_segment(seg);
+  }
+
+  // ------------------------------------------- finding small blocks by address
+  // Note [Small arena]: a pointer's 2 MiB window names the (at most two)
+  // small segments that overlap it. The map is read without the pool's lock,
+  // so what it names is checked under that lock (live_small).
+
+  struct SmallRef {
+    Pool* pool = nullptr;
+    char* base = nullptr;
+    std::uint64_t id = 0;
+  };
+  static const void* window_key(const void* p) noexcept {
+    constexpr std::uintptr_t n = memory_constants::kSmallBuffer;
+    return reinterpret_cast<const void*>((reinterpret_cast<std::uintptr_t>(p) & ~(n - 1)) + n);
+  }
+  SmallRef find_small(const void* p) {
+    detail::SmallWindow w = windows_.find(window_key(p));
+    for (int k = 0; k < 2; ++k)
+      if (w.pool[k] && p >= w.base[k] && p < w.base[k] + memory_constants::kSmallBuffer)
+        return {w.pool[k], w.base[k], w.id[k]};
+    return {};
+  }
+  // Under r.pool's lock: the segment of an allocated small block at `p`
+  // (its index in `i`), or nullptr.
+  static detail::SmallSegment* live_small(const SmallRef& r, const void* p, std::size_t& i) {
+    detail::SmallSegment* seg = r.pool->arena.segment(r.id);
+    if (!seg || seg->ptr != r.base) return nullptr;  // released since the lookup
+    i = seg->index_of(p);
+    if (i == seg->blocks.size() ||
+        detail::small_block::state(seg->blocks[i]) != detail::small_block::allocated)
+      return nullptr;
+    return seg;
+  }
+  void register_windows(Pool& pool, const detail::SmallSegment& seg) {
+    const void* first = window_key(seg.ptr);
+    const void* last = window_key(seg.ptr + memory_constants::kSmallBuffer - 1);
+    add_window(first, pool, seg);
+    if (last != first) {
+      try {
+        add_window(last, pool, seg);
+      } catch (...) {
+        remove_window(first, pool, seg);
+        throw;
+      }
+    }
+  }
+  void unregister_windows(Pool& pool, const detail::SmallSegment& seg) noexcept {
+    const void* first = window_key(seg.ptr);
+    const void* last = window_key(seg.ptr + memory_constants::kSmallBuffer - 1);
+    remove_window(first, pool, seg);
+    if (last != first) remove_window(last, pool, seg);
+  }
+  void add_window(const void* key, Pool& pool, const detail::SmallSegment& seg) {
+    windows_.modify(key, [&](detail::SmallWindow& w) {
+      if (w.pool[1])  // three 2 MiB segments cannot overlap one 2 MiB window
+        throw RuntimeError(Backend<R>::name,
+                           fmt::format("the driver of {}:{} returned memory at {} that overlaps "
+                                       "memory it already gave",
+                                       Backend<R>::name, device_, static_cast<void*>(seg.ptr)));
+      int k = w.pool[0] ? 1 : 0;
+      w.pool[k] = &pool;
+      w.base[k] = seg.ptr;
+      w.id[k] = seg.id;
+      return true;
+    });
+  }
+  void remove_window(const void* key, Pool& pool, const detail::SmallSegment& seg) noexcept {
+    windows_.modify_existing(key, [&](detail::SmallWindow& w) {
+      for (int k = 0; k < 2; ++k)
+        if (w.pool[k] == &pool && w.base[k] == seg.ptr) w = detail::SmallWindow::without(w, k);
+      return w.pool[0] != nullptr;
+    });
+  }
+
+  RuntimeError not_live(const void* ptr) const {
+    return RuntimeError(
+        Backend<R>::name,
+        fmt::format("free of {} on {}:{}: not a live allocation of this allocator (double free, "
+                    "or memory from elsewhere)",
+                    ptr, Backend<R>::name, device_));
+  }
+
+  // deallocate() of a small block (Note [Small arena]).
+  void free_small(const SmallRef& r, char* ptr) {
+    Pool& pool = *r.pool;
+    std::vector<StreamHandle> uses;
+    detail::SmallSegment* seg;
+    std::size_t size, requested;
+    {
+      std::lock_guard<detail::SpinLock> lock(pool.lock);
+      std::size_t i = 0;
+      seg = live_small(r, ptr, i);
+      if (!seg) throw not_live(ptr);
+      using namespace detail::small_block;
+      Desc d = seg->blocks[i];
+      size = bytes(d);
+      requested = static_cast<std::size_t>(payload(d));
+      if (tracing_.load(std::memory_order_relaxed))
+        trace(TraceEntry::Action::free_requested, ptr, size, pool.stream);
+      if (!has_uses(d)) {
+        count_free(pool, size, requested, true);
+        free_small_block(pool, *seg, i);
+        return;
+      }
+      // Used on other streams: pending (never allocated again, nor freed
+      // twice) until events on those streams say they are past this point.
+      auto it = pool.uses.find(ptr);
+      uses = std::move(it->second);
+      pool.uses.erase(it);
+      seg->blocks[i] = with_uses(with_state(d, pending), false);
+    }
+    bool safe = true;
+    std::vector<EventHandle> events = record_uses(ptr, uses, safe);
+    std::lock_guard<detail::SpinLock> lock(pool.lock);
+    count_free(pool, size, requested, true);
+    if (!safe) return;  // quarantined: see record_uses
+    if (!events.empty())
+      pool.pending.push_back({nullptr, seg, ptr, std::move(events)});
+    else
+      free_small_block(pool, *seg, seg->index_of(ptr));
+  }
+
   // Under the pool lock: removes a wholly free segment from the pool.
   void detach_segment(Pool& pool, Segment* seg) {
     unlink_free(pool, seg->head);
@@ -1109,25 +1464,35 @@ class DeviceCachingAllocator {
     return seg->head->cached && detail::whole_segment(seg->head);
   }
 
-  void free_segments(std::vector<Segment*>& segments) {
+  // Segments detached from their pools, to return to the driver: records,
+  // and the addresses of small segments.
+  struct Released {
+    std::vector<Segment*> large;
+    std::vector<char*> small;
+  };
+  void free_segments(Released& r) {
     std::exception_ptr first;
-    for (Segment* s : segments) {
+    auto give_back = [&](char* ptr, std::size_t size) {
       try {
-        backend_.raw_free(device_, s->ptr, s->size);
+        backend_.raw_free(device_, ptr, size);
       } catch (...) {
         if (!first) first = std::current_exception();
       }
-      reserved_.fetch_sub(s->size);
+      reserved_.fetch_sub(size);
+    };
+    for (Segment* s : r.large) {
+      give_back(s->ptr, s->size);
       delete s;
     }
-    segments.clear();
+    for (char* p : r.small) give_back(p, memory_constants::kSmallBuffer);
+    r = Released{};
     if (first) std::rethrow_exception(first);
   }
 
   // Returns every wholly free segment of every stream to the driver.
   void release_all(bool wait) {
     std::lock_guard<std::mutex> serial(release_mutex_);
-    std::vector<Segment*> freed;
+    Released freed;
     for (Pool* pool : pools_snapshot()) {
       std::lock_guard<detail::SpinLock> lock(pool->lock);
       if (!pool->pending.empty()) {
@@ -1138,8 +1503,17 @@ class DeviceCachingAllocator {
       for (std::size_t i = pool->segments.size(); i-- > 0;) {
         Segment* s = pool->segments[i];
         if (!wholly_free(s)) continue;
+        freed.large.push_back(s);
         detach_segment(*pool, s);
-        freed.push_back(s);
+      }
+      std::vector<detail::SmallSegment*> empty;
+      pool->arena.for_each_segment([&](detail::SmallSegment& s) {
+        if (s.wholly_free()) empty.push_back(&s);
+      });
+      freed.small.reserve(freed.small.size() + empty.size());
+      for (detail::SmallSegment* s : empty) {
+        freed.small.push_back(s->ptr);
+        detach_small(*pool, s);
       }
     }
     free_segments(freed);
@@ -1156,46 +1530,59 @@ class DeviceCachingAllocator {
     struct Candidate {
       std::uint64_t tick;
       Pool* pool;
-      Segment* seg;
+      Segment* seg;    // a record's segment, or
+      SmallRef small;  // a small segment
     };
     std::vector<Candidate> candidates;
     for (Pool* pool : pools_snapshot()) {
       std::lock_guard<detail::SpinLock> lock(pool->lock);
       flush_hot(*pool);
       for (Segment* s : pool->segments)
-        if (wholly_free(s)) candidates.push_back({s->free_tick, pool, s});
+        if (wholly_free(s)) candidates.push_back({s->free_tick, pool, s, {}});
+      pool->arena.for_each_segment([&](detail::SmallSegment& s) {
+        if (s.wholly_free()) candidates.push_back({s.free_tick, pool, nullptr, {pool, s.ptr, s.id}});
+      });
     }
     std::sort(candidates.begin(), candidates.end(),
               [](const Candidate& a, const Candidate& b) { return a.tick < b.tick; });
-    std::vector<Segment*> freed;
+    Released freed;
     std::size_t releasing = 0;
     for (const Candidate& c : candidates) {
       if (reserved_.load() - releasing + incoming <= threshold) break;
       std::lock_guard<detail::SpinLock> lock(c.pool->lock);
-      // Segments are deleted only under release_mutex_, so c.seg is valid.
-      if (!wholly_free(c.seg)) continue;
-      detach_segment(*c.pool, c.seg);
-      freed.push_back(c.seg);
-      releasing += c.seg->size;
+      if (c.seg) {
+        // Segments are deleted only under release_mutex_, so c.seg is valid.
+        if (!wholly_free(c.seg)) continue;
+        freed.large.push_back(c.seg);
+        detach_segment(*c.pool, c.seg);
+        releasing += c.seg->size;
+      } else {
+        detail::SmallSegment* s = c.pool->arena.segment(c.small.id);
+        if (!s || s->ptr != c.small.base || !s->wholly_free()) continue;
+        freed.small.push_back(s->ptr);
+        detach_small(*c.pool, s);
+        releasing += memory_constants::kSmallBuffer;
+      }
     }
     free_segments(freed);
   }
 
-  Block* allocate_slow(Pool& pool, std::size_t size, std::size_t requested) {
+  Taken allocate_slow(Pool& pool, std::size_t size, std::size_t requested) {
     bool small = size <= memory_constants::kSmallSize;
     std::size_t seg_size = segment_size(size);
     for (int attempt = 0;; ++attempt) {
       if (config_.garbage_collection_threshold > 0) collect_garbage(seg_size);
       if (char* p = driver_alloc(seg_size)) {
         std::lock_guard<detail::SpinLock> lock(pool.lock);
-        return carve(pool, add_segment(pool, p, seg_size, small), size, requested);
+        if (small) return add_small_segment(pool, p, size, requested);
+        return whole(carve(pool, add_segment(pool, p, seg_size, small), size, requested));
       }
       // A 1-10 MiB request normally takes a large_segment_size segment to
       // share; when that does not fit, a segment of its own still may.
       if (!small && seg_size > size) {
         if (char* p = driver_alloc(size)) {
           std::lock_guard<detail::SpinLock> lock(pool.lock);
-          return carve(pool, add_segment(pool, p, size, small), size, requested);
+          return whole(carve(pool, add_segment(pool, p, size, small), size, requested));
         }
       }
       if (attempt == 1) break;
@@ -1205,7 +1592,7 @@ class DeviceCachingAllocator {
       }
       release_all(true);
       std::lock_guard<detail::SpinLock> lock(pool.lock);
-      if (Block* b = take_cached(pool, size, requested)) return b;
+      if (Taken t = take_cached(pool, size, requested); t.ptr) return t;
     }
     {
       std::lock_guard<detail::SpinLock> lock(pool.lock);
@@ -1341,6 +1728,7 @@ class DeviceCachingAllocator {
   std::unique_ptr<EventPool<R>> own_events_;  // when no shared pool was given
   EventPool<R>& events_;
   detail::PointerMap<detail::LiveBlock> live_;
+  detail::PointerMap<detail::SmallWindow> windows_;  // Note [Small arena]
 
   std::mutex pools_mutex_;
   std::unordered_map<std::uintptr_t, std::unique_ptr<Pool>> pools_by_stream_;
