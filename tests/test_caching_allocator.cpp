@@ -11,6 +11,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -84,6 +85,39 @@ TEST_CASE("allocator: small requests split a 2 MiB segment, and frees merge back
   a.empty_cache();  // merges everything, then returns the now whole segment
   CHECK(a.reserved_bytes() == 0);
   check_invariants(a);
+}
+
+TEST_CASE("allocator: a split counts the block leaving the bins before its remainder entering") {
+  SimBackend b(Environment::fixed({}), sim());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  void* p = a.allocate(512, s);
+  void* q = a.allocate(1024, s);  // splits the binned remainder of p's segment
+  DeviceStats st = a.stats();
+  CHECK(st.inactive_split[all].current == 1);
+  CHECK(st.inactive_split[all].peak == 1);
+  CHECK(st.inactive_split_bytes[all].peak == 2 * static_cast<std::int64_t>(kMiB) - 512);
+  CHECK(st.inactive_split_bytes[all].current == 2 * static_cast<std::int64_t>(kMiB) - 1536);
+  a.deallocate(q);
+  a.deallocate(p);
+  a.empty_cache();
+  CHECK(a.reserved_bytes() == 0);
+}
+
+TEST_CASE("pending frees: a completion that throws stays queued, earlier ones leave") {
+  std::vector<int> pending = {1, 2, 3, 4};
+  std::vector<int> completed;
+  auto done = [](int) { return true; };
+  auto complete = [&](int v) {
+    if (v == 3) throw std::runtime_error("driver");
+    completed.push_back(v);
+  };
+  CHECK_THROWS_AS(detail::drain_pending(pending, false, done, complete), std::runtime_error);
+  CHECK(completed == std::vector<int>{1, 2});
+  CHECK(pending == std::vector<int>{3, 4});
+  detail::drain_pending(pending, false, done, [&](int v) { completed.push_back(v); });
+  CHECK(completed == std::vector<int>{1, 2, 3, 4});
+  CHECK(pending.empty());
 }
 
 TEST_CASE("allocator: large requests use large segments and best fit") {

@@ -183,13 +183,13 @@ class PointerMap {
       }
       return npos;
     }
+    // Allocates first, so that a failure leaves the table as it was.
     void grow() {
-      std::vector<Slot> old;
-      old.swap(slots_);
-      slots_.assign(old.empty() ? 16 : old.size() * 2, Slot{});
+      std::vector<Slot> bigger(slots_.empty() ? 16 : slots_.size() * 2, Slot{});
+      bigger.swap(slots_);
       size_ = 0;
-      for (const Slot& s : old)
-        if (s.key != kEmpty) insert(s.key, s.value);
+      for (const Slot& s : bigger)  // the old slots
+        if (s.key != kEmpty) insert(s.key, s.value);  // cannot grow again
     }
 
     std::vector<Slot> slots_;

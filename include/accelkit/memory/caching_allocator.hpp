@@ -510,6 +510,7 @@ class DeviceCachingAllocator {
         pool.uses.erase(it);
         b->has_uses = false;
       } else if (config_.caching) {
+        make_room(pool);
         b->allocated = false;
         count_free(pool, b);
         free_block(pool, b);
@@ -523,6 +524,7 @@ class DeviceCachingAllocator {
     bool safe = true;
     std::vector<EventHandle> events = record_uses(b->ptr, uses, safe);
     std::lock_guard<detail::SpinLock> lock(pool.lock);
+    make_room(pool);
     b->allocated = false;
     count_free(pool, b);
     if (!safe) return;  // quarantined: see record_uses
@@ -899,15 +901,14 @@ class DeviceCachingAllocator {
         detail::Parked h = pool.unpark(best);
         std::size_t j = h.seg->index_of(h.ptr, h.hint);
         bool whole = h.seg->blocks.size() == 1;
-        char* p;
+        count_inactive(pool, best_size, true, whole, false);
         try {
-          p = carve_small(pool, *h.seg, j, size, requested);
+          return {nullptr, carve_small(pool, *h.seg, j, size, requested), size, 0};
         } catch (...) {
           pool.park(pool.hot_count++, h, best_size, true);  // back where it was
+          count_inactive(pool, best_size, true, whole, true);
           throw;
         }
-        count_inactive(pool, best_size, true, whole, false);
-        return {nullptr, p, size, 0};
       }
       if (!found && pool.hot_count) {
         flush_hot(pool);
@@ -917,15 +918,14 @@ class DeviceCachingAllocator {
         pool.arena.unbin(*seg, i);
         std::size_t block = bytes(seg->blocks[i]);
         bool whole = seg->blocks.size() == 1;
-        char* p;
+        count_inactive(pool, block, true, whole, false);
         try {
-          p = carve_small(pool, *seg, i, size, requested);
+          return {nullptr, carve_small(pool, *seg, i, size, requested), size, 0};
         } catch (...) {
           pool.arena.bin(*seg, i);  // cannot throw: its bin entry was just freed
+          count_inactive(pool, block, true, whole, true);
           throw;
         }
-        count_inactive(pool, block, true, whole, false);
-        return {nullptr, p, size, 0};
       }
       // A small request that finds no small block may take a free large-pool
       // block no bigger than a small segment rather than make a new segment.
@@ -1020,7 +1020,30 @@ class DeviceCachingAllocator {
   }
   // Under the pool lock: merges every parked block into the bins.
   void flush_hot(Pool& pool) {
-    while (pool.hot_count) evict(pool, pool.unpark(pool.hot_count - 1));
+    while (pool.hot_count) {
+      prepare_evict(pool, pool.hot[pool.hot_count - 1]);
+      evict(pool, pool.unpark(pool.hot_count - 1));
+    }
+  }
+  // Before a block is parked: room for the eviction that parking it causes
+  // (prepare_evict). Nothing has changed when this throws.
+  void make_room(Pool& pool) {
+    if (pool.hot_count == Pool::kHot) prepare_evict(pool, pool.hot[pool.hot_victim]);
+  }
+  // Makes room in the bin a small parked block will enter with its binned
+  // neighbours, so that evicting it cannot throw. (A record's set node may
+  // still be allocated on eviction.)
+  void prepare_evict(Pool& pool, detail::Parked& p) {
+    if (!p.seg) return;
+    using namespace detail::small_block;
+    const detail::SmallSegment& seg = *p.seg;
+    std::size_t i = seg.index_of(p.ptr, p.hint);
+    p.hint = i;  // for evict()
+    std::size_t total = granules(seg.blocks[i]);
+    if (i + 1 < seg.blocks.size() && state(seg.blocks[i + 1]) == binned)
+      total += granules(seg.blocks[i + 1]);
+    if (i > 0 && state(seg.blocks[i - 1]) == binned) total += granules(seg.blocks[i - 1]);
+    pool.arena.reserve_bin(total);
   }
 
   // Under the pool lock: splits `b` (not in the free structures) to `size`
@@ -1057,6 +1080,7 @@ class DeviceCachingAllocator {
   // Under the pool lock: a block that is no longer in use (freed, and past
   // its pending stream uses) is parked (Note [Recently freed blocks]),
   // evicting the oldest parked block into the bins when all slots are full.
+  // The caller has called make_room() first, before changing anything.
   void free_block(Pool& pool, Block* b) {
     park_block(pool, {b, nullptr, b->ptr}, b->size, b->segment->small, detail::whole_segment(b));
   }
@@ -1074,7 +1098,6 @@ class DeviceCachingAllocator {
     down(pool.stats.active_bytes, small, static_cast<std::int64_t>(size));
     if (tracing_.load(std::memory_order_relaxed))
       trace(TraceEntry::Action::free_completed, b.ptr, size, pool.stream);
-    count_inactive(pool, size, small, whole, true);
     if (pool.hot_count == Pool::kHot) {
       detail::Parked victim = pool.hot[pool.hot_victim];
       pool.park(pool.hot_victim, b, size, small);
@@ -1084,6 +1107,7 @@ class DeviceCachingAllocator {
     } else {
       pool.park(pool.hot_count++, b, size, small);
     }
+    count_inactive(pool, size, small, whole, true);
   }
 
   static std::uint64_t summarize(const Block* b) noexcept {
@@ -1101,6 +1125,7 @@ class DeviceCachingAllocator {
     Pool& pool = *live.pool;
     ACCELKIT_PREFETCH(live.block);  // for its eviction (see the note)
     std::lock_guard<detail::SpinLock> lock(pool.lock);
+    make_room(pool);
     count_free(pool, size, requested, small);
     park_block(pool, {live.block, nullptr, ptr}, size, small, whole);
   }
@@ -1221,9 +1246,11 @@ class DeviceCachingAllocator {
           return true;
         },
         [&](detail::PendingFree& p) {
-          for (EventHandle e : p.events) events_.release(e);
+          // The free first: if it throws, nothing changed and p stays queued.
+          make_room(pool);
           if (p.seg) free_small_block(pool, *p.seg, p.seg->index_of(p.ptr));
           else free_block(pool, p.block);
+          for (EventHandle e : p.events) events_.release(e);
         });
   }
 
@@ -1425,6 +1452,7 @@ class DeviceCachingAllocator {
       if (tracing_.load(std::memory_order_relaxed))
         trace(TraceEntry::Action::free_requested, ptr, size, pool.stream);
       if (!has_uses(d)) {
+        make_room(pool);
         count_free(pool, size, requested, true);
         free_small_block(pool, *seg, i);
         return;
@@ -1439,6 +1467,7 @@ class DeviceCachingAllocator {
     bool safe = true;
     std::vector<EventHandle> events = record_uses(ptr, uses, safe);
     std::lock_guard<detail::SpinLock> lock(pool.lock);
+    make_room(pool);
     count_free(pool, size, requested, true);
     if (!safe) return;  // quarantined: see record_uses
     if (!events.empty())

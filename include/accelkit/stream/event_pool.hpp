@@ -44,13 +44,19 @@ class EventPool {
     }
     EventHandle e = backend_.event_create(device_, flags_);
     std::lock_guard<std::mutex> lock(mutex_);
+    try {
+      free_.reserve(created_ + 1);  // so that release() never allocates
+    } catch (...) {
+      backend_.event_destroy(device_, e);
+      throw;
+    }
     ++created_;
     return e;
   }
 
   // Returns an event whose last record has completed (or that was never
-  // recorded) for reuse.
-  void release(EventHandle e) {
+  // recorded) for reuse. Never throws: room was made when it was created.
+  void release(EventHandle e) noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
     free_.push_back(e);
   }
