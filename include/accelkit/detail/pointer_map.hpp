@@ -3,7 +3,8 @@
 // Note [Pointer map]
 // free(ptr) must find the block that ptr starts, from any thread. One map
 // under one lock would serialize every thread on the device; node-based maps
-// cost a heap allocation per insert. This map is split into 1024 shards by a
+// cost a heap allocation per insert. This map is split into shards (1024 unless
+// told otherwise) by a
 // hash of the pointer, each an open-addressing table (linear probing,
 // backward-shift deletion, no allocation except when it grows) under its own
 // spinlock.
@@ -28,13 +29,13 @@
 ACCELKIT_BEGIN_NAMESPACE
 namespace detail {
 
-template <class V>
+template <class V, unsigned ShardBits = 10>
 class PointerMap {
   static_assert(std::is_trivially_copyable<V>::value, "values are copied into the table");
 
  public:
-  static constexpr std::size_t kShards = 1024;
-  static_assert(kShards == (std::size_t{1} << 10), "shard() takes the top 10 hash bits");
+  static constexpr std::size_t kShards = std::size_t{1} << ShardBits;
+  static_assert(ShardBits >= 1 && ShardBits <= 16, "shard() takes the top ShardBits hash bits");
 
   void insert(const void* key, const V& value) {
     Shard& s = shard(key);
@@ -203,7 +204,7 @@ class PointerMap {
 
   Shard& shard(const void* key) {
     auto k = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(key) >> 9);
-    return shards_[(k * 0x9E3779B97F4A7C15ull) >> 54];  // top 10 bits: 1024 shards
+    return shards_[(k * 0x9E3779B97F4A7C15ull) >> (64 - ShardBits)];  // the top bits
   }
 
   Shard shards_[kShards];

@@ -487,8 +487,8 @@ class DeviceCachingAllocator {
   // falls back to synchronizing those streams).
   void deallocate(void* ptr) {
     if (!ptr) return;
-    if (SmallRef r = find_small(ptr); r.pool) {
-      free_small(r, static_cast<char*>(ptr));
+    if (SmallHold h = hold_small(ptr); h.seg) {
+      free_small(h, static_cast<char*>(ptr));
       return;
     }
     detail::LiveBlock live = live_.erase(ptr);
@@ -536,11 +536,7 @@ class DeviceCachingAllocator {
 
   // Whether `ptr` is the start of a live allocation of this allocator.
   bool owns(const void* ptr) {
-    if (SmallRef r = find_small(ptr); r.pool) {
-      std::lock_guard<detail::SpinLock> lock(r.pool->lock);
-      std::size_t i = 0;
-      return live_small(r, ptr, i) != nullptr;
-    }
+    if (SmallHold h = hold_small(ptr); h.seg) return h.allocated();
     return live_.find(ptr).block != nullptr;
   }
 
@@ -552,20 +548,11 @@ class DeviceCachingAllocator {
                           fmt::format("record_stream: {} is not a live allocation on {}:{}", ptr,
                                       Backend<R>::name, device_));
     };
-    if (SmallRef r = find_small(ptr); r.pool) {
-      detail::PoolShard& pool = *r.pool;
-      if (stream == pool.stream) {
-        std::lock_guard<detail::SpinLock> lock(pool.lock);
-        std::size_t i = 0;
-        if (!live_small(r, ptr, i)) throw not_live();
-        return;
-      }
-      std::lock_guard<detail::SpinLock> lock(pool.lock);
-      std::size_t i = 0;
-      detail::SmallSegment* seg = live_small(r, ptr, i);
-      if (!seg) throw not_live();
-      std::vector<StreamHandle>& uses = pool.uses[ptr];
-      seg->blocks[i] = detail::small_block::with_uses(seg->blocks[i], true);
+    if (SmallHold h = hold_small(ptr); h.seg) {
+      if (!h.allocated()) throw not_live();
+      if (stream == h.pool->stream) return;
+      std::vector<StreamHandle>& uses = h.pool->uses[ptr];
+      h.seg->blocks[h.i] = detail::small_block::with_uses(h.seg->blocks[h.i], true);
       if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
       return;
     }
@@ -1356,34 +1343,71 @@ class DeviceCachingAllocator {
   // ------------------------------------------- finding small blocks by address
   // Note [Small arena]: a pointer's 2 MiB window names the (at most two)
   // small segments that overlap it. The map is read without the pool's lock,
-  // so what it names is checked under that lock (live_small).
+  // so what it names is checked under that lock (hold_small). Each thread
+  // keeps the windows it looked up last: two threads freeing in one window
+  // (adjacent segments of two streams) would otherwise take turns at one
+  // shard's lock, which halved the two-thread throughput. A remembered
+  // window may be out of date; whatever it names is checked under the
+  // pool's lock, and the map is asked when the check fails.
 
   struct SmallRef {
     Pool* pool = nullptr;
     char* base = nullptr;
     std::uint64_t id = 0;
   };
-  static const void* window_key(const void* p) noexcept {
-    constexpr std::uintptr_t n = memory_constants::kSmallBuffer;
-    return reinterpret_cast<const void*>((reinterpret_cast<std::uintptr_t>(p) & ~(n - 1)) + n);
+  // A small segment, held under its pool's lock, and the index of the block
+  // that starts at the address asked for (seg->blocks.size() if none).
+  struct SmallHold {
+    Pool* pool = nullptr;
+    detail::SmallSegment* seg = nullptr;
+    std::size_t i = 0;
+    std::unique_lock<detail::SpinLock> lock;
+    bool allocated() const noexcept {
+      return i < seg->blocks.size() &&
+             detail::small_block::state(seg->blocks[i]) == detail::small_block::allocated;
+    }
+  };
+  struct WindowCacheEntry {
+    std::uint64_t owner = 0;  // the allocator's id_
+    const void* key = nullptr;
+    detail::SmallWindow window;
+  };
+  static inline thread_local std::array<WindowCacheEntry, 16> tls_windows_{};
+  static WindowCacheEntry& tls_window(const void* key) noexcept {
+    return tls_windows_[(reinterpret_cast<std::uintptr_t>(key) >> 21) % tls_windows_.size()];
   }
-  SmallRef find_small(const void* p) {
-    detail::SmallWindow w = windows_.find(window_key(p));
+  static SmallRef in_window(const detail::SmallWindow& w, const void* p) noexcept {
     for (int k = 0; k < 2; ++k)
       if (w.pool[k] && p >= w.base[k] && p < w.base[k] + memory_constants::kSmallBuffer)
         return {w.pool[k], w.base[k], w.id[k]};
     return {};
   }
-  // Under r.pool's lock: the segment of an allocated small block at `p`
-  // (its index in `i`), or nullptr.
-  static detail::SmallSegment* live_small(const SmallRef& r, const void* p, std::size_t& i) {
-    detail::SmallSegment* seg = r.pool->arena.segment(r.id);
-    if (!seg || seg->ptr != r.base) return nullptr;  // released since the lookup
-    i = seg->index_of(p);
-    if (i == seg->blocks.size() ||
-        detail::small_block::state(seg->blocks[i]) != detail::small_block::allocated)
-      return nullptr;
-    return seg;
+  // The small segment that contains `p`, locked; seg null when none does.
+  SmallHold hold_small(const void* p) {
+    const void* key = window_key(p);
+    WindowCacheEntry& cached = tls_window(key);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      SmallRef r;
+      if (attempt == 0) {
+        if (cached.owner != id_ || cached.key != key) continue;
+        r = in_window(cached.window, p);
+        if (!r.pool) continue;  // a segment may have come since
+      } else {
+        detail::SmallWindow w = windows_.find(key);
+        cached = {id_, key, w};
+        r = in_window(w, p);
+        if (!r.pool) return {};
+      }
+      std::unique_lock<detail::SpinLock> lock(r.pool->lock);
+      detail::SmallSegment* seg = r.pool->arena.segment(r.id);
+      if (seg && seg->ptr == r.base) return {r.pool, seg, seg->index_of(p), std::move(lock)};
+      // Released since the window was read: ask the map (again).
+    }
+    return {};
+  }
+  static const void* window_key(const void* p) noexcept {
+    constexpr std::uintptr_t n = memory_constants::kSmallBuffer;
+    return reinterpret_cast<const void*>((reinterpret_cast<std::uintptr_t>(p) & ~(n - 1)) + n);
   }
   void register_windows(Pool& pool, const detail::SmallSegment& seg) {
     const void* first = window_key(seg.ptr);
@@ -1435,16 +1459,18 @@ class DeviceCachingAllocator {
   }
 
   // deallocate() of a small block (Note [Small arena]).
-  void free_small(const SmallRef& r, char* ptr) {
-    Pool& pool = *r.pool;
+  void free_small(SmallHold& h, char* ptr) {
+    Pool& pool = *h.pool;
+    detail::SmallSegment* seg = h.seg;
     std::vector<StreamHandle> uses;
-    detail::SmallSegment* seg;
     std::size_t size, requested;
     {
-      std::lock_guard<detail::SpinLock> lock(pool.lock);
-      std::size_t i = 0;
-      seg = live_small(r, ptr, i);
-      if (!seg) throw not_live(ptr);
+      std::unique_lock<detail::SpinLock> lock = std::move(h.lock);
+      if (!h.allocated()) {
+        lock.unlock();
+        throw not_live(ptr);
+      }
+      std::size_t i = h.i;
       using namespace detail::small_block;
       Desc d = seg->blocks[i];
       size = bytes(d);
@@ -1757,7 +1783,9 @@ class DeviceCachingAllocator {
   std::unique_ptr<EventPool<R>> own_events_;  // when no shared pool was given
   EventPool<R>& events_;
   detail::PointerMap<detail::LiveBlock> live_;
-  detail::PointerMap<detail::SmallWindow> windows_;  // Note [Small arena]
+  // Note [Small arena]. Few shards: threads mostly find windows in their own
+  // cache, and 1024 shards' tables would spread 3,000 windows over 1 MiB.
+  detail::PointerMap<detail::SmallWindow, 4> windows_;
 
   std::mutex pools_mutex_;
   std::unordered_map<std::uintptr_t, std::unique_ptr<Pool>> pools_by_stream_;

@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <vector>
 
 ACCELKIT_BEGIN_NAMESPACE
@@ -64,11 +65,40 @@ inline Desc with_payload(Desc d, std::uint64_t p) noexcept {
 }
 }  // namespace small_block
 
-struct SmallSegment {
+// Whole cache lines for arrays that one pool writes on every operation:
+// arrays of two pools (two threads) sharing a line would make each write
+// wait for the other core.
+template <class T>
+struct LineAllocator {
+  using value_type = T;
+  static constexpr std::size_t kLine = 64;
+  LineAllocator() noexcept = default;
+  template <class U>
+  LineAllocator(const LineAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new(bytes(n), std::align_val_t{kLine}));
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    ::operator delete(p, bytes(n), std::align_val_t{kLine});
+  }
+  static std::size_t bytes(std::size_t n) noexcept {
+    return (n * sizeof(T) + kLine - 1) / kLine * kLine;
+  }
+  template <class U>
+  friend bool operator==(const LineAllocator&, const LineAllocator<U>&) noexcept {
+    return true;
+  }
+  template <class U>
+  friend bool operator!=(const LineAllocator&, const LineAllocator<U>&) noexcept {
+    return false;
+  }
+};
+
+struct alignas(64) SmallSegment {
   char* ptr = nullptr;
   std::uint64_t id = 0;         // index in its arena's segment table
   std::uint64_t free_tick = 0;  // when it last became wholly free
-  std::vector<small_block::Desc> blocks;  // by offset; they tile the segment
+  std::vector<small_block::Desc, LineAllocator<small_block::Desc>> blocks;  // by offset; they tile it
 
   std::size_t size() const noexcept { return memory_constants::kSmallBuffer; }
   bool contains(const void* p) const noexcept {
@@ -188,14 +218,14 @@ class SmallArena {
   // Room for one more block of `gran` granules in its bin, so that the bin()
   // that follows cannot throw.
   void reserve_bin(std::size_t gran) {
-    std::vector<std::uint64_t>& v = bins_[gran - 1];
+    auto& v = bins_[gran - 1];
     if (v.size() == v.capacity()) v.reserve(std::max<std::size_t>(8, 2 * v.size()));
   }
   // Puts block `i` of `seg` into its bin.
   void bin(SmallSegment& seg, std::size_t i) {
     Desc& d = seg.blocks[i];
     std::size_t c = small_block::granules(d) - 1;
-    std::vector<std::uint64_t>& v = bins_[c];
+    auto& v = bins_[c];
     v.push_back(entry(seg, i, small_block::offset(d)));  // may throw: nothing changed yet
     d = small_block::with_payload(small_block::with_state(d, small_block::binned), v.size() - 1);
     words_[c >> 6] |= std::uint64_t{1} << (c & 63);
@@ -206,7 +236,7 @@ class SmallArena {
   void unbin(SmallSegment& seg, std::size_t i) noexcept {
     Desc& d = seg.blocks[i];
     std::size_t c = small_block::granules(d) - 1;
-    std::vector<std::uint64_t>& v = bins_[c];
+    auto& v = bins_[c];
     auto pos = static_cast<std::size_t>(small_block::payload(d));
     std::uint64_t last = v.back();
     v.pop_back();
@@ -251,7 +281,7 @@ class SmallArena {
     return seg.id << 24 | (i & 0xfff) << 12 | off;
   }
 
-  std::array<std::vector<std::uint64_t>, small_block::kGranules> bins_{};
+  std::array<std::vector<std::uint64_t, LineAllocator<std::uint64_t>>, small_block::kGranules> bins_{};
   std::array<std::uint64_t, 64> words_{};
   std::uint64_t summary_ = 0;
   std::vector<SmallSegment*> segments_;  // by id; nullptr where removed
