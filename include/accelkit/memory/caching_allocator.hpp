@@ -256,7 +256,12 @@ struct alignas(64) PoolShard {
   StreamHandle stream;
   SmallArena arena;    // small blocks (Note [Small arena])
   NodeFreeList nodes;  // before `large`: destroyed after it
-  std::set<MemBlock*, LargeOrder, NodeRecycler<MemBlock*>> large;
+  using LargeSet = std::set<MemBlock*, LargeOrder, NodeRecycler<MemBlock*>>;
+  LargeSet large;
+  // A set node kept ready so that evicting a parked large block into the
+  // set cannot fail (prepare_evict); node_probe is its placeholder value.
+  LargeSet::node_type spare_node;
+  MemBlock node_probe;
   std::vector<PendingFree> pending;
   std::vector<MemSegment*> segments;
   std::vector<std::unique_ptr<MemBlock[]>> slabs;
@@ -510,7 +515,12 @@ class DeviceCachingAllocator {
         pool.uses.erase(it);
         b->has_uses = false;
       } else if (config_.caching) {
-        make_room(pool);
+        try {
+          make_room(pool);
+        } catch (...) {
+          live_.insert(ptr, live);  // as it was; cannot grow, its slot was just freed
+          throw;
+        }
         b->allocated = false;
         count_free(pool, b);
         free_block(pool, b);
@@ -524,14 +534,16 @@ class DeviceCachingAllocator {
     bool safe = true;
     std::vector<EventHandle> events = record_uses(b->ptr, uses, safe);
     std::lock_guard<detail::SpinLock> lock(pool.lock);
-    make_room(pool);
     b->allocated = false;
     count_free(pool, b);
     if (!safe) return;  // quarantined: see record_uses
-    if (!events.empty())
-      pool.pending.push_back({b, nullptr, b->ptr, std::move(events)});
-    else
+    if (events.empty() && try_make_room(pool)) {
       free_block(pool, b);
+      return;
+    }
+    // Waits for its events; or, with none and no room now, is parked by the
+    // next allocation (process_pending).
+    pool.pending.push_back({b, nullptr, b->ptr, std::move(events)});
   }
 
   // Whether `ptr` is the start of a live allocation of this allocator.
@@ -549,7 +561,10 @@ class DeviceCachingAllocator {
                                       Backend<R>::name, device_));
     };
     if (SmallHold h = hold_small(ptr); h.seg) {
-      if (!h.allocated()) throw not_live();
+      if (!h.allocated()) {
+        h.lock.unlock();
+        throw not_live();
+      }
       if (stream == h.pool->stream) return;
       std::vector<StreamHandle>& uses = h.pool->uses[ptr];
       h.seg->blocks[h.i] = detail::small_block::with_uses(h.seg->blocks[h.i], true);
@@ -823,7 +838,12 @@ class DeviceCachingAllocator {
   // Records are cached only in the large pool: small blocks have none while
   // caching is on (Note [Small arena]), and none is cached while it is off.
   void insert_free(Pool& pool, Block* b) {
-    pool.large.insert(b);  // may throw: nothing changed yet
+    if (!pool.spare_node.empty()) {
+      pool.spare_node.value() = b;
+      pool.large.insert(std::move(pool.spare_node));
+    } else {
+      pool.large.insert(b);  // may throw: nothing changed yet
+    }
     b->cached = true;
     b->allocated = false;  // stale if it was parked (Note [Freeing without the block record])
     count_inactive(pool, b, true);
@@ -1017,11 +1037,25 @@ class DeviceCachingAllocator {
   void make_room(Pool& pool) {
     if (pool.hot_count == Pool::kHot) prepare_evict(pool, pool.hot[pool.hot_victim]);
   }
+  bool try_make_room(Pool& pool) noexcept {
+    try {
+      make_room(pool);
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
   // Makes room in the bin a small parked block will enter with its binned
   // neighbours, so that evicting it cannot throw. (A record's set node may
   // still be allocated on eviction.)
   void prepare_evict(Pool& pool, detail::Parked& p) {
-    if (!p.seg) return;
+    if (!p.seg) {  // a record: its set needs a node
+      if (pool.spare_node.empty()) {
+        pool.node_probe.size = std::numeric_limits<std::size_t>::max();  // sorts last
+        pool.spare_node = pool.large.extract(pool.large.insert(&pool.node_probe).first);
+      }
+      return;
+    }
     using namespace detail::small_block;
     const detail::SmallSegment& seg = *p.seg;
     std::size_t i = seg.index_of(p.ptr, p.hint);
@@ -1112,7 +1146,12 @@ class DeviceCachingAllocator {
     Pool& pool = *live.pool;
     ACCELKIT_PREFETCH(live.block);  // for its eviction (see the note)
     std::lock_guard<detail::SpinLock> lock(pool.lock);
-    make_room(pool);
+    try {
+      make_room(pool);
+    } catch (...) {
+      live_.insert(ptr, live);  // as it was; cannot grow, its slot was just freed
+      throw;
+    }
     count_free(pool, size, requested, small);
     park_block(pool, {live.block, nullptr, ptr}, size, small, whole);
   }
@@ -1348,7 +1387,9 @@ class DeviceCachingAllocator {
   // (adjacent segments of two streams) would otherwise take turns at one
   // shard's lock, which halved the two-thread throughput. A remembered
   // window may be out of date; whatever it names is checked under the
-  // pool's lock, and the map is asked when the check fails.
+  // pool's lock, and the map is asked when the check fails. That it names no
+  // segment for a pointer is trusted while no segment has been added since
+  // (window_epoch_): a large block's free then makes no map lookup.
 
   struct SmallRef {
     Pool* pool = nullptr;
@@ -1370,6 +1411,7 @@ class DeviceCachingAllocator {
   struct WindowCacheEntry {
     std::uint64_t owner = 0;  // the allocator's id_
     const void* key = nullptr;
+    std::uint64_t epoch = 0;  // window_epoch_ before the map was read
     detail::SmallWindow window;
   };
   static inline thread_local std::array<WindowCacheEntry, 16> tls_windows_{};
@@ -1391,10 +1433,14 @@ class DeviceCachingAllocator {
       if (attempt == 0) {
         if (cached.owner != id_ || cached.key != key) continue;
         r = in_window(cached.window, p);
-        if (!r.pool) continue;  // a segment may have come since
+        if (!r.pool) {
+          if (cached.epoch == window_epoch_.load(std::memory_order_acquire)) return {};
+          continue;  // a segment may have come since
+        }
       } else {
+        std::uint64_t epoch = window_epoch_.load(std::memory_order_acquire);
         detail::SmallWindow w = windows_.find(key);
-        cached = {id_, key, w};
+        cached = {id_, key, epoch, w};
         r = in_window(w, p);
         if (!r.pool) return {};
       }
@@ -1421,6 +1467,7 @@ class DeviceCachingAllocator {
         throw;
       }
     }
+    window_epoch_.fetch_add(1, std::memory_order_release);  // after: see hold_small
   }
   void unregister_windows(Pool& pool, const detail::SmallSegment& seg) noexcept {
     const void* first = window_key(seg.ptr);
@@ -1493,13 +1540,13 @@ class DeviceCachingAllocator {
     bool safe = true;
     std::vector<EventHandle> events = record_uses(ptr, uses, safe);
     std::lock_guard<detail::SpinLock> lock(pool.lock);
-    make_room(pool);
     count_free(pool, size, requested, true);
     if (!safe) return;  // quarantined: see record_uses
-    if (!events.empty())
-      pool.pending.push_back({nullptr, seg, ptr, std::move(events)});
-    else
+    if (events.empty() && try_make_room(pool)) {
       free_small_block(pool, *seg, seg->index_of(ptr));
+      return;
+    }
+    pool.pending.push_back({nullptr, seg, ptr, std::move(events)});  // as above
   }
 
   // Under the pool lock: removes a wholly free segment from the pool.
@@ -1548,6 +1595,15 @@ class DeviceCachingAllocator {
   void release_all(bool wait) {
     std::lock_guard<std::mutex> serial(release_mutex_);
     Released freed;
+    try {
+      release_into(freed, wait);
+    } catch (...) {
+      free_segments(freed);  // what was detached before the failure
+      throw;
+    }
+    free_segments(freed);
+  }
+  void release_into(Released& freed, bool wait) {
     for (Pool* pool : pools_snapshot()) {
       std::lock_guard<detail::SpinLock> lock(pool->lock);
       if (!pool->pending.empty()) {
@@ -1571,7 +1627,6 @@ class DeviceCachingAllocator {
         detach_small(*pool, s);
       }
     }
-    free_segments(freed);
   }
 
   // Note [Garbage collection threshold]: before growing past the threshold,
@@ -1786,6 +1841,7 @@ class DeviceCachingAllocator {
   // Note [Small arena]. Few shards: threads mostly find windows in their own
   // cache, and 1024 shards' tables would spread 3,000 windows over 1 MiB.
   detail::PointerMap<detail::SmallWindow, 4> windows_;
+  std::atomic<std::uint64_t> window_epoch_{0};  // small segments added so far
 
   std::mutex pools_mutex_;
   std::unordered_map<std::uintptr_t, std::unique_ptr<Pool>> pools_by_stream_;

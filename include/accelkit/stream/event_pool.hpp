@@ -9,8 +9,10 @@
 #include <accelkit/device/backend.hpp>
 #include <accelkit/types.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <mutex>
+#include <new>
 #include <vector>
 
 ACCELKIT_BEGIN_NAMESPACE
@@ -43,19 +45,30 @@ class EventPool {
       }
     }
     EventHandle e = backend_.event_create(device_, flags_);
-    std::lock_guard<std::mutex> lock(mutex_);
-    try {
-      free_.reserve(created_ + 1);  // so that release() never allocates
-    } catch (...) {
-      backend_.event_destroy(device_, e);
-      throw;
+    bool room = true;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      try {
+        // So that release() never allocates: room for every event created.
+        if (free_.capacity() <= created_) free_.reserve(std::max<std::size_t>(8, 2 * created_ + 2));
+        ++created_;
+      } catch (const std::bad_alloc&) {
+        room = false;
+      }
     }
-    ++created_;
+    if (!room) {
+      try {
+        backend_.event_destroy(device_, e);
+      } catch (...) {
+      }
+      throw std::bad_alloc();
+    }
     return e;
   }
 
-  // Returns an event whose last record has completed (or that was never
-  // recorded) for reuse. Never throws: room was made when it was created.
+  // Returns an event from acquire() of this pool whose last record has
+  // completed (or that was never recorded), once, for reuse. Never
+  // allocates: room was made when it was created.
   void release(EventHandle e) noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
     free_.push_back(e);
