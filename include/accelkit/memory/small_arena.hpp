@@ -16,7 +16,7 @@
 // offset) entries, not links through the blocks. A pointer is found through
 // its segment (a small map of 2 MiB address windows, in the allocator), then
 // a binary search of that segment's descriptors. At 100,000 live blocks the
-// allocator's heap is 2.6 MiB, and an operation costs 1.5-1.6x what it does
+// allocator's heap is 2.6 MiB, and an operation costs 1.5-1.8x what it does
 // at 1,000 (memory_bench).
 // Everything here runs under the lock of the pool that owns the segment.
 #pragma once
