@@ -171,6 +171,7 @@ class SmallArena {
   // A new segment at `ptr`, one block spanning it in state parked (neither
   // binned nor allocated): the caller carves it.
   SmallSegment* add_segment(char* ptr) {
+    if (!bins_) bins_ = std::make_unique<Bins>();
     auto seg = std::make_unique<SmallSegment>();
     seg->ptr = ptr;
     seg->blocks.reserve(16);
@@ -218,14 +219,14 @@ class SmallArena {
   // Room for one more block of `gran` granules in its bin, so that the bin()
   // that follows cannot throw.
   void reserve_bin(std::size_t gran) {
-    auto& v = bins_[gran - 1];
+    auto& v = (*bins_)[gran - 1];
     if (v.size() == v.capacity()) v.reserve(std::max<std::size_t>(8, 2 * v.size()));
   }
   // Puts block `i` of `seg` into its bin.
   void bin(SmallSegment& seg, std::size_t i) {
     Desc& d = seg.blocks[i];
     std::size_t c = small_block::granules(d) - 1;
-    auto& v = bins_[c];
+    auto& v = (*bins_)[c];
     v.push_back(entry(seg, i, small_block::offset(d)));  // may throw: nothing changed yet
     d = small_block::with_payload(small_block::with_state(d, small_block::binned), v.size() - 1);
     words_[c >> 6] |= std::uint64_t{1} << (c & 63);
@@ -236,7 +237,7 @@ class SmallArena {
   void unbin(SmallSegment& seg, std::size_t i) noexcept {
     Desc& d = seg.blocks[i];
     std::size_t c = small_block::granules(d) - 1;
-    auto& v = bins_[c];
+    auto& v = (*bins_)[c];
     auto pos = static_cast<std::size_t>(small_block::payload(d));
     std::uint64_t last = v.back();
     v.pop_back();
@@ -268,7 +269,7 @@ class SmallArena {
       bits = words_[w];
     }
     std::size_t bin = (w << 6) + static_cast<std::size_t>(__builtin_ctzll(bits));
-    std::uint64_t e = bins_[bin].back();
+    std::uint64_t e = (*bins_)[bin].back();
     seg = segments_[e >> 24];
     i = seg->index_of(seg->ptr + (e & 0xfff) * small_block::kGranule, (e >> 12) & 0xfff);
     return true;
@@ -281,7 +282,10 @@ class SmallArena {
     return seg.id << 24 | (i & 0xfff) << 12 | off;
   }
 
-  std::array<std::vector<std::uint64_t, LineAllocator<std::uint64_t>>, small_block::kGranules> bins_{};
+  // 96 KiB, made with the first segment: a pool (a stream) that only ever
+  // holds large blocks does without.
+  using Bins = std::array<std::vector<std::uint64_t, LineAllocator<std::uint64_t>>, small_block::kGranules>;
+  std::unique_ptr<Bins> bins_;
   std::array<std::uint64_t, 64> words_{};
   std::uint64_t summary_ = 0;
   std::vector<SmallSegment*> segments_;  // by id; nullptr where removed
