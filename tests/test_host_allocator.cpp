@@ -84,6 +84,18 @@ TEST_CASE("host allocator: bad frees and huge sizes are clear errors") {
   CHECK(h.allocate(1 << 20) != nullptr);
 }
 
+TEST_CASE("host allocator: teardown returns every block to the driver, in use or not") {
+  SimBackend b(Environment::fixed({}), sim());
+  {
+    Host h(b);
+    void* kept = h.allocate(4096);     // still allocated at teardown
+    h.deallocate(h.allocate(1 << 20));  // cached
+    CHECK(kept != nullptr);
+    CHECK(b.runtime().pinned_blocks() == 2);
+  }
+  CHECK(b.runtime().pinned_blocks() == 0);
+}
+
 TEST_CASE("host allocator: with caching off every block returns to the driver") {
   SimBackend b(Environment::fixed({{"SIMDEV_NO_MEMORY_CACHING", "1"}}), sim());
   Host h(b);

@@ -64,6 +64,15 @@ class PointerMap {
     f(*v);
     return true;
   }
+  // Calls f(V) on every value, each shard under its lock (for teardown and
+  // reports: entries added or removed meanwhile may or may not be seen).
+  template <class F>
+  void for_each(F&& f) {
+    for (Shard& s : shards_) {
+      std::lock_guard<SpinLock> lock(s.lock);
+      s.table.for_each(f);
+    }
+  }
   // Calls f(V&) under the shard's lock on the value of `key`, inserted
   // value-initialized if absent; erases `key` when f returns false.
   template <class F>
@@ -153,6 +162,11 @@ class PointerMap {
       return i == npos ? nullptr : &slots_[i].value;
     }
     std::size_t size() const { return size_; }
+    template <class F>
+    void for_each(F& f) const {
+      for (const Slot& s : slots_)
+        if (s.key != kEmpty) f(s.value);
+    }
     void prefetch(std::uintptr_t key) const {
       if (!slots_.empty()) ACCELKIT_PREFETCH(&slots_[index(key)]);
     }

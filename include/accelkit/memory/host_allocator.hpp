@@ -66,6 +66,8 @@ class HostAllocator {
   HostAllocator(const HostAllocator&) = delete;
   HostAllocator& operator=(const HostAllocator&) = delete;
 
+  // Returns every block to the driver, those still allocated and those
+  // kept out of the cache included, as the device allocator does.
   ~HostAllocator() {
     for (Bucket& bucket : buckets_) {
       for (Pending& p : bucket.pending) {
@@ -73,7 +75,9 @@ class HostAllocator {
         delete_block(p.block);
       }
       for (Block* b : bucket.free) delete_block(b);
+      for (Block* b : bucket.quarantined) delete_block(b);
     }
+    live_.for_each([&](Block* b) { delete_block(b); });
   }
 
   // `bytes` of pinned host memory; nullptr for 0 bytes. OutOfMemoryError
@@ -123,11 +127,15 @@ class HostAllocator {
       std::lock_guard<detail::SpinLock> lock(bucket.lock);
       count_free(bucket, b);
       if (safe) free_to_driver(bucket, b);
+      else bucket.quarantined.push_back(b);
       return;
     }
     std::lock_guard<detail::SpinLock> lock(bucket.lock);
     count_free(bucket, b);
-    if (!safe) return;  // quarantined: never reused
+    if (!safe) {  // never reused; returned to the driver at teardown
+      bucket.quarantined.push_back(b);
+      return;
+    }
     if (!pending.events.empty())
       bucket.pending.push_back(std::move(pending));
     else
@@ -215,6 +223,7 @@ class HostAllocator {
     detail::SpinLock lock;
     std::vector<Block*> free;
     std::vector<Pending> pending;
+    std::vector<Block*> quarantined;  // freed, but never to be reused (record_uses)
     HostStats stats;
   };
 
