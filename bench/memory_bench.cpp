@@ -216,10 +216,6 @@ void bench_random() {
   // turns: on a shared 2-core machine a run now and then lands in a burst
   // of someone else's work.
   const int reps = quick ? 1 : 5;
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   for (std::size_t n : counts) {
     std::size_t ops = quick ? 2000 : 200000;
     std::vector<double> as, nvs, rs;
@@ -233,7 +229,7 @@ void bench_random() {
       nvs.push_back(random_allocations(naive, s, n, max_size, ops));
       rs.push_back(random_allocations(raw, s, n, max_size, quick ? 200 : 20000));
     }
-    double a = median(as), nv = median(nvs), r = median(rs);
+    double a = percentile(as, 0.5), nv = percentile(nvs, 0.5), r = percentile(rs, 0.5);
     std::printf("%-8zu %12.1f %12.1f %12.1f %13.1fx %13.1fx\n", n, a, nv, r, nv / a, r / a);
     if (first == 0) first = a;
     last = a;

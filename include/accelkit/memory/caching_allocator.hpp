@@ -60,6 +60,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -225,7 +226,9 @@ struct Parked {
 // The cached memory of one stream (Note [Caching device allocator]).
 struct alignas(64) PoolShard {
   explicit PoolShard(StreamHandle s)
-      : stream(s), large(LargeOrder{}, NodeRecycler<MemBlock*>(&nodes)) {}
+      : stream(s), large(LargeOrder{}, NodeRecycler<MemBlock*>(&nodes)) {
+    node_probe.size = std::numeric_limits<std::size_t>::max();  // sorts after every block
+  }
   PoolShard(const PoolShard&) = delete;
   PoolShard& operator=(const PoolShard&) = delete;
   ~PoolShard() = default;
@@ -460,8 +463,7 @@ class DeviceCachingAllocator {
     detail::PoolShard& pool = pool_for(stream);
     Taken t;
     if (!config_.caching) {
-      Block* b = allocate_uncached(pool, bytes);
-      t = {b, b->ptr, b->size, 0};
+      t = taken(allocate_uncached(pool, bytes));
     } else {
       std::size_t size = config_.round_size(bytes);
       {
@@ -510,9 +512,7 @@ class DeviceCachingAllocator {
     {
       std::lock_guard<detail::SpinLock> lock(pool.lock);
       if (b->has_uses) {
-        auto it = pool.uses.find(b->ptr);
-        uses = std::move(it->second);
-        pool.uses.erase(it);
+        uses = take_uses(pool, b->ptr);
         b->has_uses = false;
       } else if (config_.caching) {
         try {
@@ -537,13 +537,7 @@ class DeviceCachingAllocator {
     b->allocated = false;
     count_free(pool, b);
     if (!safe) return;  // quarantined: see record_uses
-    if (events.empty() && try_make_room(pool)) {
-      free_block(pool, b);
-      return;
-    }
-    // Waits for its events; or, with none and no room now, is parked by the
-    // next allocation (process_pending).
-    pool.pending.push_back({b, nullptr, b->ptr, std::move(events)});
+    park_or_queue(pool, {b, nullptr, b->ptr, std::move(events)});
   }
 
   // Whether `ptr` is the start of a live allocation of this allocator.
@@ -566,9 +560,8 @@ class DeviceCachingAllocator {
         throw not_live();
       }
       if (stream == h.pool->stream) return;
-      std::vector<StreamHandle>& uses = h.pool->uses[ptr];
+      add_use(*h.pool, ptr, stream);
       h.seg->blocks[h.i] = detail::small_block::with_uses(h.seg->blocks[h.i], true);
-      if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
       return;
     }
     detail::MemBlock* b = live_.find(ptr).block;
@@ -578,9 +571,8 @@ class DeviceCachingAllocator {
     // Its free must now read the record (Note [Freeing without the block record]).
     live_.update(ptr, [](detail::LiveBlock& l) { l.summary = 0; });
     std::lock_guard<detail::SpinLock> lock(pool.lock);
-    std::vector<StreamHandle>& uses = pool.uses[b->ptr];
+    add_use(pool, b->ptr, stream);
     b->has_uses = true;
-    if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
   }
 
   // Returns every unused cached segment to the driver, after waiting for
@@ -715,7 +707,7 @@ class DeviceCachingAllocator {
     std::size_t size = 0;
     std::uint64_t summary = 0;  // Note [Freeing without the block record]
   };
-  static Taken whole(Block* b) noexcept { return {b, b->ptr, b->size, 0}; }
+  static Taken taken(Block* b) noexcept { return {b, b->ptr, b->size, 0}; }
 
   static std::uint64_t next_id() noexcept {
     static std::atomic<std::uint64_t> next{1};
@@ -887,23 +879,15 @@ class DeviceCachingAllocator {
       b->allocated = true;
       b->requested = requested;
       count_alloc(pool, b);
-      return {b, b->ptr, b->size, 0};
+      return taken(b);
     }
     if (small) {
       detail::SmallSegment* seg = nullptr;
       std::size_t i = 0;
       bool found = pool.arena.best_fit(size / kGranule, seg, i);
       // A parked block that fits better than the binned one is split instead.
-      std::size_t best = pool.hot_count;
       std::size_t best_size = found ? bytes(seg->blocks[i]) : std::numeric_limits<std::size_t>::max();
-      for (std::size_t k = 0; k < pool.hot_count; ++k) {
-        std::size_t key = pool.hot_key[k];
-        std::size_t hs = key & ~std::size_t{1};
-        if ((key & 1) && hs > size && hs < best_size && fits(size, hs)) {
-          best = k;
-          best_size = hs;
-        }
-      }
+      std::size_t best = best_parked<true>(pool, size, best_size);
       if (best != pool.hot_count) {
         detail::Parked h = pool.unpark(best);
         std::size_t j = h.seg->index_of(h.ptr, h.hint);
@@ -940,26 +924,16 @@ class DeviceCachingAllocator {
       if (!r || r->size > memory_constants::kSmallBuffer) return {};
       live_.prefetch(r->ptr);
       unlink_free(pool, r);
-      Block* b = carve(pool, r, size, requested);
-      return {b, b->ptr, b->size, 0};
+      return taken(carve(pool, r, size, requested));
     }
     Block* b = find_large(pool, size);
     // A parked block that fits better than the set's is split instead.
-    std::size_t best = pool.hot_count;
     std::size_t best_size = b ? b->size : std::numeric_limits<std::size_t>::max();
-    for (std::size_t i = 0; i < pool.hot_count; ++i) {
-      std::size_t k = pool.hot_key[i];
-      std::size_t hs = k & ~std::size_t{1};
-      if (!(k & 1) && hs > size && hs < best_size && fits(size, hs)) {
-        best = i;
-        best_size = hs;
-      }
-    }
+    std::size_t best = best_parked<false>(pool, size, best_size);
     if (best != pool.hot_count) {
       Block* h = pool.unpark(best).block;
       leave_hot(pool, h);
-      Block* c = carve(pool, h, size, requested);
-      return {c, c->ptr, c->size, 0};
+      return taken(carve(pool, h, size, requested));
     }
     if (!b && pool.hot_count) {
       flush_hot(pool);
@@ -968,8 +942,25 @@ class DeviceCachingAllocator {
     if (!b) return {};
     live_.prefetch(b->ptr);  // the insert after carving, overlapped with its reads
     unlink_free(pool, b);
-    b = carve(pool, b, size, requested);
-    return {b, b->ptr, b->size, 0};
+    return taken(carve(pool, b, size, requested));
+  }
+
+  // The parking slot of the smallest parked block of the pool kind `Small`
+  // that is larger than `size`, smaller than `best_size` and fits it
+  // (best_size becomes its size); pool.hot_count if none.
+  template <bool Small>
+  ACCELKIT_ALWAYS_INLINE std::size_t best_parked(const Pool& pool, std::size_t size,
+                                                 std::size_t& best_size) const noexcept {
+    std::size_t best = pool.hot_count;
+    for (std::size_t k = 0; k < pool.hot_count; ++k) {
+      std::size_t key = pool.hot_key[k];
+      std::size_t hs = key & ~std::size_t{1};
+      if ((key & 1) == (Small ? 1u : 0u) && hs > size && hs < best_size && fits(size, hs)) {
+        best = k;
+        best_size = hs;
+      }
+    }
+    return best;
   }
 
   // Under the pool lock: splits block `i` of `seg` (in no bin) to `size`,
@@ -1051,20 +1042,27 @@ class DeviceCachingAllocator {
   void prepare_evict(Pool& pool, detail::Parked& p) {
     if (!p.seg) {  // a record: its set needs a node
       if (pool.spare_node.empty()) {
-        pool.node_probe.size = std::numeric_limits<std::size_t>::max();  // sorts last
         pool.spare_node = pool.large.extract(pool.large.insert(&pool.node_probe).first);
       }
       return;
     }
-    using namespace detail::small_block;
-    const detail::SmallSegment& seg = *p.seg;
-    std::size_t i = seg.index_of(p.ptr, p.hint);
+    std::size_t i = p.seg->index_of(p.ptr, p.hint);
     p.hint = i;  // for evict()
-    std::size_t total = granules(seg.blocks[i]);
-    if (i + 1 < seg.blocks.size() && state(seg.blocks[i + 1]) == binned)
-      total += granules(seg.blocks[i + 1]);
-    if (i > 0 && state(seg.blocks[i - 1]) == binned) total += granules(seg.blocks[i - 1]);
-    pool.arena.reserve_bin(total);
+    pool.arena.reserve_bin(merged(*p.seg, i).granules);
+  }
+  // Whether block `i` of `seg` merges with its next and previous neighbour
+  // when binned (they are binned), and the merged block's granules.
+  struct Merge {
+    bool next, prev;
+    std::uint32_t granules;
+  };
+  static Merge merged(const detail::SmallSegment& seg, std::size_t i) noexcept {
+    using namespace detail::small_block;
+    Merge m{i + 1 < seg.blocks.size() && state(seg.blocks[i + 1]) == binned,
+            i > 0 && state(seg.blocks[i - 1]) == binned, granules(seg.blocks[i])};
+    if (m.next) m.granules += granules(seg.blocks[i + 1]);
+    if (m.prev) m.granules += granules(seg.blocks[i - 1]);
+    return m;
   }
 
   // Under the pool lock: splits `b` (not in the free structures) to `size`
@@ -1197,11 +1195,8 @@ class DeviceCachingAllocator {
   // bins, merged with binned neighbours.
   void cache_small(Pool& pool, detail::SmallSegment& seg, std::size_t i) {
     using namespace detail::small_block;
-    std::uint32_t off = offset(seg.blocks[i]), total = granules(seg.blocks[i]);
-    bool next = i + 1 < seg.blocks.size() && state(seg.blocks[i + 1]) == binned;
-    bool prev = i > 0 && state(seg.blocks[i - 1]) == binned;
-    if (next) total += granules(seg.blocks[i + 1]);
-    if (prev) total += granules(seg.blocks[i - 1]);
+    std::uint32_t off = offset(seg.blocks[i]);
+    auto [next, prev, total] = merged(seg, i);
     pool.arena.reserve_bin(total);  // nothing below throws
     if (next) {
       count_inactive(pool, bytes(seg.blocks[i + 1]), true, false, false);
@@ -1274,10 +1269,40 @@ class DeviceCachingAllocator {
         [&](detail::PendingFree& p) {
           // The free first: if it throws, nothing changed and p stays queued.
           make_room(pool);
-          if (p.seg) free_small_block(pool, *p.seg, p.seg->index_of(p.ptr));
-          else free_block(pool, p.block);
+          park(pool, p);
           for (EventHandle e : p.events) events_.release(e);
         });
+  }
+
+  // Under the pool lock, after make_room(): parks a freed block whose stream
+  // uses are past (free_block or free_small_block).
+  void park(Pool& pool, const detail::PendingFree& p) {
+    if (p.seg) free_small_block(pool, *p.seg, p.seg->index_of(p.ptr));
+    else free_block(pool, p.block);
+  }
+  // Under the pool lock, after record_uses(): parks the block now when there
+  // are no events to wait for and room to park it; otherwise queues it, and
+  // process_pending parks it once its events complete (at once if none).
+  void park_or_queue(Pool& pool, detail::PendingFree p) {
+    if (p.events.empty() && try_make_room(pool)) {
+      park(pool, p);
+      return;
+    }
+    pool.pending.push_back(std::move(p));
+  }
+
+  // Under the pool lock: the streams a freed block was used on, leaving none
+  // recorded for it.
+  static std::vector<StreamHandle> take_uses(Pool& pool, const void* ptr) {
+    auto it = pool.uses.find(ptr);
+    std::vector<StreamHandle> uses = std::move(it->second);
+    pool.uses.erase(it);
+    return uses;
+  }
+  // Under the pool lock: records that the block at `ptr` is used on `stream`.
+  static void add_use(Pool& pool, const void* ptr, StreamHandle stream) {
+    std::vector<StreamHandle>& uses = pool.uses[ptr];
+    if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
   }
 
   // -------------------------------------------------------- driver memory
@@ -1424,6 +1449,12 @@ class DeviceCachingAllocator {
         return {w.pool[k], w.base[k], w.id[k]};
     return {};
   }
+  // Under r.pool's lock: the segment with r's id if it starts at r's base
+  // (the one r named, or one at that address now); nullptr once released.
+  static detail::SmallSegment* segment_of(const SmallRef& r) noexcept {
+    detail::SmallSegment* seg = r.pool->arena.segment(r.id);
+    return seg && seg->ptr == r.base ? seg : nullptr;
+  }
   // The small segment that contains `p`, locked; seg null when none does.
   SmallHold hold_small(const void* p) {
     const void* key = window_key(p);
@@ -1445,8 +1476,8 @@ class DeviceCachingAllocator {
         if (!r.pool) return {};
       }
       std::unique_lock<detail::SpinLock> lock(r.pool->lock);
-      detail::SmallSegment* seg = r.pool->arena.segment(r.id);
-      if (seg && seg->ptr == r.base) return {r.pool, seg, seg->index_of(p), std::move(lock)};
+      if (detail::SmallSegment* seg = segment_of(r))
+        return {r.pool, seg, seg->index_of(p), std::move(lock)};
       // Released since the window was read: ask the map (again).
     }
     return {};
@@ -1532,9 +1563,7 @@ class DeviceCachingAllocator {
       }
       // Used on other streams: pending (never allocated again, nor freed
       // twice) until events on those streams say they are past this point.
-      auto it = pool.uses.find(ptr);
-      uses = std::move(it->second);
-      pool.uses.erase(it);
+      uses = take_uses(pool, ptr);
       seg->blocks[i] = with_uses(with_state(d, pending), false);
     }
     bool safe = true;
@@ -1542,11 +1571,7 @@ class DeviceCachingAllocator {
     std::lock_guard<detail::SpinLock> lock(pool.lock);
     count_free(pool, size, requested, true);
     if (!safe) return;  // quarantined: see record_uses
-    if (events.empty() && try_make_room(pool)) {
-      free_small_block(pool, *seg, seg->index_of(ptr));
-      return;
-    }
-    pool.pending.push_back({nullptr, seg, ptr, std::move(events)});  // as above
+    park_or_queue(pool, {nullptr, seg, ptr, std::move(events)});
   }
 
   // Under the pool lock: removes a wholly free segment from the pool.
@@ -1667,8 +1692,8 @@ class DeviceCachingAllocator {
         detach_segment(*c.pool, c.seg);
         releasing += c.seg->size;
       } else {
-        detail::SmallSegment* s = c.pool->arena.segment(c.small.id);
-        if (!s || s->ptr != c.small.base || !s->wholly_free()) continue;
+        detail::SmallSegment* s = segment_of(c.small);
+        if (!s || !s->wholly_free()) continue;
         freed.small.push_back(s->ptr);
         detach_small(*c.pool, s);
         releasing += memory_constants::kSmallBuffer;
@@ -1685,14 +1710,14 @@ class DeviceCachingAllocator {
       if (char* p = driver_alloc(seg_size)) {
         std::lock_guard<detail::SpinLock> lock(pool.lock);
         if (small) return add_small_segment(pool, p, size, requested);
-        return whole(carve(pool, add_segment(pool, p, seg_size, small), size, requested));
+        return taken(carve(pool, add_segment(pool, p, seg_size, small), size, requested));
       }
       // A 1-10 MiB request normally takes a large_segment_size segment to
       // share; when that does not fit, a segment of its own still may.
       if (!small && seg_size > size) {
         if (char* p = driver_alloc(size)) {
           std::lock_guard<detail::SpinLock> lock(pool.lock);
-          return whole(carve(pool, add_segment(pool, p, size, small), size, requested));
+          return taken(carve(pool, add_segment(pool, p, size, small), size, requested));
         }
       }
       if (attempt == 1) break;
