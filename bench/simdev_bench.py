@@ -7,13 +7,46 @@ Prints each figure on simdev next to the same on the CPU, with the ratio:
 per-op latency of a small elementwise op and of empty+free, host<->device
 copy bandwidth at 256 MiB against memcpy (a CPU tensor copy), and the
 training-step time of an MLP.
+
+Note [Training step figures]
+The step is measured in child processes, twice: with the process confined
+to one core, and on every core it may use. The CPU's step runs on one
+thread (torch.set_num_threads(1)), so one core is the like-for-like
+comparison. On more cores, PyTorch's autograd engine runs simdev's
+backward on its device thread (as for every device but the CPU) on another
+core while the caller sleeps: two wake-ups across cores per backward,
+whose cost is the machine's and not the backend's (tens of microseconds
+each on a virtual machine whose idle cores halt), and the step's tensors
+cross between the two cores' caches. The one-op backward row shows the
+fixed cost; the calling-thread row shows the step without it
+(torch.autograd.set_multithreading_enabled(False)); the control row shows
+the same pattern without simdev: the CPU's own step with its backward
+handed to another thread, against the plain CPU step (both columns CPU). Within a child, blocks
+of steps on simdev and on the CPU take turns, each block ending with a
+synchronize, and the figure is the median block; Python's cyclic garbage
+collector is paused while timing, as timeit does, so that its pauses do
+not land on one side.
 """
 import argparse
+import gc
+import json
+import os
+import queue
 import statistics
+import subprocess
+import sys
+import threading
 import time
 
-import torch
-import torch.nn.functional as F
+# A step child (Note [Training step figures]) is confined to its cores before
+# torch starts any thread, so that every thread (the autograd engine's,
+# simdev's stream workers, OpenMP's) inherits the mask.
+_CORES = os.environ.pop("SIMDEV_BENCH_CORES", None)
+if _CORES:
+    os.sched_setaffinity(0, {int(c) for c in _CORES.split(",")})
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 import torch_simdev  # noqa: F401
 
@@ -34,13 +67,120 @@ def row(name, sim, cpu, unit, lower_is_better=True):
     print(f"{name:52s} {sim:12.2f} {cpu:12.2f} {unit:6s} {ratio:8.2f}x")
 
 
+def make_step(device):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(128, 64).to(device)
+    y = torch.randint(0, 10, (128,)).to(device)
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    return step
+
+
+def step_figures(quick):
+    """The child's part (Note [Training step figures]): medians in ms and us."""
+    torch.set_num_threads(1)
+    steps, blocks = (2, 3) if quick else (10, 40)
+
+    def block_ms(step):
+        torch.accelerator.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.accelerator.synchronize()
+        return (time.perf_counter() - t0) / steps * 1e3
+
+    def interleaved(sim, cpu, time_block):
+        gc.collect()
+        gc.disable()
+        try:
+            s, c = [], []
+            for _ in range(blocks):
+                s.append(time_block(sim))
+                c.append(time_block(cpu))
+        finally:
+            gc.enable()
+        return statistics.median(s), statistics.median(c)
+
+    sim_step, cpu_step = make_step("simdev"), make_step("cpu")
+    fig = {"step": interleaved(sim_step, cpu_step, block_ms)}
+    torch.autograd.set_multithreading_enabled(False)
+    fig["step_caller"] = interleaved(sim_step, cpu_step, block_ms)
+    torch.autograd.set_multithreading_enabled(True)
+
+    def tiny_backward(device):
+        x = torch.ones(4, device=device, requires_grad=True)
+        loss = (x * 2).sum()
+        return lambda: loss.backward(retain_graph=True)
+
+    calls = 20 if quick else 200
+    fig["tiny"] = interleaved(tiny_backward("simdev"), tiny_backward("cpu"),
+                              lambda f: per_call_us(f, calls, repeats=1))
+
+    # The control, without simdev: the CPU's own step with its backward
+    # handed to another thread while the caller waits, the engine's pattern
+    # for devices. What that costs here is the machine's (Note [Training
+    # step figures]).
+    requests, done = queue.Queue(), queue.Queue()
+
+    def backward_thread():
+        while True:
+            loss = requests.get()
+            loss.backward()
+            del loss
+            done.put(None)
+
+    threading.Thread(target=backward_thread, daemon=True).start()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(128, 64), torch.randint(0, 10, (128,))
+
+    def handed_step():
+        opt.zero_grad()
+        requests.put(F.cross_entropy(model(x), y))
+        done.get()
+        opt.step()
+
+    for _ in range(3):
+        handed_step()
+    fig["cpu_handed"] = interleaved(handed_step, cpu_step, block_ms)
+    return fig
+
+
+def _child_figures(cores, quick):
+    cmd = [sys.executable, os.path.abspath(__file__), "--step-child"]
+    if quick:
+        cmd.append("--quick")
+    env = dict(os.environ, SIMDEV_BENCH_CORES=",".join(map(str, cores)))
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--step-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.step_child:
+        print(json.dumps(step_figures(args.quick)), flush=True)
+        # No interpreter finalization: PyTorch's autograd device thread may
+        # still be releasing a graph's thread-local state, and finalizing
+        # under it aborts ("terminate called without an active exception").
+        os._exit(0)
     calls = 50 if args.quick else 5000
     mib = 4 if args.quick else 256
-    steps = 3 if args.quick else 20
     torch.set_num_threads(1)
 
     print(f"{'figure':52s} {'simdev':>12s} {'cpu':>12s} {'unit':6s} {'simdev/cpu':>9s}")
@@ -59,69 +199,20 @@ def main():
     row("empty_like(1024 floats) + free (per pair)", per_call_us(lambda: torch.empty_like(a_s), calls),
         per_call_us(lambda: torch.empty_like(a_c), calls), "us")
 
-    def make_step(device):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                                    torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                                    torch.nn.Linear(256, 10)).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        x = torch.randn(128, 64).to(device)
-        y = torch.randint(0, 10, (128,)).to(device)
+    # The training step runs in child processes (see step_figures): once with
+    # the process on one core, once on every core it may use.
+    cores = sorted(os.sched_getaffinity(0))
+    configs = [("one core", cores[:1])]
+    if len(cores) > 1:
+        configs.append((f"{len(cores)} cores", cores))
+    for label, use in configs:
+        fig = _child_figures(use, args.quick)
+        row(f"MLP training step (SGD, batch 128), {label}", *fig["step"], "ms")
+        row("  the same, backward on the calling thread", *fig["step_caller"], "ms")
+        row("  backward of a one-op graph (engine handoff)", *fig["tiny"], "us")
+        # Both columns CPU: the handed-off step against the plain one.
+        row("  control, CPU only: backward on another thread", *fig["cpu_handed"], "ms")
 
-        def step():
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-
-        for _ in range(3):
-            step()
-        return step
-
-    def block_ms(step):
-        torch.accelerator.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        torch.accelerator.synchronize()
-        return (time.perf_counter() - t0) / steps * 1e3
-
-    # Blocks of steps on each device in turn, the median of each: a 2-core
-    # machine's noise hits both sides alike.
-    sim_step, cpu_step = make_step("simdev"), make_step("cpu")
-    sim_ms, cpu_ms = [], []
-    for _ in range(3 if args.quick else 9):
-        sim_ms.append(block_ms(sim_step))
-        cpu_ms.append(block_ms(cpu_step))
-    row("MLP training step (SGD, batch 128)", statistics.median(sim_ms), statistics.median(cpu_ms), "ms")
-
-    # The same with backward run on the calling thread, as the CPU's always
-    # is: what is left once the engine's device-thread handoff (below) is
-    # taken out. A diagnostic, not the default.
-    torch.autograd.set_multithreading_enabled(False)
-    sim_ms, cpu_ms = [], []
-    for _ in range(3 if args.quick else 9):
-        sim_ms.append(block_ms(sim_step))
-        cpu_ms.append(block_ms(cpu_step))
-    torch.autograd.set_multithreading_enabled(True)
-    row("  the same, backward on the calling thread", statistics.median(sim_ms),
-        statistics.median(cpu_ms), "ms")
-
-    # Part of every backward on a device other than the CPU: PyTorch's
-    # autograd engine runs it on a thread of its own for the device and the
-    # caller waits for it (the same for CUDA). A graph of one tiny op shows
-    # that fixed cost.
-    def tiny_backward(device):
-        x = torch.ones(4, device=device, requires_grad=True)
-        loss = (x * 2).sum()
-        return lambda: loss.backward(retain_graph=True)
-
-    row("backward of a one-op graph (engine thread handoff)",
-        per_call_us(tiny_backward("simdev"), calls // 10), per_call_us(tiny_backward("cpu"), calls // 10), "us")
-
-    # Last, so that the process does not exit straight after a backward:
-    # PyTorch's autograd device thread may still be releasing the graph's
-    # thread-local state, and a Python interpreter that finalizes under it
-    # aborts the process ("terminate called without an active exception").
     n = mib << 20
     host = torch.empty(n, dtype=torch.uint8).fill_(7)
     host2 = torch.empty(n, dtype=torch.uint8)
