@@ -808,3 +808,26 @@ TEST_CASE("allocator: a small request may reuse a free large block no bigger tha
   a.deallocate(big);
   check_invariants(a);
 }
+
+TEST_CASE("allocator: contains() knows every address of its segments, allocated or cached") {
+  SimBackend b(Environment::fixed({}), sim(64));
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  auto* small_p = static_cast<char*>(a.allocate(1000, s));
+  auto* large_p = static_cast<char*>(a.allocate(3 * kMiB, s));
+  for (char* p : {small_p, large_p}) {
+    CHECK(a.contains(p));
+    CHECK(a.contains(p + 17));  // inside the block: only owns() wants its start
+    CHECK_FALSE(a.owns(p + 17));
+  }
+  int elsewhere = 0;
+  CHECK_FALSE(a.contains(&elsewhere));
+  a.deallocate(small_p);
+  a.deallocate(large_p);
+  CHECK(a.contains(small_p + 17));  // cached: still this device's memory
+  CHECK(a.contains(large_p + kMiB));
+  a.empty_cache();
+  CHECK_FALSE(a.contains(small_p));
+  CHECK_FALSE(a.contains(large_p + kMiB));
+  check_invariants(a);
+}

@@ -6,6 +6,9 @@
 
 #include "simdev_runtime.hpp"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -39,8 +42,14 @@ std::vector<float> train(const torch::Device& device, int steps) {
 
 int main(int argc, char** argv) {
   int steps = argc > 1 ? std::atoi(argv[1]) : 40;
-  std::printf("simdev devices: %d\n", static_cast<int>(torch::Device("simdev:1").index() + 1));
-  std::vector<float> sim = train(torch::Device("simdev:1"), steps);
+  int count = c10::impl::VirtualGuardImpl(c10::DeviceType::PrivateUse1).deviceCount();
+  std::printf("simdev devices: %d\n", count);
+  if (count == 0) {
+    std::fprintf(stderr, "no simdev device to train on\n");
+    return 1;
+  }
+  // The last device: not the default one, so that the device index is honoured.
+  std::vector<float> sim = train(torch::Device(fmt::format("simdev:{}", count - 1)), steps);
   std::vector<float> cpu = train(torch::Device(torch::kCPU), steps);
   float worst = 0;
   for (std::size_t i = 0; i < sim.size(); ++i) worst = std::max(worst, std::fabs(sim[i] - cpu[i]));

@@ -91,6 +91,121 @@ def test_tensors_on_two_devices_in_one_op_are_an_error():
         a + b
 
 
+def test_convolution_checks_devices_and_follows_the_fallback_policy():
+    x = torch.randn(1, 2, 5, 5, device="simdev:0")
+    w1 = torch.randn(3, 2, 3, 3, device="simdev:1")
+    with pytest.raises(RuntimeError, match="same device, but found at least two devices, "
+                                           "simdev:0 and simdev:1"):
+        torch.nn.functional.conv2d(x, w1)
+    with pytest.raises(RuntimeError):  # PyTorch's own check: input and weight types differ
+        torch.nn.functional.conv2d(x, w1.cpu())
+    out = torch.nn.functional.conv2d(x, w1.to("simdev:0"))  # still usable
+    torch.testing.assert_close(out.cpu(), torch.nn.functional.conv2d(x.cpu(), w1.cpu()))
+
+    r = _run("""
+x = torch.randn(1, 2, 5, 5, device='simdev')
+w = torch.randn(3, 2, 3, 3, device='simdev')
+try:
+    torch.nn.functional.conv2d(x, w)
+    print('ran')
+except NotImplementedError as e:
+    print('refused:', e)
+""", SIMDEV_FALLBACK_BLOCKLIST="convolution_overrideable")
+    assert "refused: The operator 'aten::convolution_overrideable' is not implemented for " \
+           "simdev and its CPU fallback is blocked (SIMDEV_FALLBACK_BLOCKLIST)" in r.stdout, \
+        r.stdout + r.stderr
+
+
+def test_random_operators_draw_from_the_device_generator():
+    torch.simdev.manual_seed(7)
+    assert torch.simdev.initial_seed() == 7
+    cpu_state = torch.get_rng_state()
+    a = torch.randn(64, device="simdev")
+    d = torch.nn.functional.dropout(torch.ones(64, device="simdev"), 0.5)
+    assert torch.equal(torch.get_rng_state(), cpu_state)  # the CPU generator is untouched
+    torch.simdev.manual_seed(7)
+    assert torch.equal(torch.randn(64, device="simdev").cpu(), a.cpu())
+    assert torch.equal(torch.nn.functional.dropout(torch.ones(64, device="simdev"), 0.5).cpu(),
+                       d.cpu())
+    # Each device has its own generator; a state saved is a state restored.
+    torch.simdev.manual_seed_all(3)
+    state = torch.simdev.get_rng_state("simdev:1")
+    with torch.simdev.device(1):
+        b = torch.randn(8, device="simdev")
+    c = torch.randn(8, device="simdev:0")
+    assert torch.equal(b.cpu(), c.cpu())  # same seed, separate generators
+    torch.simdev.set_rng_state(state, "simdev:1")
+    assert torch.equal(torch.randn(8, device="simdev:1").cpu(), b.cpu())
+    torch.manual_seed(11)  # seeds simdev's generators too, as it does CUDA's
+    assert torch.simdev.initial_seed(1) == 11
+    # An explicit generator is used as given.
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    assert torch.equal(torch.randn(8, device="simdev", generator=g1).cpu(),
+                       torch.randn(8, generator=g2))
+    with pytest.raises(IndexError, match="simdev: invalid device index 7"):
+        torch.simdev.get_rng_state(7)
+
+
+def test_device_properties_read_as_attributes_and_bad_indices_are_errors():
+    props = torch.simdev.get_device_properties("simdev:1")
+    assert props.total_memory == props["total_memory"] == 256 << 20
+    assert props.name == torch.simdev.get_device_name(1)
+    expected = os.environ.get("SIMDEV_HOST_VISIBLE", "1") != "0"
+    assert props.host_visible_memory is expected  # the tests run both ways
+    with pytest.raises(AttributeError, match="no 'warp_size'"):
+        props.warp_size
+    for bad in (2, -1, "simdev:9"):
+        with pytest.raises(IndexError, match=f"simdev: invalid device index {bad if isinstance(bad, int) else 9}: simdev has 2"):
+            torch.simdev.get_device_properties(bad)
+    with pytest.raises(ValueError, match="simdev: expected a simdev device, got cpu"):
+        torch.simdev.get_device_properties("cpu")
+
+
+def test_availability_creates_no_context():
+    r = _run("""
+print(torch.simdev.is_available(), torch.simdev.device_count(), torch.simdev.is_initialized())
+torch.empty(1, device='simdev')
+print(torch.simdev.is_initialized())
+""")
+    assert r.stdout.split() == ["True", "2", "False", "True"], r.stdout + r.stderr
+
+
+def test_peak_statistics_reset_and_the_memory_fraction_caps_allocations():
+    torch.simdev.empty_cache()
+    x = torch.empty(8 << 20, dtype=torch.uint8, device="simdev")
+    del x
+    assert torch.simdev.max_memory_allocated(0) >= 8 << 20
+    torch.simdev.reset_peak_memory_stats(0)
+    assert torch.simdev.max_memory_allocated(0) == torch.simdev.memory_allocated(0)
+    torch.simdev.set_per_process_memory_fraction(0.25, 0)  # 64 of 256 MiB
+    try:
+        with pytest.raises(torch.OutOfMemoryError, match="simdev"):
+            torch.empty(96 << 20, dtype=torch.uint8, device="simdev")
+        y = torch.empty(32 << 20, dtype=torch.uint8, device="simdev")  # within the cap
+        del y
+    finally:
+        torch.simdev.set_per_process_memory_fraction(1.0, 0)
+    z = torch.empty(96 << 20, dtype=torch.uint8, device="simdev")  # the cap is lifted
+    del z
+    with pytest.raises(ValueError, match="simdev"):
+        torch.simdev.set_per_process_memory_fraction(1.5, 0)
+
+
+def test_record_stream_keeps_memory_from_reuse_until_the_stream_passes():
+    side = torch.Stream(device="simdev:0")
+    x = torch.empty(1 << 20, dtype=torch.uint8, device="simdev")
+    ptr = x.data_ptr()
+    x.record_stream(side)
+    with torch.simdev.stream(side):
+        ahead = torch.empty(64 << 20, dtype=torch.uint8, device="simdev")
+        ahead.copy_(torch.empty(64 << 20, dtype=torch.uint8).pin_memory(), non_blocking=True)
+    del x
+    y = torch.empty(1 << 20, dtype=torch.uint8, device="simdev")
+    if not side.query():  # still busy after y was allocated, so busy while it was
+        assert y.data_ptr() != ptr
+    torch.simdev.synchronize()
+
+
 def test_out_of_memory_raises_and_the_next_allocation_succeeds():
     a = torch.empty(160 << 20, dtype=torch.uint8, device="simdev")
     with pytest.raises(torch.OutOfMemoryError,
@@ -136,6 +251,30 @@ def test_non_blocking_copy_on_a_side_stream_joined_with_an_event():
     assert done.query()
 
 
+def test_pinned_memory_of_a_copy_in_flight_is_not_reused_before_the_copy_lands():
+    # A 64 MiB copy ahead on the stream keeps the small copies behind it in
+    # flight while their pinned buffers are freed, pinned again (the same size
+    # class) and written: the new owner must not see the copy's bytes, nor the
+    # copy the new owner's.
+    n = 1 << 16
+    ahead_src = torch.empty(64 << 20, dtype=torch.uint8).pin_memory()
+    ahead_dst = torch.empty(64 << 20, dtype=torch.uint8, device="simdev")
+    ones = torch.ones(n, device="simdev")
+    for _ in range(3):
+        ahead_dst.copy_(ahead_src, non_blocking=True)
+        src = torch.full((n,), 5.0).pin_memory()
+        to_device = torch.empty(n, device="simdev")
+        to_device.copy_(src, non_blocking=True)       # host -> device, in flight
+        to_host = torch.empty(n).pin_memory()
+        to_host.copy_(ones, non_blocking=True)        # device -> host, in flight
+        del src, to_host
+        reused = [torch.empty(n).pin_memory().fill_(2.0) for _ in range(2)]
+        torch.simdev.synchronize()
+        assert torch.equal(to_device.cpu(), torch.full((n,), 5.0))
+        for r in reused:
+            assert torch.equal(r, torch.full((n,), 2.0))
+
+
 def test_events_time_work():
     start = torch.Event(device="simdev", enable_timing=True)
     end = torch.Event(device="simdev", enable_timing=True)
@@ -166,6 +305,40 @@ print('after:', x.to('simdev').cpu().tolist())
 """, SIMDEV_INJECT_FAULT="memcpy_async@1")
     assert "error: simdev: simdev driver error 999 in memcpy_async: injected fault" in r.stdout, r.stderr
     assert "after: [0.0, 1.0, 2.0, 3.0]" in r.stdout
+
+
+def test_a_driver_fault_in_the_middle_of_a_copy_leaves_destination_and_memory_as_they_were():
+    # On a device the host may not touch, writing into a strided view reads the
+    # storage back, changes it on the host, and writes it again: the fault hits
+    # the write, after the read.
+    r = _run("""
+inject = torch.ops.simdev_driver.inject_fault
+d = torch.arange(16.0).reshape(4, 4).to('simdev')
+before = torch.simdev.memory_allocated()
+inject('memcpy_async', 2)
+try:
+    d[:, ::2].copy_(torch.full((4, 2), -1.0))
+    print('no error')
+except RuntimeError as e:
+    print('error:', str(e).splitlines()[0])
+print('unchanged:', torch.equal(d.cpu(), torch.arange(16.0).reshape(4, 4)))
+print('leaked:', torch.simdev.memory_allocated() - before)
+d[:, ::2].copy_(torch.full((4, 2), -1.0))
+print('after:', d.cpu()[0].tolist())
+src = torch.ones(1 << 16).pin_memory()
+inject('memcpy_async')
+try:
+    src.to('simdev', non_blocking=True)
+except RuntimeError as e:
+    print('pinned error:', str(e).splitlines()[0])
+print('leaked:', torch.simdev.memory_allocated() - before)
+print('pinned after:', src.to('simdev', non_blocking=True)[:2].cpu().tolist())
+""", SIMDEV_HOST_VISIBLE="0")
+    lines = r.stdout.splitlines()
+    fault = "simdev: simdev driver error 999 in memcpy_async: injected fault"
+    assert lines == ["error: " + fault, "unchanged: True", "leaked: 0",
+                     "after: [-1.0, 1.0, -1.0, 3.0]", "pinned error: " + fault, "leaked: 0",
+                     "pinned after: [1.0, 1.0]"], r.stdout + r.stderr
 
 
 def test_a_malformed_visibility_variable_leaves_zero_devices_and_a_clear_error():

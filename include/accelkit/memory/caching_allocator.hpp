@@ -546,6 +546,26 @@ class DeviceCachingAllocator {
     return live_.find(ptr).block != nullptr;
   }
 
+  // Whether `ptr` lies anywhere inside memory this allocator holds from the
+  // driver (a segment), allocated or not. Walks every segment: for the
+  // rare questions (which device is this pointer on?), not for hot paths.
+  bool contains(const void* ptr) {
+    auto inside = [p = reinterpret_cast<std::uintptr_t>(ptr)](const void* base, std::size_t size) {
+      auto b = reinterpret_cast<std::uintptr_t>(base);
+      return p >= b && p - b < size;
+    };
+    for (detail::PoolShard* pool : pools_snapshot()) {
+      std::lock_guard<detail::SpinLock> lock(pool->lock);
+      for (const detail::MemSegment* s : pool->segments)
+        if (inside(s->ptr, s->size)) return true;
+      bool found = false;
+      pool->arena.for_each_segment(
+          [&](const detail::SmallSegment& s) { found = found || inside(s.ptr, s.size()); });
+      if (found) return true;
+    }
+    return false;
+  }
+
   // Marks `ptr` as used on `stream` too: when freed it is not reused before
   // `stream` has passed the point of the free.
   void record_stream(void* ptr, StreamHandle stream) {

@@ -42,6 +42,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_set>
 
@@ -262,6 +263,17 @@ inline void copy_stats(const StatArray& from, c10::CachingAllocator::StatArray& 
   }
 }
 
+// The device whose memory (from the caching pool) holds `p`, anywhere inside
+// an allocation or not; nullopt for other memory.
+template <class R>
+std::optional<device_index> device_holding(const void* p) {
+  State<R>& s = State<R>::get();
+  int n = s.backend().device_count();
+  for (int d = 0; d < n; ++d)
+    if (s.device_memory().device(d).contains(p)) return d;
+  return std::nullopt;
+}
+
 // The caching pool as PyTorch's DeviceAllocator for the device type, so that
 // torch.accelerator's memory functions work.
 template <class R>
@@ -294,7 +306,8 @@ struct DeviceAllocator final : c10::DeviceAllocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     translated([&] {
       State<R>& s = st();
-      device_index d = s.backend().current_device();
+      // The destination's device (a storage's clone), not the current one.
+      device_index d = device_holding<R>(dest).value_or(s.backend().current_device());
       StreamHandle h = s.current_handle(d);
       s.backend().memcpy_async(d, dest, src, count, CopyKind::device_to_device, h);
       s.backend().stream_synchronize(d, h);
@@ -411,11 +424,9 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   c10::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator<R>(); }
   at::Device getDeviceFromPtr(void* p) const override {
     return translated([&] {
-      int n = st().backend().device_count();
-      for (int d = 0; d < n; ++d)
-        if (st().device_memory().device(d).owns(p))
-          return at::Device(kDeviceType, static_cast<c10::DeviceIndex>(d));
-      TORCH_CHECK(false, R::name, ": pointer ", p, " is not memory of any ", R::name, " device");
+      std::optional<device_index> d = device_holding<R>(p);
+      TORCH_CHECK(d, R::name, ": pointer ", p, " is not memory of any ", R::name, " device");
+      return at::Device(kDeviceType, static_cast<c10::DeviceIndex>(*d));
     });
   }
   const at::Generator& getDefaultGenerator(c10::DeviceIndex d) const override {
@@ -425,8 +436,7 @@ struct Hooks final : at::PrivateUse1HooksInterface {
       for (int i = 0; i < n; ++i) g.push_back(at::make_generator<at::CPUGeneratorImpl>(c10::detail::getNonDeterministicRandom()));
       return g;
     }();
-    TORCH_CHECK_INDEX(d >= -1 && d < static_cast<c10::DeviceIndex>(generators.size()), R::name,
-                      ": invalid device index ", static_cast<int>(d));
+    if (d != -1) translated([&] { Backend<R>::instance().check_device(d); });
     return generators[static_cast<std::size_t>(d < 0 ? translated([&] { return st().backend().current_device(); }) : d)];
   }
   at::Generator getNewGenerator(c10::DeviceIndex) const override {

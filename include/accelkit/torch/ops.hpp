@@ -6,6 +6,8 @@
 
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/native_dropout_backward_native.h>
+#include <ATen/ops/native_dropout_native.h>
 #include <ATen/ops/set_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
@@ -169,9 +171,15 @@ struct Ops {
       }
       // Between device d and host memory that is pinned or not: left in
       // flight on d's stream only when asked to and the host side is pinned.
+      // A copy left in flight keeps its pinned block from reuse until the
+      // stream has passed it, should the tensor be freed first (as
+      // CUDA's pinned allocator records an event for it).
       auto transfer = [&](device_index d, CopyKind kind, bool pinned) {
+        const at::Tensor& host = kind == CopyKind::host_to_device ? self : dst;
+        bool in_flight = non_blocking && pinned;
+        if (in_flight) st().host_memory().record_stream(host.storage().mutable_data(), d, stream_of(d));
         b.memcpy_async(d, dst.data_ptr(), self.data_ptr(), nbytes(dst), kind, stream_of(d));
-        if (non_blocking && pinned) queued(d);
+        if (in_flight) queued(d);
         else sync(d);
         return dst;
       };
@@ -283,6 +291,12 @@ struct Ops {
                                         C10_AS_INTARRAYREF_SLOW(stride));
   }
 
+  // Tensor.record_stream: the storage's memory is not reused before `s` has
+  // passed the point of its free (the caching pool's record_stream).
+  static void record_stream(at::Tensor& self, c10::Stream s) {
+    device_allocator<R>().recordStream(self.storage().data_ptr(), s);
+  }
+
   static at::Tensor& fill(at::Tensor& self, const at::Scalar& value) {
     return translated([&]() -> at::Tensor& {
       if (self.numel() == 0) return self;
@@ -331,6 +345,17 @@ struct Convolution {
       return view ? Ops<R>::host_view(t) : t.cpu();
     }
   };
+  // Every tensor of a convolution on the first one's device, as a CUDA
+  // convolution requires: RuntimeError naming both devices otherwise.
+  template <class... T>
+  static void one_device(const char* op, const at::Tensor& first, const T&... rest) {
+    auto check = [&](const at::Tensor& t) {
+      TORCH_CHECK(!t.defined() || t.device() == first.device(),
+                  "Expected all tensors of ", op, " to be on the same device, but found at "
+                  "least two devices, ", first.device(), " and ", t.device(), "!");
+    };
+    (check(rest), ...);
+  }
   template <class... T>
   static Inputs inputs(const at::Tensor& first, const T&... rest) {
     if (first.device().type() != kDeviceType) return {};
@@ -343,7 +368,8 @@ struct Convolution {
                             const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
                             c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
                             bool transposed, c10::SymIntArrayRef output_padding, c10::SymInt groups) {
-    auto timer = Fallback<R>::get().time("aten::convolution_overrideable");
+    one_device("convolution", input, weight, bias ? *bias : at::Tensor());
+    auto timer = Fallback<R>::get().run_named("aten::convolution_overrideable");
     at::Tensor no_bias;
     const at::Tensor& bias_t = bias && bias->defined() ? *bias : no_bias;
     Inputs cpu = inputs(input, weight, bias_t);
@@ -358,7 +384,8 @@ struct Convolution {
       c10::SymIntArrayRef stride, c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
       bool transposed, c10::SymIntArrayRef output_padding, c10::SymInt groups,
       std::array<bool, 3> output_mask) {
-    auto timer = Fallback<R>::get().time("aten::convolution_backward_overrideable");
+    one_device("convolution_backward", grad_output, input, weight);
+    auto timer = Fallback<R>::get().run_named("aten::convolution_backward_overrideable");
     std::vector<c10::SymInt> bias_sizes{weight.sym_size(transposed ? 1 : 0) * groups};
     Inputs cpu = inputs(input, grad_output, weight);
     auto [gi, gw, gb] = at::convolution_backward_symint(
@@ -383,6 +410,12 @@ void register_aten_ops(torch::Library& m) {
   m.impl("_local_scalar_dense", TORCH_FN(O::local_scalar_dense));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(O::set_storage));
   m.impl("fill_.Scalar", TORCH_FN(O::fill));
+  m.impl("record_stream", TORCH_FN(O::record_stream));
+  // Dropout as the CPU composes it (bernoulli_, mul) from dispatched
+  // operators, so that its mask draws from the device's generator (Note
+  // [Device generators]): the CPU kernel would take the CPU's.
+  m.impl("native_dropout", TORCH_FN(at::native::native_dropout_cpu));
+  m.impl("native_dropout_backward", TORCH_FN(at::native::native_dropout_backward));
   m.impl("zero_", TORCH_FN(O::zero));
   // Lets a CPU parameter take device data in place (variable.set_data, which
   // libtorch's Module::to uses); PyTorch's own check knows only its built-in
@@ -428,6 +461,7 @@ class Fallback {
   void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     Entry& e = admit(op);
     std::optional<c10::Device> to_device = check_one_device(op, *stack, e.name);
+    use_device_generator(op, *stack);
     auto t0 = std::chrono::steady_clock::now();
     if (!zero_copy(op, *stack)) {
       at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
@@ -453,8 +487,9 @@ class Fallback {
     Entry& e_;
     std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
   };
-  // A run of operator `op` (by name) that does not come through run().
-  Count time(const std::string& op) { return Count(entry_named(op)); }
+  // A run through the CPU of operator `op` (by name) that does not come
+  // through the dispatcher's fallback, under the same policy and block list.
+  Count run_named(const std::string& op) { return Count(admit(entry_named(op))); }
 
   // Runs body() as operator `op` through the CPU under the policy, counted
   // in the report: the host kernels' way in (Note [Host kernels]).
@@ -539,8 +574,8 @@ class Fallback {
 
   // The entry of `op`, once the policy and the block list let it through
   // the CPU (warning once per operator under the warn policy).
-  Entry& admit(const c10::OperatorHandle& op) {
-    Entry& e = entry_for(op);
+  Entry& admit(const c10::OperatorHandle& op) { return admit(entry_for(op)); }
+  Entry& admit(Entry& e) {
     TORCH_CHECK_NOT_IMPLEMENTED(
         policy_ != Policy::error && !e.blocked, "The operator '", e.name,
         "' is not implemented for ", R::name, " and its CPU fallback is ",
@@ -656,6 +691,31 @@ class Fallback {
   // on a device (as with CUDA) the results of such an operator belong on the
   // device. A first argument that is a CPU tensor of any other shape keeps
   // PyTorch's rule (`cpu_x[device_mask]` is a CPU tensor).
+  // Note [Device generators]: a random operator that falls back and is not
+  // given a generator draws from its device's default generator (the
+  // hooks' getDefaultGenerator, which torch.<name>.manual_seed seeds and
+  // torch.manual_seed seeds too), as on CUDA, and not from the CPU's: the
+  // CPU kernel is handed that generator (a CPU generator, so it takes it).
+  static void use_device_generator(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    const auto& args = op.schema().arguments();
+    std::size_t first = stack.size() - args.size();
+    std::optional<std::size_t> slot;
+    std::optional<c10::Device> device;
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      const c10::IValue& v = stack[first + i];
+      if (v.isTensor() && !device && v.toTensor().defined() &&
+          v.toTensor().device().type() == kDeviceType)
+        device = v.toTensor().device();
+      if (!slot && v.isNone()) {
+        c10::TypePtr t = args[i].real_type();
+        if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
+        if (t->kind() == c10::TypeKind::GeneratorType) slot = i;
+      }
+    }
+    if (slot && device)
+      stack[first + *slot] = c10::IValue(at::globalContext().defaultGenerator(*device));
+  }
+
   static std::optional<c10::Device> check_one_device(const c10::OperatorHandle& op,
                                                      const torch::jit::Stack& stack,
                                                      const std::string& full) {

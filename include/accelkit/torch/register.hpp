@@ -21,17 +21,44 @@ bool register_backend() {
   static torch::Library lib(torch::Library::DEF, std::string(R::name), std::nullopt, __FILE__,
                             __LINE__);
   lib.def("device_count() -> int", [] { return static_cast<int64_t>(Backend<R>::instance().device_count()); });
+  lib.def("check_device(int device) -> ()", [](int64_t d) {
+    translated([&] { Backend<R>::instance().check_device(static_cast<device_index>(d)); });
+  });
   lib.def("init_error() -> str", [] { return Backend<R>::instance().init_error(); });
   lib.def("is_initialized() -> bool", [] { return Backend<R>::instance().is_initialized(); });
   lib.def("in_bad_fork() -> bool", [] { return Backend<R>::instance().in_bad_fork(); });
-  lib.def("manual_seed_all(int seed) -> ()", [](int64_t seed) {
-    Hooks<R> hooks;
+  // The devices' default generators (Note [Device generators]): device -1
+  // is the current one; an index out of range is an IndexError.
+  auto generator = [](int64_t d) {
+    return Hooks<R>().getDefaultGenerator(static_cast<c10::DeviceIndex>(d));
+  };
+  lib.def("manual_seed(int device, int seed) -> ()", [generator](int64_t d, int64_t seed) {
+    at::Generator g = generator(d);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_current_seed(static_cast<uint64_t>(seed));
+  });
+  lib.def("manual_seed_all(int seed) -> ()", [generator](int64_t seed) {
     int n = Backend<R>::instance().device_count();
     for (int d = 0; d < n; ++d) {
-      at::Generator g = hooks.getDefaultGenerator(static_cast<c10::DeviceIndex>(d));
+      at::Generator g = generator(d);
       std::lock_guard<std::mutex> lock(g.mutex());
       g.set_current_seed(static_cast<uint64_t>(seed));
     }
+  });
+  lib.def("initial_seed(int device) -> int", [generator](int64_t d) {
+    at::Generator g = generator(d);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    return static_cast<int64_t>(g.current_seed());
+  });
+  lib.def("get_rng_state(int device) -> Tensor", [generator](int64_t d) {
+    at::Generator g = generator(d);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    return g.get_state();
+  });
+  lib.def("set_rng_state(int device, Tensor state) -> ()", [generator](int64_t d, at::Tensor state) {
+    at::Generator g = generator(d);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_state(state);
   });
   lib.def("report_json() -> str", [] { return report_json(Backend<R>::instance()); });
   lib.def("report_text() -> str", [] { return report_text(Backend<R>::instance()); });

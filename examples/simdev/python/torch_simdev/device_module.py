@@ -30,14 +30,29 @@ def _is_in_bad_fork() -> bool:
 
 
 def manual_seed_all(seed: int) -> None:
-    """Seeds the generator of every simdev device. (Random operators without a
-    native kernel run through the CPU fallback and draw from the CPU generator,
-    which torch.manual_seed seeds too.)"""
+    """Seeds the default generator of every simdev device (torch.manual_seed
+    does too). Random operators on simdev draw from their device's generator."""
     _ops.manual_seed_all(int(seed))
 
 
 def manual_seed(seed: int) -> None:
-    manual_seed_all(seed)
+    """Seeds the current simdev device's default generator."""
+    _ops.manual_seed(-1, int(seed))
+
+
+def initial_seed(device=None) -> int:
+    """The seed of a device's default generator (the current device's by default)."""
+    return _ops.initial_seed(_index(device))
+
+
+def get_rng_state(device="simdev") -> torch.Tensor:
+    """The state of a device's default generator, as a ByteTensor."""
+    return _ops.get_rng_state(_index(device))
+
+
+def set_rng_state(new_state: torch.Tensor, device="simdev") -> None:
+    """Restores a state from get_rng_state into a device's default generator."""
+    _ops.set_rng_state(_index(device), new_state)
 
 
 def current_device() -> int:
@@ -151,9 +166,20 @@ def mem_get_info(device=None):
     return torch.accelerator.get_memory_info(_index(device))
 
 
-def get_device_properties(device=None) -> dict:
+class _DeviceProperties(dict):
+    """A device's capability schema, as in the report. Its keys are also
+    attributes (``props.total_memory``), as torch.cuda's properties are."""
+
+    def __getattr__(self, key):
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(f"simdev device properties have no {key!r}") from None
+
+
+def get_device_properties(device=None) -> _DeviceProperties:
     report = json.loads(_ops.report_json())
-    return report["devices"][_index(device)]
+    return _DeviceProperties(report["devices"][_index(device)])
 
 
 def get_device_name(device=None) -> str:
@@ -179,11 +205,19 @@ def reset_fallback_report() -> None:
 
 
 def _index(device) -> int:
+    """A device argument (None, an index, "simdev:1", a torch.device) as a
+    valid index: IndexError for one out of range, ValueError for another
+    device type."""
     if device is None:
         return torch.accelerator.current_device_index()
     if isinstance(device, int):
-        return device
-    d = torch.device(device)
-    if d.type != "simdev":
-        raise ValueError(f"simdev: expected a simdev device, got {d}")
-    return d.index if d.index is not None else torch.accelerator.current_device_index()
+        index = device
+    else:
+        d = torch.device(device)
+        if d.type != "simdev":
+            raise ValueError(f"simdev: expected a simdev device, got {d}")
+        if d.index is None:
+            return torch.accelerator.current_device_index()
+        index = d.index
+    _ops.check_device(index)  # IndexError naming the backend and the valid range
+    return index
