@@ -196,14 +196,14 @@ def test_record_stream_keeps_memory_from_reuse_until_the_stream_passes():
     x = torch.empty(1 << 20, dtype=torch.uint8, device="simdev")
     ptr = x.data_ptr()
     x.record_stream(side)
-    with torch.simdev.stream(side):
-        ahead = torch.empty(64 << 20, dtype=torch.uint8, device="simdev")
-        ahead.copy_(torch.empty(64 << 20, dtype=torch.uint8).pin_memory(), non_blocking=True)
-    del x
-    y = torch.empty(1 << 20, dtype=torch.uint8, device="simdev")
-    if not side.query():  # still busy after y was allocated, so busy while it was
-        assert y.data_ptr() != ptr
+    with _held(side):
+        del x
+        y = torch.empty(1 << 20, dtype=torch.uint8, device="simdev")
+        assert y.data_ptr() != ptr  # the side stream has not passed the free
     torch.simdev.synchronize()
+    del y
+    torch.simdev.empty_cache()  # nothing is left pending or lost
+    assert torch.simdev.memory_reserved(0) == 0
 
 
 def test_out_of_memory_raises_and_the_next_allocation_succeeds():
@@ -235,40 +235,50 @@ def test_memory_statistics_follow_allocations():
     assert total == 256 << 20 and 0 < free <= total
 
 
+def _held(stream):
+    """Holds `stream` (simdev's test knob) until the context exits."""
+    class Held:
+        def __enter__(self):
+            self.gate = torch.ops.simdev_driver.hold(stream)
+
+        def __exit__(self, *exc):
+            torch.ops.simdev_driver.release(self.gate)
+    return Held()
+
+
 def test_non_blocking_copy_on_a_side_stream_joined_with_an_event():
     src = torch.randn(1 << 16).pin_memory()
     assert src.is_pinned()
     side = torch.Stream(device="simdev:0")
     main = torch.accelerator.current_stream(0)
-    torch.accelerator.set_stream(side)
-    dev = src.to("simdev", non_blocking=True)
-    done = torch.Event()
-    done.record(side)
-    torch.accelerator.set_stream(main)
-    main.wait_event(done)
-    out = (dev * 2).cpu()
+    with _held(side):
+        torch.accelerator.set_stream(side)
+        dev = src.to("simdev", non_blocking=True)
+        done = torch.Event()
+        done.record(side)
+        torch.accelerator.set_stream(main)
+        main.wait_event(done)
+        assert not side.query() and not done.query()  # the copy is in flight
+    out = (dev * 2).cpu()  # on main, after the event
     assert torch.equal(out, src * 2)
     assert done.query()
 
 
 def test_pinned_memory_of_a_copy_in_flight_is_not_reused_before_the_copy_lands():
-    # A 64 MiB copy ahead on the stream keeps the small copies behind it in
-    # flight while their pinned buffers are freed, pinned again (the same size
-    # class) and written: the new owner must not see the copy's bytes, nor the
-    # copy the new owner's.
+    # With the stream held, the copies stay in flight while their pinned
+    # buffers are freed, pinned again (the same size class) and written: the
+    # new owner must not see the copy's bytes, nor the copy the new owner's.
     n = 1 << 16
-    ahead_src = torch.empty(64 << 20, dtype=torch.uint8).pin_memory()
-    ahead_dst = torch.empty(64 << 20, dtype=torch.uint8, device="simdev")
     ones = torch.ones(n, device="simdev")
     for _ in range(3):
-        ahead_dst.copy_(ahead_src, non_blocking=True)
-        src = torch.full((n,), 5.0).pin_memory()
-        to_device = torch.empty(n, device="simdev")
-        to_device.copy_(src, non_blocking=True)       # host -> device, in flight
-        to_host = torch.empty(n).pin_memory()
-        to_host.copy_(ones, non_blocking=True)        # device -> host, in flight
-        del src, to_host
-        reused = [torch.empty(n).pin_memory().fill_(2.0) for _ in range(2)]
+        with _held(torch.accelerator.current_stream(0)):
+            src = torch.full((n,), 5.0).pin_memory()
+            to_device = torch.empty(n, device="simdev")
+            to_device.copy_(src, non_blocking=True)       # host -> device, in flight
+            to_host = torch.empty(n).pin_memory()
+            to_host.copy_(ones, non_blocking=True)        # device -> host, in flight
+            del src, to_host
+            reused = [torch.empty(n).pin_memory().fill_(2.0) for _ in range(2)]
         torch.simdev.synchronize()
         assert torch.equal(to_device.cpu(), torch.full((n,), 5.0))
         for r in reused:
