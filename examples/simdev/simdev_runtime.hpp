@@ -32,6 +32,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -436,9 +437,14 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       open_ = true;
       cv_.notify_all();
     }
+    // A gate left shut would hang the stream and whoever waits for it:
+    // after a minute the process stops, loudly.
     void wait() {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [this] { return open_; });
+      if (!cv_.wait_for(lock, std::chrono::seconds(60), [this] { return open_; })) {
+        std::fprintf(stderr, "simdev: a stream held by a test was not released within 60 s\n");
+        std::abort();
+      }
     }
 
    private:

@@ -144,6 +144,10 @@ def test_random_operators_draw_from_the_device_generator():
                        torch.randn(8, generator=g2))
     with pytest.raises(IndexError, match="simdev: invalid device index 7"):
         torch.simdev.get_rng_state(7)
+    with pytest.raises(IndexError, match="simdev: invalid device index 256"):
+        torch.ops.simdev.get_rng_state(256)  # not narrowed to a valid index
+    with pytest.raises(TypeError, match="simdev: set_rng_state expects a CPU ByteTensor"):
+        torch.simdev.set_rng_state(torch.zeros(4))
 
 
 def test_device_properties_read_as_attributes_and_bad_indices_are_errors():
@@ -159,10 +163,14 @@ def test_device_properties_read_as_attributes_and_bad_indices_are_errors():
             torch.simdev.get_device_properties(bad)
     with pytest.raises(ValueError, match="simdev: expected a simdev device, got cpu"):
         torch.simdev.get_device_properties("cpu")
+    with torch.simdev.device(-1):  # changes nothing, as torch.cuda.device(-1)
+        assert torch.simdev.current_device() == 0
 
 
-def test_availability_creates_no_context():
+def test_availability_and_seeding_create_no_context():
     r = _run("""
+torch.manual_seed(0)  # seeds every simdev device's generator too
+torch.simdev.manual_seed(1)
 print(torch.simdev.is_available(), torch.simdev.device_count(), torch.simdev.is_initialized())
 torch.empty(1, device='simdev')
 print(torch.simdev.is_initialized())
@@ -195,6 +203,9 @@ def test_record_stream_keeps_memory_from_reuse_until_the_stream_passes():
     side = torch.Stream(device="simdev:0")
     x = torch.empty(1 << 20, dtype=torch.uint8, device="simdev")
     ptr = x.data_ptr()
+    with pytest.raises(RuntimeError, match="simdev: record_stream: the stream is on simdev:1 "
+                                           "but the tensor is on simdev:0"):
+        x.record_stream(torch.Stream(device="simdev:1"))
     x.record_stream(side)
     with _held(side):
         del x
@@ -253,10 +264,12 @@ def test_non_blocking_copy_on_a_side_stream_joined_with_an_event():
     main = torch.accelerator.current_stream(0)
     with _held(side):
         torch.accelerator.set_stream(side)
-        dev = src.to("simdev", non_blocking=True)
-        done = torch.Event()
-        done.record(side)
-        torch.accelerator.set_stream(main)
+        try:
+            dev = src.to("simdev", non_blocking=True)
+            done = torch.Event()
+            done.record(side)
+        finally:
+            torch.accelerator.set_stream(main)
         main.wait_event(done)
         assert not side.query() and not done.query()  # the copy is in flight
     out = (dev * 2).cpu()  # on main, after the event

@@ -135,6 +135,14 @@ class Backend {
     check_index(device);
   }
 
+  // The same check without initializing (discovery only): for questions
+  // that must not create a context, as torch.manual_seed's seeding of every
+  // device's generator must not.
+  void check_visible(device_index device) {
+    discover();
+    check_index(device);
+  }
+
   // The physical ordinal of a visible device.
   int physical(device_index device) {
     check_device(device);

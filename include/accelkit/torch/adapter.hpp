@@ -303,14 +303,22 @@ struct DeviceAllocator final : c10::DeviceAllocator {
     });
   }
   c10::DeleterFnPtr raw_deleter() const override { return &deleter; }
+  // A storage's clone (c10::Allocator::clone: dest was just allocated, on
+  // the current device). The source may be another device's memory: the
+  // copy then goes on the source's current stream, after the work queued
+  // there, as a copy between devices.
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     translated([&] {
       State<R>& s = st();
-      // The destination's device (a storage's clone), not the current one.
-      device_index d = device_holding<R>(dest).value_or(s.backend().current_device());
-      StreamHandle h = s.current_handle(d);
-      s.backend().memcpy_async(d, dest, src, count, CopyKind::device_to_device, h);
-      s.backend().stream_synchronize(d, h);
+      device_index dd = device_holding<R>(dest).value_or(s.backend().current_device());
+      device_index sd = device_holding<R>(src).value_or(dd);
+      StreamHandle h = s.current_handle(sd);
+      if (sd == dd) {
+        s.backend().memcpy_async(dd, dest, src, count, CopyKind::device_to_device, h);
+      } else {
+        s.backend().memcpy_peer_async(dest, dd, src, sd, count, h);
+      }
+      s.backend().stream_synchronize(sd, h);
     });
   }
   bool initialized() override { return st().backend().is_initialized(); }
@@ -436,8 +444,13 @@ struct Hooks final : at::PrivateUse1HooksInterface {
       for (int i = 0; i < n; ++i) g.push_back(at::make_generator<at::CPUGeneratorImpl>(c10::detail::getNonDeterministicRandom()));
       return g;
     }();
-    if (d != -1) translated([&] { Backend<R>::instance().check_device(d); });
-    return generators[static_cast<std::size_t>(d < 0 ? translated([&] { return st().backend().current_device(); }) : d)];
+    // Neither the check nor the current device initializes the backend:
+    // torch.manual_seed seeds every device's generator (Note [Device
+    // generators]). Before initialization every thread's device is 0.
+    Backend<R>& b = Backend<R>::instance();
+    if (d != -1) translated([&] { b.check_visible(d); });
+    if (d == -1) d = b.is_initialized() ? translated([&] { return b.current_device(); }) : 0;
+    return generators[static_cast<std::size_t>(d)];
   }
   at::Generator getNewGenerator(c10::DeviceIndex) const override {
     return at::make_generator<at::CPUGeneratorImpl>(c10::detail::getNonDeterministicRandom());

@@ -293,7 +293,11 @@ struct Ops {
 
   // Tensor.record_stream: the storage's memory is not reused before `s` has
   // passed the point of its free (the caching pool's record_stream).
+  // The stream must be one of the tensor's device (the pool of that device
+  // records it): RuntimeError naming both otherwise.
   static void record_stream(at::Tensor& self, c10::Stream s) {
+    TORCH_CHECK(s.device() == self.device(), R::name, ": record_stream: the stream is on ",
+                s.device(), " but the tensor is on ", self.device());
     device_allocator<R>().recordStream(self.storage().data_ptr(), s);
   }
 
@@ -696,6 +700,8 @@ class Fallback {
   // hooks' getDefaultGenerator, which torch.<name>.manual_seed seeds and
   // torch.manual_seed seeds too), as on CUDA, and not from the CPU's: the
   // CPU kernel is handed that generator (a CPU generator, so it takes it).
+  // Unlike CUDA, an explicit generator of the CPU is accepted too: the
+  // device's generators are CPU generators.
   static void use_device_generator(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
     const auto& args = op.schema().arguments();
     std::size_t first = stack.size() - args.size();

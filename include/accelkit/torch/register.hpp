@@ -8,6 +8,8 @@
 
 #include <c10/core/impl/alloc_cpu.h>
 
+#include <limits>
+
 ACCELKIT_BEGIN_NAMESPACE
 namespace torch_adapter {
 
@@ -21,8 +23,12 @@ bool register_backend() {
   static torch::Library lib(torch::Library::DEF, std::string(R::name), std::nullopt, __FILE__,
                             __LINE__);
   lib.def("device_count() -> int", [] { return static_cast<int64_t>(Backend<R>::instance().device_count()); });
+  // IndexError unless `device` is visible (without initializing).
   lib.def("check_device(int device) -> ()", [](int64_t d) {
-    translated([&] { Backend<R>::instance().check_device(static_cast<device_index>(d)); });
+    TORCH_CHECK_INDEX(d >= std::numeric_limits<device_index>::min() &&
+                          d <= std::numeric_limits<device_index>::max(),
+                      R::name, ": invalid device index ", d);
+    translated([&] { Backend<R>::instance().check_visible(static_cast<device_index>(d)); });
   });
   lib.def("init_error() -> str", [] { return Backend<R>::instance().init_error(); });
   lib.def("is_initialized() -> bool", [] { return Backend<R>::instance().is_initialized(); });
@@ -30,6 +36,8 @@ bool register_backend() {
   // The devices' default generators (Note [Device generators]): device -1
   // is the current one; an index out of range is an IndexError.
   auto generator = [](int64_t d) {
+    TORCH_CHECK_INDEX(d >= -1 && d <= std::numeric_limits<c10::DeviceIndex>::max(), R::name,
+                      ": invalid device index ", d);
     return Hooks<R>().getDefaultGenerator(static_cast<c10::DeviceIndex>(d));
   };
   lib.def("manual_seed(int device, int seed) -> ()", [generator](int64_t d, int64_t seed) {
@@ -56,6 +64,9 @@ bool register_backend() {
     return g.get_state();
   });
   lib.def("set_rng_state(int device, Tensor state) -> ()", [generator](int64_t d, at::Tensor state) {
+    TORCH_CHECK_TYPE(state.device().is_cpu() && state.scalar_type() == at::kByte, R::name,
+                     ": set_rng_state expects a CPU ByteTensor (from get_rng_state), got a ",
+                     state.scalar_type(), " tensor on ", state.device());
     at::Generator g = generator(d);
     std::lock_guard<std::mutex> lock(g.mutex());
     g.set_state(state);

@@ -71,7 +71,8 @@ class device:
     """Context manager that makes a simdev device current: ``with torch.simdev.device(1):``."""
 
     def __init__(self, device):
-        self.index = _index(device) if device is not None else None
+        # None and -1 change nothing, as with torch.cuda.device.
+        self.index = _index(device) if device is not None and device != -1 else None
         self.previous = None
 
     def __enter__(self):
