@@ -21,6 +21,8 @@ int64_t next_gate = 0;
 // - torch.ops.simdev_driver.inject_fault("memcpy_async", 2) makes the second
 //   memcpy_async from now on fail once, as SIMDEV_INJECT_FAULT does from the
 //   start;
+// - torch.ops.simdev_driver.copies() counts the driver's memcpy and
+//   memcpy_async calls so far;
 // - gate = torch.ops.simdev_driver.hold(stream) stops `stream` at this point
 //   of its queue until torch.ops.simdev_driver.release(gate), so that a test
 //   can see work that is still in flight.
@@ -35,6 +37,9 @@ TORCH_LIBRARY(simdev_driver, m) {
       gates.emplace(next_gate, std::move(gate));
       return next_gate++;
     });
+  });
+  m.def("copies() -> int", [] {
+    return static_cast<int64_t>(accelkit::Backend<Sim>::instance().runtime().copies());
   });
   m.def("release(int gate) -> ()", [](int64_t id) {
     std::shared_ptr<Sim::Gate> gate;

@@ -260,6 +260,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   void memcpy(int device, void* dst, const void* src, std::size_t bytes, accelkit::CopyKind) {
     check(device, "memcpy");
     fault("memcpy");
+    copies_.fetch_add(1, std::memory_order_relaxed);
     std::memcpy(dst, src, bytes);
   }
 
@@ -270,6 +271,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
                     accelkit::CopyKind kind, accelkit::StreamHandle stream) {
     auto s = stream_of(device, stream, "memcpy_async");
     fault("memcpy_async");
+    copies_.fetch_add(1, std::memory_order_relaxed);
     const void* host = kind == accelkit::CopyKind::host_to_device   ? src
                        : kind == accelkit::CopyKind::device_to_host ? dst
                                                                     : nullptr;
@@ -464,6 +466,8 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   // device_count and properties never do).
   int contexts_created() const { return contexts_.load(); }
   long events_created() const { return events_created_.load(); }
+  // memcpy and memcpy_async calls so far (tests tell copying paths apart).
+  long copies() const { return copies_.load(); }
   bool initialized() const { return initialized_; }
   std::uint64_t bytes_in_use(int device) { return context(device).used.load(); }
   long pinned_blocks() {
@@ -658,6 +662,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   std::unique_ptr<Device[]> devices_;
   std::atomic<int> contexts_{0};
   std::atomic<long> events_created_{0};
+  std::atomic<long> copies_{0};
   bool initialized_ = false;
   std::mutex pinned_mutex_;
   std::map<char*, std::size_t> pinned_;

@@ -384,6 +384,23 @@ def test_report_is_json_with_every_device():
     assert [d["index"] for d in report["devices"]] == [0, 1]
 
 
+def test_the_fallback_runs_on_device_memory_when_the_host_may_touch_it():
+    # cos_ has no kernel: on host-visible memory the CPU kernel runs in place on
+    # the device's memory (no driver copy); otherwise the tensor goes to the CPU
+    # and back.
+    a = torch.linspace(0, 1, 1000, device="simdev")
+    want = torch.linspace(0, 1, 1000).cos()
+    torch.simdev.synchronize()
+    before = torch.ops.simdev_driver.copies()
+    a.cos_()
+    copies = torch.ops.simdev_driver.copies() - before
+    if torch.simdev.get_device_properties(0).host_visible_memory:
+        assert copies == 0
+    else:
+        assert copies >= 2
+    torch.testing.assert_close(a.cpu(), want)
+
+
 def test_fallback_policy_error_and_blocklist_and_warn_once_per_operator():
     r = _run("""
 a = torch.ones(4, device='simdev')
