@@ -67,7 +67,7 @@ def row(name, sim, cpu, unit, lower_is_better=True):
     print(f"{name:52s} {sim:12.2f} {cpu:12.2f} {unit:6s} {ratio:8.2f}x")
 
 
-def make_step(device):
+def make_step(device, backward=lambda loss: loss.backward()):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
                                 torch.nn.Linear(256, 256), torch.nn.ReLU(),
@@ -78,7 +78,7 @@ def make_step(device):
 
     def step():
         opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        backward(F.cross_entropy(model(x), y))
         opt.step()
 
     for _ in range(3):
@@ -140,22 +140,12 @@ def step_figures(quick):
             done.put(None)
 
     threading.Thread(target=backward_thread, daemon=True).start()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(128, 64), torch.randint(0, 10, (128,))
 
-    def handed_step():
-        opt.zero_grad()
-        requests.put(F.cross_entropy(model(x), y))
+    def handed(loss):
+        requests.put(loss)
         done.get()
-        opt.step()
 
-    for _ in range(3):
-        handed_step()
-    fig["cpu_handed"] = interleaved(handed_step, cpu_step, block_ms)
+    fig["cpu_handed"] = interleaved(make_step("cpu", handed), cpu_step, block_ms)
     return fig
 
 

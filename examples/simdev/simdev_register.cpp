@@ -54,7 +54,6 @@ TORCH_LIBRARY(simdev_driver, m) {
   });
   m.def("inject_fault(str member, int nth=1) -> ()", [](std::string member, int64_t nth) {
     TORCH_CHECK_VALUE(nth >= 1, "simdev: inject_fault: nth must be at least 1, got ", nth);
-    accelkit::Backend<simdev::SimRuntime>::instance().runtime().inject_fault(member,
-                                                                             static_cast<int>(nth));
+    accelkit::Backend<Sim>::instance().runtime().inject_fault(member, static_cast<int>(nth));
   });
 }

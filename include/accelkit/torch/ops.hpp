@@ -46,6 +46,15 @@ struct HostKernelScope {
   HostKernelScope& operator=(const HostKernelScope&) = delete;
 };
 
+// Tensors of two devices in one operator, refused in PyTorch's own words
+// (a RuntimeError naming both devices and the operator).
+inline void check_same_device(const c10::Device& first, const c10::Device& other,
+                              const std::string& op) {
+  TORCH_CHECK(first == other,
+              "Expected all tensors to be on the same device, but found at least two devices, ",
+              first, " and ", other, "! (in ", op, ")");
+}
+
 template <class R>
 struct Ops {
   static State<R>& st() { return State<R>::get(); }
@@ -339,9 +348,9 @@ class Fallback;
 // the fallback does (and count in its report).
 template <class R>
 struct Convolution {
-  // The CPU tensors a CPU convolution reads: views of the device memory when
-  // every tensor is on one device with host-visible memory (after its stream
-  // is waited for), copies otherwise.
+  // The CPU tensors a CPU convolution reads (its tensors all on one device,
+  // see one_device): views of the device memory when it is host-visible
+  // (after its stream is waited for), copies otherwise.
   struct Inputs {
     bool view = false;
     at::Tensor operator()(const at::Tensor& t) const {
@@ -350,33 +359,25 @@ struct Convolution {
     }
   };
   // Every tensor of a convolution on the first one's device, as a CUDA
-  // convolution requires: RuntimeError naming both devices otherwise.
+  // convolution requires.
   template <class... T>
-  static void one_device(const char* op, const at::Tensor& first, const T&... rest) {
-    auto check = [&](const at::Tensor& t) {
-      TORCH_CHECK(!t.defined() || t.device() == first.device(),
-                  "Expected all tensors of ", op, " to be on the same device, but found at "
-                  "least two devices, ", first.device(), " and ", t.device(), "!");
-    };
-    (check(rest), ...);
+  static void one_device(const std::string& op, const at::Tensor& first, const T&... rest) {
+    ((rest.defined() ? check_same_device(first.device(), rest.device(), op) : void()), ...);
   }
-  template <class... T>
-  static Inputs inputs(const at::Tensor& first, const T&... rest) {
-    if (first.device().type() != kDeviceType) return {};
-    bool same = ((!rest.defined() || rest.device() == first.device()) && ...);
-    device_index d = first.device().index();
-    if (!same || !translated([&] { return Ops<R>::host_ready(d); })) return {};
-    return {true};
+  static Inputs inputs(const at::Tensor& any) {
+    device_index d = any.device().index();
+    return {translated([&] { return Ops<R>::host_ready(d); })};
   }
   static at::Tensor forward(const at::Tensor& input, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
                             c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
                             bool transposed, c10::SymIntArrayRef output_padding, c10::SymInt groups) {
-    one_device("convolution", input, weight, bias ? *bias : at::Tensor());
-    auto timer = Fallback<R>::get().run_named("aten::convolution_overrideable");
+    static const std::string op = "aten::convolution_overrideable";
     at::Tensor no_bias;
     const at::Tensor& bias_t = bias && bias->defined() ? *bias : no_bias;
-    Inputs cpu = inputs(input, weight, bias_t);
+    one_device(op, input, weight, bias_t);
+    auto timer = Fallback<R>::get().run_named(op);
+    Inputs cpu = inputs(input);
     std::optional<at::Tensor> b =
         bias_t.defined() ? std::optional<at::Tensor>(cpu(bias_t)) : std::nullopt;
     at::Tensor out = at::convolution_symint(cpu(input), cpu(weight), b, stride, padding, dilation,
@@ -388,10 +389,11 @@ struct Convolution {
       c10::SymIntArrayRef stride, c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
       bool transposed, c10::SymIntArrayRef output_padding, c10::SymInt groups,
       std::array<bool, 3> output_mask) {
-    one_device("convolution_backward", grad_output, input, weight);
-    auto timer = Fallback<R>::get().run_named("aten::convolution_backward_overrideable");
+    static const std::string op = "aten::convolution_backward_overrideable";
+    one_device(op, input, grad_output, weight);
+    auto timer = Fallback<R>::get().run_named(op);
     std::vector<c10::SymInt> bias_sizes{weight.sym_size(transposed ? 1 : 0) * groups};
-    Inputs cpu = inputs(input, grad_output, weight);
+    Inputs cpu = inputs(input);
     auto [gi, gw, gb] = at::convolution_backward_symint(
         cpu(grad_output), cpu(input), cpu(weight), c10::SymIntArrayRef(bias_sizes), stride,
         padding, dilation, transposed, output_padding, std::move(groups), output_mask);
@@ -734,9 +736,7 @@ class Fallback {
       any = true;
       if (t.device().type() != kDeviceType) return;
       if (!seen) seen = t.device();
-      TORCH_CHECK(*seen == t.device(),
-                  "Expected all tensors to be on the same device, but found at least two devices, ",
-                  *seen, " and ", t.device(), "! (in ", full, ")");
+      check_same_device(*seen, t.device(), full);
     };
     for (std::size_t i = stack.size() - n; i < stack.size(); ++i) {
       const c10::IValue& v = stack[i];

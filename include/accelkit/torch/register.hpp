@@ -40,18 +40,15 @@ bool register_backend() {
                       ": invalid device index ", d);
     return Hooks<R>().getDefaultGenerator(static_cast<c10::DeviceIndex>(d));
   };
-  lib.def("manual_seed(int device, int seed) -> ()", [generator](int64_t d, int64_t seed) {
+  auto seed_device = [generator](int64_t d, int64_t seed) {
     at::Generator g = generator(d);
     std::lock_guard<std::mutex> lock(g.mutex());
     g.set_current_seed(static_cast<uint64_t>(seed));
-  });
-  lib.def("manual_seed_all(int seed) -> ()", [generator](int64_t seed) {
+  };
+  lib.def("manual_seed(int device, int seed) -> ()", seed_device);
+  lib.def("manual_seed_all(int seed) -> ()", [seed_device](int64_t seed) {
     int n = Backend<R>::instance().device_count();
-    for (int d = 0; d < n; ++d) {
-      at::Generator g = generator(d);
-      std::lock_guard<std::mutex> lock(g.mutex());
-      g.set_current_seed(static_cast<uint64_t>(seed));
-    }
+    for (int d = 0; d < n; ++d) seed_device(d, seed);
   });
   lib.def("initial_seed(int device) -> int", [generator](int64_t d) {
     at::Generator g = generator(d);
