@@ -82,7 +82,7 @@ TEST_CASE("contract: driver_error throws DriverError with backend, code, call an
     CHECK(e.code() == 42);
     CHECK(e.call() == "memcpy_async");
     CHECK(e.driver_message() == "link down");
-    CHECK(std::string(e.what()) == "simdev: simdev driver error 42 in memcpy_async: link down");
+    CHECK(std::string(e.what()) == "simdev: driver error 42 in memcpy_async: link down");
   }
 }
 

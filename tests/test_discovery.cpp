@@ -124,10 +124,10 @@ TEST_CASE("discovery: a hidden-everything variable gives 0 devices and a Runtime
 
 TEST_CASE("discovery: a driver failure in device_count gives 0 devices with the reason") {
   simdev::Config c = devices(2);
-  c.faults["device_count"] = 1;
+  c.faults["device_count"] = {1, false};
   SimBackend b(env(), c);
   CHECK(b.device_count() == 0);
-  CHECK(contains(b.init_error(), "simdev driver error 999 in device_count: injected fault"));
+  CHECK(contains(b.init_error(), "simdev: driver error 999 in device_count: injected fault"));
   try {
     b.lazy_init();
     FAIL("lazy_init succeeded after a failed discovery");
@@ -288,7 +288,7 @@ TEST_CASE("capabilities: free memory is live") {
 
 TEST_CASE("capabilities: a driver failure in properties() is not cached") {
   simdev::Config c = devices(1);
-  c.faults["properties"] = 1;  // first properties() call fails in the driver
+  c.faults["properties"] = {1, false};  // first properties() call fails in the driver
   SimBackend b(env(), c);
   CHECK_THROWS_AS(b.properties(0), DriverError);
   CHECK(b.properties(0).name == "SimDev S1");

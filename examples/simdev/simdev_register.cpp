@@ -6,6 +6,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
+#include <chrono>
 
 ACCELKIT_REGISTER_BACKEND(simdev::SimRuntime);
 
@@ -20,7 +22,10 @@ int64_t next_gate = 0;
 // vendor generates):
 // - torch.ops.simdev_driver.inject_fault("memcpy_async", 2) makes the second
 //   memcpy_async from now on fail once, as SIMDEV_INJECT_FAULT does from the
-//   start;
+//   start; with async=True its queued work fails instead, the error coming
+//   at a later call (Note [simdev strictness]); clear_faults() drops those
+//   not yet fired;
+// - bytes_in_use(device) and pinned_blocks() say what the driver holds;
 // - torch.ops.simdev_driver.copies() counts the driver's memcpy and
 //   memcpy_async calls so far;
 // - gate = torch.ops.simdev_driver.hold(stream) stops `stream` at this point
@@ -52,8 +57,43 @@ TORCH_LIBRARY(simdev_driver, m) {
     }
     gate->open();
   });
-  m.def("inject_fault(str member, int nth=1) -> ()", [](std::string member, int64_t nth) {
-    TORCH_CHECK_VALUE(nth >= 1, "simdev: inject_fault: nth must be at least 1, got ", nth);
-    accelkit::Backend<Sim>::instance().runtime().inject_fault(member, static_cast<int>(nth));
+  // Opens the gate after `ms` milliseconds, from a thread of its own: for a
+  // test whose next call blocks until the stream moves (it holds the GIL).
+  m.def("release_later(int gate, int ms) -> ()", [](int64_t id, int64_t ms) {
+    std::shared_ptr<Sim::Gate> gate;
+    {
+      std::lock_guard<std::mutex> lock(gates_mutex);
+      auto it = gates.find(id);
+      TORCH_CHECK_VALUE(it != gates.end(), "simdev: release_later: no held gate ", id);
+      gate = std::move(it->second);
+      gates.erase(it);
+    }
+    std::thread([gate, ms] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      gate->open();
+    }).detach();
+  });
+  m.def("inject_fault(str member, int nth=1, bool async=False) -> ()",
+        [](std::string member, int64_t nth, bool async) {
+          TORCH_CHECK_VALUE(nth >= 1 && nth <= 1'000'000'000,
+                            "simdev: inject_fault: nth must be in 1..1e9, got ", nth);
+          accelkit::torch_adapter::translated([&] {
+            accelkit::Backend<Sim>::instance().runtime().inject_fault(member, static_cast<int>(nth),
+                                                                      async);
+          });
+        });
+  m.def("fault_pending(str member) -> bool", [](std::string member) {
+    return accelkit::Backend<Sim>::instance().runtime().fault_pending(member);
+  });
+  m.def("clear_faults() -> ()", [] { accelkit::Backend<Sim>::instance().runtime().clear_faults(); });
+  // Bytes the driver holds on a device (physical index), and pinned blocks.
+  m.def("bytes_in_use(int device) -> int", [](int64_t d) {
+    return accelkit::torch_adapter::translated([&] {
+      auto& b = accelkit::Backend<Sim>::instance();
+      return static_cast<int64_t>(b.runtime().bytes_in_use(b.physical(static_cast<int>(d))));
+    });
+  });
+  m.def("pinned_blocks() -> int", [] {
+    return static_cast<int64_t>(accelkit::Backend<Sim>::instance().runtime().pinned_blocks());
   });
 }

@@ -12,12 +12,15 @@
 // Configuration, read at the first device_count() (each a clear error when
 // malformed):
 //   SIMDEV_DEVICE_COUNT   number of devices (default 2, 0..64)
-//   SIMDEV_MEMORY_MB      capacity per device in MiB (default 1024): one value
-//                         for all devices, or a comma list, one per device
+//   SIMDEV_MEMORY_MB      capacity per device in MiB (default 1024, at least 2):
+//                         one value for all devices, or a comma list, one per
+//                         device
 //   SIMDEV_HOST_VISIBLE   1 (default) or 0: whether the host may touch device
 //                         memory directly
-//   SIMDEV_INJECT_FAULT   comma list of member[@n]: that member throws a driver
-//                         error on its n-th call (default 1), once
+//   SIMDEV_INJECT_FAULT   comma list of member[@n][:async]: that member throws
+//                         a driver error on its n-th call (default 1), once;
+//                         with :async its queued work fails instead (Note
+//                         [simdev strictness])
 //   SIMDEV_EVENT_CREATE_NS what creating an event costs (default 2000 ns, as
 //                         real drivers' event creation does; busy-waited)
 #pragma once
@@ -27,6 +30,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -55,14 +59,28 @@ enum ErrorCode : int {
   kInvalidDevice = 101,
   kInvalidHandle = 400,
   kNotReady = 600,
+  kIllegalAddress = 700,
+  kLaunchFailure = 719,
   kInjectedFault = 999,
 };
+
+// Members whose work is queued, so that they can fail asynchronously.
+inline bool queues_work(std::string_view member) {
+  for (std::string_view m : {"memcpy_async", "memset_async", "memcpy_peer_async", "event_record",
+                             "stream_wait_event"})
+    if (member == m) return true;
+  return false;
+}
 
 struct Config {
   int device_count = 2;
   std::vector<std::uint64_t> memory_bytes{1024ull << 20};  // one entry, or one per device
   bool host_visible = true;
-  std::map<std::string, int> faults;  // member -> the call number that first fails
+  struct Fault {
+    int nth = 1;         // the call that fails
+    bool async = false;  // its queued work fails instead of the call
+  };
+  std::map<std::string, Fault> faults;  // member -> the fault to inject
   long event_create_ns = 2000;
 
   std::uint64_t capacity(int device) const {
@@ -94,10 +112,12 @@ struct Config {
       for (std::string_view item : accelkit::detail::split_list(*v)) {
         long long mb = 0;
         try {
-          mb = parse_int("SIMDEV_MEMORY_MB", std::string(item), 1, 1 << 20);
+          mb = parse_int("SIMDEV_MEMORY_MB", std::string(item), 2, 1 << 20);
         } catch (const accelkit::ValueError&) {
+          // 2 MiB at least: the caching allocator serves small tensors from
+          // 2 MiB segments, so a smaller device could hold no tensor at all.
           throw bad("SIMDEV_MEMORY_MB", *v,
-                    fmt::format("entry '{}' is not a capacity in MiB (1..{})", item, 1 << 20));
+                    fmt::format("entry '{}' is not a capacity in MiB (2..{})", item, 1 << 20));
         }
         c.memory_bytes.push_back(static_cast<std::uint64_t>(mb) << 20);
       }
@@ -118,6 +138,14 @@ struct Config {
     if (auto v = env.get("SIMDEV_INJECT_FAULT")) {
       for (std::string_view item : accelkit::detail::split_list(*v)) {
         std::string entry(item);
+        bool async = false;
+        if (auto colon = entry.find(':'); colon != std::string::npos) {
+          if (entry.substr(colon + 1) != "async")
+            throw bad("SIMDEV_INJECT_FAULT", *v,
+                      fmt::format("entry '{}' is not member[@n][:async]", entry));
+          async = true;
+          entry.resize(colon);
+        }
         auto at = entry.find('@');
         std::string member = entry.substr(0, at);
         int nth = at == std::string::npos
@@ -126,8 +154,15 @@ struct Config {
                                                    1, 1'000'000'000));
         if (member.empty() || !accelkit::detail::is_identifier_part(member))
           throw bad("SIMDEV_INJECT_FAULT", *v,
-                    fmt::format("entry '{}' is not member[@n]", entry));
-        c.faults[member] = nth;
+                    fmt::format("entry '{}' is not member[@n][:async]", entry));
+        if (async && !queues_work(member))
+          throw bad("SIMDEV_INJECT_FAULT", *v,
+                    fmt::format("entry '{}': {} queues no work, so it cannot fail "
+                                "asynchronously", entry, member));
+        if (c.faults.count(member))
+          throw bad("SIMDEV_INJECT_FAULT", *v,
+                    fmt::format("member '{}' is named twice", member));
+        c.faults[member] = Fault{nth, async};
       }
     }
     return c;
@@ -142,6 +177,10 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   SimRuntime() = default;
   // Configured explicitly (tests).
   explicit SimRuntime(Config config) : config_(std::move(config)), configured_(true) {}
+  ~SimRuntime() {
+    std::lock_guard<std::mutex> lock(retired_mutex_);
+    for (auto& [p, n] : retired_) ::munmap(p, n);
+  }
 
   // ------------------------------------------------------------ contract
 
@@ -169,7 +208,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     p.compute_units = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     p.subgroup_size = 32;
     p.clock_rate_khz = 1'000'000;
-    p.l2_cache_bytes = 4u << 20;
+    p.l2_cache_bytes = std::min<std::uint64_t>(4u << 20, p.total_memory);  // a 1 MiB device is valid
     p.dtypes = accelkit::DTypeSet::all();
     p.host_visible_memory = config_.host_visible;
     p.unified_memory = false;
@@ -211,10 +250,11 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       return nullptr;
     }
     std::lock_guard<std::mutex> lock(d.mutex);
-    d.allocations.emplace(p, rounded);
+    d.allocations.emplace(static_cast<char*>(p), rounded);
     return p;
   }
 
+  // Refuses memory that queued work still uses (Note [simdev strictness]).
   void free(int device, void* ptr) {
     check(device, "free");
     fault("free");
@@ -222,14 +262,18 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::size_t bytes = 0;
     {
       std::lock_guard<std::mutex> lock(d.mutex);
-      auto it = d.allocations.find(ptr);
+      auto it = d.allocations.find(static_cast<char*>(ptr));
       if (it == d.allocations.end())
         driver_error(kInvalidValue, "free",
                      fmt::format("pointer {} was not allocated on device {}", ptr, device));
       bytes = it->second;
-      d.allocations.erase(it);
     }
-    ::munmap(ptr, bytes);
+    refuse_if_queued("free", static_cast<char*>(ptr), bytes);
+    {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      d.allocations.erase(static_cast<char*>(ptr));
+    }
+    retire(ptr, bytes);
     d.used.fetch_sub(bytes);
   }
 
@@ -252,16 +296,24 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
         driver_error(kInvalidValue, "host_free",
                      fmt::format("pointer {} was not allocated by host_malloc", ptr));
       bytes = it->second;
-      pinned_.erase(it);
     }
-    ::munmap(ptr, bytes);
+    refuse_if_queued("host_free", static_cast<char*>(ptr), bytes);
+    {
+      std::lock_guard<std::mutex> lock(pinned_mutex_);
+      pinned_.erase(static_cast<char*>(ptr));
+    }
+    retire(ptr, bytes);
   }
 
-  void memcpy(int device, void* dst, const void* src, std::size_t bytes, accelkit::CopyKind) {
+  void memcpy(int device, void* dst, const void* src, std::size_t bytes, accelkit::CopyKind kind) {
     check(device, "memcpy");
     fault("memcpy");
     copies_.fetch_add(1, std::memory_order_relaxed);
-    std::memcpy(dst, src, bytes);
+    Work w = copy_work(device, device, dst, src, bytes, kind);
+    if (!w.live(*this))
+      driver_error(kIllegalAddress, "memcpy", fmt::format("{} touches memory that is not allocated",
+                                                          w.what));
+    w.fn();
   }
 
   // Copies that touch pinned host memory, or only device memory, run on the
@@ -270,29 +322,42 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   void memcpy_async(int device, void* dst, const void* src, std::size_t bytes,
                     accelkit::CopyKind kind, accelkit::StreamHandle stream) {
     auto s = stream_of(device, stream, "memcpy_async");
-    fault("memcpy_async");
+    bool async_fault = fault("memcpy_async");
+    report_async(device, "memcpy_async");
     copies_.fetch_add(1, std::memory_order_relaxed);
+    Work w = copy_work(device, device, dst, src, bytes, kind);
+    w.fail = async_fault;
+    check_live(w, "memcpy_async");
     const void* host = kind == accelkit::CopyKind::host_to_device   ? src
                        : kind == accelkit::CopyKind::device_to_host ? dst
                                                                     : nullptr;
     if (host != nullptr && !is_pinned(host, bytes)) {
       s->synchronize();
-      std::memcpy(dst, src, bytes);
+      run(w);
       return;
     }
-    s->enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+    s->enqueue(std::move(w));
   }
 
   void memset_async(int device, void* ptr, int value, std::size_t bytes,
                     accelkit::StreamHandle stream) {
     auto s = stream_of(device, stream, "memset_async");
-    fault("memset_async");
-    s->enqueue([ptr, value, bytes] { std::memset(ptr, value, bytes); });
+    bool async_fault = fault("memset_async");
+    report_async(device, "memset_async");
+    Work w;
+    w.device = device;
+    w.what = "memset_async";
+    w.touches[0] = {device, static_cast<char*>(ptr), bytes};
+    w.fn = [ptr, value, bytes] { std::memset(ptr, value, bytes); };
+    w.fail = async_fault;
+    check_live(w, "memset_async");
+    s->enqueue(std::move(w));
   }
 
   bool can_access_peer(int device, int peer) {
     check(device, "can_access_peer");
     check(peer, "can_access_peer");
+    fault("can_access_peer");
     return config_.host_visible;
   }
 
@@ -300,8 +365,15 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
                          std::size_t bytes, accelkit::StreamHandle stream) {
     check(dst_device, "memcpy_peer_async");
     auto s = stream_of(src_device, stream, "memcpy_peer_async");
-    fault("memcpy_peer_async");
-    s->enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+    bool async_fault = fault("memcpy_peer_async");
+    report_async(src_device, "memcpy_peer_async");
+    report_async(dst_device, "memcpy_peer_async");
+    Work w = copy_work(src_device, dst_device, dst, src, bytes,
+                       accelkit::CopyKind::device_to_device);
+    w.what = "memcpy_peer_async";
+    w.fail = async_fault;
+    check_live(w, "memcpy_peer_async");
+    s->enqueue(std::move(w));
   }
 
   accelkit::StreamHandle stream_create(int device, int priority) {
@@ -311,7 +383,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       driver_error(kInvalidValue, "stream_create",
                    fmt::format("priority {} is outside simdev's range 0..-2", priority));
     Device& d = context(device);
-    auto s = std::make_shared<Stream>(device, priority);
+    auto s = std::make_shared<Stream>(this, device, priority);
     accelkit::StreamHandle h = accelkit::StreamHandle::from_pointer(s.get());
     std::lock_guard<std::mutex> lock(d.mutex);
     d.streams.emplace(h.value, std::move(s));
@@ -333,6 +405,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   bool stream_query(int device, accelkit::StreamHandle stream) {
     auto s = stream_of(device, stream, "stream_query");
     fault("stream_query");
+    report_async(device, "stream_query");
     return s->idle();
   }
 
@@ -340,15 +413,25 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     auto s = stream_of(device, stream, "stream_synchronize");
     fault("stream_synchronize");
     s->synchronize();
+    report_async(device, "stream_synchronize");
   }
 
+  // Later work on `stream` waits for the event's last record at this call
+  // (Note [simdev strictness]: a later record changes nothing for it).
   void stream_wait_event(int device, accelkit::StreamHandle stream, accelkit::EventHandle event) {
     auto s = stream_of(device, stream, "stream_wait_event");
     auto e = event_of(event, "stream_wait_event");
-    fault("stream_wait_event");
-    std::uint64_t target = e->records.load();
-    if (target == 0) return;  // never recorded: nothing to wait for
-    s->enqueue([e, target] { e->wait_for(target); });
+    bool async_fault = fault("stream_wait_event");
+    report_async(device, "stream_wait_event");
+    std::shared_ptr<Record> r = e->last();
+    if (!r) return;  // never recorded: nothing to wait for
+    Work w;
+    w.device = device;
+    w.what = "stream_wait_event";
+    w.fn = [r] { r->wait(); };
+    w.essential = true;
+    w.fail = async_fault;
+    s->enqueue(std::move(w));
   }
 
   accelkit::EventHandle event_create(int device, accelkit::EventFlags flags) {
@@ -375,31 +458,40 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     event_of(event, "event_destroy");
     fault("event_destroy");
     std::lock_guard<std::mutex> lock(events_mutex_);
-    events_.erase(event.value);  // queued records keep the state alive
+    events_.erase(event.value);  // queued records keep their state alive
   }
 
+  // A new record of the event: the work queued on `stream` so far.
   void event_record(int device, accelkit::EventHandle event, accelkit::StreamHandle stream) {
     auto s = stream_of(device, stream, "event_record");
     auto e = event_of(event, "event_record");
-    fault("event_record");
+    bool async_fault = fault("event_record");
+    report_async(device, "event_record");
     if (e->device != device)
       driver_error(kInvalidValue, "event_record",
                    fmt::format("event of device {} recorded on a stream of device {}", e->device,
                                device));
-    std::uint64_t target = ++e->records;
-    s->record(e, target);
+    auto r = std::make_shared<Record>();
+    {
+      std::lock_guard<std::mutex> lock(e->mutex);
+      e->record = r;
+    }
+    s->record(r, async_fault);
   }
 
   bool event_query(int, accelkit::EventHandle event) {
     auto e = event_of(event, "event_query");
     fault("event_query");
-    return e->done();
+    report_async(e->device, "event_query");
+    std::shared_ptr<Record> r = e->last();
+    return !r || r->done();
   }
 
   void event_synchronize(int, accelkit::EventHandle event) {
     auto e = event_of(event, "event_synchronize");
     fault("event_synchronize");
-    e->wait_for(e->records.load());
+    if (std::shared_ptr<Record> r = e->last()) r->wait();
+    report_async(e->device, "event_synchronize");
   }
 
   float event_elapsed_time(int, accelkit::EventHandle start, accelkit::EventHandle end) {
@@ -408,26 +500,19 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     fault("event_elapsed_time");
     if (!a->timing || !b->timing)
       driver_error(kInvalidHandle, "event_elapsed_time", "both events must be timing events");
-    if (a->records == 0 || b->records == 0)
+    std::shared_ptr<Record> ra = a->last(), rb = b->last();
+    if (!ra || !rb)
       driver_error(kInvalidHandle, "event_elapsed_time", "both events must be recorded");
-    if (!a->done() || !b->done())
+    if (!ra->done() || !rb->done())
       driver_error(kNotReady, "event_elapsed_time", "an event has not completed yet");
-    std::lock_guard<std::mutex> la(a->mutex);
-    auto ta = a->when;
-    std::lock_guard<std::mutex> lb(b->mutex);
-    return std::chrono::duration<float, std::milli>(b->when - ta).count();
+    return std::chrono::duration<float, std::milli>(rb->when() - ra->when()).count();
   }
 
   void device_synchronize(int device) {
     check(device, "device_synchronize");
     fault("device_synchronize");
-    std::vector<std::shared_ptr<Stream>> streams;
-    {
-      Device& d = context(device);
-      std::lock_guard<std::mutex> lock(d.mutex);
-      for (auto& kv : d.streams) streams.push_back(kv.second);
-    }
-    for (auto& s : streams) s->synchronize();
+    for (auto& s : streams_of(device)) s->synchronize();
+    report_async(device, "device_synchronize");
   }
 
   // Blocks `stream` at this point of its queue until the returned gate opens
@@ -456,7 +541,11 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   };
   std::shared_ptr<Gate> hold(int device, accelkit::StreamHandle stream) {
     auto gate = std::make_shared<Gate>();
-    stream_of(device, stream, "hold")->enqueue([gate] { gate->wait(); });
+    Work w;
+    w.device = device;
+    w.what = "hold";
+    w.fn = [gate] { gate->wait(); };
+    stream_of(device, stream, "hold")->enqueue(std::move(w));
     return gate;
   }
 
@@ -474,26 +563,113 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::lock_guard<std::mutex> lock(pinned_mutex_);
     return static_cast<long>(pinned_.size());
   }
-  // Makes `member` fail once, on its n-th call from now on (n = 1: the next).
-  void inject_fault(const std::string& member, int nth = 1) {
+  // Makes `member` fail once, on its n-th call from now on (n = 1: the
+  // next); with `async`, its queued work fails instead (Note [simdev
+  // strictness]).
+  void inject_fault(const std::string& member, int nth = 1, bool async = false) {
+    if (async && !queues_work(member))
+      throw accelkit::ValueError(
+          name, fmt::format("inject_fault: {} queues no work, so it cannot fail asynchronously "
+                            "(memcpy_async, memset_async, memcpy_peer_async, event_record and "
+                            "stream_wait_event can)",
+                            member));
+    configure();  // so that reading the environment later cannot drop it
     std::lock_guard<std::mutex> lock(fault_mutex_);
-    config_.faults[member] = nth + calls_[member];
+    config_.faults[member] = Config::Fault{nth + calls_[member], async};
+  }
+  // Whether a fault injected for `member` has not fired yet.
+  bool fault_pending(const std::string& member) {
+    std::lock_guard<std::mutex> lock(fault_mutex_);
+    return config_.faults.count(member) != 0;
   }
   void clear_faults() {
+    configure();
     std::lock_guard<std::mutex> lock(fault_mutex_);
     config_.faults.clear();
+  }
+  // Streams alive on every device.
+  long live_streams() {
+    long n = 0;
+    for (int dev = 0; dev < config_.device_count; ++dev)
+      if (devices_[static_cast<std::size_t>(dev)].exists.load())
+        n += static_cast<long>(streams_of(dev).size());
+    return n;
+  }
+  // Whether an asynchronous error of `device` waits to be reported.
+  bool async_error_pending(int device) {
+    Device& d = context(device);
+    std::lock_guard<std::mutex> lock(d.mutex);
+    return d.async_error.has_value();
   }
 
  private:
   static constexpr std::size_t kPage = 4096;
+  // Freed address ranges stay reserved (inaccessible) until this many bytes
+  // of them accumulate (Note [simdev strictness]).
+  static constexpr std::size_t kRetiredBytes = std::size_t{4} << 30;
+
+  struct Range {
+    int device = -1;  // -1: host memory (pinned)
+    char* ptr = nullptr;
+    std::size_t bytes = 0;
+    bool overlaps(const char* p, std::size_t n) const {
+      return ptr != nullptr && p < ptr + bytes && ptr < p + n;
+    }
+  };
+
+  // A unit of queued work: what it does, and the memory it touches (checked
+  // when it runs, and against frees while it is queued).
+  struct Work {
+    int device = 0;               // whose asynchronous error a failure is
+    const char* what = "";
+    std::function<void()> fn;
+    std::array<Range, 2> touches{};
+    bool fail = false;            // an injected asynchronous fault
+    bool essential = false;       // a record or wait: done in order even when failing
+    bool live(SimRuntime& rt) const {
+      for (const Range& r : touches)
+        if (r.ptr && !rt.is_live(r)) return false;
+      return true;
+    }
+  };
+
+  // One record of an event: complete when its stream reaches it.
+  class Record {
+   public:
+    void complete() {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+      when_ = std::chrono::steady_clock::now();
+      cv_.notify_all();
+    }
+    bool done() {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return done_;
+    }
+    void wait() {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return done_; });
+    }
+    std::chrono::steady_clock::time_point when() {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return when_;
+    }
+
+   private:
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    bool done_ = false;
+    std::chrono::steady_clock::time_point when_{};
+  };
 
   // A stream: a FIFO of work run by a worker thread started on first use.
   class Stream {
    public:
-    Stream(int device, int priority) : device_(device), priority_(priority) {}
+    Stream(SimRuntime* rt, int device, int priority)
+        : rt_(rt), device_(device), priority_(priority) {}
     ~Stream() { stop(); }
 
-    void enqueue(std::function<void()> work) {
+    void enqueue(Work work) {
       std::lock_guard<std::mutex> lock(mutex_);
       queue_.push_back(std::move(work));
       ++enqueued_;
@@ -506,20 +682,35 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     }
     // An event record: on an idle stream it completes at once, as on a
     // device; otherwise it completes when the stream reaches it.
-    template <class Ev>
-    void record(const std::shared_ptr<Ev>& e, std::uint64_t target) {
+    void record(const std::shared_ptr<Record>& r, bool fail) {
       std::unique_lock<std::mutex> lock(mutex_);
-      if (completed_ == enqueued_) {
-        e->complete(target);
+      if (completed_ == enqueued_ && !fail) {
+        r->complete();
         return;
       }
       lock.unlock();
-      enqueue([e, target] { e->complete(target); });
+      Work w;
+      w.device = device_;
+      w.what = "event_record";
+      w.fn = [r] { r->complete(); };
+      w.essential = true;
+      w.fail = fail;
+      enqueue(std::move(w));
     }
     void synchronize() {
       std::unique_lock<std::mutex> lock(mutex_);
       std::uint64_t target = enqueued_;
       cv_.wait(lock, [&] { return completed_ >= target; });
+    }
+    // Whether queued or running work touches [p, p + n).
+    bool uses(const char* p, std::size_t n) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const Range& r : running_)
+        if (r.overlaps(p, n)) return true;
+      for (const Work& w : queue_)
+        for (const Range& r : w.touches)
+          if (r.overlaps(p, n)) return true;
+      return false;
     }
     void stop() {
       {
@@ -536,64 +727,159 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       while (true) {
         cv_.wait(lock, [this] { return !queue_.empty() || stopping_; });
         if (queue_.empty()) return;  // stopping, and drained
-        auto work = std::move(queue_.front());
+        Work work = std::move(queue_.front());
         queue_.pop_front();
+        running_ = work.touches;
         lock.unlock();
-        work();
+        rt_->run(work);
         lock.lock();
+        running_ = {};
         ++completed_;
         cv_.notify_all();
       }
     }
 
+    SimRuntime* rt_;
     int device_;
     int priority_;
     std::mutex mutex_;
     std::condition_variable cv_;
-    std::deque<std::function<void()>> queue_;
+    std::deque<Work> queue_;
+    std::array<Range, 2> running_{};
     std::uint64_t enqueued_ = 0;
     std::uint64_t completed_ = 0;
     bool stopping_ = false;
     std::thread worker_;
   };
 
-  // An event: `records` counts event_record calls, `completed` is the
-  // latest record its stream has reached. Only the last record matters.
+  // An event: its last record (none until recorded).
   struct Event {
     int device = 0;
     bool timing = false;
-    std::atomic<std::uint64_t> records{0};
     std::mutex mutex;
-    std::condition_variable cv;
-    std::uint64_t completed = 0;
-    std::chrono::steady_clock::time_point when{};
-
-    void complete(std::uint64_t target) {
+    std::shared_ptr<Record> record;
+    std::shared_ptr<Record> last() {
       std::lock_guard<std::mutex> lock(mutex);
-      if (target > completed) {
-        completed = target;
-        when = std::chrono::steady_clock::now();
-      }
-      cv.notify_all();
-    }
-    bool done() {
-      std::uint64_t target = records.load();
-      std::lock_guard<std::mutex> lock(mutex);
-      return completed >= target;
-    }
-    void wait_for(std::uint64_t target) {
-      std::unique_lock<std::mutex> lock(mutex);
-      cv.wait(lock, [&] { return completed >= target; });
+      return record;
     }
   };
 
   struct Device {
     std::once_flag created;
+    std::atomic<bool> exists{false};
     std::atomic<std::uint64_t> used{0};
     std::mutex mutex;
-    std::unordered_map<void*, std::size_t> allocations;
+    std::map<char*, std::size_t> allocations;
     std::unordered_map<std::uintptr_t, std::shared_ptr<Stream>> streams;
+    std::optional<std::pair<int, std::string>> async_error;  // code, message
   };
+
+  // Runs queued (or pageable, synchronous) work: an injected fault or memory
+  // that is no longer allocated fails it, asynchronously. A failing record
+  // or wait still completes in order, so nothing waits forever.
+  void run(Work& w) {
+    if (w.fail) {
+      set_async_error(w.device, kLaunchFailure,
+                      fmt::format("queued {} failed: injected asynchronous fault", w.what));
+      if (w.essential) w.fn();
+      return;
+    }
+    if (!w.live(*this)) {
+      set_async_error(w.device, kIllegalAddress,
+                      fmt::format("queued {} touches memory that was freed", w.what));
+      return;
+    }
+    w.fn();
+  }
+
+  void set_async_error(int device, int code, std::string message) {
+    Device& d = context(device);
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (!d.async_error) d.async_error.emplace(code, std::move(message));
+  }
+  // Reports (once) the asynchronous error of `device`, if any.
+  void report_async(int device, const char* call) {
+    Device& d = context(device);
+    std::optional<std::pair<int, std::string>> e;
+    {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      if (!d.async_error) return;
+      e.swap(d.async_error);
+    }
+    driver_error(e->first, call, fmt::format("asynchronous error of earlier work: {}", e->second));
+  }
+
+  Work copy_work(int device, int dst_device, void* dst, const void* src, std::size_t bytes,
+                 accelkit::CopyKind kind) {
+    Work w;
+    w.device = device;
+    w.what = "memcpy_async";
+    auto* d = static_cast<char*>(dst);
+    auto* s = const_cast<char*>(static_cast<const char*>(src));
+    bool src_dev = kind == accelkit::CopyKind::device_to_host ||
+                   kind == accelkit::CopyKind::device_to_device;
+    bool dst_dev = kind == accelkit::CopyKind::host_to_device ||
+                   kind == accelkit::CopyKind::device_to_device;
+    // Host sides are checked only when pinned (pageable memory is the
+    // caller's own).
+    w.touches[0] = {src_dev ? device : -1, s, bytes};
+    w.touches[1] = {dst_dev ? dst_device : -1, d, bytes};
+    for (Range& r : w.touches)
+      if (r.device < 0 && !is_pinned(r.ptr, bytes)) r = Range{};
+    w.fn = [d, s, bytes] { std::memcpy(d, s, bytes); };
+    return w;
+  }
+
+  bool is_live(const Range& r) {
+    if (r.device < 0) return is_pinned(r.ptr, r.bytes);
+    Device& d = context(r.device);
+    std::lock_guard<std::mutex> lock(d.mutex);
+    auto it = d.allocations.upper_bound(r.ptr);
+    if (it == d.allocations.begin()) return false;
+    --it;
+    return r.ptr >= it->first && r.ptr + r.bytes <= it->first + it->second;
+  }
+  void check_live(const Work& w, const char* call) {
+    if (!w.live(*this))
+      driver_error(kIllegalAddress, call,
+                   fmt::format("{} names memory that is not allocated", w.what));
+  }
+
+  // A free of memory that queued work still uses, on any stream of any
+  // device (peer copies run on the source's streams), is refused.
+  void refuse_if_queued(const char* call, char* p, std::size_t n) {
+    for (int dev = 0; dev < config_.device_count; ++dev)
+      if (devices_[static_cast<std::size_t>(dev)].exists.load())
+        for (auto& s : streams_of(dev))
+        if (s->uses(p, n))
+          driver_error(kInvalidValue, call,
+                       fmt::format("memory at {} ({} bytes) is still used by queued work",
+                                   static_cast<void*>(p), n));
+  }
+
+  // Freed memory: pages dropped and made inaccessible, the range kept
+  // reserved for a while (Note [simdev strictness]).
+  void retire(void* p, std::size_t n) {
+    ::madvise(p, n, MADV_DONTNEED);
+    ::mprotect(p, n, PROT_NONE);
+    std::lock_guard<std::mutex> lock(retired_mutex_);
+    retired_.emplace_back(p, n);
+    retired_bytes_ += n;
+    while (retired_bytes_ > kRetiredBytes) {
+      auto [q, m] = retired_.front();
+      retired_.pop_front();
+      retired_bytes_ -= m;
+      ::munmap(q, m);
+    }
+  }
+
+  std::vector<std::shared_ptr<Stream>> streams_of(int device) {
+    std::vector<std::shared_ptr<Stream>> out;
+    Device& d = context(device);
+    std::lock_guard<std::mutex> lock(d.mutex);
+    for (auto& kv : d.streams) out.push_back(kv.second);
+    return out;
+  }
 
   void configure() {
     std::lock_guard<std::mutex> lock(config_mutex_);
@@ -612,7 +898,10 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
 
   Device& context(int device) {
     Device& d = devices_[static_cast<std::size_t>(device)];
-    std::call_once(d.created, [this] { contexts_.fetch_add(1); });
+    std::call_once(d.created, [&] {
+      contexts_.fetch_add(1);
+      d.exists.store(true);
+    });
     return d;
   }
 
@@ -646,13 +935,17 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     return c >= it->first && c + bytes <= it->first + it->second;
   }
 
-  void fault(const char* member) {
+  // Counts a call of `member`; throws when a fault is due at this call, or
+  // returns true when its queued work is to fail instead.
+  bool fault(const char* member) {
     std::lock_guard<std::mutex> lock(fault_mutex_);
-    if (config_.faults.empty()) return;
+    if (config_.faults.empty()) return false;
     int n = ++calls_[member];
     auto it = config_.faults.find(member);
-    if (it == config_.faults.end() || n != it->second) return;
+    if (it == config_.faults.end() || n != it->second.nth) return false;
+    bool async = it->second.async;
     config_.faults.erase(it);  // one-shot: the next call succeeds again
+    if (async) return true;
     driver_error(kInjectedFault, member, "injected fault");
   }
 
@@ -670,6 +963,9 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   std::unordered_map<std::uintptr_t, std::shared_ptr<Event>> events_;
   std::mutex fault_mutex_;
   std::map<std::string, int> calls_;
+  std::mutex retired_mutex_;
+  std::deque<std::pair<void*, std::size_t>> retired_;
+  std::size_t retired_bytes_ = 0;
   static inline thread_local int current_device_ = 0;
 };
 

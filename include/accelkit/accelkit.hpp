@@ -6,6 +6,7 @@
 #include <accelkit/device/properties.hpp>
 #include <accelkit/device/report.hpp>
 #include <accelkit/device/visibility.hpp>
+#include <accelkit/diagnostics.hpp>
 #include <accelkit/error.hpp>
 #include <accelkit/memory/caching_allocator.hpp>
 #include <accelkit/memory/config.hpp>

@@ -105,10 +105,10 @@ class DriverError : public Error {
   const std::string& driver_message() const noexcept { return driver_message_; }
 
  private:
-  static std::string describe(std::string_view backend, std::int64_t code, std::string_view call,
+  // "driver error 999 in memcpy_async: ..." (what() adds "backend: " once).
+  static std::string describe(std::string_view, std::int64_t code, std::string_view call,
                               std::string_view driver_message) {
-    std::string s(backend);
-    s += " driver error ";
+    std::string s = "driver error ";
     s += std::to_string(code);
     if (!call.empty()) {
       s += " in ";

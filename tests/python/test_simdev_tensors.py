@@ -326,7 +326,7 @@ except RuntimeError as e:
     print('error:', e)
 print('after:', x.to('simdev').cpu().tolist())
 """, SIMDEV_INJECT_FAULT="memcpy_async@1")
-    assert "error: simdev: simdev driver error 999 in memcpy_async: injected fault" in r.stdout, r.stderr
+    assert "error: simdev: driver error 999 in memcpy_async: injected fault" in r.stdout, r.stderr
     assert "after: [0.0, 1.0, 2.0, 3.0]" in r.stdout
 
 
@@ -358,7 +358,7 @@ print('leaked:', torch.simdev.memory_allocated() - before)
 print('pinned after:', src.to('simdev', non_blocking=True)[:2].cpu().tolist())
 """, SIMDEV_HOST_VISIBLE="0")
     lines = r.stdout.splitlines()
-    fault = "simdev: simdev driver error 999 in memcpy_async: injected fault"
+    fault = "simdev: driver error 999 in memcpy_async: injected fault"
     assert lines == ["error: " + fault, "unchanged: True", "leaked: 0",
                      "after: [-1.0, 1.0, -1.0, 3.0]", "pinned error: " + fault, "leaked: 0",
                      "pinned after: [1.0, 1.0]"], r.stdout + r.stderr

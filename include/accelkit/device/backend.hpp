@@ -11,6 +11,7 @@
 #include <accelkit/config.hpp>
 #include <accelkit/detail/environment.hpp>
 #include <accelkit/detail/fork.hpp>
+#include <accelkit/diagnostics.hpp>
 #include <accelkit/device/properties.hpp>
 #include <accelkit/device/visibility.hpp>
 #include <accelkit/error.hpp>
@@ -152,19 +153,56 @@ class Backend {
   // ------------------------------------------------------- current device
 
   // The calling thread's current device (0 until the thread sets one).
+  // After a deferred switch that the driver refused, the driver's
+  // set_device is tried again here first, and its error thrown (Note
+  // [Deferred device switch]).
   device_index current_device() {
     lazy_init();
-    return tls_.owner == id_ ? tls_.device : 0;
+    if (tls_.owner != id_) return 0;
+    if (tls_.stale) {
+      runtime_.set_device(physical(tls_.device));
+      tls_.stale = false;
+    }
+    return tls_.device;
   }
 
   // Makes `device` current for the calling thread; the runtime's set_device
-  // is called only when the device changes.
+  // is called only when the device changes. If it fails, nothing changes.
   void set_device(device_index device) {
     int phys = physical(device);
-    if (tls_.owner == id_ && tls_.device == device) return;
+    if (tls_.owner == id_ && tls_.device == device && !tls_.stale) return;
     runtime_.set_device(phys);
     tls_.owner = id_;
     tls_.device = device;
+    tls_.stale = false;
+  }
+
+  // Note [Deferred device switch]
+  // PyTorch switches devices where nothing may throw: a device guard
+  // restoring the previous device in its destructor (uncheckedSetDevice),
+  // and the autograd engine's device threads at start (setDevice, outside
+  // any try block: an exception there ends the process). There the switch
+  // cannot fail: the thread's current device becomes `device` whatever the
+  // driver says; a driver failure is reported (Note [Diagnostics]) and the
+  // driver's set_device is tried again by the thread's next current_device(),
+  // which throws if it fails again, where throwing is safe. Only an invalid
+  // index (IndexError, before anything changes) is thrown here.
+  void set_device_deferred(device_index device) {
+    int phys = physical(device);
+    if (tls_.owner == id_ && tls_.device == device && !tls_.stale) return;
+    bool stale = false;
+    try {
+      runtime_.set_device(phys);
+    } catch (const std::exception& e) {
+      stale = true;
+      report(Severity::warning, name,
+             fmt::format("switching this thread to device {} failed in the driver and is "
+                         "tried again at its next device use: {}",
+                         device, e.what()));
+    }
+    tls_.owner = id_;
+    tls_.device = device;
+    tls_.stale = stale;
   }
 
   // Sets `device` current and returns the previous current device.
@@ -397,6 +435,7 @@ class Backend {
   struct CurrentDevice {
     std::uint64_t owner = 0;
     device_index device = 0;
+    bool stale = false;  // the driver's set_device of `device` failed (deferred)
   };
   static inline thread_local CurrentDevice tls_{};
 
@@ -488,12 +527,13 @@ class DeviceGuard {
  public:
   DeviceGuard(Backend<R>& backend, device_index device)
       : backend_(backend), previous_(backend.exchange_device(device)) {}
+  // Restores the previous device even if the driver refuses (Note
+  // [Deferred device switch]).
   ~DeviceGuard() {
     try {
-      backend_.set_device(previous_);
+      backend_.set_device_deferred(previous_);
     } catch (...) {
-      // The previous device was valid when saved; a failure here means the
-      // driver died, and a destructor must not throw.
+      // Only an invalid index throws; the previous device was valid.
     }
   }
   DeviceGuard(const DeviceGuard&) = delete;

@@ -39,6 +39,7 @@
 
 #include <accelkit/config.hpp>
 #include <accelkit/detail/json.hpp>
+#include <accelkit/diagnostics.hpp>
 #include <accelkit/detail/pending.hpp>
 #include <accelkit/detail/pointer_map.hpp>
 #include <accelkit/detail/spinlock.hpp>
@@ -427,6 +428,14 @@ class DeviceCachingAllocator {
 
   // Returns every segment to the driver. Blocks still allocated are lost.
   ~DeviceCachingAllocator() {
+    for (const Detached& d : limbo_) {
+      try {
+        backend_.raw_free(device_, d.ptr, d.size);
+      } catch (...) {
+        // As below.
+      }
+      delete d.record;
+    }
     for (auto& kv : pools_by_stream_) {
       detail::PoolShard& pool = *kv.second;
       for (detail::PendingFree& p : pool.pending)
@@ -718,6 +727,30 @@ class DeviceCachingAllocator {
   using Block = detail::MemBlock;
   using Pool = detail::PoolShard;
   using Segment = detail::MemSegment;
+
+  // Note [Ordered release]
+  // Memory goes back to the driver only after the work that used it: a
+  // driver's free may take memory away at once (OpenCL's clSVMFree does;
+  // cudaFree waits for the device), and queued work may still read a cached
+  // segment whose blocks were freed in stream order. A segment is detached
+  // from its pool first (so nothing can allocate from it), then the stream
+  // that owns the pool is synchronized (blocks used on other streams reach
+  // the cache only after events on those streams completed), then it is
+  // freed. A segment whose stream cannot be synchronized, or that the
+  // driver refuses to free, is kept in limbo_: still counted as reserved (the
+  // driver holds it), never allocated from, and tried again by the next
+  // release (empty_cache, the out-of-memory retry); the error is thrown to
+  // the caller once. Statistics count a segment out when the driver has it
+  // back.
+  struct Detached {
+    Pool* pool;
+    char* ptr;
+    std::size_t size;
+    bool small;
+    bool oversize;
+    Segment* record;  // a large segment's record, deleted once freed
+  };
+  using Released = std::vector<Detached>;
 
   // An allocated block: a record (large blocks, and every block while
   // caching is off), or a small block (block null, Note [Small arena]).
@@ -1244,24 +1277,38 @@ class DeviceCachingAllocator {
   std::vector<EventHandle> record_uses(char* ptr, const std::vector<StreamHandle>& uses,
                                       bool& safe) {
     std::vector<EventHandle> events;
+    events.reserve(uses.size());  // so that keeping a recorded event cannot throw
     for (StreamHandle s : uses) {
-      EventHandle e{};
+      // Two try blocks: an event is released only if it was acquired (a
+      // single block with `e{}` tested in the handler was miscompiled by
+      // GCC 12 at -O2, the zeroing store dropped).
       try {
-        e = events_.acquire();
-        backend_.event_record(device_, e, s);
+        EventHandle e = events_.acquire();
+        try {
+          backend_.event_record(device_, e, s);
+        } catch (...) {
+          events_.release(e);
+          throw;
+        }
         events.push_back(e);
         continue;
-      } catch (const std::exception&) {
-        if (e != EventHandle{}) events_.release(e);  // never recorded: complete
+      } catch (const std::exception& err) {
+        // Reported, since the fallback below may succeed and the error may
+        // be one of earlier queued work, which the driver reports once.
+        report(Severity::warning, Backend<R>::name,
+               fmt::format("device {}: the free of {} waits for stream {:#x} instead of recording "
+                           "an event: {}",
+                           device_, static_cast<void*>(ptr), s.value,
+                           err.what()));
       }
       try {
         backend_.stream_synchronize(device_, s);
       } catch (const std::exception& err) {
-        std::fprintf(stderr,
-                     "[accelkit] %s:%d: cannot order the free of %p after stream %#lx (%s); "
-                     "the block is kept out of the cache\n",
-                     std::string(Backend<R>::name).c_str(), device_, static_cast<void*>(ptr),
-                     static_cast<unsigned long>(s.value), err.what());
+        report(Severity::warning, Backend<R>::name,
+               fmt::format("device {}: cannot order the free of {} after stream {:#x} ({}); the "
+                           "block is kept out of the cache",
+                           device_, static_cast<void*>(ptr), s.value,
+                           err.what()));
         safe = false;
       }
     }
@@ -1276,13 +1323,11 @@ class DeviceCachingAllocator {
     detail::drain_pending(
         pool.pending, wait,
         [&](const detail::PendingFree& p) {
+          // A driver error (one of earlier queued work, say) goes to the
+          // caller; the entry stays queued.
           for (EventHandle e : p.events) {
-            try {
-              if (wait) backend_.event_synchronize(device_, e);
-              if (!backend_.event_query(device_, e)) return false;
-            } catch (const std::exception&) {
-              return false;  // the driver could not say: keep waiting
-            }
+            if (wait) backend_.event_synchronize(device_, e);
+            if (!backend_.event_query(device_, e)) return false;
           }
           return true;
         },
@@ -1414,14 +1459,14 @@ class DeviceCachingAllocator {
   }
 
   // Under the pool lock: removes a wholly free small segment from the pool
-  // and deletes its bookkeeping; its memory is the caller's to return.
-  void detach_small(Pool& pool, detail::SmallSegment* seg) {
+  // and deletes its bookkeeping; its memory is the caller's to return (it
+  // stays counted as reserved until then: Note [Ordered release]).
+  Detached detach_small(Pool& pool, detail::SmallSegment* seg) {
     constexpr std::size_t n = memory_constants::kSmallBuffer;
     unregister_windows(pool, *seg);
-    count_segment(pool, n, true, n >= config_.max_split_size, false);
-    if (tracing_.load(std::memory_order_relaxed))
-      trace(TraceEntry::Action::segment_free, seg->ptr, n, pool.stream);
+    Detached d{&pool, seg->ptr, n, true, n >= config_.max_split_size, nullptr};
     pool.arena.remove_segment(seg);
+    return d;
   }
 
   // ------------------------------------------- finding small blocks by address
@@ -1594,45 +1639,69 @@ class DeviceCachingAllocator {
     park_or_queue(pool, {nullptr, seg, ptr, std::move(events)});
   }
 
-  // Under the pool lock: removes a wholly free segment from the pool.
-  void detach_segment(Pool& pool, Segment* seg) {
+  // Under the pool lock: removes a wholly free segment from the pool; its
+  // memory is the caller's to return (Note [Ordered release]).
+  Detached detach_segment(Pool& pool, Segment* seg) {
     unlink_free(pool, seg->head);
     Segment* last = pool.segments.back();
     pool.segments[seg->index] = last;
     last->index = seg->index;
     pool.segments.pop_back();
-    count_segment(pool, seg, false);
     pool.recycle(seg->head);
-    if (tracing_.load(std::memory_order_relaxed))
-      trace(TraceEntry::Action::segment_free, seg->ptr, seg->size, pool.stream);
+    return Detached{&pool, seg->ptr, seg->size, seg->small, seg->oversize, seg};
   }
 
   static bool wholly_free(const Segment* seg) noexcept {
     return seg->head->cached && detail::whole_segment(seg->head);
   }
 
-  // Segments detached from their pools, to return to the driver: records,
-  // and the addresses of small segments.
-  struct Released {
-    std::vector<Segment*> large;
-    std::vector<char*> small;
-  };
-  void free_segments(Released& r) {
+
+  // Under release_mutex_: returns detached segments to the driver after
+  // synchronizing the streams that own them and the streams in `also`
+  // (Note [Ordered release]). Throws the first error, after every segment
+  // is freed or in limbo_.
+  void free_segments(Released& r, const std::vector<StreamHandle>& also = {}) {
     std::exception_ptr first;
-    auto give_back = [&](char* ptr, std::size_t size) {
+    std::vector<StreamHandle> streams(also), failed;
+    for (const Detached& d : r)
+      if (std::find(streams.begin(), streams.end(), d.pool->stream) == streams.end())
+        streams.push_back(d.pool->stream);
+    for (StreamHandle s : streams) {
       try {
-        backend_.raw_free(device_, ptr, size);
+        backend_.stream_synchronize(device_, s);
       } catch (...) {
         if (!first) first = std::current_exception();
+        failed.push_back(s);
       }
-      reserved_.fetch_sub(size);
-    };
-    for (Segment* s : r.large) {
-      give_back(s->ptr, s->size);
-      delete s;
     }
-    for (char* p : r.small) give_back(p, memory_constants::kSmallBuffer);
-    r = Released{};
+    // Room first, so that keeping a segment cannot fail.
+    limbo_.reserve(limbo_.size() + r.size());
+    for (const Detached& d : r) {
+      bool ordered = failed.empty() ||
+                     (std::find(failed.begin(), failed.end(), d.pool->stream) == failed.end() &&
+                      also.empty());
+      if (ordered) {
+        try {
+          backend_.raw_free(device_, d.ptr, d.size);
+        } catch (...) {
+          if (!first) first = std::current_exception();
+          ordered = false;
+        }
+      }
+      if (!ordered) {
+        limbo_.push_back(d);
+        continue;
+      }
+      reserved_.fetch_sub(d.size);
+      {
+        std::lock_guard<detail::SpinLock> lock(d.pool->lock);
+        count_segment(*d.pool, d.size, d.small, d.oversize, false);
+      }
+      if (tracing_.load(std::memory_order_relaxed))
+        trace(TraceEntry::Action::segment_free, d.ptr, d.size, d.pool->stream);
+      delete d.record;
+    }
+    r.clear();
     if (first) std::rethrow_exception(first);
   }
 
@@ -1640,6 +1709,7 @@ class DeviceCachingAllocator {
   void release_all(bool wait) {
     std::lock_guard<std::mutex> serial(release_mutex_);
     Released freed;
+    freed.swap(limbo_);  // tried again (Note [Ordered release])
     try {
       release_into(freed, wait);
     } catch (...) {
@@ -1659,18 +1729,14 @@ class DeviceCachingAllocator {
       for (std::size_t i = pool->segments.size(); i-- > 0;) {
         Segment* s = pool->segments[i];
         if (!wholly_free(s)) continue;
-        freed.large.push_back(s);
-        detach_segment(*pool, s);
+        freed.push_back(detach_segment(*pool, s));
       }
       std::vector<detail::SmallSegment*> empty;
       pool->arena.for_each_segment([&](detail::SmallSegment& s) {
         if (s.wholly_free()) empty.push_back(&s);
       });
-      freed.small.reserve(freed.small.size() + empty.size());
-      for (detail::SmallSegment* s : empty) {
-        freed.small.push_back(s->ptr);
-        detach_small(*pool, s);
-      }
+      freed.reserve(freed.size() + empty.size());
+      for (detail::SmallSegment* s : empty) freed.push_back(detach_small(*pool, s));
     }
   }
 
@@ -1708,14 +1774,12 @@ class DeviceCachingAllocator {
       if (c.seg) {
         // Segments are deleted only under release_mutex_, so c.seg is valid.
         if (!wholly_free(c.seg)) continue;
-        freed.large.push_back(c.seg);
-        detach_segment(*c.pool, c.seg);
         releasing += c.seg->size;
+        freed.push_back(detach_segment(*c.pool, c.seg));
       } else {
         detail::SmallSegment* s = segment_of(c.small);
         if (!s || !s->wholly_free()) continue;
-        freed.small.push_back(s->ptr);
-        detach_small(*c.pool, s);
+        freed.push_back(detach_small(*c.pool, s));
         releasing += memory_constants::kSmallBuffer;
       }
     }
@@ -1791,31 +1855,33 @@ class DeviceCachingAllocator {
     return b;
   }
 
+  // Without caching every free goes to the driver, ordered after the
+  // block's stream and the streams it was used on (Note [Ordered release]);
+  // a failure leaves it in limbo_ (tried again by empty_cache) and is
+  // reported through the diagnostics hook: a free must not throw for the
+  // driver's sake (it runs in tensor deleters).
   void free_uncached(Pool& pool, Block* b, const std::vector<StreamHandle>& uses) {
-    for (StreamHandle s : uses) {
-      try {
-        backend_.stream_synchronize(device_, s);
-      } catch (const std::exception&) {
-        // Cannot order the free after that stream: keep the memory.
-        std::lock_guard<detail::SpinLock> lock(pool.lock);
-        count_free(pool, b);
-        return;
-      }
+    char* ptr = b->ptr;
+    std::size_t size = b->size;
+    Released r;
+    {
+      std::lock_guard<detail::SpinLock> lock(pool.lock);
+      count_free(pool, b);
+      auto n = static_cast<std::int64_t>(b->size);
+      bool sm = is_small(b);
+      down(pool.stats.active, sm, 1);
+      down(pool.stats.active_bytes, sm, n);
+      r.push_back(Detached{&pool, b->ptr, b->size, sm, false, b->segment});
+      pool.recycle(b);
     }
-    backend_.raw_free(device_, b->ptr, b->size);
-    reserved_.fetch_sub(b->size);
-    std::lock_guard<detail::SpinLock> lock(pool.lock);
-    count_free(pool, b);
-    auto n = static_cast<std::int64_t>(b->size);
-    DeviceStats& s = pool.stats;
-    bool sm = is_small(b);
-    down(s.active, sm, 1);
-    down(s.active_bytes, sm, n);
-    down(s.segment, sm, 1);
-    down(s.reserved_bytes, sm, n);
-    ++s.num_device_free;
-    delete b->segment;
-    pool.recycle(b);
+    std::lock_guard<std::mutex> serial(release_mutex_);
+    try {
+      free_segments(r, uses);
+    } catch (const std::exception& e) {
+      report(Severity::warning, Backend<R>::name,
+             fmt::format("device {}: the free of {} ({} bytes) waits for a later empty_cache: {}",
+                         device_, static_cast<void*>(ptr), size, e.what()));
+    }
   }
 
   // ---------------------------------------------------------------- errors
@@ -1892,6 +1958,7 @@ class DeviceCachingAllocator {
   std::unordered_map<std::uintptr_t, std::unique_ptr<Pool>> pools_by_stream_;
   std::vector<Pool*> pools_;
   std::mutex release_mutex_;  // serializes returning segments to the driver
+  Released limbo_;            // under release_mutex_ (Note [Ordered release])
 
   std::atomic<bool> tracing_{false};
   std::mutex trace_mutex_;

@@ -179,6 +179,7 @@ inline AllocatorConfig AllocatorConfig::parse(std::string_view backend, std::str
     return false;
   };
 
+  std::vector<std::string> seen;  // a key given twice is a mistake, not an override
   for (std::size_t i = 0; i < t.size(); ++i) {
     const std::string key = t[i];
     if (key == "," && i + 1 < t.size()) continue;
@@ -190,6 +191,9 @@ inline AllocatorConfig AllocatorConfig::parse(std::string_view backend, std::str
         "expandable_segments",      "pinned_use_background_threads"};
     if (std::find(std::begin(known), std::end(known), key) == std::end(known))
       fail(fmt::format("unknown key '{}' (known: {})", key, fmt::join(known, ", ")));
+    if (std::find(seen.begin(), seen.end(), key) != seen.end())
+      fail(fmt::format("key '{}' is given twice", key));
+    seen.push_back(key);
     expect(i + 1, ":", key);
     i += 2;
     const std::string& v = token(i, key + ":");

@@ -17,6 +17,7 @@
 #include <accelkit/detail/pointer_map.hpp>
 #include <accelkit/detail/spinlock.hpp>
 #include <accelkit/device/backend.hpp>
+#include <accelkit/diagnostics.hpp>
 #include <accelkit/error.hpp>
 #include <accelkit/memory/caching_allocator.hpp>
 #include <accelkit/memory/config.hpp>
@@ -76,6 +77,7 @@ class HostAllocator {
       }
       for (Block* b : bucket.free) delete_block(b);
       for (Block* b : bucket.quarantined) delete_block(b);
+      for (Block* b : bucket.refused) delete_block(b);
     }
     live_.for_each([&](Block* b) { delete_block(b); });
   }
@@ -123,11 +125,15 @@ class HostAllocator {
     Pending pending{b, {}};
     bool safe = record_uses(pending);
     if (!config_.caching) {
-      if (safe) wait(pending);
+      // Freed to the driver only after its copies have landed: a block
+      // whose events cannot be waited for now is queued like a cached one,
+      // and empty_cache returns it once they complete.
+      bool waited = safe && wait(pending);
       std::lock_guard<detail::SpinLock> lock(bucket.lock);
       count_free(bucket, b);
-      if (safe) free_to_driver(bucket, b);
-      else bucket.quarantined.push_back(b);
+      if (!safe) bucket.quarantined.push_back(b);
+      else if (!waited) bucket.pending.push_back(std::move(pending));
+      else free_to_driver(bucket, b);
       return;
     }
     std::lock_guard<detail::SpinLock> lock(bucket.lock);
@@ -161,7 +167,8 @@ class HostAllocator {
   // Whether `ptr` is a live allocation of this allocator.
   bool is_allocation(const void* ptr) { return live_.find(ptr) != nullptr; }
 
-  // Returns every cached block to the driver, after waiting for pending uses.
+  // Returns every cached block to the driver, after waiting for pending
+  // uses, and tries again those the driver refused before.
   void empty_cache() {
     for (Bucket& bucket : buckets_) {
       std::vector<Block*> freed;
@@ -169,6 +176,8 @@ class HostAllocator {
         std::lock_guard<detail::SpinLock> lock(bucket.lock);
         if (!bucket.pending.empty()) process_pending(bucket, true);
         freed.swap(bucket.free);
+        freed.insert(freed.end(), bucket.refused.begin(), bucket.refused.end());
+        bucket.refused.clear();
       }
       for (Block* b : freed) {
         std::lock_guard<detail::SpinLock> lock(bucket.lock);
@@ -224,6 +233,7 @@ class HostAllocator {
     std::vector<Block*> free;
     std::vector<Pending> pending;
     std::vector<Block*> quarantined;  // freed, but never to be reused (record_uses)
+    std::vector<Block*> refused;      // the driver refused to free them (free_to_driver)
     HostStats stats;
   };
 
@@ -272,12 +282,25 @@ class HostAllocator {
     bucket.stats.allocated_bytes.decrease(static_cast<std::int64_t>(b->size));
   }
 
-  // Under the bucket lock.
+  // Under the bucket lock. A block the driver refuses stays counted as
+  // reserved, in `refused`, and the next empty_cache tries again; the
+  // failure is reported (Note [Diagnostics]), not thrown: frees run in
+  // deleters.
   void free_to_driver(Bucket& bucket, Block* b) {
+    try {
+      backend_.raw_host_free(b->ptr);
+    } catch (const std::exception& e) {
+      report(Severity::warning, Backend<R>::name,
+             fmt::format("pinned host memory at {} ({} bytes) could not be returned to the "
+                         "driver and is kept for a later empty_cache: {}",
+                         b->ptr, b->size, e.what()));
+      bucket.refused.push_back(b);
+      return;
+    }
     bucket.stats.segment.decrease(1);
     bucket.stats.reserved_bytes.decrease(static_cast<std::int64_t>(b->size));
     ++bucket.stats.num_host_free;
-    delete_block(b);
+    delete b;
   }
 
   void delete_block(Block* b) {
@@ -300,19 +323,33 @@ class HostAllocator {
   // False when neither worked: the block must not be reused.
   bool record_uses(Pending& p) {
     bool safe = true;
+    p.events.reserve(p.block->uses.size());  // keeping a recorded event cannot throw
     for (auto [device, stream] : p.block->uses) {
-      EventHandle e{};
+      // As in DeviceCachingAllocator::record_uses: release only what was acquired.
       try {
-        e = events(device).acquire();
-        backend_.event_record(device, e, stream);
+        EventPool<R>& pool = events(device);
+        EventHandle e = pool.acquire();
+        try {
+          backend_.event_record(device, e, stream);
+        } catch (...) {
+          pool.release(e);
+          throw;
+        }
         p.events.emplace_back(device, e);
         continue;
-      } catch (const std::exception&) {
-        if (e != EventHandle{}) events(device).release(e);
+      } catch (const std::exception& err) {
+        report(Severity::warning, Backend<R>::name,
+               fmt::format("the free of pinned host memory at {} waits for stream {:#x} of "
+                           "device {} instead of recording an event: {}",
+                           p.block->ptr, stream.value, device, err.what()));
       }
       try {
         backend_.stream_synchronize(device, stream);
-      } catch (const std::exception&) {
+      } catch (const std::exception& err) {
+        report(Severity::warning, Backend<R>::name,
+               fmt::format("pinned host memory at {} is kept out of the cache: its use on "
+                           "stream {:#x} of device {} cannot be waited for: {}",
+                           p.block->ptr, stream.value, device, err.what()));
         safe = false;
       }
     }
@@ -326,14 +363,22 @@ class HostAllocator {
     p.events.clear();
   }
 
-  void wait(Pending& p) {
+  // Waits for a freed block's events; false, keeping them, if the driver
+  // could not wait for one.
+  bool wait(Pending& p) {
     for (auto [device, e] : p.events) {
       try {
         backend_.event_synchronize(device, e);
-      } catch (...) {
+      } catch (const std::exception& err) {
+        report(Severity::warning, Backend<R>::name,
+               fmt::format("the free of pinned host memory at {} waits for a later "
+                           "empty_cache: {}",
+                           p.block->ptr, err.what()));
+        return false;
       }
     }
     release_events(p);
+    return true;
   }
 
   // Under the bucket lock (Note [Pinned host allocator]).
@@ -341,13 +386,10 @@ class HostAllocator {
     detail::drain_pending(
         bucket.pending, block,
         [&](const Pending& p) {
+          // A driver error goes to the caller; the entry stays queued.
           for (auto [device, e] : p.events) {
-            try {
-              if (block) backend_.event_synchronize(device, e);
-              if (!backend_.event_query(device, e)) return false;
-            } catch (const std::exception&) {
-              return false;
-            }
+            if (block) backend_.event_synchronize(device, e);
+            if (!backend_.event_query(device, e)) return false;
           }
           return true;
         },

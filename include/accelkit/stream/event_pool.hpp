@@ -2,7 +2,19 @@
 //
 // Creating a driver event costs microseconds; the memory pool needs one for
 // every free of a block used on another stream. Events are taken from this
-// pool and returned to it once they have completed, never created per use.
+// pool and returned to it, never created per use.
+//
+// Note [Pooled event reuse]
+// An event may be handed back while its last record is still pending (a
+// wait_stream's event right after the wait was queued, a torch.Event
+// destroyed before its stream reached it). Not every driver keeps a queued
+// wait tied to the record it saw: where a wait reads the event's state when
+// it runs (an event as one completion counter), recording the same event
+// again elsewhere would release that wait early. So a returned event is
+// reused only once the driver says its record has completed: release()
+// parks it, and acquire() takes parked events back, oldest first, after an
+// event_query. An error from that query belongs to earlier queued work: it
+// is passed to the caller of acquire(), once, and the event stays parked.
 #pragma once
 
 #include <accelkit/config.hpp>
@@ -23,6 +35,7 @@ class EventPool {
   EventPool(Backend<R>& backend, device_index device, EventFlags flags = EventFlags::none)
       : backend_(backend), device_(device), flags_(flags) {}
   ~EventPool() {
+    for (EventHandle e : returned_) free_.push_back(e);
     for (EventHandle e : free_) {
       try {
         backend_.event_destroy(device_, e);
@@ -34,10 +47,12 @@ class EventPool {
   EventPool(const EventPool&) = delete;
   EventPool& operator=(const EventPool&) = delete;
 
-  // A free event, created only when the pool has none.
+  // A free event, created only when the pool has none whose last record
+  // has completed (Note [Pooled event reuse]).
   EventHandle acquire() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (free_.empty()) reclaim();
       if (!free_.empty()) {
         EventHandle e = free_.back();
         free_.pop_back();
@@ -49,8 +64,11 @@ class EventPool {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       try {
-        // So that release() never allocates: room for every event created.
-        if (free_.capacity() <= created_) free_.reserve(std::max<std::size_t>(8, 2 * created_ + 2));
+        // So that release() and reclaim() never allocate: room for every
+        // event created, in both lists.
+        std::size_t room = std::max<std::size_t>(8, 2 * created_ + 2);
+        if (free_.capacity() <= created_) free_.reserve(room);
+        if (returned_.capacity() <= created_) returned_.reserve(room);
         ++created_;
       } catch (const std::bad_alloc&) {
         room = false;
@@ -66,30 +84,52 @@ class EventPool {
     return e;
   }
 
-  // Returns an event from acquire() of this pool whose last record has
-  // completed (or that was never recorded), once, for reuse. Never
+  // Returns an event from acquire() of this pool, once; it is reused when
+  // its last record has completed (Note [Pooled event reuse]). Never
   // allocates: room was made when it was created.
   void release(EventHandle e) noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
-    free_.push_back(e);
+    returned_.push_back(e);
   }
 
   std::size_t created() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return created_;
   }
+  // Events held by the pool: reusable, or waiting for their record.
   std::size_t cached() const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return free_.size();
+    return free_.size() + returned_.size();
   }
   device_index device() const noexcept { return device_; }
 
  private:
+  // Under mutex_: moves returned events whose record has completed to
+  // free_, oldest first, stopping at the first that has not (the rest were
+  // most likely recorded later). Never allocates: free_ has room for every
+  // event created.
+  void reclaim() {
+    std::size_t done = 0;
+    try {
+      while (done < returned_.size() && backend_.event_query(device_, returned_[done])) ++done;
+    } catch (...) {
+      take_front(done);
+      throw;
+    }
+    take_front(done);
+  }
+  void take_front(std::size_t n) {
+    free_.insert(free_.end(), returned_.begin(),
+                 returned_.begin() + static_cast<std::ptrdiff_t>(n));
+    returned_.erase(returned_.begin(), returned_.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+
   Backend<R>& backend_;
   device_index device_;
   EventFlags flags_;
   mutable std::mutex mutex_;
   std::vector<EventHandle> free_;
+  std::vector<EventHandle> returned_;  // released, last record perhaps pending
   std::size_t created_ = 0;
 };
 

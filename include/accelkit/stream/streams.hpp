@@ -115,9 +115,25 @@ class Streams {
     Device& d = dev(device);
     int level = level_of(device, priority);
     Pool& pool = d.pools[static_cast<std::size_t>(level)];
+    // A failure part-way destroys the streams already created and leaves
+    // the pool to be created again by the next call.
     std::call_once(pool.created, [&] {
       int native = native_priority(device, level);
-      for (auto& h : pool.handles) h = backend_.stream_create(device, native);
+      std::size_t made = 0;
+      try {
+        for (; made < pool.handles.size(); ++made)
+          pool.handles[made] = backend_.stream_create(device, native);
+      } catch (...) {
+        for (std::size_t i = 0; i < made; ++i) {
+          try {
+            backend_.stream_destroy(device, pool.handles[i]);
+          } catch (...) {
+            // Reported by the creation failure being thrown.
+          }
+          pool.handles[i] = StreamHandle{};
+        }
+        throw;
+      }
     });
     auto index = static_cast<std::uint32_t>(pool.next.fetch_add(1) % kStreamsPerPool);
     return Stream{device, detail::make_stream_id(d.generation, detail::StreamKind::pooled, level,
@@ -184,6 +200,7 @@ class Streams {
   StreamHandle handle(const Stream& s) {
     Device& d = dev(s.device);
     check_generation(d, s);
+    check_id(s);
     switch (detail::stream_kind(s.id)) {
       case detail::StreamKind::default_stream: {
         std::call_once(d.default_created, [&] {
@@ -194,7 +211,12 @@ class Streams {
       }
       case detail::StreamKind::pooled: {
         Pool& pool = d.pools[static_cast<std::size_t>(detail::stream_level(s.id))];
-        return pool.handles[detail::stream_index(s.id) % kStreamsPerPool];
+        StreamHandle h = pool.handles[detail::stream_index(s.id)];
+        if (h == StreamHandle{})
+          throw RuntimeError(Backend<R>::name,
+                             fmt::format("{} does not exist: its pool was never created",
+                                         describe(s)));
+        return h;
       }
       default: {
         std::lock_guard<std::mutex> lock(d.mutex);
@@ -223,6 +245,7 @@ class Streams {
   void set_current_stream(const Stream& s) {
     Device& d = dev(s.device);
     check_generation(d, s);
+    check_id(s);
     if (s.device >= kMaxDevices)
       throw IndexError(Backend<R>::name,
                        fmt::format("device {} exceeds the {} devices whose current stream "
@@ -253,8 +276,8 @@ class Streams {
       pool.release(e);
       throw;
     }
-    // Once recorded and waited on, the event may be re-recorded: the wait
-    // captured this record (Runtime contract: stream_wait_event).
+    // Back to the pool, reused once this record has completed (Note
+    // [Pooled event reuse]).
     pool.release(e);
   }
   void device_synchronize(device_index device) { backend_.device_synchronize(device); }
@@ -363,6 +386,25 @@ class Streams {
     if (detail::stream_generation(s.id) != d.generation)
       throw RuntimeError(Backend<R>::name,
                          fmt::format("{} belongs to the device before it was reset", describe(s)));
+  }
+
+  // A Stream's id comes from users too (torch.Stream(stream_id=...)): its
+  // kind, level and index must name a stream this device can have.
+  void check_id(const Stream& s) {
+    auto kind = static_cast<std::int64_t>(detail::stream_kind(s.id));
+    int level = detail::stream_level(s.id);
+    std::uint32_t index = detail::stream_index(s.id);
+    bool ok = s.id >= 0 && kind <= static_cast<std::int64_t>(detail::StreamKind::external);
+    if (ok && kind == static_cast<std::int64_t>(detail::StreamKind::default_stream))
+      ok = level == 0 && index == 0;
+    if (ok && kind == static_cast<std::int64_t>(detail::StreamKind::pooled))
+      ok = level < levels(s.device) && index < static_cast<std::uint32_t>(kStreamsPerPool);
+    if (ok && kind == static_cast<std::int64_t>(detail::StreamKind::external)) ok = level == 0;
+    if (!ok)
+      throw ValueError(Backend<R>::name,
+                       fmt::format("stream id {:#x} of {}:{} names no stream (kind {}, priority "
+                                   "level {}, index {})",
+                                   s.id, Backend<R>::name, s.device, kind, level, index));
   }
 
   Entry& entry(Device& d, const Stream& s) {

@@ -133,13 +133,19 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::Device getDevice() const override {
     return translated([&] { return dev(st().backend().current_device()); });
   }
+  // Both are called where an exception ends the process (the autograd
+  // engine's device threads; guard destructors): Note [Deferred device
+  // switch].
   void setDevice(c10::Device d) const override {
-    translated([&] { st().backend().set_device(d.index()); });
+    translated([&] { st().backend().set_device_deferred(d.index()); });
   }
   void uncheckedSetDevice(c10::Device d) const noexcept override {
     try {
-      st().backend().set_device(d.index());
-    } catch (...) {
+      st().backend().set_device_deferred(d.index());
+    } catch (const Error& e) {
+      report(Severity::error, R::name, e.message());
+    } catch (const std::exception& e) {
+      report(Severity::error, R::name, e.what());
     }
   }
   c10::Stream getStream(c10::Device d) const override {
@@ -252,6 +258,25 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   }
 };
 
+// Note [Device work inside host kernels]: a host kernel (host_kernels.hpp)
+// is the current stream's work done on the host, in order. A device
+// operation it issues (the zero_() of an output before a CPU kernel writes
+// into it) must therefore be finished before the kernel's host code goes on;
+// while this count is non-zero on a thread, the operators below wait for
+// what they queue. On a device with host-visible memory they do not queue at
+// all: they wait for the stream and do the work on the host thread, as the
+// host kernel itself does. Queueing it would cost two thread switches (the
+// stream's worker wakes, then the waiting thread), which on a virtual
+// machine with idle cores is tens of microseconds for a memset of a few
+// bytes.
+inline thread_local int host_kernel_depth = 0;
+struct HostKernelScope {
+  HostKernelScope() noexcept { ++host_kernel_depth; }
+  ~HostKernelScope() { --host_kernel_depth; }
+  HostKernelScope(const HostKernelScope&) = delete;
+  HostKernelScope& operator=(const HostKernelScope&) = delete;
+};
+
 // -------------------------------------------------------------- allocators
 
 inline void copy_stats(const StatArray& from, c10::CachingAllocator::StatArray& to) {
@@ -284,18 +309,44 @@ struct DeviceAllocator final : c10::DeviceAllocator {
   // (Runtime contract: malloc), so the context is the pointer with the
   // device index in its low 8 bits; the deleter frees on the right device
   // without searching.
+  // A deleter cannot throw: a failure is reported (Note [Diagnostics]). In a
+  // child forked after initialization the memory belongs to the parent's
+  // device context, which the child does not have: it is left alone, as
+  // CUDA leaves inherited device memory.
   static void deleter(void* ctx) {
     auto v = reinterpret_cast<std::uintptr_t>(ctx);
     if (!v) return;
+    if (Backend<R>::instance().in_bad_fork()) return;
     auto d = static_cast<device_index>(v & 0xFF);
-    st().device_memory().device(d).deallocate(reinterpret_cast<void*>(v & ~std::uintptr_t{0xFF}));
+    try {
+      st().device_memory().device(d).deallocate(reinterpret_cast<void*>(v & ~std::uintptr_t{0xFF}));
+    } catch (const Error& e) {
+      report(Severity::error, R::name, e.message());
+    } catch (const std::exception& e) {
+      report(Severity::error, R::name, e.what());
+    }
   }
 
+  // Note [Host work on recycled blocks]: a block freed in stream order may
+  // be handed out again while work queued before its free still reads it;
+  // device work on the same stream runs after that work, but a host kernel
+  // writes at once. So a block allocated inside a host kernel (its outputs,
+  // its temporaries) is written only after the stream has been waited for
+  // again, past every use queued before the allocation.
   c10::DataPtr allocate(std::size_t n) override {
     return translated([&] {
       State<R>& s = st();
       device_index d = s.backend().current_device();
-      void* p = s.device_memory().allocate(d, n, s.current_handle(d));
+      StreamHandle h = s.current_handle(d);
+      void* p = s.device_memory().allocate(d, n, h);
+      if (p && host_kernel_depth > 0) {
+        try {
+          s.backend().stream_synchronize(d, h);
+        } catch (...) {
+          s.device_memory().device(d).deallocate(p);
+          throw;
+        }
+      }
       void* ctx = p ? reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(p) |
                                               static_cast<std::uintptr_t>(d))
                     : nullptr;
@@ -372,7 +423,14 @@ struct DeviceAllocator final : c10::DeviceAllocator {
 template <class R>
 struct PinnedAllocator final : c10::Allocator {
   static void deleter(void* ptr) {
-    if (ptr) State<R>::get().host_memory().deallocate(ptr);
+    if (!ptr || Backend<R>::instance().in_bad_fork()) return;
+    try {
+      State<R>::get().host_memory().deallocate(ptr);
+    } catch (const Error& e) {
+      report(Severity::error, R::name, e.message());
+    } catch (const std::exception& e) {
+      report(Severity::error, R::name, e.what());
+    }
   }
   c10::DataPtr allocate(std::size_t n) override {
     return translated([&] {

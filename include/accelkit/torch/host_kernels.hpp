@@ -320,15 +320,18 @@ struct Functional<R, Op, Impl, scalar, at::Tensor(Args...)> {
     std::optional<HostPlace> place = host_device<R, true, scalar>(args...);
     if (!place) return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
     c10::DeviceGuard guard(place->device);  // the allocator serves the current device
+    // Outputs are written on the host: Note [Host work on recycled blocks].
+    std::optional<HostKernelScope> scope(std::in_place);
     Converted c;
     auto cpu_args = std::forward_as_tuple(cpu_arg(args, c, place->dtype)...);
     DeviceOutputs<R, Impl, 1> op;
     std::apply([&](const auto&... a) { op.meta(a...); }, cpu_args);
     for (int i = 1; i < op.ntensors(); ++i)
-      if (op.dtype(i) != op.dtype(0))  // a promoting result (int / int): see host_device
+      if (op.dtype(i) != op.dtype(0)) {  // a promoting result (int / int): see host_device
+        scope.reset();
         return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
+      }
     return Fallback<R>::get().host(handle<Op>(), [&] {
-      HostKernelScope scope;
       std::apply([&](const auto&... a) { op.impl(a..., op.outputs[0]); }, cpu_args);
       return std::move(op.outputs[0]);
     });

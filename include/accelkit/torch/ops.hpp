@@ -27,25 +27,6 @@
 ACCELKIT_BEGIN_NAMESPACE
 namespace torch_adapter {
 
-// Note [Device work inside host kernels]: a host kernel (host_kernels.hpp)
-// is the current stream's work done on the host, in order. A device
-// operation it issues (the zero_() of an output before a CPU kernel writes
-// into it) must therefore be finished before the kernel's host code goes on;
-// while this count is non-zero on a thread, the operators below wait for
-// what they queue. On a device with host-visible memory they do not queue at
-// all: they wait for the stream and do the work on the host thread, as the
-// host kernel itself does. Queueing it would cost two thread switches (the
-// stream's worker wakes, then the waiting thread), which on a virtual
-// machine with idle cores is tens of microseconds for a memset of a few
-// bytes.
-inline thread_local int host_kernel_depth = 0;
-struct HostKernelScope {
-  HostKernelScope() noexcept { ++host_kernel_depth; }
-  ~HostKernelScope() { --host_kernel_depth; }
-  HostKernelScope(const HostKernelScope&) = delete;
-  HostKernelScope& operator=(const HostKernelScope&) = delete;
-};
-
 // Tensors of two devices in one operator, refused in PyTorch's own words
 // (a RuntimeError naming both devices and the operator).
 inline void check_same_device(const c10::Device& first, const c10::Device& other,
@@ -689,7 +670,8 @@ class Fallback {
   }
 
   // Like PyTorch's native kernels, refuse tensors of two devices of this
-  // backend in one operator (the CPU fallback would silently mix them).
+  // backend in one operator (the CPU fallback would silently mix them), or
+  // a device tensor with a CPU tensor that is not a zero-dim scalar.
   // Raises unless the tensor arguments are on at most one device of this
   // backend. Returns that device when at::native::cpu_fallback would put the
   // results elsewhere: it follows the first tensor argument, which may be a
@@ -729,28 +711,37 @@ class Fallback {
                                                      const std::string& full) {
     std::size_t n = op.schema().arguments().size();
     std::optional<c10::Device> seen;
+    bool cpu_tensor = false;  // a CPU tensor that is not a scalar
     bool cpu_first = false, any = false, device_arg = false;
-    auto check = [&](const at::Tensor& t) {
+    // `indices`: an optional-tensor list (index, index_put_), whose CPU
+    // index tensors CUDA accepts too.
+    auto check = [&](const at::Tensor& t, bool indices) {
       if (!t.defined()) return;
       if (!any) cpu_first = t.device().is_cpu() && t.dim() == 0;
       any = true;
-      if (t.device().type() != kDeviceType) return;
+      if (t.device().type() != kDeviceType) {
+        if (!indices && t.device().is_cpu() && t.dim() > 0) cpu_tensor = true;
+        return;
+      }
       if (!seen) seen = t.device();
       check_same_device(*seen, t.device(), full);
     };
     for (std::size_t i = stack.size() - n; i < stack.size(); ++i) {
       const c10::IValue& v = stack[i];
       if (v.isTensor()) {
-        check(v.toTensor());
+        check(v.toTensor(), false);
       } else if (v.isTensorList()) {
-        for (const at::Tensor& t : v.toTensorVector()) check(t);
+        for (const at::Tensor& t : v.toTensorVector()) check(t, false);
       } else if (v.isList()) {
         for (const c10::IValue& e : v.toListRef())
-          if (e.isTensor()) check(e.toTensor());
+          if (e.isTensor()) check(e.toTensor(), true);
       } else if (v.isDevice()) {
         device_arg = true;  // the operator says where its results go
       }
     }
+    // A CPU tensor beside device tensors is refused as on CUDA, unless it
+    // is a zero-dim scalar (which TensorIterator takes on any device).
+    if (seen && cpu_tensor) check_same_device(*seen, c10::Device(c10::kCPU), full);
     if (seen && cpu_first && !device_arg) return seen;
     return std::nullopt;
   }

@@ -9,14 +9,23 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <limits>
+#include <string>
+#include <vector>
 
 ACCELKIT_BEGIN_NAMESPACE
 namespace torch_adapter {
 
 // Registrations that need no macro: the device name, the allocator, the
 // hooks, and the operators of the Python device module (torch.ops.<name>.*).
+// Reports of the SDK (Note [Diagnostics]) as PyTorch warnings: a Python
+// UserWarning, or the C++ warning handler's output.
+inline void warn_through_torch(Severity, std::string_view backend, std::string_view message) {
+  TORCH_WARN(backend, ": ", message);
+}
+
 template <class R>
 bool register_backend() {
+  set_diagnostic_handler(&warn_through_torch);
   c10::register_privateuse1_backend(std::string(R::name));
   c10::SetAllocator(kDeviceType, &device_allocator<R>());
   at::RegisterPrivateUse1HooksInterface(new Hooks<R>());
@@ -50,6 +59,8 @@ bool register_backend() {
     int n = Backend<R>::instance().device_count();
     for (int d = 0; d < n; ++d) seed_device(d, seed);
   });
+  // Seeds are 64-bit unsigned, as PyTorch's: they cross the schema as
+  // int64 (the Python module folds 2**63..2**64-1 onto the negatives).
   lib.def("initial_seed(int device) -> int", [generator](int64_t d) {
     at::Generator g = generator(d);
     std::lock_guard<std::mutex> lock(g.mutex());
@@ -67,6 +78,27 @@ bool register_backend() {
     at::Generator g = generator(d);
     std::lock_guard<std::mutex> lock(g.mutex());
     g.set_state(state);
+  });
+  // The contract members the runtime implements (the required ones and the
+  // optional ones it has), from the contract's own list: tests that visit
+  // every member (the fault sweep) take them from here.
+  lib.def("runtime_members() -> str[]", [] {
+    std::vector<std::string> members;
+#define ACCELKIT_DETAIL_NAME_(member, ...) members.push_back(#member);
+#define ACCELKIT_DETAIL_OPTIONAL_NAME_(member, ...) \
+  if constexpr (detail::has_##member<R>) members.push_back(#member);
+    ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_NAME_)
+    ACCELKIT_OPTIONAL_MEMBERS(ACCELKIT_DETAIL_OPTIONAL_NAME_)
+#undef ACCELKIT_DETAIL_OPTIONAL_NAME_
+#undef ACCELKIT_DETAIL_NAME_
+    return members;
+  });
+  // Returns the pinned host cache to the driver (torch.<name>.empty_cache
+  // empties the device caches).
+  lib.def("host_empty_cache() -> ()", [] {
+    translated([&] {
+      if (Backend<R>::instance().is_initialized()) State<R>::get().host_memory().empty_cache();
+    });
   });
   lib.def("report_json() -> str", [] { return report_json(Backend<R>::instance()); });
   lib.def("report_text() -> str", [] { return report_text(Backend<R>::instance()); });

@@ -15,6 +15,8 @@ torch.ops.load_library(os.path.join(_HERE, "_C.so"))
 from . import device_module as _device_module  # noqa: E402
 
 torch._register_device_module("simdev", _device_module)
+
+from . import _sharing  # noqa: E402,F401  (torch.multiprocessing: a clear error, never a hang)
 torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
 )

@@ -29,20 +29,27 @@ def _is_in_bad_fork() -> bool:
     return _ops.in_bad_fork()
 
 
+def _seed64(seed) -> int:
+    """A seed as PyTorch takes it (any int, kept modulo 2**64), in the signed
+    64-bit form the backend's operators carry."""
+    seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
+    return seed - (1 << 64) if seed >= (1 << 63) else seed
+
+
 def manual_seed_all(seed: int) -> None:
     """Seeds the default generator of every simdev device (torch.manual_seed
     does too). Random operators on simdev draw from their device's generator."""
-    _ops.manual_seed_all(int(seed))
+    _ops.manual_seed_all(_seed64(seed))
 
 
 def manual_seed(seed: int) -> None:
     """Seeds the current simdev device's default generator."""
-    _ops.manual_seed(-1, int(seed))
+    _ops.manual_seed(-1, _seed64(seed))
 
 
 def initial_seed(device=None) -> int:
     """The seed of a device's default generator (the current device's by default)."""
-    return _ops.initial_seed(_index(device))
+    return _ops.initial_seed(_index(device)) & 0xFFFF_FFFF_FFFF_FFFF
 
 
 def get_rng_state(device="simdev") -> torch.Tensor:
@@ -179,8 +186,13 @@ class _DeviceProperties(dict):
 
 
 def get_device_properties(device=None) -> _DeviceProperties:
-    report = json.loads(_ops.report_json())
-    return _DeviceProperties(report["devices"][_index(device)])
+    """The capability schema of a device. RuntimeError when it cannot be read
+    (in a child forked after simdev was initialized, as with CUDA)."""
+    index = _index(device)
+    entry = json.loads(_ops.report_json())["devices"][index]
+    if entry.get("error"):
+        raise RuntimeError(entry["error"])
+    return _DeviceProperties(entry)
 
 
 def get_device_name(device=None) -> str:

@@ -1,0 +1,262 @@
+"""The fault sweep: every runtime member fails at each of its first calls in a
+fixed workload run through PyTorch, now (the call throws) and later (its
+queued work fails, the error arriving at a later call); each case must end
+with a clear error naming the backend or a correct result, never a crash or
+a hang, and the same process must then compute correct results with the
+allocator's statistics and the driver's memory back at their baseline.
+
+    python fault_sweep.py [--calls N] [--jobs J] [--timeout S] [--memory both|visible|hidden]
+
+Each case is a process of its own (a crash or a hang is that case's
+failure, not the sweep's), with SIMDEV_INJECT_FAULT=member@n[:async] from
+its start, so that the calls that set the backend up (discovery, streams,
+pools) are swept too. It runs the workload (tensors on two devices, copies
+both ways including non-blocking pinned ones, operators on a side stream,
+streams and events, a training step, empty_cache), compares every result
+with the same workload on the CPU, runs it again with the fault gone, then
+empties the caches and compares the allocator's statistics, the driver's
+device bytes and pinned blocks with a reference process that ran without a
+fault. The members come from the contract's own list
+(torch.ops.simdev.runtime_members). Prints a table and exits non-zero on any
+failure.
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import time
+
+CHILD = r'''
+import json, os, sys
+import torch, torch_simdev
+
+member = sys.argv[1]  # its fault comes from SIMDEV_INJECT_FAULT; "" for the reference run
+driver = torch.ops.simdev_driver
+
+
+def emit(**row):
+    print("ROW " + json.dumps(row), flush=True)
+
+
+def run(dev0, dev1, a, w):
+    """The workload on two devices (or twice on the CPU, for the expected values)."""
+    on = lambda t, d: t.to(d) if d != "cpu" else t.clone()
+    x0 = on(a, dev0)
+    x1 = x0.to(dev1)                                  # between devices
+    if dev0 != "cpu":
+        pinned = a.pin_memory()
+        side = torch.Stream(device=dev0)
+        main = torch.accelerator.current_stream(0)
+        side.wait_stream(main)
+        start = torch.Event(enable_timing=True)
+        start.record(side)
+        with torch.simdev.stream(side):
+            y = pinned.to(dev0, non_blocking=True)    # pinned, in flight
+            z = (y * 2 + 1).relu()                    # operators on a side stream
+            done = torch.Event(enable_timing=True)
+            done.record(side)
+        side.query()
+        done.synchronize()
+        assert start.elapsed_time(done) >= 0
+        main.wait_event(done)
+        z.record_stream(main)
+        out = torch.empty(64, 64).pin_memory()
+        out.copy_(z, non_blocking=True)               # device -> pinned, in flight
+    else:
+        out = (a * 2 + 1).relu()
+    zeros = torch.zeros(4096, device=dev0)            # a fill
+    big = torch.empty(3 << 20, device=dev0)           # a segment of its own
+    big.fill_(1.0)
+    total = (x0.sum() + zeros.sum() + big[:16].sum()).cpu()
+    del big, zeros
+    wt = on(w, dev1).requires_grad_(True)             # a training step on the second device
+    loss = (x1 @ wt.t()).square().mean()
+    loss.backward()
+    with torch.no_grad():
+        wt -= 0.1 * wt.grad
+    if dev0 != "cpu":
+        assert torch.simdev.get_device_properties(1)["name"]
+        torch.accelerator.synchronize(0)
+        torch.accelerator.synchronize(1)
+    return {"z": out.clone(), "x1": x1.cpu(), "loss": loss.detach().cpu(),
+            "w": wt.detach().cpu(), "sum": total}
+
+
+def workload():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(64, 64, generator=g)
+    w = torch.randn(8, 64, generator=g) * 0.1
+    want = run("cpu", "cpu", a, w)
+    got = run("simdev:0", "simdev:1", a, w)
+    torch.simdev.empty_cache()                        # every device tensor of run() is gone
+    torch.ops.simdev.host_empty_cache()
+    return all(torch.allclose(got[k], want[k], rtol=1e-5, atol=1e-6) for k in want)
+
+
+def level():
+    torch.accelerator.synchronize(0)
+    torch.accelerator.synchronize(1)
+    torch.simdev.empty_cache()
+    torch.ops.simdev.host_empty_cache()
+    return {"allocated": [torch.simdev.memory_allocated(d) for d in range(2)],
+            "reserved": [torch.simdev.memory_reserved(d) for d in range(2)],
+            "driver": [driver.bytes_in_use(d) for d in range(2)],
+            "pinned": driver.pinned_blocks()}
+
+
+def clear(e):
+    return isinstance(e, (RuntimeError, ValueError, IndexError)) and "simdev" in str(e)
+
+
+def attempt():
+    # ('correct'|'wrong'|'error'|'unclear', message)
+    try:
+        ok = workload()
+        torch.accelerator.synchronize(0)
+        torch.accelerator.synchronize(1)
+    except Exception as e:  # noqa: BLE001
+        return ("error" if clear(e) else "unclear", f"{type(e).__name__}: {str(e).splitlines()[0]}")
+    return ("correct" if ok else "wrong", "")
+
+
+def finish(**row):
+    emit(**row)
+    # Leave at once: at interpreter teardown PyTorch's autograd device threads
+    # can abort the process while they take the GIL (a CPython/PyTorch exit
+    # race, not the case's outcome).
+    sys.stdout.flush()
+    os._exit(0)
+
+
+outcome, message = attempt()
+if outcome == "correct" and member and driver.fault_pending(member):
+    outcome = "unreached"  # the workload makes fewer than n such calls
+driver.clear_faults()
+recovered = attempt()[0] == "correct"
+try:
+    lv = level()
+except Exception as e:  # noqa: BLE001
+    lv = f"{type(e).__name__}: {e}"
+finish(outcome=outcome, message=message, recovered=recovered, level=lv)
+'''
+
+ASYNC = {"memcpy_async", "memset_async", "memcpy_peer_async", "event_record", "stream_wait_event"}
+# Discovery runs once per process (as CUDA's): after device_count failed the
+# process has no devices, by design; the case must end with a clear error.
+NO_RECOVERY = {"device_count"}
+
+
+def members(env):
+    out = subprocess.run([sys.executable, "-c", "import torch, torch_simdev; "
+                          "print('\\n'.join(torch.ops.simdev.runtime_members()))"],
+                         capture_output=True, text=True, env=env, check=True)
+    return out.stdout.split()
+
+
+def run_child(member, fault, visible, timeout, env):
+    """One process: the workload with `fault` injected from the start (None:
+    the reference run), then again without it. Returns its row."""
+    child_env = dict(env, SIMDEV_HOST_VISIBLE=visible)
+    if fault:
+        child_env["SIMDEV_INJECT_FAULT"] = fault
+    try:
+        p = subprocess.run([sys.executable, "-c", CHILD, member], capture_output=True, text=True,
+                           env=child_env, timeout=timeout)
+        rows = [json.loads(l[4:]) for l in p.stdout.splitlines() if l.startswith("ROW ")]
+        if p.returncode == 0 and rows:
+            return rows[-1]
+        last = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+        return {"outcome": "crash", "message": last[:200], "recovered": False, "level": None}
+    except subprocess.TimeoutExpired:
+        return {"outcome": "hang", "message": f"no result in {timeout:.0f} s", "recovered": False,
+                "level": None}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=3, help="faults at calls 1..N of each member")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--memory", choices=["both", "visible", "hidden"], default="both",
+                    help="device memory the host may touch (host kernels, zero-copy fallback), "
+                         "or not (copying paths)")
+    args = ap.parse_args()
+    env = {**os.environ, "SIMDEV_DEVICE_COUNT": "2", "SIMDEV_MEMORY_MB": "256",
+           "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    for k in ("SIMDEV_INJECT_FAULT", "SIMDEV_VISIBLE_DEVICES", "SIMDEV_ALLOC_CONF",
+              "SIMDEV_NO_MEMORY_CACHING"):
+        env.pop(k, None)
+    names = members(env)
+    modes = {"both": ["1", "0"], "visible": ["1"], "hidden": ["0"]}[args.memory]
+    kinds = [(m, False) for m in names] + [(m, True) for m in names if m in ASYNC]
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        reference = {v: pool.submit(run_child, "", None, v, args.timeout, env) for v in modes}
+        futures = {}
+        for v in modes:
+            for m, a in kinds:
+                for n in range(1, args.calls + 1):
+                    fault = f"{m}@{n}" + (":async" if a else "")
+                    futures[(v, a, m, n)] = pool.submit(run_child, m, fault, v, args.timeout, env)
+        reference = {v: f.result() for v, f in reference.items()}
+        results = {k: f.result() for k, f in futures.items()}
+
+    failures = []
+    for v, ref in reference.items():
+        if ref["outcome"] != "correct" or not ref["recovered"]:
+            failures.append(f"reference run (memory {v}): {ref['outcome']} {ref['message']}")
+    header = (f"{'memory':<8}{'member':<24}{'fault':<7}{'cases':>6}{'errors':>8}{'correct':>9}"
+              f"{'unreached':>11}{'recovered':>11}{'leaks':>7}  failures")
+    print(header)
+    print("-" * len(header))
+    totals = dict.fromkeys(["cases", "errors", "correct", "unreached", "recovered", "leaks",
+                            "failures"], 0)
+    passed = 0
+    for v in modes:
+        memory = "visible" if v == "1" else "hidden"
+        for m, a in kinds:
+            kind = "later" if a else "now"
+            c = dict.fromkeys(["cases", "errors", "correct", "unreached", "recovered", "leaks"], 0)
+            bad = 0
+            for n in range(1, args.calls + 1):
+                r = results[(v, a, m, n)]
+                problems = []
+                c["cases"] += 1
+                if r["outcome"] in ("error", "correct", "unreached"):
+                    c[{"error": "errors"}.get(r["outcome"], r["outcome"])] += 1
+                else:
+                    problems.append(f"{r['outcome']}: {r['message']}")
+                if r["recovered"]:
+                    c["recovered"] += 1
+                elif m not in NO_RECOVERY and not problems:
+                    problems.append("did not recover")
+                if r["level"] is not None and r["level"] != reference[v]["level"] and m not in NO_RECOVERY:
+                    c["leaks"] += 1
+                    problems.append(f"leak: {r['level']} (reference {reference[v]['level']})")
+                if problems:
+                    bad += 1
+                    failures += [f"{m}@{n}{':async' if a else ''} (memory {memory}): {p}"
+                                 for p in problems]
+                else:
+                    passed += 1
+            for k in c:
+                totals[k] += c[k]
+            totals["failures"] += bad
+            print(f"{memory:<8}{m:<24}{kind:<7}{c['cases']:>6}{c['errors']:>8}{c['correct']:>9}"
+                  f"{c['unreached']:>11}{c['recovered']:>11}{c['leaks']:>7}  {bad}")
+    print("-" * len(header))
+    print(f"{'total':<39}{totals['cases']:>6}{totals['errors']:>8}{totals['correct']:>9}"
+          f"{totals['unreached']:>11}{totals['recovered']:>11}{totals['leaks']:>7}  "
+          f"{totals['failures']}")
+    print(f"{len(futures) + len(reference)} processes, {time.monotonic() - t0:.0f} s; errors: a clear "
+          "error naming the backend; unreached: the workload makes fewer calls of that member")
+    for f in failures:
+        print("FAIL", f)
+    print(f"fault sweep: {passed} passed, {totals['cases'] - passed} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

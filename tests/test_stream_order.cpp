@@ -1,0 +1,447 @@
+// Stream-ordered semantics under real asynchrony (issue 12): simdev as strict
+// as a real driver (Note [simdev strictness]), pooled events reused only once
+// their records complete (Note [Pooled event reuse]), memory returned to the
+// driver only after the work that used it (Note [Ordered release]), and the
+// SDK's state kept consistent when the driver fails, now or later.
+#include "catch.hpp"
+
+#include <accelkit/accelkit.hpp>
+
+#include "simdev_runtime.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace accelkit;
+using memory_constants::kMiB;
+using Sim = simdev::SimRuntime;
+using SimBackend = Backend<Sim>;
+using SimStreams = Streams<Sim>;
+using Allocator = DeviceCachingAllocator<Sim>;
+constexpr auto all = static_cast<std::size_t>(StatType::aggregate);
+
+namespace {
+simdev::Config sim(int devices = 2, std::uint64_t mib = 64) {
+  simdev::Config c;
+  c.device_count = devices;
+  c.memory_bytes = {mib << 20};
+  return c;
+}
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+// The driver code of what f throws, or 0.
+template <class F>
+std::int64_t driver_code(F&& f) {
+  try {
+    f();
+  } catch (const DriverError& e) {
+    return e.code();
+  }
+  return 0;
+}
+// Opens a gate after a delay, from another thread.
+struct OpenLater {
+  std::thread t;
+  OpenLater(std::shared_ptr<Sim::Gate> g, int ms)
+      : t([g, ms] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+          g->open();
+        }) {}
+  ~OpenLater() { t.join(); }
+};
+// Reports (Note [Diagnostics]) collected by a test.
+std::vector<std::string>& reports() {
+  static std::vector<std::string> r;
+  return r;
+}
+void collect(Severity, std::string_view backend, std::string_view message) {
+  reports().push_back(std::string(backend) + ": " + std::string(message));
+}
+struct CollectReports {
+  DiagnosticHandler previous;
+  CollectReports() : previous(set_diagnostic_handler(&collect)) { reports().clear(); }
+  ~CollectReports() { set_diagnostic_handler(previous); }
+};
+}  // namespace
+
+// ------------------------------------------------------- simdev strictness
+
+TEST_CASE("simdev: a wait is released by the record it saw, not by a later record elsewhere") {
+  SimBackend b(Environment::fixed({}), sim());
+  StreamHandle a = b.stream_create(0, 0), w = b.stream_create(0, 0), c = b.stream_create(0, 0);
+  void* src = b.raw_malloc(0, 4096);
+  void* dst = b.raw_malloc(0, 4096);
+  std::vector<char> zeros(4096, 0), out(4096, 9);
+  b.memcpy(0, src, zeros.data(), 4096, CopyKind::host_to_device);
+  b.memcpy(0, dst, zeros.data(), 4096, CopyKind::host_to_device);
+  EventHandle e = b.event_create(0, EventFlags::none);
+  auto gate = b.runtime().hold(0, a);
+  b.memset_async(0, src, 7, 4096, a);
+  b.event_record(0, e, a);
+  b.stream_wait_event(0, w, e);
+  b.event_record(0, e, c);  // c is idle: this record completes at once
+  b.memcpy_async(0, dst, src, 4096, CopyKind::device_to_device, w);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(b.stream_query(0, w));  // still waiting for a's record
+  gate->open();
+  b.stream_synchronize(0, w);
+  b.memcpy(0, out.data(), dst, 4096, CopyKind::device_to_host);
+  CHECK(out[0] == 7);
+  CHECK(out[4095] == 7);
+  b.event_destroy(0, e);
+  b.raw_free(0, src, 4096);
+  b.raw_free(0, dst, 4096);
+  for (StreamHandle s : {a, w, c}) b.stream_destroy(0, s);
+}
+
+TEST_CASE("simdev: memory still used by queued work cannot be freed, freed memory cannot be used") {
+  SimBackend b(Environment::fixed({}), sim());
+  StreamHandle s = b.stream_create(0, 0);
+  void* p = b.raw_malloc(0, 8192);
+  void* q = b.raw_malloc(0, 8192);
+  auto gate = b.runtime().hold(0, s);
+  b.memcpy_async(0, q, p, 8192, CopyKind::device_to_device, s);
+  CHECK(driver_code([&] { b.raw_free(0, p, 8192); }) == simdev::kInvalidValue);
+  CHECK(b.runtime().bytes_in_use(0) == 16384);  // refused: nothing changed
+  gate->open();
+  b.stream_synchronize(0, s);
+  b.raw_free(0, p, 8192);
+  // Freed: work naming it is refused at once.
+  CHECK(driver_code([&] { b.memcpy_async(0, q, p, 8192, CopyKind::device_to_device, s); }) ==
+        simdev::kIllegalAddress);
+  CHECK(driver_code([&] { b.memset_async(0, p, 0, 8192, s); }) == simdev::kIllegalAddress);
+  b.raw_free(0, q, 8192);
+  b.stream_destroy(0, s);
+}
+
+TEST_CASE("simdev: an asynchronous fault surfaces once, at the next synchronizing call") {
+  SimBackend b(Environment::fixed({}), sim());
+  StreamHandle s = b.stream_create(0, 0);
+  void* p = b.raw_malloc(0, 4096);
+  std::vector<char> host(4096, 0);
+  b.memcpy(0, p, host.data(), 4096, CopyKind::host_to_device);
+  b.runtime().inject_fault("memset_async", 1, /*async=*/true);
+  b.memset_async(0, p, 5, 4096, s);  // returns normally
+  try {
+    b.stream_synchronize(0, s);
+    FAIL("no asynchronous error");
+  } catch (const DriverError& e) {
+    CHECK(e.code() == simdev::kLaunchFailure);
+    CHECK(contains(e.what(), "simdev: driver error 719 in stream_synchronize"));
+    CHECK(contains(e.what(), "queued memset_async failed"));
+  }
+  b.stream_synchronize(0, s);  // reported once
+  b.memcpy(0, host.data(), p, 4096, CopyKind::device_to_host);
+  CHECK(host[0] == 0);  // the failed fill did not happen
+  // The next stream-ordered call reports it too.
+  b.runtime().inject_fault("memset_async", 1, true);
+  b.memset_async(0, p, 5, 4096, s);
+  for (int i = 0; i < 2000 && !b.runtime().async_error_pending(0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(b.runtime().async_error_pending(0));
+  CHECK(driver_code([&] { b.memset_async(0, p, 6, 4096, s); }) == simdev::kLaunchFailure);
+  b.memset_async(0, p, 6, 4096, s);
+  b.stream_synchronize(0, s);
+  b.memcpy(0, host.data(), p, 4096, CopyKind::device_to_host);
+  CHECK(host[0] == 6);
+  // Members that queue no work cannot fail asynchronously.
+  CHECK_THROWS_AS(b.runtime().inject_fault("malloc", 1, true), ValueError);
+  b.raw_free(0, p, 4096);
+  b.stream_destroy(0, s);
+}
+
+TEST_CASE("simdev: SIMDEV_INJECT_FAULT takes :async, refuses duplicates, and 1 MiB devices work") {
+  auto env = [](std::string v) {
+    return Environment::fixed({{"SIMDEV_INJECT_FAULT", std::move(v)}});
+  };
+  simdev::Config c = simdev::Config::from_environment(env("memcpy_async@3:async,free"));
+  CHECK(c.faults.at("memcpy_async").nth == 3);
+  CHECK(c.faults.at("memcpy_async").async);
+  CHECK_FALSE(c.faults.at("free").async);
+  CHECK_THROWS_WITH(simdev::Config::from_environment(env("free,free@2")),
+                    Catch::Matchers::Contains("named twice"));
+  CHECK_THROWS_WITH(simdev::Config::from_environment(env("malloc:async")),
+                    Catch::Matchers::Contains("cannot fail asynchronously"));
+  CHECK_THROWS_WITH(simdev::Config::from_environment(env("free:later")),
+                    Catch::Matchers::Contains("member[@n][:async]"));
+  SimBackend b(Environment::fixed({}), sim(1, 1));
+  CHECK(b.properties(0).total_memory == 1u << 20);
+  void* p = b.raw_malloc(0, 4096);
+  b.raw_free(0, p, 4096);
+}
+
+// ------------------------------------------------------------ event pools
+
+TEST_CASE("event pool: a released event is not reused before its record completes") {
+  SimBackend b(Environment::fixed({}), sim());
+  StreamHandle s = b.stream_create(0, 0);
+  EventPool<Sim> pool(b, 0);
+  EventHandle e = pool.acquire();
+  auto gate = b.runtime().hold(0, s);
+  b.event_record(0, e, s);
+  pool.release(e);
+  EventHandle other = pool.acquire();
+  CHECK(other != e);  // e's record is pending
+  CHECK(pool.created() == 2);
+  gate->open();
+  b.stream_synchronize(0, s);
+  pool.release(other);
+  EventHandle x = pool.acquire();
+  EventHandle y = pool.acquire();
+  CHECK(((x == e && y == other) || (x == other && y == e)));
+  CHECK(pool.created() == 2);
+  pool.release(x);
+  pool.release(y);
+  b.stream_destroy(0, s);
+}
+
+TEST_CASE("streams: wait_stream's pooled event cannot release the wait early") {
+  // The pooled event of wait_stream goes back to the pool at once; a record
+  // of a pooled event on an idle stream must not release the earlier wait.
+  SimBackend b(Environment::fixed({}), sim());
+  SimStreams st(b);
+  Stream a = st.create_stream(0), w = st.create_stream(0), c = st.create_stream(0);
+  void* src = b.raw_malloc(0, 4096);
+  void* dst = b.raw_malloc(0, 4096);
+  auto gate = b.runtime().hold(0, st.handle(a));
+  b.memset_async(0, src, 3, 4096, st.handle(a));
+  st.wait_stream(w, a);
+  st.wait_stream(c, c);  // takes a pooled event and records it on idle c
+  Event<Sim> ev(st);
+  ev.record(c);
+  b.memcpy_async(0, dst, src, 4096, CopyKind::device_to_device, st.handle(w));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(st.query(w));
+  gate->open();
+  st.synchronize(w);
+  char first = 0;
+  b.memcpy(0, &first, dst, 1, CopyKind::device_to_host);
+  CHECK(first == 3);
+  b.raw_free(0, src, 4096);
+  b.raw_free(0, dst, 4096);
+}
+
+TEST_CASE("streams: a stream id that names no stream is a ValueError, not a read out of bounds") {
+  SimBackend b(Environment::fixed({}), sim());
+  SimStreams st(b);
+  Stream pooled = st.pool_stream(0, 0);
+  Stream bad_level{0, detail::make_stream_id(0, detail::StreamKind::pooled, 9, 0)};
+  Stream bad_index{0, detail::make_stream_id(0, detail::StreamKind::pooled, 0, 40)};
+  Stream bad_kind{0, (std::int64_t{7} << 36)};
+  Stream not_created{0, detail::make_stream_id(0, detail::StreamKind::pooled, 2, 0)};
+  for (const Stream& s : {bad_level, bad_index, bad_kind}) {
+    CHECK_THROWS_AS(st.handle(s), ValueError);
+    CHECK_THROWS_AS(st.set_current_stream(s), ValueError);
+  }
+  CHECK_THROWS_WITH(st.handle(bad_level), Catch::Matchers::Contains("priority level 9"));
+  CHECK_THROWS_AS(st.handle(not_created), RuntimeError);  // level 2 exists, its pool does not yet
+  CHECK(st.handle(pooled) != StreamHandle{});
+}
+
+TEST_CASE("streams: a pool whose creation fails part-way leaks no stream and is created later") {
+  SimBackend b(Environment::fixed({}), sim());
+  SimStreams st(b);
+  st.default_stream(0);
+  long before = b.runtime().live_streams();
+  b.runtime().inject_fault("stream_create", 5);
+  CHECK_THROWS_AS(st.pool_stream(0, -1), DriverError);
+  CHECK(b.runtime().live_streams() == before);  // the four created first were destroyed
+  Stream s = st.pool_stream(0, -1);
+  CHECK(st.handle(s) != StreamHandle{});
+  CHECK(b.runtime().live_streams() == before + SimStreams::kStreamsPerPool);
+}
+
+// ---------------------------------------------------------- ordered release
+
+TEST_CASE("allocator: empty_cache returns a segment only after the work queued on it") {
+  SimBackend b(Environment::fixed({}), sim());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  std::size_t n = 12 * kMiB;
+  void* y = a.allocate(n, s);
+  void* out = a.allocate(n, s);
+  b.memset_async(0, y, 4, n, s);
+  {
+    auto gate = b.runtime().hold(0, s);
+    b.memcpy_async(0, out, y, n, CopyKind::device_to_device, s);
+    a.deallocate(y);  // stream-ordered: cached while the copy is queued
+    OpenLater later(gate, 50);
+    a.empty_cache();  // must wait for the copy before returning y's segment
+  }
+  std::vector<char> host(n);
+  b.memcpy(0, host.data(), out, n, CopyKind::device_to_host);
+  CHECK(host[0] == 4);
+  CHECK(host[n - 1] == 4);
+  a.deallocate(out);
+  a.empty_cache();
+  CHECK(b.runtime().bytes_in_use(0) == 0);
+  CHECK(a.stats().reserved_bytes[all].current == 0);
+  b.stream_destroy(0, s);
+}
+
+TEST_CASE("allocator: a free the driver refuses keeps the segment reserved until a later release") {
+  SimBackend b(Environment::fixed({}), sim());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  void* p = a.allocate(12 * kMiB, s);
+  a.deallocate(p);
+  std::uint64_t held = b.runtime().bytes_in_use(0);
+  REQUIRE(held > 0);
+  b.runtime().inject_fault("free");
+  CHECK_THROWS_AS(a.empty_cache(), DriverError);
+  // The books still say what the driver holds.
+  CHECK(static_cast<std::uint64_t>(a.stats().reserved_bytes[all].current) == held);
+  CHECK(a.stats().segment[all].current == 1);
+  CHECK(b.runtime().bytes_in_use(0) == held);
+  void* q = a.allocate(1 * kMiB, s);  // still usable
+  a.deallocate(q);
+  a.empty_cache();
+  CHECK(b.runtime().bytes_in_use(0) == 0);
+  CHECK(a.stats().reserved_bytes[all].current == 0);
+  CHECK(a.stats().segment[all].current == 0);
+  b.stream_destroy(0, s);
+}
+
+TEST_CASE("allocator: a stream that cannot be synchronized keeps its segments until later") {
+  SimBackend b(Environment::fixed({}), sim());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  void* p = a.allocate(12 * kMiB, s);
+  a.deallocate(p);
+  std::uint64_t held = b.runtime().bytes_in_use(0);
+  b.runtime().inject_fault("stream_synchronize");
+  CHECK_THROWS_AS(a.empty_cache(), DriverError);
+  CHECK(b.runtime().bytes_in_use(0) == held);
+  CHECK(static_cast<std::uint64_t>(a.stats().reserved_bytes[all].current) == held);
+  a.empty_cache();
+  CHECK(b.runtime().bytes_in_use(0) == 0);
+  CHECK(a.stats().reserved_bytes[all].current == 0);
+  b.stream_destroy(0, s);
+}
+
+TEST_CASE("allocator: without caching a refused free is reported, kept, and freed later") {
+  CollectReports collected;
+  SimBackend b(Environment::fixed({}), sim());
+  AllocatorConfig config;
+  config.caching = false;
+  Allocator a(b, 0, config);
+  StreamHandle s = b.stream_create(0, 0);
+  void* p = a.allocate(4096, s);
+  void* q = a.allocate(4096, s);
+  b.memset_async(0, q, 1, 4096, s);
+  {
+    auto gate = b.runtime().hold(0, s);
+    b.memcpy_async(0, q, p, 4096, CopyKind::device_to_device, s);
+    OpenLater later(gate, 30);
+    a.deallocate(p);  // waits for the queued copy before the driver's free
+  }
+  CHECK(b.runtime().bytes_in_use(0) == 4096);
+  b.runtime().inject_fault("free");
+  CHECK_NOTHROW(a.deallocate(q));
+  REQUIRE(reports().size() == 1);
+  CHECK(contains(reports()[0], "simdev: device 0: the free of"));
+  CHECK(contains(reports()[0], "injected fault"));
+  CHECK(b.runtime().bytes_in_use(0) == 4096);
+  CHECK(a.stats().reserved_bytes[all].current == 4096);
+  CHECK(a.stats().allocated_bytes[all].current == 0);
+  a.empty_cache();
+  CHECK(b.runtime().bytes_in_use(0) == 0);
+  CHECK(a.stats().reserved_bytes[all].current == 0);
+  b.stream_destroy(0, s);
+}
+
+TEST_CASE("allocator: an asynchronous error met while ordering a free is reported, not lost") {
+  CollectReports collected;
+  SimBackend b(Environment::fixed({}), sim());
+  SimStreams st(b);
+  Allocator a(b, 0, AllocatorConfig{}, st.events(0, EventFlags::none));
+  StreamHandle s1 = b.stream_create(0, 0), s2 = b.stream_create(0, 0);
+  void* p = a.allocate(4096, s1);
+  a.record_stream(p, s2);
+  b.runtime().inject_fault("memset_async", 1, true);
+  b.memset_async(0, p, 1, 4096, s2);  // fails when s2 runs it
+  for (int i = 0; i < 2000 && !b.runtime().async_error_pending(0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(b.runtime().async_error_pending(0));
+  // The free's event record on s2 meets the error: the free waits for s2
+  // instead, and the error is reported through the hook.
+  CHECK_NOTHROW(a.deallocate(p));
+  CHECK_FALSE(b.runtime().async_error_pending(0));
+  REQUIRE(reports().size() == 1);
+  CHECK(contains(reports()[0], "queued memset_async failed"));
+  void* q = a.allocate(4096, s1);
+  CHECK(q == p);  // s2 was waited for: the block is back
+  a.deallocate(q);
+  b.stream_destroy(0, s1);
+  b.stream_destroy(0, s2);
+}
+
+TEST_CASE("pinned allocator without caching: a block whose copy cannot be waited for is kept") {
+  CollectReports collected;
+  SimBackend b(Environment::fixed({}), sim());
+  AllocatorConfig config;
+  config.caching = false;
+  HostAllocator<Sim> h(b, config);
+  StreamHandle s = b.stream_create(0, 0);
+  void* dev = b.raw_malloc(0, 4096);
+  void* pinned = h.allocate(4096);
+  std::memset(pinned, 8, 4096);
+  {
+    auto gate = b.runtime().hold(0, s);
+    b.memcpy_async(0, dev, pinned, 4096, CopyKind::host_to_device, s);
+    h.record_stream(pinned, 0, s);
+    b.runtime().inject_fault("event_synchronize");
+    h.deallocate(pinned);  // cannot wait: not freed under the queued copy
+    CHECK(b.runtime().pinned_blocks() == 1);
+    CHECK(reports().size() == 1);
+    gate->open();
+  }
+  b.stream_synchronize(0, s);
+  char first = 0;
+  b.memcpy(0, &first, dev, 1, CopyKind::device_to_host);
+  CHECK(first == 8);
+  h.empty_cache();
+  CHECK(b.runtime().pinned_blocks() == 0);
+  CHECK(h.stats().reserved_bytes.current == 0);
+  b.raw_free(0, dev, 4096);
+  b.stream_destroy(0, s);
+}
+
+// --------------------------------------------------- deferred device switch
+
+TEST_CASE("device: a switch the driver refuses where nothing may throw is retried at next use") {
+  CollectReports collected;
+  SimBackend b(Environment::fixed({}), sim());
+  b.set_device(0);
+  b.runtime().inject_fault("set_device");
+  CHECK_NOTHROW(b.set_device_deferred(1));
+  CHECK(reports().size() == 1);
+  CHECK(contains(reports()[0], "simdev: switching this thread to device 1 failed"));
+  CHECK(b.current_device() == 1);  // the driver's set_device was retried here
+  // A guard restores the previous device even when the driver refuses.
+  {
+    DeviceGuard<Sim> guard(b, 0);
+    CHECK(b.current_device() == 0);
+    b.runtime().inject_fault("set_device");
+  }
+  CHECK(b.runtime().get_device() == 0);  // the driver is still on 0...
+  CHECK(b.current_device() == 1);        // ...until the retry: the thread's device is 1
+  CHECK(b.runtime().get_device() == 1);
+  // A retry that fails again is thrown where throwing is safe.
+  b.runtime().inject_fault("set_device");
+  b.set_device_deferred(0);
+  b.runtime().inject_fault("set_device");
+  CHECK_THROWS_AS(b.current_device(), DriverError);
+  CHECK(b.current_device() == 0);
+  CHECK_THROWS_AS(b.set_device_deferred(5), IndexError);
+}
+
+TEST_CASE("memory config: a key given twice is a ValueError") {
+  auto env = Environment::fixed({{"SIMDEV_ALLOC_CONF", "max_split_size_mb:64,max_split_size_mb:32"}});
+  CHECK_THROWS_WITH(AllocatorConfig::from_environment("simdev", env),
+                    Catch::Matchers::Contains("key 'max_split_size_mb' is given twice"));
+}
