@@ -9,8 +9,12 @@
 
 #include "simdev_runtime.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -444,4 +448,125 @@ TEST_CASE("memory config: a key given twice is a ValueError") {
   auto env = Environment::fixed({{"SIMDEV_ALLOC_CONF", "max_split_size_mb:64,max_split_size_mb:32"}});
   CHECK_THROWS_WITH(AllocatorConfig::from_environment("simdev", env),
                     Catch::Matchers::Contains("key 'max_split_size_mb' is given twice"));
+}
+
+// ------------------------------------------------------------------ stress
+
+TEST_CASE("stress: blocks written and read by queued work on many streams, the cache emptied meanwhile") {
+  // Each thread allocates on its own stream, fills the block there (queued),
+  // sometimes has another stream read it (an event orders the read after the
+  // fill; record_stream tells the allocator), frees it at once in stream
+  // order, and checks what every queued read saw. Another thread empties
+  // both caches all the while. A block handed out while queued work still
+  // uses it, a segment returned under queued work or an event released early
+  // shows as a wrong byte, an overlap or a driver error.
+  SimBackend b(Environment::fixed({}), sim(1, 512));
+  SimStreams st(b);
+  Allocator a(b, 0, AllocatorConfig{}, st.events(0, EventFlags::none));
+  HostAllocator<Sim> h(b);
+  EventPool<Sim>& order = st.events(0, EventFlags::none);
+  constexpr int kThreads = 3;
+  constexpr int kStreams = 4;
+  const int ops = 250;
+  std::vector<StreamHandle> streams;
+  for (int i = 0; i < kStreams; ++i) streams.push_back(b.stream_create(0, 0));
+  std::mutex live_mutex;
+  std::map<std::uintptr_t, std::uintptr_t> live;
+  std::atomic<long> overlaps{0}, wrong{0}, errors{0}, reads{0}, allocations{0}, empties{0};
+  std::atomic<bool> stop{false};
+
+  std::thread emptier([&] {
+    while (!stop.load()) {
+      try {
+        a.empty_cache();
+        h.empty_cache();
+        ++empties;
+      } catch (const std::exception&) {
+        ++errors;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  auto worker = [&](int id) {
+    std::mt19937 rng(static_cast<unsigned>(id) * 7919u);
+    StreamHandle own = streams[static_cast<std::size_t>(id)];
+    struct Read {
+      StreamHandle stream;
+      char* host;
+      std::size_t size;
+      unsigned char value;
+    };
+    try {
+      for (int op = 0; op < ops; ++op) {
+        std::size_t size = rng() % 8 == 0 ? (rng() % (12 * kMiB)) + 1 : (rng() % 65536) + 1;
+        auto* p = static_cast<char*>(a.allocate(size, own));
+        ++allocations;
+        {
+          std::lock_guard<std::mutex> lock(live_mutex);
+          auto start = reinterpret_cast<std::uintptr_t>(p);
+          auto next = live.lower_bound(start);
+          if (next != live.end() && next->first < start + size) ++overlaps;
+          if (next != live.begin() && std::prev(next)->second > start) ++overlaps;
+          live.emplace(start, start + size);
+        }
+        auto value = static_cast<unsigned char>(((id * 31 + op) & 0x7f) | 1);
+        b.memset_async(0, p, value, size, own);
+        std::vector<Read> pending;
+        int readers = static_cast<int>(rng() % 3);
+        for (int r = 0; r < readers; ++r) {
+          StreamHandle other = streams[(static_cast<std::size_t>(id) + 1 + rng() % 3) % kStreams];
+          EventHandle e = order.acquire();
+          b.event_record(0, e, own);
+          b.stream_wait_event(0, other, e);
+          order.release(e);
+          auto* host = static_cast<char*>(h.allocate(size));
+          b.memcpy_async(0, host, p, size, CopyKind::device_to_host, other);
+          h.record_stream(host, 0, other);
+          a.record_stream(p, other);
+          pending.push_back({other, host, size, value});
+        }
+        auto* mine = static_cast<char*>(h.allocate(size));
+        b.memcpy_async(0, mine, p, size, CopyKind::device_to_host, own);
+        h.record_stream(mine, 0, own);
+        pending.push_back({own, mine, size, value});
+        {
+          std::lock_guard<std::mutex> lock(live_mutex);
+          live.erase(reinterpret_cast<std::uintptr_t>(p));
+        }
+        a.deallocate(p);  // in stream order: the reads above are still queued
+        for (Read& r : pending) {
+          b.stream_synchronize(0, r.stream);
+          ++reads;
+          if (static_cast<unsigned char>(r.host[0]) != r.value ||
+              static_cast<unsigned char>(r.host[r.size - 1]) != r.value ||
+              static_cast<unsigned char>(r.host[r.size / 2]) != r.value)
+            ++wrong;
+          h.deallocate(r.host);
+        }
+      }
+    } catch (const std::exception&) {
+      ++errors;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) threads.emplace_back(worker, i);
+  for (auto& t : threads) t.join();
+  stop.store(true);
+  emptier.join();
+  for (StreamHandle s : streams) b.stream_synchronize(0, s);
+  a.empty_cache();
+  h.empty_cache();
+  WARN("stress: allocations " << allocations.load() << ", queued reads checked " << reads.load()
+                              << ", cache emptied " << empties.load() << " times, wrong "
+                              << wrong.load() << ", overlaps " << overlaps.load());
+  CHECK(allocations.load() == kThreads * ops);
+  CHECK(overlaps.load() == 0);
+  CHECK(wrong.load() == 0);
+  CHECK(errors.load() == 0);
+  CHECK(a.stats().allocated_bytes[all].current == 0);
+  CHECK(a.stats().reserved_bytes[all].current == 0);
+  CHECK(h.stats().reserved_bytes.current == 0);
+  CHECK(b.runtime().bytes_in_use(0) == 0);
+  CHECK(b.runtime().pinned_blocks() == 0);
+  for (StreamHandle s : streams) b.stream_destroy(0, s);
 }

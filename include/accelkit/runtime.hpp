@@ -18,9 +18,9 @@
 // | device_index get_device()                                      | the driver's current device of the calling thread |
 // | void set_device(device_index device)                           | make `device` current for the calling thread (may create its context) |
 // | void* malloc(device_index device, std::size_t bytes)           | `bytes` > 0 of device memory, aligned to at least 256 B; nullptr when out of memory (the SDK raises OutOfMemoryError), DriverError for other failures |
-// | void free(device_index device, void* ptr)                      | release memory from malloc(device, ·) |
+// | void free(device_index device, void* ptr)                      | release memory from malloc(device, ·), at once if the driver likes: the SDK never frees memory that queued work still uses (Note [Ordered release]) |
 // | void* host_malloc(std::size_t bytes)                           | page-locked host memory usable by async copies; nullptr when out of memory |
-// | void host_free(void* ptr)                                      | release memory from host_malloc |
+// | void host_free(void* ptr)                                      | release memory from host_malloc; as free, never called while queued work uses it |
 // | void memcpy(device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind) | synchronous copy: complete on return; not ordered with streams (the SDK synchronizes first where order matters) |
 // | void memcpy_async(device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind, StreamHandle stream) | enqueue the copy on `stream`; host memory not from host_malloc must be consumed before return |
 // | void memset_async(device_index device, void* ptr, int value, std::size_t bytes, StreamHandle stream) | enqueue: fill `bytes` bytes with (unsigned char)value |
@@ -28,13 +28,29 @@
 // | void stream_destroy(device_index device, StreamHandle stream)  | release the stream once its queued work has completed (may return before) |
 // | bool stream_query(device_index device, StreamHandle stream)    | true iff all work queued so far has completed; never blocks |
 // | void stream_synchronize(device_index device, StreamHandle stream) | block until all work queued so far has completed |
-// | void stream_wait_event(device_index device, StreamHandle stream, EventHandle event) | work queued on `stream` later waits for the event's last record; no wait if never recorded |
+// | void stream_wait_event(device_index device, StreamHandle stream, EventHandle event) | work queued on `stream` later waits for the event's last record at this call; no wait if never recorded |
 // | EventHandle event_create(device_index device, EventFlags flags) | a new event; EventFlags::timing asks for timestamps |
 // | void event_destroy(device_index device, EventHandle event)     | release the event (pending records may still complete) |
-// | void event_record(device_index device, EventHandle event, StreamHandle stream) | capture the work queued on `stream` so far; a new record replaces the last |
+// | void event_record(device_index device, EventHandle event, StreamHandle stream) | capture the work queued on `stream` so far; a new record replaces the last (the SDK does not record a pooled event again before its last record has completed: Note [Pooled event reuse]) |
 // | bool event_query(device_index device, EventHandle event)       | true iff the captured work has completed; true for an event never recorded |
 // | void event_synchronize(device_index device, EventHandle event) | block until the captured work has completed; returns at once if never recorded |
 // | void device_synchronize(device_index device)                   | block until all work on every stream of `device` has completed |
+//
+// Asynchronous errors: work queued by memcpy_async, memset_async,
+// memcpy_peer_async, event_record and stream_wait_event may fail after the
+// call returned. The driver then reports the failure later, once, as a
+// DriverError carrying its own code, from stream_synchronize, stream_query,
+// event_synchronize, event_query, device_synchronize or a later
+// stream-ordered call of that device (as CUDA's sticky errors arrive);
+// synchronizing members wait for the work first. The SDK guarantees, when
+// one arrives: its state stays consistent (nothing half-done in the
+// allocators, pools or streams; a block whose free could not be ordered is
+// kept out of the cache, memory whose release could not be ordered stays
+// reserved and is returned by a later empty_cache); the error reaches the
+// caller once, thrown as a RuntimeError with the driver's code, or, where
+// nothing can throw (a tensor's deleter, a device guard's destructor),
+// through the diagnostics hook (Note [Diagnostics]); and the next call works
+// again, or fails with its own clear error.
 //
 // Optional members (absent: the default applies; present but mistyped: a
 // compile error naming it):

@@ -1655,7 +1655,6 @@ class DeviceCachingAllocator {
     return seg->head->cached && detail::whole_segment(seg->head);
   }
 
-
   // Under release_mutex_: returns detached segments to the driver after
   // synchronizing the streams that own them and the streams in `also`
   // (Note [Ordered release]). Throws the first error, after every segment
@@ -1674,12 +1673,14 @@ class DeviceCachingAllocator {
         failed.push_back(s);
       }
     }
+    auto did_fail = [&](StreamHandle s) {
+      return std::find(failed.begin(), failed.end(), s) != failed.end();
+    };
+    bool also_failed = std::any_of(also.begin(), also.end(), did_fail);
     // Room first, so that keeping a segment cannot fail.
     limbo_.reserve(limbo_.size() + r.size());
     for (const Detached& d : r) {
-      bool ordered = failed.empty() ||
-                     (std::find(failed.begin(), failed.end(), d.pool->stream) == failed.end() &&
-                      also.empty());
+      bool ordered = !also_failed && !did_fail(d.pool->stream);
       if (ordered) {
         try {
           backend_.raw_free(device_, d.ptr, d.size);
@@ -1783,7 +1784,16 @@ class DeviceCachingAllocator {
         releasing += memory_constants::kSmallBuffer;
       }
     }
-    free_segments(freed);
+    // Collection is opportunistic: a release the driver refuses (its
+    // segments stay reserved, Note [Ordered release]) is reported, and the
+    // allocation that triggered it goes on.
+    try {
+      free_segments(freed);
+    } catch (const std::exception& e) {
+      report(Severity::warning, Backend<R>::name,
+             fmt::format("device {}: garbage collection could not return memory: {}", device_,
+                         e.what()));
+    }
   }
 
   Taken allocate_slow(Pool& pool, std::size_t size, std::size_t requested) {

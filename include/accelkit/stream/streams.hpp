@@ -22,6 +22,7 @@
 #pragma once
 
 #include <accelkit/config.hpp>
+#include <accelkit/detail/once.hpp>
 #include <accelkit/device/backend.hpp>
 #include <accelkit/error.hpp>
 #include <accelkit/stream/event_pool.hpp>
@@ -117,7 +118,7 @@ class Streams {
     Pool& pool = d.pools[static_cast<std::size_t>(level)];
     // A failure part-way destroys the streams already created and leaves
     // the pool to be created again by the next call.
-    std::call_once(pool.created, [&] {
+    pool.created.call([&] {
       int native = native_priority(device, level);
       std::size_t made = 0;
       try {
@@ -203,7 +204,7 @@ class Streams {
     check_id(s);
     switch (detail::stream_kind(s.id)) {
       case detail::StreamKind::default_stream: {
-        std::call_once(d.default_created, [&] {
+        d.default_created.call([&] {
           d.default_handle = backend_.stream_create(s.device, native_priority(s.device, 0));
           d.default_ready.store(d.default_handle, std::memory_order_release);
         });
@@ -211,12 +212,11 @@ class Streams {
       }
       case detail::StreamKind::pooled: {
         Pool& pool = d.pools[static_cast<std::size_t>(detail::stream_level(s.id))];
-        StreamHandle h = pool.handles[detail::stream_index(s.id)];
-        if (h == StreamHandle{})
+        if (!pool.created.done())  // an id made up by a caller (torch.Stream(stream_id=...))
           throw RuntimeError(Backend<R>::name,
                              fmt::format("{} does not exist: its pool was never created",
                                          describe(s)));
-        return h;
+        return pool.handles[detail::stream_index(s.id)];
       }
       default: {
         std::lock_guard<std::mutex> lock(d.mutex);
@@ -304,7 +304,7 @@ class Streams {
   EventPool<R>& events(device_index device, EventFlags flags) {
     Device& d = dev(device);
     std::size_t slot = static_cast<unsigned>(flags) & 3u;
-    std::call_once(d.event_pools_created[slot], [&] {
+    d.event_pools_created[slot].call([&] {
       d.event_pools[slot] = std::make_unique<EventPool<R>>(backend_, device, flags);
     });
     return *d.event_pools[slot];
@@ -329,7 +329,7 @@ class Streams {
   static constexpr int kMaxDevices = 64;
 
   struct Pool {
-    std::once_flag created;
+    detail::Once created;
     std::array<StreamHandle, kStreamsPerPool> handles{};
     std::atomic<std::uint32_t> next{0};
   };
@@ -340,13 +340,13 @@ class Streams {
   };
   struct Device {
     std::uint16_t generation = 0;
-    std::once_flag default_created;
+    detail::Once default_created;
     StreamHandle default_handle{};
     std::atomic<StreamHandle> default_ready{StreamHandle{}};  // set once created
     std::array<Pool, kMaxLevels> pools;
     std::mutex mutex;
     std::vector<Entry> registry;
-    std::array<std::once_flag, 4> event_pools_created;
+    std::array<detail::Once, 4> event_pools_created;
     std::array<std::unique_ptr<EventPool<R>>, 4> event_pools;
   };
   struct CurrentTable {

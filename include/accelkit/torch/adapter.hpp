@@ -85,7 +85,7 @@ class State {
   Backend<R>& backend() { return backend_; }
   Streams<R>& streams() { return streams_; }
   CachingAllocator<R>& device_memory() {
-    std::call_once(memory_once_, [this] {
+    memory_once_.call([this] {
       device_memory_ = std::make_unique<CachingAllocator<R>>(
           backend_, AllocatorConfig::from_environment(R::name, backend_.environment()),
           [this](device_index d) { return &streams_.events(d, EventFlags::none); });
@@ -93,7 +93,7 @@ class State {
     return *device_memory_;
   }
   HostAllocator<R>& host_memory() {
-    std::call_once(host_once_, [this] { host_memory_ = std::make_unique<HostAllocator<R>>(backend_); });
+    host_once_.call([this] { host_memory_ = std::make_unique<HostAllocator<R>>(backend_); });
     return *host_memory_;
   }
 
@@ -109,7 +109,7 @@ class State {
   State() : backend_(Backend<R>::instance()), streams_(backend_) {}
   Backend<R>& backend_;
   Streams<R> streams_;
-  std::once_flag memory_once_, host_once_;
+  detail::Once memory_once_, host_once_;  // their configuration may be malformed
   std::unique_ptr<CachingAllocator<R>> device_memory_;
   std::unique_ptr<HostAllocator<R>> host_memory_;
 };

@@ -23,6 +23,17 @@ inline void warn_through_torch(Severity, std::string_view backend, std::string_v
   TORCH_WARN(backend, ": ", message);
 }
 
+// A device index from an operator's int64 argument: IndexError naming it
+// when it does not fit (instead of narrowing 2**32 to 0), then the SDK's
+// own check (visible devices).
+template <class R>
+device_index device_arg(int64_t d) {
+  TORCH_CHECK_INDEX(d >= std::numeric_limits<device_index>::min() &&
+                        d <= std::numeric_limits<device_index>::max(),
+                    R::name, ": invalid device index ", d);
+  return static_cast<device_index>(d);
+}
+
 template <class R>
 bool register_backend() {
   set_diagnostic_handler(&warn_through_torch);
@@ -34,10 +45,8 @@ bool register_backend() {
   lib.def("device_count() -> int", [] { return static_cast<int64_t>(Backend<R>::instance().device_count()); });
   // IndexError unless `device` is visible (without initializing).
   lib.def("check_device(int device) -> ()", [](int64_t d) {
-    TORCH_CHECK_INDEX(d >= std::numeric_limits<device_index>::min() &&
-                          d <= std::numeric_limits<device_index>::max(),
-                      R::name, ": invalid device index ", d);
-    translated([&] { Backend<R>::instance().check_visible(static_cast<device_index>(d)); });
+    device_index i = device_arg<R>(d);
+    translated([&] { Backend<R>::instance().check_visible(i); });
   });
   lib.def("init_error() -> str", [] { return Backend<R>::instance().init_error(); });
   lib.def("is_initialized() -> bool", [] { return Backend<R>::instance().is_initialized(); });
@@ -106,17 +115,17 @@ bool register_backend() {
   lib.def("reset_fallback_report() -> ()", [] { Fallback<R>::get().reset(); });
   lib.def("memory_snapshot_json(int device) -> str", [](int64_t d) {
     return translated([&] {
-      return to_json(State<R>::get().device_memory().device(static_cast<device_index>(d)).snapshot());
+      return to_json(State<R>::get().device_memory().device(device_arg<R>(d)).snapshot());
     });
   });
   lib.def("memory_stats_json(int device) -> str", [](int64_t d) {
     return translated([&] {
-      return to_json(State<R>::get().device_memory().device(static_cast<device_index>(d)).stats());
+      return to_json(State<R>::get().device_memory().device(device_arg<R>(d)).stats());
     });
   });
   lib.def("set_memory_fraction(float fraction, int device) -> ()", [](double f, int64_t d) {
     translated([&] {
-      State<R>::get().device_memory().device(static_cast<device_index>(d)).set_memory_fraction(f);
+      State<R>::get().device_memory().device(device_arg<R>(d)).set_memory_fraction(f);
     });
   });
   return true;
