@@ -242,7 +242,7 @@ TEST_CASE("streams: a stream id that names no stream is a ValueError, not a read
     CHECK_THROWS_AS(st.set_current_stream(s), ValueError);
   }
   CHECK_THROWS_WITH(st.handle(bad_level), Catch::Matchers::Contains("priority level 9"));
-  CHECK_THROWS_AS(st.handle(not_created), RuntimeError);  // level 2 exists, its pool does not yet
+  CHECK_THROWS_AS(st.handle(not_created), ValueError);  // level 2 exists, its pool does not yet
   CHECK(st.handle(pooled) != StreamHandle{});
 }
 

@@ -605,8 +605,10 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
  private:
   static constexpr std::size_t kPage = 4096;
   // Freed address ranges stay reserved (inaccessible) until this many bytes
-  // of them accumulate (Note [simdev strictness]).
-  static constexpr std::size_t kRetiredBytes = std::size_t{4} << 30;
+  // or ranges of them accumulate (Note [simdev strictness]); the oldest are
+  // unmapped then. Bounded so that the process's mappings stay few.
+  static constexpr std::size_t kRetiredBytes = std::size_t{256} << 20;
+  static constexpr std::size_t kRetiredRanges = 1024;
 
   struct Range {
     int device = -1;  // -1: host memory (pinned)
@@ -865,7 +867,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::lock_guard<std::mutex> lock(retired_mutex_);
     retired_.emplace_back(p, n);
     retired_bytes_ += n;
-    while (retired_bytes_ > kRetiredBytes) {
+    while (retired_bytes_ > kRetiredBytes || retired_.size() > kRetiredRanges) {
       auto [q, m] = retired_.front();
       retired_.pop_front();
       retired_bytes_ -= m;

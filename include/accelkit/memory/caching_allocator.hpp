@@ -1335,7 +1335,7 @@ class DeviceCachingAllocator {
           // The free first: if it throws, nothing changed and p stays queued.
           make_room(pool);
           park(pool, p);
-          for (EventHandle e : p.events) events_.release(e);
+          for (EventHandle e : p.events) events_.release(e, /*completed=*/true);
         });
   }
 

@@ -358,8 +358,9 @@ class HostAllocator {
     return safe;
   }
 
-  void release_events(Pending& p) {
-    for (auto [device, e] : p.events) events(device).release(e);
+  // `completed`: the caller saw every event's record complete.
+  void release_events(Pending& p, bool completed = false) {
+    for (auto [device, e] : p.events) events(device).release(e, completed);
     p.events.clear();
   }
 
@@ -377,7 +378,7 @@ class HostAllocator {
         return false;
       }
     }
-    release_events(p);
+    release_events(p, /*completed=*/true);
     return true;
   }
 
@@ -394,7 +395,7 @@ class HostAllocator {
           return true;
         },
         [&](Pending& p) {
-          release_events(p);
+          release_events(p, /*completed=*/true);
           bucket.free.push_back(p.block);
         });
   }

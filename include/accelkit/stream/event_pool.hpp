@@ -85,11 +85,13 @@ class EventPool {
   }
 
   // Returns an event from acquire() of this pool, once; it is reused when
-  // its last record has completed (Note [Pooled event reuse]). Never
+  // its last record has completed (Note [Pooled event reuse]). `completed`:
+  // the caller saw that record complete (a query said so, or a synchronize
+  // returned, after it), so no query is needed before reuse. Never
   // allocates: room was made when it was created.
-  void release(EventHandle e) noexcept {
+  void release(EventHandle e, bool completed = false) noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
-    returned_.push_back(e);
+    (completed ? free_ : returned_).push_back(e);
   }
 
   std::size_t created() const {

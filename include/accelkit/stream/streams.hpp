@@ -213,9 +213,7 @@ class Streams {
       case detail::StreamKind::pooled: {
         Pool& pool = d.pools[static_cast<std::size_t>(detail::stream_level(s.id))];
         if (!pool.created.done())  // an id made up by a caller (torch.Stream(stream_id=...))
-          throw RuntimeError(Backend<R>::name,
-                             fmt::format("{} does not exist: its pool was never created",
-                                         describe(s)));
+          throw no_stream(s);
         return pool.handles[detail::stream_index(s.id)];
       }
       default: {
@@ -389,7 +387,9 @@ class Streams {
   }
 
   // A Stream's id comes from users too (torch.Stream(stream_id=...)): its
-  // kind, level and index must name a stream this device can have.
+  // kind, level and index must name a stream this device can have. Cheap
+  // (no driver or property query): a pooled id must also name a pool that
+  // exists, which handle() checks (pools exist only for the device's levels).
   void check_id(const Stream& s) {
     auto kind = static_cast<std::int64_t>(detail::stream_kind(s.id));
     int level = detail::stream_level(s.id);
@@ -398,13 +398,17 @@ class Streams {
     if (ok && kind == static_cast<std::int64_t>(detail::StreamKind::default_stream))
       ok = level == 0 && index == 0;
     if (ok && kind == static_cast<std::int64_t>(detail::StreamKind::pooled))
-      ok = level < levels(s.device) && index < static_cast<std::uint32_t>(kStreamsPerPool);
+      ok = level < kMaxLevels && index < static_cast<std::uint32_t>(kStreamsPerPool);
     if (ok && kind == static_cast<std::int64_t>(detail::StreamKind::external)) ok = level == 0;
-    if (!ok)
-      throw ValueError(Backend<R>::name,
-                       fmt::format("stream id {:#x} of {}:{} names no stream (kind {}, priority "
-                                   "level {}, index {})",
-                                   s.id, Backend<R>::name, s.device, kind, level, index));
+    if (!ok) throw no_stream(s);
+  }
+  ValueError no_stream(const Stream& s) const {
+    return ValueError(Backend<R>::name,
+                      fmt::format("stream id {:#x} of {}:{} names no stream (kind {}, priority "
+                                  "level {}, index {})",
+                                  s.id, Backend<R>::name, s.device,
+                                  static_cast<std::int64_t>(detail::stream_kind(s.id)),
+                                  detail::stream_level(s.id), detail::stream_index(s.id)));
   }
 
   Entry& entry(Device& d, const Stream& s) {
@@ -474,6 +478,7 @@ class Event {
       generation_ = o.generation_;
       handle_ = o.handle_;
       recorded_ = o.recorded_;
+      completed_ = o.completed_;
       o.handle_ = EventHandle{};
       o.device_ = -1;
       o.recorded_ = false;
@@ -499,6 +504,7 @@ class Event {
     } else {
       check_live();
     }
+    completed_ = false;
     streams_->backend().event_record(device_, handle_, sh);
     recorded_ = true;
   }
@@ -518,13 +524,15 @@ class Event {
   bool query() {
     if (!recorded_) return true;
     check_live();
-    return streams_->backend().event_query(device_, handle_);
+    completed_ = streams_->backend().event_query(device_, handle_);
+    return completed_;
   }
 
   void synchronize() {
     if (!recorded_) return;
     check_live();
     streams_->backend().event_synchronize(device_, handle_);
+    completed_ = true;
   }
 
   // Milliseconds from this event's record to `end`'s. Both must be timing
@@ -551,7 +559,7 @@ class Event {
     if (device_ < 0 || handle_ == EventHandle{}) return;
     try {
       if (streams_->generation(device_) == generation_)
-        streams_->events(device_, flags_).release(handle_);
+        streams_->events(device_, flags_).release(handle_, completed_ || !recorded_);
     } catch (...) {
     }
     handle_ = EventHandle{};
@@ -564,6 +572,7 @@ class Event {
   std::uint16_t generation_ = 0;
   EventHandle handle_{};
   bool recorded_ = false;
+  bool completed_ = true;  // its last record was seen complete (query, synchronize)
 };
 
 ACCELKIT_END_NAMESPACE
