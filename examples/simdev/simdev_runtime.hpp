@@ -774,6 +774,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::map<char*, std::size_t> allocations;
     std::unordered_map<std::uintptr_t, std::shared_ptr<Stream>> streams;
     std::optional<std::pair<int, std::string>> async_error;  // code, message
+    std::atomic<bool> has_async_error{false};  // async_error is set (read without the lock)
   };
 
   // Runs queued (or pageable, synchronous) work: an injected fault or memory
@@ -798,15 +799,18 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     Device& d = context(device);
     std::lock_guard<std::mutex> lock(d.mutex);
     if (!d.async_error) d.async_error.emplace(code, std::move(message));
+    d.has_async_error.store(true, std::memory_order_release);
   }
   // Reports (once) the asynchronous error of `device`, if any.
   void report_async(int device, const char* call) {
     Device& d = context(device);
+    if (!d.has_async_error.load(std::memory_order_acquire)) return;
     std::optional<std::pair<int, std::string>> e;
     {
       std::lock_guard<std::mutex> lock(d.mutex);
       if (!d.async_error) return;
       e.swap(d.async_error);
+      d.has_async_error.store(false, std::memory_order_relaxed);
     }
     driver_error(e->first, call, fmt::format("asynchronous error of earlier work: {}", e->second));
   }

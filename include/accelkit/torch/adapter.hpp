@@ -330,9 +330,11 @@ struct DeviceAllocator final : c10::DeviceAllocator {
   // Note [Host work on recycled blocks]: a block freed in stream order may
   // be handed out again while work queued before its free still reads it;
   // device work on the same stream runs after that work, but a host kernel
-  // writes at once. So a block allocated inside a host kernel (its outputs,
-  // its temporaries) is written only after the stream has been waited for
-  // again, past every use queued before the allocation.
+  // writes at once. So a host kernel waits for its stream after allocating
+  // what it writes: a functional one allocates its output, then waits; a
+  // block allocated while a host kernel runs (a temporary of its CPU kernel)
+  // is handed out only after the stream has been waited for again, past
+  // every use queued before the allocation.
   c10::DataPtr allocate(std::size_t n) override {
     return translated([&] {
       State<R>& s = st();

@@ -165,11 +165,13 @@ void visit_tensors(const std::optional<at::Tensor>& t, const F& f) {
 template <class T, class F>
 void visit_tensors(const T&, const F&) {}
 
-// Ops<R>::host_ready (host-visible memory, current stream waited for); the
-// first yes installs the stubs' PrivateUse1 entries.
-template <class R>
+// Whether host kernels may run on d (host-visible memory), waiting for d's
+// current stream when `wait`; the first yes installs the stubs' PrivateUse1
+// entries.
+template <class R, bool wait = true>
 bool host_ready(c10::DeviceIndex d) {
-  if (!translated([&] { return Ops<R>::host_ready(d); })) return false;
+  if (!translated([&] { return wait ? Ops<R>::host_ready(d) : Ops<R>::host_visible(d); }))
+    return false;
   static std::once_flag once;
   std::call_once(once, install_stubs);
   return true;
@@ -196,7 +198,9 @@ struct HostPlace {
 // conversion to that dtype is what the CPU would do (Note [Host kernels]).
 // Otherwise nullopt, and the call goes to the fallback (which copies through
 // the CPU, converts, or reports two devices).
-template <class R, bool uniform, bool scalar = false, class... Args>
+// With `wait` false the stream is not waited for: the caller does, after
+// allocating what the kernel writes (Note [Host work on recycled blocks]).
+template <class R, bool uniform, bool scalar = false, bool wait = true, class... Args>
 std::optional<HostPlace> host_device(Args&&... args) {  // forwarding: sees which are written
   std::optional<c10::Device> device;
   std::optional<at::ScalarType> dtype;
@@ -230,7 +234,7 @@ std::optional<HostPlace> host_device(Args&&... args) {  // forwarding: sees whic
                  (at::isFloatingType(d) && d != at::kHalf && d != at::kBFloat16);
     if (!exact || at::result_type(*first, *cpu) != d) return std::nullopt;
   }
-  if (!host_ready<R>(device->index())) return std::nullopt;
+  if (!host_ready<R, wait>(device->index())) return std::nullopt;
   return HostPlace{*device, *dtype};
 }
 
@@ -317,21 +321,22 @@ struct Functional;
 template <class R, class Op, class Impl, bool scalar, class... Args>
 struct Functional<R, Op, Impl, scalar, at::Tensor(Args...)> {
   static at::Tensor call(Args... args) {
-    std::optional<HostPlace> place = host_device<R, true, scalar>(args...);
+    std::optional<HostPlace> place = host_device<R, true, scalar, /*wait=*/false>(args...);
     if (!place) return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
     c10::DeviceGuard guard(place->device);  // the allocator serves the current device
-    // Outputs are written on the host: Note [Host work on recycled blocks].
-    std::optional<HostKernelScope> scope(std::in_place);
     Converted c;
     auto cpu_args = std::forward_as_tuple(cpu_arg(args, c, place->dtype)...);
     DeviceOutputs<R, Impl, 1> op;
-    std::apply([&](const auto&... a) { op.meta(a...); }, cpu_args);
+    std::apply([&](const auto&... a) { op.meta(a...); }, cpu_args);  // allocates the output
     for (int i = 1; i < op.ntensors(); ++i)
-      if (op.dtype(i) != op.dtype(0)) {  // a promoting result (int / int): see host_device
-        scope.reset();
+      if (op.dtype(i) != op.dtype(0))  // a promoting result (int / int): see host_device
         return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
-      }
+    // The stream is waited for after the output was allocated, so past every
+    // use queued before its block was freed (Note [Host work on recycled
+    // blocks]).
+    translated([&] { Ops<R>::sync(place->device.index()); });
     return Fallback<R>::get().host(handle<Op>(), [&] {
+      HostKernelScope scope;
       std::apply([&](const auto&... a) { op.impl(a..., op.outputs[0]); }, cpu_args);
       return std::move(op.outputs[0]);
     });
