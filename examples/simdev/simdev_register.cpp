@@ -16,6 +16,16 @@ using Sim = simdev::SimRuntime;
 std::mutex gates_mutex;
 std::map<int64_t, std::shared_ptr<Sim::Gate>> gates;
 int64_t next_gate = 0;
+
+// Takes a held gate out of the table (ValueError naming `op` if unknown).
+std::shared_ptr<Sim::Gate> take_gate(int64_t id, const char* op) {
+  std::lock_guard<std::mutex> lock(gates_mutex);
+  auto it = gates.find(id);
+  TORCH_CHECK_VALUE(it != gates.end(), "simdev: ", op, ": no held gate ", id);
+  std::shared_ptr<Sim::Gate> gate = std::move(it->second);
+  gates.erase(it);
+  return gate;
+}
 }  // namespace
 
 // The simulated driver's test knobs, from Python (not part of the backend a
@@ -46,28 +56,11 @@ TORCH_LIBRARY(simdev_driver, m) {
   m.def("copies() -> int", [] {
     return static_cast<int64_t>(accelkit::Backend<Sim>::instance().runtime().copies());
   });
-  m.def("release(int gate) -> ()", [](int64_t id) {
-    std::shared_ptr<Sim::Gate> gate;
-    {
-      std::lock_guard<std::mutex> lock(gates_mutex);
-      auto it = gates.find(id);
-      TORCH_CHECK_VALUE(it != gates.end(), "simdev: release: no held gate ", id);
-      gate = std::move(it->second);
-      gates.erase(it);
-    }
-    gate->open();
-  });
+  m.def("release(int gate) -> ()", [](int64_t id) { take_gate(id, "release")->open(); });
   // Opens the gate after `ms` milliseconds, from a thread of its own: for a
   // test whose next call blocks until the stream moves (it holds the GIL).
   m.def("release_later(int gate, int ms) -> ()", [](int64_t id, int64_t ms) {
-    std::shared_ptr<Sim::Gate> gate;
-    {
-      std::lock_guard<std::mutex> lock(gates_mutex);
-      auto it = gates.find(id);
-      TORCH_CHECK_VALUE(it != gates.end(), "simdev: release_later: no held gate ", id);
-      gate = std::move(it->second);
-      gates.erase(it);
-    }
+    std::shared_ptr<Sim::Gate> gate = take_gate(id, "release_later");
     std::thread([gate, ms] {
       std::this_thread::sleep_for(std::chrono::milliseconds(ms));
       gate->open();
