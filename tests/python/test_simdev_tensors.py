@@ -471,3 +471,55 @@ def test_device_and_stream_context_managers_restore_what_was_current():
     e.synchronize()
     assert torch.simdev.is_bf16_supported()
     assert "float8_e4m3fn" in torch.simdev.supported_dtypes(0)
+
+
+def test_every_view_operator_has_a_kernel_for_the_device():
+    # A view cannot go through the CPU fallback (its result would not alias
+    # device memory): every ATen operator whose result aliases an input and
+    # that the CPU implements needs a kernel for the backend, its own or a
+    # composite one. Enumerated from the dispatcher's schemas at run time.
+    C = torch._C
+    composite = ("PrivateUse1", "CompositeExplicitAutograd", "CompositeImplicitAutograd",
+                 "CompositeExplicitAutogradNonFunctional")
+    missing, views = [], 0
+    for s in C._jit_get_all_schemas():
+        if not s.name.startswith("aten::") or s.name.startswith("aten::_nested"):
+            continue
+        if not any(r.alias_info is not None and not r.alias_info.is_write for r in s.returns):
+            continue
+        name = s.name + ("." + s.overload_name if s.overload_name else "")
+        try:
+            has = {k: C._dispatch_has_kernel_for_dispatch_key(name, k) for k in ("CPU",) + composite}
+        except RuntimeError:
+            continue  # a TorchScript-only schema, not in the dispatcher
+        if not any(has.values()):
+            continue  # sparse, quantized or nested tensors only
+        views += 1
+        if not any(has[k] for k in composite):
+            missing.append(name)
+    assert views > 50
+    assert missing == []
+
+
+def test_complex_views_and_conjugate_copies_on_the_device():
+    c = torch.randn(3, 4, dtype=torch.complex64)
+    x = c.to("simdev")
+    assert torch.equal(torch.view_as_real(x).cpu(), torch.view_as_real(c))
+    assert torch.equal(torch.view_as_complex(torch.view_as_real(x)).cpu(), c)
+    assert torch.equal(x.real.cpu(), c.real) and torch.equal(x.imag.cpu(), c.imag)
+    assert torch.equal(x.conj().cpu(), c.conj())                     # device -> host, conj bit
+    y = torch.empty_like(x)
+    y.copy_(x.conj())                                                # device -> device
+    assert torch.equal(y.cpu(), c.conj())
+    z = torch.zeros_like(x).conj()
+    z.copy_(x)                                                       # into a conjugated view
+    assert torch.equal(z.cpu(), c) and torch.equal(z.resolve_conj().cpu(), c)
+    w = torch.zeros(3, 4, dtype=torch.complex64, device="simdev")
+    w.conj().copy_(c)                                                # host -> conjugated view
+    assert torch.equal(w.cpu(), c.conj())
+    r = torch.randn(4, 3)
+    assert torch.equal(torch._neg_view(r.to("simdev")).cpu(), -r)    # negative bit
+    assert torch.allclose(torch.fft.hfft(x).cpu(), torch.fft.hfft(c), atol=1e-5)  # recursed before
+    assert torch.allclose((x.conj() * x).cpu(), c.conj() * c)
+    t = torch.arange(10.0)
+    assert torch.equal(t.to("simdev").unfold(0, 3, 2).cpu(), t.unfold(0, 3, 2))

@@ -9,6 +9,9 @@
 #include <ATen/ops/native_dropout_backward_native.h>
 #include <ATen/ops/native_dropout_native.h>
 #include <ATen/ops/set_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
 
@@ -129,9 +132,43 @@ struct Ops {
            b.is_contiguous();
   }
 
+  // Note [Math bits in copies]: a tensor may carry a lazy conjugate or
+  // negative bit (x.conj(), a view that conjugates on read). PyTorch's
+  // copy_ hands tensors of other backends to _copy_from before it resolves
+  // those bits, and the Conjugate/Negative fallbacks, which would resolve
+  // them by cloning, clone through copy_ again: an endless recursion. So
+  // _copy_from and _copy_from_and_resize fall through those keys (see
+  // register_aten_ops) and resolve the bits here: the source's raw values are
+  // read without its bits, the bits applied on the CPU, and a destination
+  // with bits of its own gets the values that read back as the source's.
+  static bool math_bits(const at::Tensor& t) { return t.is_conj() || t.is_neg(); }
+  // The same memory without the lazy bits (the raw values).
+  static at::Tensor raw(const at::Tensor& t) {
+    at::Tensor a = at::alias(t);
+    a._set_conj(false);
+    a._set_neg(false);
+    return a;
+  }
+  static at::Tensor copy_with_math_bits(const at::Tensor& self, const at::Tensor& dst) {
+    at::Tensor values = on_device(self) ? to_cpu(raw(self)) : raw(self).clone();
+    values._set_conj(self.is_conj());
+    values._set_neg(self.is_neg());
+    values = values.resolve_conj().resolve_neg();
+    if (!on_device(dst)) {
+      dst.copy_(values);  // the CPU's copy_ resolves dst's bits
+      return dst;
+    }
+    // Stored so that reading through dst's bits gives `values`.
+    if (dst.is_neg()) values = values.neg();
+    if (dst.is_conj()) values = values.conj().resolve_conj();
+    from_cpu(raw(dst), values);
+    return dst;
+  }
+
   static at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
     return translated([&] {
       if (self.numel() == 0) return dst;
+      if (math_bits(self) || math_bits(dst)) return copy_with_math_bits(self, dst);
       bool src_dev = on_device(self), dst_dev = on_device(dst);
       Backend<R>& b = st().backend();
       if (src_dev && dst_dev) {
@@ -383,6 +420,13 @@ struct Convolution {
   }
 };
 
+// Note [Math bits in copies]: the copies resolve conjugate and negative bits
+// themselves, so the Conjugate and Negative fallbacks must not intercept them.
+inline void register_math_bit_fallthroughs(torch::Library& m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
 template <class R>
 void register_aten_ops(torch::Library& m) {
   using O = Ops<R>;
@@ -390,6 +434,12 @@ void register_aten_ops(torch::Library& m) {
   m.impl("empty_strided", TORCH_FN(O::empty_strided));
   m.impl("as_strided", TORCH_FN(O::as_strided));
   m.impl("view", TORCH_FN(O::view));
+  // View operators whose only kernels are per device (PyTorch's are device
+  // agnostic): a view cannot go through the CPU fallback. Every other view
+  // operator has a composite kernel; tests/python enumerates them all.
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
+  m.impl("unfold", TORCH_FN(at::native::unfold));
   m.impl("_reshape_alias", TORCH_FN(O::reshape_alias));
   m.impl("resize_", TORCH_FN(O::resize));
   m.impl("_copy_from", TORCH_FN(O::copy_from));

@@ -139,6 +139,8 @@ ACCELKIT_END_NAMESPACE
 #define ACCELKIT_REGISTER_BACKEND(R)                                                            \
   C10_REGISTER_GUARD_IMPL(PrivateUse1, ::accelkit::torch_adapter::GuardImpl<R>);              \
   TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { ::accelkit::torch_adapter::register_aten_ops<R>(m); ::accelkit::torch_adapter::register_host_kernels<R>(m); } \
+  TORCH_LIBRARY_IMPL(aten, Conjugate, m) { ::accelkit::torch_adapter::register_math_bit_fallthroughs(m); } \
+  TORCH_LIBRARY_IMPL(aten, Negative, m) { ::accelkit::torch_adapter::register_math_bit_fallthroughs(m); } \
   TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {                                                     \
     m.fallback(                                                                               \
         torch::CppFunction::makeFromBoxedFunction<&::accelkit::torch_adapter::fallback<R>>()); \
