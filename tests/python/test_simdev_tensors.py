@@ -523,3 +523,26 @@ def test_complex_views_and_conjugate_copies_on_the_device():
     assert torch.allclose((x.conj() * x).cpu(), c.conj() * c)
     t = torch.arange(10.0)
     assert torch.equal(t.to("simdev").unfold(0, 3, 2).cpu(), t.unfold(0, 3, 2))
+
+
+def test_zero_size_tensors_keep_their_shapes_through_kernels_and_the_fallback():
+    x = torch.zeros(1, 0, 3, device="simdev")
+    ops = [torch.logical_not, torch.isfinite, torch.nn.functional.softsign, torch.exp,
+           torch.sin, lambda t: t.sum(1), lambda t: t + 1, lambda t: torch.atan2(t, t),
+           lambda t: torch.cumsum(t, 2), lambda t: t.cpu()]
+    for f in ops:
+        got, want = f(x), f(torch.zeros(1, 0, 3))
+        assert got.shape == want.shape and got.dtype == want.dtype
+
+
+def test_sparse_layouts_are_a_clear_error_naming_the_backend():
+    x = torch.randn(3, 3, device="simdev")
+    attempts = [lambda: x.to_sparse(),
+                lambda: torch.randn(3, 3).to_sparse().to("simdev"),
+                lambda: torch.sparse_coo_tensor(torch.tensor([[0], [1]]), torch.tensor([1.0]),
+                                                (2, 2), device="simdev"),
+                lambda: x.to_sparse_csr() @ x]
+    for f in attempts:
+        with pytest.raises(NotImplementedError, match="simdev: sparse tensors are not supported on simdev"):
+            f()
+    assert torch.equal(x.cpu().to_sparse().to_dense(), x.cpu())     # the CPU's still work

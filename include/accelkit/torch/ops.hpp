@@ -711,10 +711,14 @@ class Fallback {
       v = same != aliases.end() ? c10::IValue(same->device_tensor)
                                 : c10::IValue(out.defined() ? out.to(*device) : out);
     }
-    for (Alias& a : aliases) {  // outputs the kernel resized onto new CPU memory
-      if (a.host_view.numel() == 0 || a.host_view.data_ptr() == a.ptr) continue;
+    // Outputs the kernel resized: onto new CPU memory (values copied back),
+    // or to another shape without elements (a (0,) out= tensor resized to
+    // (1, 0, 3)), which the device tensor must take too.
+    for (Alias& a : aliases) {
+      bool moved = a.host_view.numel() > 0 && a.host_view.data_ptr() != a.ptr;
+      if (!moved && a.host_view.sizes() == a.device_tensor.sizes()) continue;
       a.device_tensor.resize_(a.host_view.sizes());
-      a.device_tensor.copy_(a.host_view);
+      if (moved) a.device_tensor.copy_(a.host_view);
     }
     return true;
   }
@@ -840,6 +844,17 @@ class Fallback {
 template <class R>
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Fallback<R>::get().run(op, stack);
+}
+
+// Sparse layouts (COO, CSR and the other compressed ones) have no kernels on
+// a generated backend, and PyTorch's sparse kernels are per device: every
+// operator on them raises NotImplementedError naming the backend and the
+// operator, instead of PyTorch's generic "could not run ... Sparse<name>".
+template <class R>
+void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, R::name, ": sparse tensors are not supported on ", R::name,
+                              " (operator ", op.schema().operator_name(),
+                              "); use a strided tensor, or a sparse tensor on the CPU");
 }
 
 // storage.resize_(n): new memory of exactly n bytes, keeping the prefix.

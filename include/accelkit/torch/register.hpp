@@ -141,6 +141,14 @@ ACCELKIT_END_NAMESPACE
   TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { ::accelkit::torch_adapter::register_aten_ops<R>(m); ::accelkit::torch_adapter::register_host_kernels<R>(m); } \
   TORCH_LIBRARY_IMPL(aten, Conjugate, m) { ::accelkit::torch_adapter::register_math_bit_fallthroughs(m); } \
   TORCH_LIBRARY_IMPL(aten, Negative, m) { ::accelkit::torch_adapter::register_math_bit_fallthroughs(m); } \
+  TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {                                               \
+    m.fallback(torch::CppFunction::makeFromBoxedFunction<                                     \
+               &::accelkit::torch_adapter::sparse_fallback<R>>());                            \
+  }                                                                                           \
+  TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {                                            \
+    m.fallback(torch::CppFunction::makeFromBoxedFunction<                                     \
+               &::accelkit::torch_adapter::sparse_fallback<R>>());                            \
+  }                                                                                           \
   TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {                                                     \
     m.fallback(                                                                               \
         torch::CppFunction::makeFromBoxedFunction<&::accelkit::torch_adapter::fallback<R>>()); \
