@@ -546,3 +546,14 @@ def test_sparse_layouts_are_a_clear_error_naming_the_backend():
         with pytest.raises(NotImplementedError, match="simdev: sparse tensors are not supported on simdev"):
             f()
     assert torch.equal(x.cpu().to_sparse().to_dense(), x.cpu())     # the CPU's still work
+
+
+def test_operators_that_take_conjugated_inputs_as_they_are_read_their_bits():
+    # dot and vdot receive x.conj() unresolved (the Conjugate key falls
+    # through for them); the CPU kernel run on device memory must see the bit.
+    a = torch.randn(5, dtype=torch.complex64)
+    b = torch.randn(5, dtype=torch.complex64)
+    da, db = a.to("simdev"), b.to("simdev")
+    assert torch.allclose(torch.vdot(da, db).cpu(), torch.vdot(a, b))
+    assert torch.allclose(torch.dot(da.conj(), db).cpu(), torch.dot(a.conj(), b))
+    assert torch.allclose(torch.dot(da, db.conj()).cpu(), torch.dot(a, b.conj()))

@@ -685,6 +685,11 @@ class Fallback {
             std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
         view.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides());
       }
+      // Operators that take lazily conjugated or negated inputs as they are
+      // (dot, vdot, ...: the Conjugate key falls through for them) read the
+      // same bits on the CPU alias (Note [Math bits in copies]).
+      view._set_conj(t.is_conj());
+      view._set_neg(t.is_neg());
       aliases.push_back({t, view, view.data_ptr()});
       return view;
     };
