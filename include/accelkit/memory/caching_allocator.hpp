@@ -1279,18 +1279,8 @@ class DeviceCachingAllocator {
     std::vector<EventHandle> events;
     events.reserve(uses.size());  // so that keeping a recorded event cannot throw
     for (StreamHandle s : uses) {
-      // Two try blocks: an event is released only if it was acquired (a
-      // single block with `e{}` tested in the handler was miscompiled by
-      // GCC 12 at -O2, the zeroing store dropped).
       try {
-        EventHandle e = events_.acquire();
-        try {
-          backend_.event_record(device_, e, s);
-        } catch (...) {
-          events_.release(e);
-          throw;
-        }
-        events.push_back(e);
+        events.push_back(events_.record(s));
         continue;
       } catch (const std::exception& err) {
         // Reported, since the fallback below may succeed and the error may

@@ -325,17 +325,8 @@ class HostAllocator {
     bool safe = true;
     p.events.reserve(p.block->uses.size());  // keeping a recorded event cannot throw
     for (auto [device, stream] : p.block->uses) {
-      // As in DeviceCachingAllocator::record_uses: release only what was acquired.
       try {
-        EventPool<R>& pool = events(device);
-        EventHandle e = pool.acquire();
-        try {
-          backend_.event_record(device, e, stream);
-        } catch (...) {
-          pool.release(e);
-          throw;
-        }
-        p.events.emplace_back(device, e);
+        p.events.emplace_back(device, events(device).record(stream));
         continue;
       } catch (const std::exception& err) {
         report(Severity::warning, Backend<R>::name,

@@ -84,6 +84,20 @@ class EventPool {
     return e;
   }
 
+  // An event of the pool recorded on `stream` (of this pool's device); if
+  // the record fails, the event goes back to the pool and the error is
+  // thrown.
+  EventHandle record(StreamHandle stream) {
+    EventHandle e = acquire();
+    try {
+      backend_.event_record(device_, e, stream);
+    } catch (...) {
+      release(e);
+      throw;
+    }
+    return e;
+  }
+
   // Returns an event from acquire() of this pool, once; it is reused when
   // its last record has completed (Note [Pooled event reuse]). `completed`:
   // the caller saw that record complete (a query said so, or a synchronize

@@ -266,9 +266,8 @@ class Streams {
                        fmt::format("{} cannot wait for {}: streams of different devices",
                                    describe(waiter), describe(target)));
     EventPool<R>& pool = events(target.device, EventFlags::none);
-    EventHandle e = pool.acquire();
+    EventHandle e = pool.record(handle(target));
     try {
-      backend_.event_record(target.device, e, handle(target));
       backend_.stream_wait_event(waiter.device, handle(waiter), e);
     } catch (...) {
       pool.release(e);
