@@ -73,6 +73,21 @@ decltype(auto) translated(F&& f) {
   }
 }
 
+// Runs f where nothing may throw (a deleter, a guard's destructor): a
+// failure is reported (Note [Diagnostics]), not thrown.
+template <class R, class F>
+void reporting_failures(F&& f) noexcept {
+  try {
+    f();
+  } catch (const Error& e) {
+    report(Severity::error, R::name, e.message());
+  } catch (const std::exception& e) {
+    report(Severity::error, R::name, e.what());
+  } catch (...) {
+    report(Severity::error, R::name, "unknown error");
+  }
+}
+
 // Everything the adapters share for one runtime, created on first use and
 // never destroyed (PyTorch calls into it from static destructors).
 template <class R>
@@ -140,13 +155,7 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
     translated([&] { st().backend().set_device_deferred(d.index()); });
   }
   void uncheckedSetDevice(c10::Device d) const noexcept override {
-    try {
-      st().backend().set_device_deferred(d.index());
-    } catch (const Error& e) {
-      report(Severity::error, R::name, e.message());
-    } catch (const std::exception& e) {
-      report(Severity::error, R::name, e.what());
-    }
+    reporting_failures<R>([&] { st().backend().set_device_deferred(d.index()); });
   }
   c10::Stream getStream(c10::Device d) const override {
     return translated([&] { return st().to_c10(st().streams().current_stream(index(d))); });
@@ -318,13 +327,9 @@ struct DeviceAllocator final : c10::DeviceAllocator {
     if (!v) return;
     if (Backend<R>::instance().in_bad_fork()) return;
     auto d = static_cast<device_index>(v & 0xFF);
-    try {
+    reporting_failures<R>([&] {
       st().device_memory().device(d).deallocate(reinterpret_cast<void*>(v & ~std::uintptr_t{0xFF}));
-    } catch (const Error& e) {
-      report(Severity::error, R::name, e.message());
-    } catch (const std::exception& e) {
-      report(Severity::error, R::name, e.what());
-    }
+    });
   }
 
   // Note [Host work on recycled blocks]: a block freed in stream order may
@@ -426,13 +431,7 @@ template <class R>
 struct PinnedAllocator final : c10::Allocator {
   static void deleter(void* ptr) {
     if (!ptr || Backend<R>::instance().in_bad_fork()) return;
-    try {
-      State<R>::get().host_memory().deallocate(ptr);
-    } catch (const Error& e) {
-      report(Severity::error, R::name, e.message());
-    } catch (const std::exception& e) {
-      report(Severity::error, R::name, e.what());
-    }
+    reporting_failures<R>([&] { State<R>::get().host_memory().deallocate(ptr); });
   }
   c10::DataPtr allocate(std::size_t n) override {
     return translated([&] {
