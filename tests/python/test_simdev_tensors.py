@@ -541,7 +541,10 @@ def test_sparse_layouts_are_a_clear_error_naming_the_backend():
                 lambda: torch.randn(3, 3).to_sparse().to("simdev"),
                 lambda: torch.sparse_coo_tensor(torch.tensor([[0], [1]]), torch.tensor([1.0]),
                                                 (2, 2), device="simdev"),
-                lambda: x.to_sparse_csr() @ x]
+                lambda: x.to_sparse_csr() @ x,
+                lambda: x.to_sparse_csr(),  # made by the fallback: refused, not half usable
+                lambda: x.to_sparse_csc(),
+                lambda: x.to_sparse_bsr((1, 1))]
     for f in attempts:
         with pytest.raises(NotImplementedError, match="simdev: sparse tensors are not supported on simdev"):
             f()
@@ -557,3 +560,40 @@ def test_operators_that_take_conjugated_inputs_as_they_are_read_their_bits():
     assert torch.allclose(torch.vdot(da, db).cpu(), torch.vdot(a, b))
     assert torch.allclose(torch.dot(da.conj(), db).cpu(), torch.dot(a.conj(), b))
     assert torch.allclose(torch.dot(da, db.conj()).cpu(), torch.dot(a, b.conj()))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_layer_and_group_norm_compute_with_the_cpus_kernels_bit_for_bit(dtype):
+    # Both have a composite kernel beside the CPU's; the composite (through
+    # batch_norm) rounded differently in reduced precision (bfloat16
+    # layer_norm was 0.125 off). Note [CPU kernels over composites].
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 5).to(dtype)
+    w, b = torch.randn(6, 5).to(dtype), torch.randn(6, 5).to(dtype)
+    got = torch.nn.functional.layer_norm(x.to("simdev"), (6, 5), w.to("simdev"), b.to("simdev"), eps=0.5)
+    assert torch.equal(got.cpu(), torch.nn.functional.layer_norm(x, (6, 5), w, b, eps=0.5))
+    gw, gb = torch.randn(6).to(dtype), torch.randn(6).to(dtype)
+    got = torch.nn.functional.group_norm(x.to("simdev"), 3, gw.to("simdev"), gb.to("simdev"))
+    assert torch.equal(got.cpu(), torch.nn.functional.group_norm(x, 3, gw, gb))
+    # and their gradients, through the same autograd formulas as the CPU's
+    xs, xc = x.to("simdev").requires_grad_(), x.clone().requires_grad_()
+    torch.nn.functional.layer_norm(xs, (6, 5)).sum().backward()
+    torch.nn.functional.layer_norm(xc, (6, 5)).sum().backward()
+    assert torch.equal(xs.grad.cpu(), xc.grad)
+
+
+@pytest.mark.parametrize("left", [True, False])
+def test_a_kernel_that_conjugates_its_output_by_the_bit_is_followed_on_the_device(left):
+    # linalg_lu_solve.out with left=False transposes its output in place and
+    # sets its conjugate bit: the device tensor must take the same metadata
+    # (it came back conjugated in the zero-copy fallback).
+    torch.manual_seed(0)
+    a = torch.randn(3, 3, dtype=torch.complex64)
+    b = torch.randn(3, 4, dtype=torch.complex64) if left else torch.randn(4, 3, dtype=torch.complex64)
+    lu, piv = torch.linalg.lu_factor(a)
+    want = torch.linalg.lu_solve(lu, piv, b, left=left)
+    got = torch.linalg.lu_solve(lu.to("simdev"), piv.to("simdev"), b.to("simdev"), left=left)
+    assert torch.allclose(got.cpu(), want, atol=1e-5)
+    out = torch.empty(want.shape, dtype=want.dtype, device="simdev")
+    torch.linalg.lu_solve(lu.to("simdev"), piv.to("simdev"), b.to("simdev"), left=left, out=out)
+    assert torch.allclose(out.cpu(), want, atol=1e-5)

@@ -478,6 +478,21 @@ void register_aten_ops(torch::Library& m) {
          });
 }
 
+// Note [Sparse layouts]: sparse layouts (COO, CSR and the other compressed
+// ones) have no kernels on a generated backend, and PyTorch's sparse kernels
+// are per device. Every operator on them (the SparsePrivateUse1 and
+// SparseCsrPrivateUse1 fallbacks), and every fallen-back operator whose
+// result would be one on the device (x.to_sparse_csr()), raises
+// NotImplementedError naming the backend and the operator, instead of
+// PyTorch's generic "could not run ... Sparse<name>" or a sparse tensor on
+// which composite operators fail obscurely.
+template <class R>
+void refuse_sparse(const c10::OperatorHandle& op) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, R::name, ": sparse tensors are not supported on ", R::name,
+                              " (operator ", op.schema().operator_name(),
+                              "); use a strided tensor, or a sparse tensor on the CPU");
+}
+
 // Note [CPU fallback policy]: every operator without a native kernel runs on
 // the CPU (inputs copied there, outputs copied back). <NAME>_FALLBACK
 // chooses what happens: "allow" (default), "warn" (a warning the first time
@@ -503,6 +518,13 @@ class Fallback {
     if (!zero_copy(op, *stack)) {
       at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
       if (to_device) results_to(op, *stack, *to_device);
+    }
+    std::size_t results = op.schema().returns().size();
+    for (std::size_t i = stack->size() - results; i < stack->size(); ++i) {
+      const c10::IValue& v = (*stack)[i];
+      if (v.isTensor() && v.toTensor().defined() && v.toTensor().layout() != c10::kStrided &&
+          v.toTensor().device().type() == kDeviceType)
+        refuse_sparse<R>(op);  // Note [Sparse layouts]
     }
     e.add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
               .count());
@@ -716,14 +738,30 @@ class Fallback {
       v = same != aliases.end() ? c10::IValue(same->device_tensor)
                                 : c10::IValue(out.defined() ? out.to(*device) : out);
     }
-    // Outputs the kernel resized: onto new CPU memory (values copied back),
-    // or to another shape without elements (a (0,) out= tensor resized to
-    // (1, 0, 3)), which the device tensor must take too.
+    // What the kernel did to an argument's metadata, the device tensor must
+    // take too:
+    // - resized onto new CPU memory: values copied back;
+    // - another shape without elements (a (0,) out= tensor resized to
+    //   (1, 0, 3));
+    // - restrided in place over the same memory (transpose_, as_strided_);
+    // - a conjugate or negative bit set in place (linalg_lu_solve with
+    //   left=False conjugates its output by setting the bit).
     for (Alias& a : aliases) {
-      bool moved = a.host_view.numel() > 0 && a.host_view.data_ptr() != a.ptr;
-      if (!moved && a.host_view.sizes() == a.device_tensor.sizes()) continue;
-      a.device_tensor.resize_(a.host_view.sizes());
-      if (moved) a.device_tensor.copy_(a.host_view);
+      const at::Tensor& host = a.host_view;
+      at::Tensor& dev = a.device_tensor;
+      if (host.numel() > 0 && host.data_ptr() != a.ptr) {
+        dev.resize_(host.sizes());
+        dev.copy_(host);  // resolves the host's bits into dev's values
+        continue;
+      }
+      if (host.numel() == 0) {
+        if (host.sizes() != dev.sizes()) dev.resize_(host.sizes());
+      } else if (host.sizes() != dev.sizes() || host.strides() != dev.strides() ||
+                 host.storage_offset() != 0) {
+        dev.as_strided_(host.sizes(), host.strides(), dev.storage_offset() + host.storage_offset());
+      }
+      if (dev.is_conj() != host.is_conj()) dev._set_conj(host.is_conj());
+      if (dev.is_neg() != host.is_neg()) dev._set_neg(host.is_neg());
     }
     return true;
   }
@@ -851,15 +889,42 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Fallback<R>::get().run(op, stack);
 }
 
-// Sparse layouts (COO, CSR and the other compressed ones) have no kernels on
-// a generated backend, and PyTorch's sparse kernels are per device: every
-// operator on them raises NotImplementedError naming the backend and the
-// operator, instead of PyTorch's generic "could not run ... Sparse<name>".
+// Note [CPU kernels over composites]: an operator that has both a CPU
+// kernel and a composite one (CompositeExplicitAutograd or
+// CompositeImplicitAutograd) runs the composite on a backend without a
+// kernel of its own, not the fallback. For native_layer_norm and
+// native_group_norm the composite is a decomposition through batch_norm,
+// which rounds differently from the CPU's fused kernel in reduced precision
+// (bfloat16 layer_norm was 0.125 off). These operators are routed to the
+// fallback, so that the backend computes with the CPU's kernel as it does
+// for every other operator it lacks, and autograd treats them as on the
+// CPU. The set is read from the dispatcher at registration (it differs
+// between PyTorch versions: 14 operators in 2.13); an operator that already
+// has a kernel for the backend keeps it, so register the vendor's kernels
+// before ACCELKIT_REGISTER_BACKEND or they override these with PyTorch's
+// warning.
+template <class R>
+void register_cpu_kernels_over_composites(torch::Library& m) {
+  using c10::DispatchKey;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  const std::string prefix = "aten::";
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    if (name.name.compare(0, prefix.size(), prefix) != 0) continue;
+    std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
+    if (!op || !op->hasKernelForDispatchKey(DispatchKey::CPU) ||
+        op->hasKernelForDispatchKey(DispatchKey::PrivateUse1) ||
+        !(op->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
+          op->hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd)))
+      continue;
+    std::string short_name = name.name.substr(prefix.size());
+    if (!name.overload_name.empty()) short_name += "." + name.overload_name;
+    m.impl(short_name.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback<R>>());
+  }
+}
+
 template <class R>
 void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack*) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false, R::name, ": sparse tensors are not supported on ", R::name,
-                              " (operator ", op.schema().operator_name(),
-                              "); use a strided tensor, or a sparse tensor on the CPU");
+  refuse_sparse<R>(op);
 }
 
 // storage.resize_(n): new memory of exactly n bytes, keeping the prefix.

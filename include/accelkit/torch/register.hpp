@@ -138,7 +138,7 @@ ACCELKIT_END_NAMESPACE
 // once, at namespace scope, in one .cpp file of the vendor's extension.
 #define ACCELKIT_REGISTER_BACKEND(R)                                                            \
   C10_REGISTER_GUARD_IMPL(PrivateUse1, ::accelkit::torch_adapter::GuardImpl<R>);              \
-  TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { ::accelkit::torch_adapter::register_aten_ops<R>(m); ::accelkit::torch_adapter::register_host_kernels<R>(m); } \
+  TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { ::accelkit::torch_adapter::register_aten_ops<R>(m); ::accelkit::torch_adapter::register_host_kernels<R>(m); ::accelkit::torch_adapter::register_cpu_kernels_over_composites<R>(m); } \
   TORCH_LIBRARY_IMPL(aten, Conjugate, m) { ::accelkit::torch_adapter::register_math_bit_fallthroughs(m); } \
   TORCH_LIBRARY_IMPL(aten, Negative, m) { ::accelkit::torch_adapter::register_math_bit_fallthroughs(m); } \
   TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {                                               \
