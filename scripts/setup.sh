@@ -2,7 +2,8 @@
 # Installs what accelkit's build needs, configures and builds it. Sourced by
 # scripts/demo and scripts/test; each step is skipped when already done.
 #   Debian packages: cmake, g++, ninja, ccache, fmt, Catch2
-#   .venv:           torch==2.13.0 (the CPU wheel on this machine), pytest, numpy
+#   .venv:           torch==2.13.0 (the CPU wheel on this machine), pytest, numpy,
+#                    expecttest (PyTorch's operator database needs it)
 #   build/:          configured with Ninja and ccache, then built
 set -euo pipefail
 
@@ -36,14 +37,14 @@ install_venv() {
   if ! "$py" - "$TORCH_VERSION" <<'PY' 2>/dev/null
 import sys, importlib.metadata as m
 assert m.version("torch").split("+")[0] == sys.argv[1]
-m.version("pytest"); m.version("numpy")
+m.version("pytest"); m.version("numpy"); m.version("expecttest")
 PY
   then
     # Pinned: this version is the CPU wheel on this machine's disk; any other
     # pulls a CUDA build of several GB.
-    log "installing torch==$TORCH_VERSION, pytest and numpy into $ACCELKIT_VENV"
+    log "installing torch==$TORCH_VERSION, pytest, numpy and expecttest into $ACCELKIT_VENV"
     "$ACCELKIT_VENV/bin/pip" install -q --disable-pip-version-check \
-      "torch==$TORCH_VERSION" pytest numpy
+      "torch==$TORCH_VERSION" pytest numpy expecttest
   fi
 }
 

@@ -1,187 +1,142 @@
-"""PyTorch's own operator samples on the device against the CPU (issue 13).
+"""PyTorch's own operator samples on a backend against the CPU (issue 13).
 
-    python tests/opinfo/compare_cpu.py [--dtype float32] [--samples 2] [--ops a,b] [--jobs 2]
+    python tests/opinfo/compare_cpu.py [--backend simdev] [--dtypes float32,...]
+        [--directions forward,backward] [--samples 1] [--ops a,b] [--jobs 2]
 
 For every OpInfo of the wheel's op_db (torch.testing._internal.
-common_methods_invocations; importing it needs `expecttest`) that supports
-the dtype on the CPU: the first samples are made on the device and copied
-to the CPU (as PyTorch's test_compare_cpu does), the operator run on both,
-and every tensor output compared
-(torch.testing.assert_close with the OpInfo's tolerances), forward only for
-now. Operators run in child processes in chunks; each reports its operator
-before running it, so that a crash is charged to its operator. Prints the
-tally and the failures.
-
-A first version: not yet part of the test command (no known-differences
-list yet); see the session note on issue 13.
+common_methods_invocations; importing it needs `expecttest`) and every dtype
+asked for that the backend reports (its capability schema's `dtypes`) and
+the CPU supports for the operator: forward outputs and, where the operator
+has a CPU backward for the dtype, gradients, compared with the CPU's
+(opinfo_child.py says how). Operators run in child processes, several items
+each, restarted past an item that crashes or hangs, which is charged to that
+item. tests/opinfo/test_opinfo.py runs it under pytest against the list of
+known differences; run directly, it prints every failure and the tally.
 """
 import argparse
 import concurrent.futures
 import json
+import math
 import os
 import subprocess
 import sys
 import time
 
-CHILD = r'''
+HERE = os.path.dirname(os.path.abspath(__file__))
+DTYPES = ["float32", "float16", "bfloat16", "int64", "bool", "complex64"]
+
+LISTING = r'''
 import json, sys, warnings
 warnings.simplefilter("ignore")
-import torch, torch_simdev
+import torch
+backend = sys.argv[1]
+__import__("torch_" + backend)
 from torch.testing._internal.common_methods_invocations import op_db
-
-dtype = getattr(torch, sys.argv[1]); samples = int(sys.argv[2]); names = sys.argv[3].split(",")
-ops = {o.name + ("." + o.variant_test_name if o.variant_test_name else ""): o for o in op_db}
-
-
-def to_cpu(x):
-    if isinstance(x, torch.Tensor):
-        return x.detach().cpu()
-    if isinstance(x, torch.device) or (isinstance(x, str) and x.startswith("simdev")):
-        return "cpu"
-    if isinstance(x, (list, tuple)):
-        return type(x)(to_cpu(e) for e in x)
-    if isinstance(x, dict):
-        return {k: to_cpu(v) for k, v in x.items()}
-    return x
-
-
-def tensors(x):
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for e in x for t in tensors(e)]
-    return []
-
-
-from torch.testing._internal.opinfo.core import DecorateInfo
-
-
-from torch.testing._internal.common_device_type import toleranceOverride
-
-
-def compare_cpu_decorators(op):
-    for d in op.decorators:
-        if isinstance(d, DecorateInfo) and d.test_name == "test_compare_cpu" \
-                and d.device_type in (None, "privateuse1") \
-                and (d.dtypes is None or dtype in d.dtypes):
-            yield from d.decorators
-
-
-def pytorch_excludes(op):
-    # PyTorch's own skips and expected failures of test_compare_cpu for
-    # every device (nondeterministic results such as empty(), comparisons
-    # that cannot hold such as as_strided on a CPU copy's storage).
-    return any(not isinstance(d, toleranceOverride) for d in compare_cpu_decorators(op))
-
-
-def tolerance(op):
-    # PyTorch's own tolerance for test_compare_cpu, if it sets one.
-    for d in compare_cpu_decorators(op):
-        if isinstance(d, toleranceOverride) and dtype in d.d:
-            return {"atol": d.d[dtype].atol, "rtol": d.d[dtype].rtol}
-    return {}
-
-
-for name in names:
-    op = ops[name]
-    print("START " + name, flush=True)
-    status, message = "match", ""
-    if name.startswith("jiterator_"):
-        print("RESULT " + json.dumps({"op": name, "status": "cuda-only", "message": "Jiterator"}), flush=True)
-        continue
-    if pytorch_excludes(op):
-        print("RESULT " + json.dumps({"op": name, "status": "excluded", "message": "by PyTorch"}), flush=True)
-        continue
-    try:
-        # As PyTorch's test_compare_cpu: samples made on the device, a CPU
-        # copy of each (factory operators get device="cpu").
-        it = op.sample_inputs("simdev", dtype, requires_grad=False)
-        for i, s in enumerate(it):
-            if i >= samples:
-                break
-            cpu_input, cpu_args, cpu_kwargs = to_cpu(s.input), to_cpu(s.args), to_cpu(s.kwargs)
-            torch.manual_seed(0)
-            got = op(s.input, *s.args, **s.kwargs)
-            torch.manual_seed(0)
-            want = op(cpu_input, *cpu_args, **cpu_kwargs)
-            w, g = tensors(want), tensors(got)
-            if len(w) != len(g):
-                raise AssertionError(f"{len(g)} outputs on the device, {len(w)} on the CPU")
-            for a, b in zip(w, g):
-                if a.device.type == "cpu" and b.device.type != "simdev":
-                    raise AssertionError(f"an output is on {b.device}, not on the device")
-                torch.testing.assert_close(b.cpu(), a, equal_nan=True, check_device=False,
-                                           check_stride=False, **tolerance(op))
-    except Exception as e:  # noqa: BLE001
-        status, message = "differs", f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
-    print("RESULT " + json.dumps({"op": name, "status": status, "message": message}), flush=True)
+props = getattr(torch, backend).get_device_properties(0)
+items = {}
+for name in sys.argv[2].split(","):
+    d = getattr(torch, name)
+    items[name] = {
+        "forward": [o.name + ("." + o.variant_test_name if o.variant_test_name else "")
+                    for o in op_db if d in o.supported_dtypes("cpu")],
+        "backward": [o.name + ("." + o.variant_test_name if o.variant_test_name else "")
+                     for o in op_db if o.supports_autograd and d in o.supported_backward_dtypes("cpu")],
+    }
+print(json.dumps({"dtypes": props["dtypes"], "host_visible_memory": props["host_visible_memory"],
+                  "items": items}))
 '''
 
 
-def run_chunk(chunk, dtype, samples, timeout, env):
+def environment():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def listing(backend, dtypes):
+    """The backend's dtypes and memory mode, and the operators per dtype
+    and direction that the CPU supports."""
+    p = subprocess.run([sys.executable, "-c", LISTING, backend, ",".join(dtypes)],
+                       capture_output=True, text=True, env=environment())
+    if p.returncode != 0:
+        raise RuntimeError(f"listing the operators failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def run_chunk(backend, chunk, samples, timeout):
     results, remaining = {}, list(chunk)
     while remaining:
+        command = [sys.executable, os.path.join(HERE, "opinfo_child.py"), backend, str(samples), *remaining]
         try:
-            p = subprocess.run([sys.executable, "-c", CHILD, dtype, str(samples), ",".join(remaining)],
-                               capture_output=True, text=True, env=env, timeout=timeout)
-            out, crashed = p.stdout, p.returncode != 0
+            p = subprocess.run(command, capture_output=True, text=True, env=environment(), timeout=timeout)
+            out, ended = p.stdout, (f"the process died ({p.returncode})" if p.returncode else "")
         except subprocess.TimeoutExpired as e:
             out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-            crashed = True
+            ended = f"timed out ({timeout:.0f} s for its chunk)"
         started = None
         for line in out.splitlines():
             if line.startswith("START "):
                 started = line[6:]
             elif line.startswith("RESULT "):
                 r = json.loads(line[7:])
-                results[r["op"]] = r
+                results[r["item"]] = r
                 started = None
-        done = [n for n in remaining if n in results]
-        if crashed:
-            victim = started or remaining[len(done)]
-            results[victim] = {"op": victim, "status": "crash", "message": "the process died"}
+        if ended:
+            victim = started or next(n for n in remaining if n not in results)
+            results[victim] = {"item": victim, "status": "crash", "message": ended}
         remaining = [n for n in remaining if n not in results]
     return results
 
 
+def run(backend, items, samples=1, jobs=2, timeout=600):
+    """{item: {"item", "status", "message"}} for items "op|dtype|direction";
+    status is match, differs, crash or "not compared"."""
+    per = max(1, math.ceil(len(items) / (jobs * 3)))
+    chunks = [items[i:i + per] for i in range(0, len(items), per)]
+    results = {}
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        for r in pool.map(lambda c: run_chunk(backend, c, samples, timeout), chunks):
+            results.update(r)
+    return results
+
+
+def items_for(found, dtypes, directions, ops=None):
+    out = []
+    for d in dtypes:
+        for direction in directions:
+            out += [f"{name}|{d}|{direction}" for name in found["items"][d][direction]
+                    if not ops or name in ops]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--samples", type=int, default=2)
+    ap.add_argument("--backend", default="simdev")
+    ap.add_argument("--dtypes", default=",".join(DTYPES))
+    ap.add_argument("--directions", default="forward,backward")
+    ap.add_argument("--samples", type=int, default=1)
     ap.add_argument("--ops", default="")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--chunk", type=int, default=60)
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    listing = subprocess.run(
-        [sys.executable, "-c",
-         "import torch, torch_simdev, sys\n"
-         "from torch.testing._internal.common_methods_invocations import op_db\n"
-         f"d = getattr(torch, '{args.dtype}')\n"
-         "print('\\n'.join(o.name + ('.' + o.variant_test_name if o.variant_test_name else '') "
-         "for o in op_db if d in o.supported_dtypes('cpu')))"],
-        capture_output=True, text=True, env=env, check=True).stdout.split()
-    names = [n for n in listing if not args.ops or n in args.ops.split(",")]
-    chunks = [names[i:i + args.chunk] for i in range(0, len(names), args.chunk)]
+    dtypes = args.dtypes.split(",")
+    found = listing(args.backend, dtypes)
+    dtypes = [d for d in dtypes if d in found["dtypes"]]
+    directions = args.directions.split(",")
+    items = items_for(found, dtypes, directions, set(args.ops.split(",")) if args.ops else None)
     t0 = time.monotonic()
-    results = {}
-    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        for r in pool.map(lambda c: run_chunk(c, args.dtype, args.samples, args.timeout, env), chunks):
-            results.update(r)
-    tally = {"match": 0, "differs": 0, "crash": 0, "excluded": 0, "cuda-only": 0}
-    for r in results.values():
-        tally[r["status"]] += 1
-    for name in names:
-        r = results[name]
-        if r["status"] in ("differs", "crash"):
-            print(f"{r['status']:8} {name}: {r['message']}")
-    memory = "host-visible" if os.environ.get("SIMDEV_HOST_VISIBLE", "1") == "1" else "hidden"
-    print(f"{args.dtype}, forward, {memory} memory, {args.samples} samples: {len(names)} operators, "
-          f"{tally['match']} match, {tally['differs']} differ, {tally['crash']} crash, "
-          f"{tally['excluded']} excluded by PyTorch's own test_compare_cpu, "
-          f"{tally['cuda-only']} CUDA-only "
-          f"({time.monotonic() - t0:.0f} s)")
+    results = run(args.backend, items, args.samples, args.jobs, args.timeout)
+    for item in items:
+        r = results[item]
+        if r["status"] != "match":
+            print(f"{r['status']:8} {item}: {r['message']}")
+    memory = "host-visible" if found["host_visible_memory"] else "hidden"
+    for d in dtypes:
+        for direction in directions:
+            rs = [r for i, r in results.items() if i.split("|")[1:] == [d, direction]]
+            count = {s: sum(r["status"] == s for r in rs) for s in ("match", "differs", "crash", "not compared")}
+            print(f"{d} {direction}, {memory} memory, {args.samples} samples: {len(rs)} operators, "
+                  f"{count['match']} match, {count['differs']} differ, {count['crash']} crash, "
+                  f"{count['not compared']} not compared")
+    print(f"({time.monotonic() - t0:.0f} s)")
     return 0
 
 

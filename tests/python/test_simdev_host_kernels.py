@@ -58,6 +58,10 @@ CASES = {
     "sum dim 1 keepdim": (lambda a: a.sum(1, keepdim=True), A),
     "sum all": (lambda a: a.sum(), A),
     "sum to double": (lambda a: a.sum(0, dtype=torch.float64), A),
+    # The CPU sums Half and BFloat16 over two reduced dimensions through a
+    # float buffer, but only for CPU tensors (they take the fallback).
+    "sum of half over dims (1, 3)": (lambda x: (x * 8).half().sum((1, 3)), X4),
+    "sum of bfloat16 over dims (0, 2) keepdim": (lambda x: (x * 8).bfloat16().sum((0, 2), keepdim=True), X4),
     "mm": (lambda a, w: a @ w.t(), A, W),
     # The CPU kernel writes a temporary and copies it into the strided out: a
     # device-to-device copy issued inside the host kernel.

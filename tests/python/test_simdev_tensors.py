@@ -597,3 +597,25 @@ def test_a_kernel_that_conjugates_its_output_by_the_bit_is_followed_on_the_devic
     out = torch.empty(want.shape, dtype=want.dtype, device="simdev")
     torch.linalg.lu_solve(lu.to("simdev"), piv.to("simdev"), b.to("simdev"), left=left, out=out)
     assert torch.allclose(out.cpu(), want, atol=1e-5)
+
+
+def test_fallen_back_operators_see_and_return_the_cpus_layouts():
+    # Note [Layout-keeping fallback]: linalg_lstsq returns its solution as a
+    # slice of a larger buffer, and later BLAS calls round differently on a
+    # compacted copy; a conjugate view must reach the CPU kernel as one (the
+    # gradient of householder_product was off without host-visible memory).
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 3, dtype=torch.complex64), torch.randn(4, 3, dtype=torch.complex64)
+    want = torch.linalg.lstsq(a, b).solution
+    got = torch.linalg.lstsq(a.to("simdev"), b.to("simdev")).solution
+    assert got.stride() == want.stride()
+    assert torch.equal(got.cpu(), want)
+    x, tau = torch.randn(5, 5, dtype=torch.complex64), torch.randn(5, dtype=torch.complex64)
+    go = torch.randn(5, 5, dtype=torch.complex64)
+    grads = []
+    for device in ("cpu", "simdev"):
+        xs, ts = x.to(device).requires_grad_(), tau.to(device).requires_grad_()
+        out = torch.linalg.householder_product(xs, ts)
+        grads.append([g.cpu() for g in torch.autograd.grad(out, (xs, ts), go.to(device))])
+    for want, got in zip(*grads):
+        assert torch.equal(got, want)

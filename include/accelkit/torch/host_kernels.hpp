@@ -380,6 +380,24 @@ struct Mean {
   }
 };
 
+// sum.IntList_out. The CPU's sum of Half and BFloat16 over two or more
+// reduced dimensions accumulates through a float buffer only when its
+// iterator's device is the CPU (should_use_acc_buffer), so on device tensors
+// it would round differently; those dtypes take the fallback, whose CPU
+// aliases take the CPU's path.
+template <class R>
+struct Sum {
+  using Op = at::_ops::sum_IntList_out;
+  static at::Tensor& call(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                          std::optional<at::ScalarType> dtype, at::Tensor& out) {
+    if (at::isReducedFloatingType(self.scalar_type()) ||
+        at::isReducedFloatingType(out.scalar_type()))
+      return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(self, dim, keepdim,
+                                                                         dtype, out);
+    return Kernel<R, Op, true>::call(self, dim, keepdim, dtype, out);
+  }
+};
+
 }  // namespace host
 
 // The operators with host kernels: those of a training step (linear layers,
@@ -421,7 +439,7 @@ void register_host_kernels(torch::Library& m) {
 #undef ACCELKIT_HOST_ARITHMETIC_OPS
     ACCELKIT_HOST_KERNEL("clamp_min.out", clamp_min_out, true);
     ACCELKIT_HOST_KERNEL("threshold_backward.grad_input", threshold_backward_grad_input, true);
-    ACCELKIT_HOST_KERNEL("sum.IntList_out", sum_IntList_out, true);
+    m.impl("sum.IntList_out", TORCH_FN(host::Sum<R>::call));
     ACCELKIT_HOST_FUNCTIONAL("clamp_min", clamp_min, structured_clamp_min_out);
     ACCELKIT_HOST_FUNCTIONAL("threshold_backward", threshold_backward,
                              structured_threshold_backward_out);

@@ -4,6 +4,7 @@
 
 #include <accelkit/torch/adapter.hpp>
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/native_dropout_backward_native.h>
@@ -515,7 +516,7 @@ class Fallback {
     std::optional<c10::Device> to_device = check_one_device(op, *stack, e.name);
     use_device_generator(op, *stack);
     auto t0 = std::chrono::steady_clock::now();
-    if (!zero_copy(op, *stack)) {
+    if (!on_cpu(op, *stack)) {
       at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
       if (to_device) results_to(op, *stack, *to_device);
     }
@@ -652,67 +653,111 @@ class Fallback {
   // place on that stream), every device tensor argument is replaced by a CPU
   // tensor viewing the same memory, and results that are those views are
   // mapped back to the device tensors. A new result (a functional operator's
-  // output) is copied to the device; an output the kernel had to reallocate
-  // is copied back into its device tensor. Operators with no device tensor,
-  // or with tensors of other devices or device types, take the copying path
-  // (at::native::cpu_fallback).
-  bool zero_copy(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+  // output) is copied to the device in the layout the kernel gave it.
+  //
+  // Note [Layout-keeping fallback]: without host-visible memory the same
+  // path runs on copies: each device tensor argument's memory, from its
+  // first element to its last, is copied to the CPU and viewed there with
+  // the tensor's own strides, offset and math bits; the arguments the
+  // operator writes are copied back afterwards. The CPU kernel thus sees
+  // exactly the layouts it would see on the CPU (a conjugate view stays
+  // one, a transposed slice stays one), and computes bit for bit as there;
+  // a copy that resolved them would let BLAS round differently. Arguments
+  // that view less than a quarter of a range above 1 MiB take the
+  // compacting copy of at::native::cpu_fallback instead, as do
+  // operators with no device tensor, or with tensors of other devices or
+  // device types.
+  bool on_cpu(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
     // A result that aliases an input (a view) cannot be mapped back; such
     // operators take at::native::cpu_fallback, which refuses them clearly.
     for (const c10::Argument& r : op.schema().returns())
       if (r.alias_info() && !r.alias_info()->isWrite()) return false;
-    std::size_t n = op.schema().arguments().size();
-    std::size_t first = stack.size() - n;
+    const auto& arguments = op.schema().arguments();
+    std::size_t first = stack.size() - arguments.size();
     std::optional<c10::Device> device;
-    for (std::size_t i = first; i < stack.size(); ++i) {
-      const c10::IValue& v = stack[i];
-      auto consider = [&](const at::Tensor& t) {
-        if (!t.defined() || t.device().type() != kDeviceType) return true;
-        if (!device) device = t.device();
-        return t.layout() == c10::kStrided && *device == t.device();
-      };
-      if (v.isTensor()) {
-        if (!consider(v.toTensor())) return false;
-      } else if (v.isTensorList()) {
-        for (const at::Tensor& t : v.toTensorVector())
-          if (!consider(t)) return false;
-      } else if (v.isList() || v.isDevice()) {
-        return false;  // optional-tensor lists and device arguments: copying path
+    auto each_tensor = [&](auto&& f) {
+      for (std::size_t i = first; i < stack.size(); ++i) {
+        const c10::IValue& v = stack[i];
+        if (v.isTensor()) {
+          if (!f(v.toTensor())) return false;
+        } else if (v.isTensorList()) {
+          for (const at::Tensor& t : v.toTensorVector())
+            if (!f(t)) return false;
+        } else if (v.isList() || v.isDevice()) {
+          return false;  // optional-tensor lists and device arguments: copying path
+        }
       }
-    }
-    if (!device) return false;
+      return true;
+    };
+    if (!each_tensor([&](const at::Tensor& t) {
+          if (!t.defined() || t.device().type() != kDeviceType) return true;
+          if (!device) device = t.device();
+          return t.layout() == c10::kStrided && *device == t.device();
+        }) ||
+        !device)
+      return false;
     device_index d = device->index();
-    if (!translated([&] { return Ops<R>::host_ready(d); })) return false;
+    bool visible = translated([&] { return Ops<R>::host_ready(d); });
+    // The bytes from a tensor's first element to its last.
+    auto extent = [](const at::Tensor& t) {
+      return at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.element_size());
+    };
+    if (!visible && !each_tensor([&](const at::Tensor& t) {
+          return !t.defined() || t.device().type() != kDeviceType || t.numel() == 0 ||
+                 extent(t) <= std::max<std::size_t>(4 * t.nbytes(), std::size_t{1} << 20);
+        }))
+      return false;
 
     struct Alias {
       at::Tensor device_tensor;
       at::Tensor host_view;
       void* ptr;
+      at::Tensor device_range;  // without host-visible memory: the range copied, if written
+      at::Tensor host_range;    // and its copy
     };
     std::vector<Alias> aliases;
-    // A CPU tensor over the same memory, whose storage the CPU kernel may
-    // still resize (onto new CPU memory, copied back afterwards).
+    // A CPU tensor over the same memory (or a copy of it), whose storage the
+    // CPU kernel may still resize (onto new CPU memory, copied back
+    // afterwards).
+    // The tensors the operator writes (out= and in-place arguments).
+    std::set<const c10::TensorImpl*> written;
+    for (std::size_t i = first; i < stack.size(); ++i) {
+      const c10::AliasInfo* info = arguments[i - first].alias_info();
+      if (!info || !info->isWrite()) continue;
+      if (stack[i].isTensor()) written.insert(stack[i].toTensor().unsafeGetTensorImpl());
+      if (stack[i].isTensorList())
+        for (const at::Tensor& t : stack[i].toTensorVector()) written.insert(t.unsafeGetTensorImpl());
+    }
     auto alias_of = [&](const at::Tensor& t) -> at::Tensor {
       if (!t.defined() || t.device().type() != kDeviceType) return t;
-      at::Tensor view;
+      for (const Alias& a : aliases)  // one tensor passed twice (x.mul_(x)): one view
+        if (a.device_tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return a.host_view;
+      at::Tensor view, device_range, host_range;
       if (t.numel() == 0) {
         view = at::empty(t.sizes(), t.options().device(at::kCPU));
-      } else {
-        std::size_t bytes = at::detail::computeStorageNbytes(t.sizes(), t.strides(),
-                                                             t.element_size());
-        c10::Storage storage(c10::Storage::use_byte_size_t(), bytes,
+      } else if (visible) {
+        c10::Storage storage(c10::Storage::use_byte_size_t(), extent(t),
                              c10::DataPtr(t.data_ptr(), c10::Device(c10::kCPU)),
                              c10::GetCPUAllocator(), /*resizable=*/true);
         view = at::detail::make_tensor<c10::TensorImpl>(
             std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
         view.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides());
+      } else {
+        // The range as plain values (no math bits), one contiguous copy.
+        at::Tensor raw = at::alias(t);
+        raw._set_conj(false);
+        raw._set_neg(false);
+        device_range = raw.as_strided({static_cast<int64_t>(extent(t) / t.element_size())}, {1});
+        host_range = device_range.to(at::kCPU);
+        view = host_range.as_strided(t.sizes(), t.strides());
+        if (!written.count(t.unsafeGetTensorImpl())) device_range = host_range = at::Tensor();
       }
       // Operators that take lazily conjugated or negated inputs as they are
       // (dot, vdot, ...: the Conjugate key falls through for them) read the
       // same bits on the CPU alias (Note [Math bits in copies]).
       view._set_conj(t.is_conj());
       view._set_neg(t.is_neg());
-      aliases.push_back({t, view, view.data_ptr()});
+      aliases.push_back({t, view, view.data_ptr(), device_range, host_range});
       return view;
     };
     for (std::size_t i = first; i < stack.size(); ++i) {
@@ -736,11 +781,11 @@ class Fallback {
         return a.host_view.unsafeGetTensorImpl() == out.unsafeGetTensorImpl();
       });
       v = same != aliases.end() ? c10::IValue(same->device_tensor)
-                                : c10::IValue(out.defined() ? out.to(*device) : out);
+                                : c10::IValue(to_device(out, *device));
     }
-    // What the kernel did to an argument's metadata, the device tensor must
-    // take too:
-    // - resized onto new CPU memory: values copied back;
+    // What the kernel did to an argument, the device tensor must take too:
+    // - resized onto new CPU memory: new device memory in the same layout;
+    // - without host-visible memory, values written: the range copied back;
     // - another shape without elements (a (0,) out= tensor resized to
     //   (1, 0, 3));
     // - restrided in place over the same memory (transpose_, as_strided_);
@@ -750,10 +795,10 @@ class Fallback {
       const at::Tensor& host = a.host_view;
       at::Tensor& dev = a.device_tensor;
       if (host.numel() > 0 && host.data_ptr() != a.ptr) {
-        dev.resize_(host.sizes());
-        dev.copy_(host);  // resolves the host's bits into dev's values
+        dev.set_(to_device(host, dev.device()));  // in the kernel's layout
         continue;
       }
+      if (a.device_range.defined()) a.device_range.copy_(a.host_range);
       if (host.numel() == 0) {
         if (host.sizes() != dev.sizes()) dev.resize_(host.sizes());
       } else if (host.sizes() != dev.sizes() || host.strides() != dev.strides() ||
@@ -844,6 +889,20 @@ class Fallback {
   }
 
   // Moves the new (non-aliasing) tensor results on the CPU to `device`.
+  // A new CPU result on the device, in the CPU kernel's layout. .to() would
+  // compact a result that is not dense (linalg_lstsq returns its solution
+  // as a slice of a bigger buffer), and a later kernel on another layout may
+  // round differently (BLAS); such a result keeps its strides.
+  static at::Tensor to_device(const at::Tensor& t, c10::Device device) {
+    if (!t.defined()) return t;
+    if (t.layout() != c10::kStrided || t.is_non_overlapping_and_dense() ||
+        at::has_internal_overlap(t) == at::MemOverlap::Yes)
+      return t.to(device);
+    at::Tensor out = at::empty_strided(t.sizes(), t.strides(), t.options().device(device));
+    out.copy_(t);
+    return out;
+  }
+
   static void results_to(const c10::OperatorHandle& op, torch::jit::Stack& stack,
                          c10::Device device) {
     const auto& returns = op.schema().returns();
@@ -852,7 +911,7 @@ class Fallback {
       c10::IValue& v = stack[first + i];
       if (returns[i].alias_info() || !v.isTensor()) continue;
       const at::Tensor& t = v.toTensor();
-      if (t.defined() && t.device().is_cpu()) v = t.to(device);
+      if (t.defined() && t.device().is_cpu()) v = to_device(t, device);
     }
   }
 

@@ -1,0 +1,238 @@
+"""One child of the OpInfo comparison (compare_cpu.py starts it).
+
+    python opinfo_child.py BACKEND SAMPLES ITEM...
+
+Each ITEM is "operator|dtype|direction" (direction: forward or backward).
+For each it prints "START item" before running it, so that a crash is
+charged to that item, and "RESULT {json}" after.
+
+forward, as PyTorch's test_compare_cpu: the first SAMPLES samples are made
+on the device, each copied to the CPU, the operator run on both (seeded
+alike) and every tensor output compared with torch.testing.assert_close
+(PyTorch's own test_compare_cpu tolerances where it sets them, else
+assert_close's for the dtype).
+
+backward: the samples are made with requires_grad, the operator run through
+its OpInfo gradcheck wrapper on both, and the gradients of every input that
+requires one, for the same random output gradients, compared the same way.
+
+Where PyTorch skips or expects test_compare_cpu to fail for every device,
+its reason decides: outputs it calls non-deterministic or undefined are
+checked for shape, dtype and device only; anything else is compared fully.
+An operator that raises on the CPU must raise the same exception type on
+the device.
+"""
+import json
+import sys
+import warnings
+
+warnings.simplefilter("ignore")
+
+import torch  # noqa: E402
+from torch.testing._internal.common_device_type import toleranceOverride  # noqa: E402
+from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
+from torch.testing._internal.opinfo.core import DecorateInfo  # noqa: E402
+
+BACKEND = sys.argv[1]
+SAMPLES = int(sys.argv[2])
+__import__("torch_" + BACKEND)
+OPS = {o.name + ("." + o.variant_test_name if o.variant_test_name else ""): o for o in op_db}
+
+
+def to_cpu(x):
+    if isinstance(x, torch.Tensor):
+        c = x.detach().cpu()
+        return c.requires_grad_() if x.requires_grad else c
+    if isinstance(x, torch.device) or (isinstance(x, str) and x.startswith(BACKEND)):
+        return "cpu"
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_cpu(e) for e in x)
+    if isinstance(x, dict):
+        return {k: to_cpu(v) for k, v in x.items()}
+    return x
+
+
+def tensors(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for e in x for t in tensors(e)]
+    if isinstance(x, dict):
+        return [t for e in x.values() for t in tensors(e)]
+    return []
+
+
+def compare_cpu_decorators(op, dtype):
+    for d in op.decorators:
+        if isinstance(d, DecorateInfo) and d.test_name == "test_compare_cpu" \
+                and d.device_type in (None, "privateuse1") \
+                and (d.dtypes is None or dtype in d.dtypes):
+            yield from d.decorators
+
+
+# PyTorch skips test_compare_cpu for empty_strided without a reason; its
+# output is uninitialized memory, as empty's (which says so).
+UNINITIALIZED = {"empty_strided"}
+
+
+def metadata_only(op, dtype):
+    """PyTorch's own reason for skipping the comparison says that the values
+    cannot agree (random draws, uninitialized memory, undefined overflow)."""
+    if op.name in UNINITIALIZED:
+        return True
+    for d in compare_cpu_decorators(op, dtype):
+        if isinstance(d, toleranceOverride):
+            continue
+        reasons = [c.cell_contents for c in (getattr(d, "__closure__", None) or ())
+                   if isinstance(c.cell_contents, str)]
+        if any(w in r for r in reasons for w in ("non-deterministic", "undefined")):
+            return True
+    return False
+
+
+def tolerance(op, dtype):
+    for d in compare_cpu_decorators(op, dtype):
+        if isinstance(d, toleranceOverride) and dtype in d.d:
+            return {"atol": d.d[dtype].atol, "rtol": d.d[dtype].rtol}
+    return {}
+
+
+def named_device(x):
+    """The device type a sample names (factory operators), if any."""
+    if isinstance(x, (torch.device, str)) and str(x).split(":")[0] in ("cpu", BACKEND):
+        return str(x).split(":")[0]
+    for e in (x if isinstance(x, (list, tuple)) else x.values() if isinstance(x, dict) else ()):
+        if named_device(e):
+            return named_device(e)
+    return None
+
+
+def compare(want, got, op, dtype, what, on_device=True):
+    w, g = tensors(want), tensors(got)
+    if len(w) != len(g):
+        raise AssertionError(f"{what}: {len(g)} tensors on the device, {len(w)} on the CPU")
+    for i, (a, b) in enumerate(zip(w, g)):
+        expected = BACKEND if a.device.type == "cpu" and on_device else a.device.type
+        if b.device.type != expected:
+            raise AssertionError(f"{what} {i} is on {b.device}, expected {expected}")
+        if metadata_only(op, dtype):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise AssertionError(f"{what} {i}: {tuple(b.shape)} {b.dtype} on the device, "
+                                     f"{tuple(a.shape)} {a.dtype} on the CPU")
+            continue
+        torch.testing.assert_close(b.detach().cpu(), a.detach(), equal_nan=True,
+                                   check_device=False, check_stride=False,
+                                   msg=lambda m, i=i: f"{what} {i}: {m}", **tolerance(op, dtype))
+
+
+def outcome(f):
+    """(value, None) or (None, exception)."""
+    try:
+        return f(), None
+    except Exception as e:  # noqa: BLE001
+        return None, e
+
+
+def same_errors(got_error, want_error, what):
+    if want_error is None and got_error is None:
+        return False
+    if want_error is None:
+        raise got_error
+    if got_error is None:
+        raise AssertionError(f"{what} raised {type(want_error).__name__} on the CPU, nothing on the device")
+    if type(got_error) is not type(want_error):
+        raise AssertionError(f"{what} raised {type(got_error).__name__} on the device, "
+                             f"{type(want_error).__name__} on the CPU: {got_error}")
+    return True
+
+
+def forward(op, dtype):
+    compared = 0
+    torch.manual_seed(0)  # the same samples every run
+    for i, s in enumerate(op.sample_inputs(BACKEND, dtype, requires_grad=False)):
+        if i >= SAMPLES:
+            break
+        c_input, c_args, c_kwargs = to_cpu(s.input), to_cpu(s.args), to_cpu(s.kwargs)
+        torch.manual_seed(0)
+        got, got_error = outcome(lambda: op(s.input, *s.args, **s.kwargs))
+        torch.manual_seed(0)
+        want, want_error = outcome(lambda: op(c_input, *c_args, **c_kwargs))
+        if same_errors(got_error, want_error, "the operator"):
+            continue
+        # On the device a sample names, else on the device if it has a
+        # device tensor (torch.arange(2) is on the default device, the CPU).
+        sample = [s.input, s.args, s.kwargs]
+        named = named_device(sample)
+        on_device = named == BACKEND if named else any(t.device.type == BACKEND for t in tensors(sample))
+        compare(want, got, op, dtype, "output", on_device)
+        compared += 1
+    return compared
+
+
+def backward(op, dtype):
+    compared = 0
+    torch.manual_seed(0)  # the same samples every run
+    for i, s in enumerate(op.sample_inputs(BACKEND, dtype, requires_grad=True)):
+        if i >= SAMPLES:
+            break
+        c_input, c_args, c_kwargs = to_cpu(s.input), to_cpu(s.args), to_cpu(s.kwargs)
+        # Gradients of the inputs that require them; not of a view whose base
+        # requires one (some samples pass such a window: its gradient goes to
+        # the base, which the CPU copy, a plain tensor, does not have).
+        pairs = [(t, c) for t, c in zip(tensors([s.input, s.args, s.kwargs]),
+                                        tensors([c_input, c_args, c_kwargs]))
+                 if t.requires_grad and t._base is None]
+        leaves, c_leaves = [t for t, _ in pairs], [c for _, c in pairs]
+        # As PyTorch's gradient tests: the OpInfo's wrapper around its
+        # function, and the sample's output_process_fn_grad (which keeps what
+        # is well defined: no eigenvector phases).
+        f = op.get_op()
+        torch.manual_seed(0)
+        got, got_error = outcome(lambda: s.output_process_fn_grad(
+            op.gradcheck_wrapper(f, s.input, *s.args, **s.kwargs)))
+        torch.manual_seed(0)
+        want, want_error = outcome(lambda: s.output_process_fn_grad(
+            op.gradcheck_wrapper(f, c_input, *c_args, **c_kwargs)))
+        if same_errors(got_error, want_error, "the operator"):
+            continue
+        outs = [t for t in tensors(got) if t.requires_grad]
+        c_outs = [t for t in tensors(want) if t.requires_grad]
+        if len(outs) != len(c_outs):
+            raise AssertionError(f"{len(outs)} differentiable outputs on the device, {len(c_outs)} on the CPU")
+        if not outs or not leaves:
+            continue
+        torch.manual_seed(1)
+        c_grads_out = [torch.randn_like(t) for t in c_outs]
+        grads_out = [g.to(t.device) for g, t in zip(c_grads_out, outs)]
+        grads, got_error = outcome(lambda: torch.autograd.grad(outs, leaves, grads_out, allow_unused=True))
+        c_grads, want_error = outcome(lambda: torch.autograd.grad(c_outs, c_leaves, c_grads_out, allow_unused=True))
+        if same_errors(got_error, want_error, "the backward"):
+            continue
+        for j, (a, b) in enumerate(zip(c_grads, grads)):
+            if (a is None) != (b is None):
+                raise AssertionError(f"gradient {j}: {'none' if b is None else 'one'} on the device, "
+                                     f"{'none' if a is None else 'one'} on the CPU")
+            if a is not None:
+                compare(a, b, op, dtype, f"gradient {j}")
+        compared += 1
+    return compared
+
+
+def first_line(e):
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:200] if text else ''}"
+
+
+for item in sys.argv[3:]:
+    name, dtype_name, direction = item.split("|")
+    op, dtype = OPS[name], getattr(torch, dtype_name)
+    print("START " + item, flush=True)
+    result = {"item": item, "status": "match", "message": ""}
+    try:
+        if name.startswith("jiterator_"):
+            result.update(status="not compared", message="a CUDA-only (Jiterator) operator")
+        elif (forward if direction == "forward" else backward)(op, dtype) == 0:
+            result.update(status="not compared", message="no sample to compare")
+    except Exception as e:  # noqa: BLE001
+        result.update(status="differs", message=first_line(e))
+    print("RESULT " + json.dumps(result), flush=True)

@@ -1,0 +1,83 @@
+"""PyTorch's own operator samples (op_db) on the backend against the CPU,
+forward and backward, for each dtype of DTYPES the backend reports (issue
+13). compare_cpu.py runs them, one operator at a time in child processes
+(a crash is charged to its operator); every difference must be on the list
+in known_differences.py, and every entry there must still differ somewhere
+it applies. The tally
+per dtype and direction is printed at the end of the run.
+
+    pytest tests/opinfo [--opinfo-samples N]   (default 4; the full sweep: 1000)
+
+The backend is ACCELKIT_OPINFO_BACKEND (default simdev, whose package
+torch_simdev must be importable); the memory mode is the backend's own
+(host_visible_memory of device 0), so run it once per mode."""
+import os
+import time
+
+import pytest
+
+import compare_cpu
+from conftest import TALLY
+from known_differences import KNOWN_DIFFERENCES, covers, known
+
+BACKEND = os.environ.get("ACCELKIT_OPINFO_BACKEND", "simdev")
+DIRECTIONS = ["forward", "backward"]
+# The list of known differences is what 4 samples per operator show (the
+# test command's count); with fewer, an entry may not show and is not stale.
+LISTED_AT = 4
+
+
+@pytest.fixture(scope="module")
+def sweep(request):
+    found = compare_cpu.listing(BACKEND, compare_cpu.DTYPES)
+    dtypes = [d for d in compare_cpu.DTYPES if d in found["dtypes"]]
+    items = compare_cpu.items_for(found, dtypes, DIRECTIONS)
+    samples = request.config.getoption("--opinfo-samples")
+    t0 = time.monotonic()
+    results = compare_cpu.run(BACKEND, items, samples=samples,
+                              jobs=request.config.getoption("--opinfo-jobs"), timeout=300)
+    memory = "host-visible" if found["host_visible_memory"] else "hidden"
+    TALLY.append(f"{BACKEND}, {memory} memory, {samples} sample(s) per operator, "
+                 f"{len(items)} cases in {time.monotonic() - t0:.0f} s:")
+    return found, dtypes, results, memory, samples
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("dtype", compare_cpu.DTYPES)
+def test_operators_match_the_cpu(sweep, dtype, direction):
+    found, dtypes, results, memory, samples = sweep
+    if dtype not in dtypes:
+        pytest.skip(f"{BACKEND} does not report {dtype}")
+    mine = {i.split("|")[0]: r for i, r in results.items() if i.split("|")[1:] == [dtype, direction]}
+    failures, listed = [], []
+    for op, r in sorted(mine.items()):
+        if r["status"] in ("differs", "crash"):
+            listed_for = known(op, dtype, direction, memory)
+            (listed if listed_for else failures).append(f"{op}: {r['status']}: {r['message']}")
+    count = {s: sum(r["status"] == s for r in mine.values()) for s in ("match", "not compared")}
+    TALLY.append(f"  {dtype:9} {direction:8}: {len(mine)} operators, {count['match']} match, "
+                 f"{len(listed)} known differences, {len(failures)} failures, "
+                 f"{count['not compared']} not compared (CUDA-only, or no sample both sides take)")
+    assert not failures, "\n".join(failures)
+
+
+def test_every_known_difference_still_differs(sweep):
+    # The list may only shrink: an entry whose operator matched wherever it
+    # applies in this run must go. Its operator must be one of op_db's.
+    found, dtypes, results, memory, samples = sweep
+    names = {n for d in found["items"].values() for w in d.values() for n in w}
+    unknown = [op for (op, *_), _ in KNOWN_DIFFERENCES.items() if op not in names]
+    assert not unknown, f"entries for operators op_db does not have: {unknown}"
+    if samples < LISTED_AT:
+        pytest.skip(f"the list is what {LISTED_AT} samples per operator show")
+    stale = []
+    for (op, dtype, direction, mem), reason in KNOWN_DIFFERENCES.items():
+        if mem not in (None, memory):
+            continue
+        covered = [r for i, r in results.items()
+                   if i.split("|")[0] == op and covers(dtype, i.split("|")[1])
+                   and direction in (None, i.split("|")[2])]
+        if covered and not any(r["status"] in ("differs", "crash") for r in covered):
+            stale.append(f"{op} ({dtype or 'every dtype'}, {direction or 'both directions'}): "
+                         f"matches now; remove it from known_differences.py ({reason})")
+    assert not stale, "\n".join(stale)
