@@ -146,55 +146,58 @@ def same_errors(got_error, want_error, what):
     return True
 
 
+def samples(op, dtype, requires_grad):
+    """The first SAMPLES samples, made on the device, each with a CPU copy."""
+    torch.manual_seed(0)  # the same samples every run
+    for i, s in enumerate(op.sample_inputs(BACKEND, dtype, requires_grad=requires_grad)):
+        if i >= SAMPLES:
+            return
+        yield s, (to_cpu(s.input), to_cpu(s.args), to_cpu(s.kwargs))
+
+
+def on_both(f, s, cpu):
+    """f(sample) and f(its CPU copy), seeded alike: (got, want), or None when
+    both raised the same type of exception."""
+    torch.manual_seed(0)
+    got, got_error = outcome(lambda: f(s.input, *s.args, **s.kwargs))
+    torch.manual_seed(0)
+    want, want_error = outcome(lambda: f(cpu[0], *cpu[1], **cpu[2]))
+    return None if same_errors(got_error, want_error, "the operator") else (got, want)
+
+
 def forward(op, dtype):
     compared = 0
-    torch.manual_seed(0)  # the same samples every run
-    for i, s in enumerate(op.sample_inputs(BACKEND, dtype, requires_grad=False)):
-        if i >= SAMPLES:
-            break
-        c_input, c_args, c_kwargs = to_cpu(s.input), to_cpu(s.args), to_cpu(s.kwargs)
-        torch.manual_seed(0)
-        got, got_error = outcome(lambda: op(s.input, *s.args, **s.kwargs))
-        torch.manual_seed(0)
-        want, want_error = outcome(lambda: op(c_input, *c_args, **c_kwargs))
-        if same_errors(got_error, want_error, "the operator"):
+    for s, cpu in samples(op, dtype, requires_grad=False):
+        both = on_both(op, s, cpu)
+        if both is None:
             continue
         # On the device a sample names, else on the device if it has a
         # device tensor (torch.arange(2) is on the default device, the CPU).
         sample = [s.input, s.args, s.kwargs]
         named = named_device(sample)
         on_device = named == BACKEND if named else any(t.device.type == BACKEND for t in tensors(sample))
-        compare(want, got, op, dtype, "output", on_device)
+        compare(both[1], both[0], op, dtype, "output", on_device)
         compared += 1
     return compared
 
 
 def backward(op, dtype):
     compared = 0
-    torch.manual_seed(0)  # the same samples every run
-    for i, s in enumerate(op.sample_inputs(BACKEND, dtype, requires_grad=True)):
-        if i >= SAMPLES:
-            break
-        c_input, c_args, c_kwargs = to_cpu(s.input), to_cpu(s.args), to_cpu(s.kwargs)
+    for s, cpu in samples(op, dtype, requires_grad=True):
         # Gradients of the inputs that require them; not of a view whose base
         # requires one (some samples pass such a window: its gradient goes to
         # the base, which the CPU copy, a plain tensor, does not have).
-        pairs = [(t, c) for t, c in zip(tensors([s.input, s.args, s.kwargs]),
-                                        tensors([c_input, c_args, c_kwargs]))
+        pairs = [(t, c) for t, c in zip(tensors([s.input, s.args, s.kwargs]), tensors(list(cpu)))
                  if t.requires_grad and t._base is None]
         leaves, c_leaves = [t for t, _ in pairs], [c for _, c in pairs]
         # As PyTorch's gradient tests: the OpInfo's wrapper around its
         # function, and the sample's output_process_fn_grad (which keeps what
         # is well defined: no eigenvector phases).
         f = op.get_op()
-        torch.manual_seed(0)
-        got, got_error = outcome(lambda: s.output_process_fn_grad(
-            op.gradcheck_wrapper(f, s.input, *s.args, **s.kwargs)))
-        torch.manual_seed(0)
-        want, want_error = outcome(lambda: s.output_process_fn_grad(
-            op.gradcheck_wrapper(f, c_input, *c_args, **c_kwargs)))
-        if same_errors(got_error, want_error, "the operator"):
+        both = on_both(lambda *a, **k: s.output_process_fn_grad(op.gradcheck_wrapper(f, *a, **k)), s, cpu)
+        if both is None:
             continue
+        got, want = both
         outs = [t for t in tensors(got) if t.requires_grad]
         c_outs = [t for t in tensors(want) if t.requires_grad]
         if len(outs) != len(c_outs):
