@@ -55,7 +55,7 @@ configure_and_build() {
     torch_prefix="$("$ACCELKIT_VENV/bin/python" -c \
       'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
     cmake -S "$ACCELKIT_ROOT" -B "$ACCELKIT_BUILD" -G Ninja \
-      -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo -DACCELKIT_WERROR=ON \
       -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
       -DCMAKE_PREFIX_PATH="$torch_prefix" \
       -DPython3_EXECUTABLE="$ACCELKIT_VENV/bin/python" >/dev/null
