@@ -403,6 +403,50 @@ TEST_CASE("pinned allocator without caching: a block whose copy cannot be waited
   b.stream_destroy(0, s);
 }
 
+TEST_CASE("both pools quarantine a block whose use can be neither recorded nor waited for") {
+  // Note [Stream-use recording]: one helper, one behaviour for both pools.
+  CollectReports collected;
+  SimBackend b(Environment::fixed({}), sim());
+  StreamHandle s1 = b.stream_create(0, 0), s2 = b.stream_create(0, 0);
+  {
+    SimStreams st(b);
+    Allocator a(b, 0, AllocatorConfig{}, st.events(0, EventFlags::none));
+    HostAllocator<Sim> h(b, AllocatorConfig{});
+    void* dev = a.allocate(4096, s1);
+    void* pinned = h.allocate(4096);
+    a.record_stream(dev, s2);
+    h.record_stream(pinned, 0, s2);
+    for (void* p : {dev, pinned}) {
+      b.runtime().inject_fault("event_record");
+      b.runtime().inject_fault("stream_synchronize");
+      if (p == dev) a.deallocate(p);
+      else h.deallocate(p);
+    }
+    REQUIRE(reports().size() == 4);
+    CHECK(contains(reports()[0], "the free of device memory at"));
+    CHECK(contains(reports()[0], "instead of recording an event"));
+    CHECK(contains(reports()[1], "is kept out of the cache: its use on stream"));
+    CHECK(contains(reports()[2], "the free of pinned host memory at"));
+    CHECK(contains(reports()[3], "is kept out of the cache: its use on stream"));
+    // Never reused.
+    void* dev2 = a.allocate(4096, s1);
+    void* pinned2 = h.allocate(4096);
+    CHECK(dev2 != dev);
+    CHECK(pinned2 != pinned);
+    a.deallocate(dev2);
+    h.deallocate(pinned2);
+    a.empty_cache();
+    h.empty_cache();
+    CHECK(b.runtime().pinned_blocks() == 1);  // the quarantined one, until teardown
+    CHECK(b.runtime().bytes_in_use(0) > 0);
+  }
+  // Teardown returns both to the driver.
+  CHECK(b.runtime().pinned_blocks() == 0);
+  CHECK(b.runtime().bytes_in_use(0) == 0);
+  b.stream_destroy(0, s1);
+  b.stream_destroy(0, s2);
+}
+
 // --------------------------------------------------- deferred device switch
 
 TEST_CASE("device: a switch the driver refuses where nothing may throw is retried at next use") {

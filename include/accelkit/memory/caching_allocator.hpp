@@ -43,6 +43,7 @@
 #include <accelkit/detail/pending.hpp>
 #include <accelkit/detail/pointer_map.hpp>
 #include <accelkit/detail/spinlock.hpp>
+#include <accelkit/detail/stream_uses.hpp>
 #include <accelkit/device/backend.hpp>
 #include <accelkit/error.hpp>
 #include <accelkit/memory/config.hpp>
@@ -196,7 +197,7 @@ struct PendingFree {
   MemBlock* block;
   SmallSegment* seg;
   char* ptr;
-  std::vector<EventHandle> events;
+  std::vector<std::pair<device_index, EventHandle>> events;  // all of this pool's device
 };
 
 // Where the small segments overlapping one 2 MiB address window are (Note
@@ -439,7 +440,7 @@ class DeviceCachingAllocator {
     for (auto& kv : pools_by_stream_) {
       detail::PoolShard& pool = *kv.second;
       for (detail::PendingFree& p : pool.pending)
-        for (EventHandle e : p.events) events_.release(e);
+        for (auto [device, e] : p.events) events_.release(e);
       for (detail::MemSegment* s : pool.segments) {
         try {
           backend_.raw_free(device_, s->ptr, s->size);
@@ -540,8 +541,8 @@ class DeviceCachingAllocator {
       free_uncached(pool, b, uses);
       return;
     }
-    bool safe = true;
-    std::vector<EventHandle> events = record_uses(b->ptr, uses, safe);
+    std::vector<std::pair<device_index, EventHandle>> events;
+    bool safe = record_uses(b->ptr, uses, events);
     std::lock_guard<detail::SpinLock> lock(pool.lock);
     b->allocated = false;
     count_free(pool, b);
@@ -1270,41 +1271,17 @@ class DeviceCachingAllocator {
     if (whole) seg.free_tick = ++tick_;
   }
 
-  // Records an event on each stream the block was used on. If the driver
-  // fails, falls back to waiting for those streams; if that fails too, the
-  // block is quarantined (never reused) rather than risk handing out memory
-  // another stream may still touch: `safe` is set false.
-  std::vector<EventHandle> record_uses(char* ptr, const std::vector<StreamHandle>& uses,
-                                      bool& safe) {
-    std::vector<EventHandle> events;
-    events.reserve(uses.size());  // so that keeping a recorded event cannot throw
-    for (StreamHandle s : uses) {
-      try {
-        events.push_back(events_.record(s));
-        continue;
-      } catch (const std::exception& err) {
-        // Reported, since the fallback below may succeed and the error may
-        // be one of earlier queued work, which the driver reports once.
-        report(Severity::warning, Backend<R>::name,
-               fmt::format("device {}: the free of {} waits for stream {:#x} instead of recording "
-                           "an event: {}",
-                           device_, static_cast<void*>(ptr), s.value,
-                           err.what()));
-      }
-      try {
-        backend_.stream_synchronize(device_, s);
-      } catch (const std::exception& err) {
-        report(Severity::warning, Backend<R>::name,
-               fmt::format("device {}: cannot order the free of {} after stream {:#x} ({}); the "
-                           "block is kept out of the cache",
-                           device_, static_cast<void*>(ptr), s.value,
-                           err.what()));
-        safe = false;
-      }
-    }
-    if (!safe)
-      for (EventHandle e : events) events_.release(e);
-    return safe ? events : std::vector<EventHandle>{};
+  // Orders the free of the block at `ptr` after its uses on other streams
+  // (Note [Stream-use recording]); false when it must be quarantined.
+  bool record_uses(char* ptr, const std::vector<StreamHandle>& uses,
+                   std::vector<std::pair<device_index, EventHandle>>& events) {
+    if (uses.empty()) return true;
+    std::vector<std::pair<device_index, StreamHandle>> on_device;
+    on_device.reserve(uses.size());
+    for (StreamHandle s : uses) on_device.emplace_back(device_, s);
+    return detail::record_stream_uses(
+        backend_, on_device, [&](device_index) -> EventPool<R>& { return events_; }, events,
+        fmt::format("device memory at {}", static_cast<void*>(ptr)));
   }
 
   // Under the pool lock: frees pending blocks whose events have completed
@@ -1315,9 +1292,9 @@ class DeviceCachingAllocator {
         [&](const detail::PendingFree& p) {
           // A driver error (one of earlier queued work, say) goes to the
           // caller; the entry stays queued.
-          for (EventHandle e : p.events) {
-            if (wait) backend_.event_synchronize(device_, e);
-            if (!backend_.event_query(device_, e)) return false;
+          for (auto [device, e] : p.events) {
+            if (wait) backend_.event_synchronize(device, e);
+            if (!backend_.event_query(device, e)) return false;
           }
           return true;
         },
@@ -1325,7 +1302,7 @@ class DeviceCachingAllocator {
           // The free first: if it throws, nothing changed and p stays queued.
           make_room(pool);
           park(pool, p);
-          for (EventHandle e : p.events) events_.release(e, /*completed=*/true);
+          for (auto [device, e] : p.events) events_.release(e, /*completed=*/true);
         });
   }
 
@@ -1621,8 +1598,8 @@ class DeviceCachingAllocator {
       uses = take_uses(pool, ptr);
       seg->blocks[i] = with_uses(with_state(d, pending), false);
     }
-    bool safe = true;
-    std::vector<EventHandle> events = record_uses(ptr, uses, safe);
+    std::vector<std::pair<device_index, EventHandle>> events;
+    bool safe = record_uses(ptr, uses, events);
     std::lock_guard<detail::SpinLock> lock(pool.lock);
     count_free(pool, size, requested, true);
     if (!safe) return;  // quarantined: see record_uses

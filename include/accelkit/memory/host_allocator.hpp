@@ -16,6 +16,7 @@
 #include <accelkit/detail/pending.hpp>
 #include <accelkit/detail/pointer_map.hpp>
 #include <accelkit/detail/spinlock.hpp>
+#include <accelkit/detail/stream_uses.hpp>
 #include <accelkit/device/backend.hpp>
 #include <accelkit/diagnostics.hpp>
 #include <accelkit/error.hpp>
@@ -319,33 +320,13 @@ class HostAllocator {
     return *slot;
   }
 
-  // Records an event for each use; falls back to waiting for the stream.
-  // False when neither worked: the block must not be reused.
+  // Orders the free of p's block after its uses on streams (Note
+  // [Stream-use recording]); false when it must be quarantined.
   bool record_uses(Pending& p) {
-    bool safe = true;
-    p.events.reserve(p.block->uses.size());  // keeping a recorded event cannot throw
-    for (auto [device, stream] : p.block->uses) {
-      try {
-        p.events.emplace_back(device, events(device).record(stream));
-        continue;
-      } catch (const std::exception& err) {
-        report(Severity::warning, Backend<R>::name,
-               fmt::format("the free of pinned host memory at {} waits for stream {:#x} of "
-                           "device {} instead of recording an event: {}",
-                           p.block->ptr, stream.value, device, err.what()));
-      }
-      try {
-        backend_.stream_synchronize(device, stream);
-      } catch (const std::exception& err) {
-        report(Severity::warning, Backend<R>::name,
-               fmt::format("pinned host memory at {} is kept out of the cache: its use on "
-                           "stream {:#x} of device {} cannot be waited for: {}",
-                           p.block->ptr, stream.value, device, err.what()));
-        safe = false;
-      }
-    }
+    bool safe = detail::record_stream_uses(
+        backend_, p.block->uses, [&](device_index d) -> EventPool<R>& { return events(d); },
+        p.events, fmt::format("pinned host memory at {}", p.block->ptr));
     p.block->uses.clear();
-    if (!safe) release_events(p);
     return safe;
   }
 
