@@ -11,6 +11,7 @@
 #include <accelkit/config.hpp>
 #include <accelkit/detail/environment.hpp>
 #include <accelkit/detail/fork.hpp>
+#include <accelkit/detail/per_device.hpp>
 #include <accelkit/diagnostics.hpp>
 #include <accelkit/device/properties.hpp>
 #include <accelkit/device/visibility.hpp>
@@ -219,17 +220,12 @@ class Backend {
   // ValueError listing every inconsistency, on every query.
   const DeviceProperties& properties(device_index device) {
     int phys = physical(device);
-    PropertiesSlot& slot = properties_[static_cast<std::size_t>(device)];
-    if (slot.ready.load(std::memory_order_acquire)) return slot.value;
-    std::lock_guard<std::mutex> lock(slot.mutex);
-    if (!slot.ready.load(std::memory_order_relaxed)) {
-      DeviceProperties p = runtime_.properties(phys);
-      validate_properties(p, name, device);
-      if constexpr (!detail::has_event_elapsed_time<R>) p.event_timing = false;
-      slot.value = std::move(p);
-      slot.ready.store(true, std::memory_order_release);
-    }
-    return slot.value;
+    return properties_.get(device, device_count(), [&] {
+      auto p = std::make_unique<DeviceProperties>(runtime_.properties(phys));
+      validate_properties(*p, name, device);
+      if constexpr (!detail::has_event_elapsed_time<R>) p->event_timing = false;
+      return p;
+    });
   }
 
   bool supports(device_index device, DType dtype) {
@@ -424,12 +420,6 @@ class Backend {
     void operator()(void* p) const { backend->raw_host_free(p); }
   };
 
-  struct PropertiesSlot {
-    std::mutex mutex;
-    std::atomic<bool> ready{false};
-    DeviceProperties value;
-  };
-
   // The thread's current device, tagged with the backend it belongs to so that
   // several Backend<R> objects (tests) do not share it.
   struct CurrentDevice {
@@ -462,7 +452,6 @@ class Backend {
         visible_.resize(static_cast<std::size_t>(physical_count_));
         for (int i = 0; i < physical_count_; ++i) visible_[static_cast<std::size_t>(i)] = i;
       }
-      properties_ = std::make_unique<PropertiesSlot[]>(visible_.size());
       held_bytes_ = std::make_unique<std::atomic<std::uint64_t>[]>(visible_.size());
     } catch (const std::exception& e) {
       discovery_error_ = std::current_exception();
@@ -511,7 +500,7 @@ class Backend {
   std::optional<std::string> visible_variable_value_;
   std::exception_ptr discovery_error_;
   std::string discovery_message_;
-  std::unique_ptr<PropertiesSlot[]> properties_;
+  detail::PerDevice<DeviceProperties> properties_;  // the schema, queried once
   std::unique_ptr<std::atomic<std::uint64_t>[]> held_bytes_;
 
   std::mutex init_mutex_;

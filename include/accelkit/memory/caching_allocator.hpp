@@ -41,6 +41,7 @@
 #include <accelkit/detail/json.hpp>
 #include <accelkit/diagnostics.hpp>
 #include <accelkit/detail/pending.hpp>
+#include <accelkit/detail/per_device.hpp>
 #include <accelkit/detail/pointer_map.hpp>
 #include <accelkit/detail/spinlock.hpp>
 #include <accelkit/detail/stream_uses.hpp>
@@ -1968,25 +1969,13 @@ class CachingAllocator {
   const AllocatorConfig& config() const noexcept { return config_; }
 
   DeviceCachingAllocator<R>& device(device_index d) {
-    if (d >= 0 && d < count_.load(std::memory_order_acquire))  // created: no checks needed
-      if (auto* a = slots_[static_cast<std::size_t>(d)].load(std::memory_order_acquire)) return *a;
+    if (auto* a = devices_.find(d)) return *a;  // made: no checks needed
     backend_.check_device(d);
-    std::call_once(init_, [this] {
-      slots_ = std::make_unique<std::atomic<DeviceCachingAllocator<R>*>[]>(
-          static_cast<std::size_t>(backend_.device_count()));
-      count_.store(backend_.device_count(), std::memory_order_release);
+    return devices_.get(d, backend_.device_count(), [&] {
+      return event_pools_
+                 ? std::make_unique<DeviceCachingAllocator<R>>(backend_, d, config_, *event_pools_(d))
+                 : std::make_unique<DeviceCachingAllocator<R>>(backend_, d, config_);
     });
-    auto& slot = slots_[static_cast<std::size_t>(d)];
-    if (auto* a = slot.load(std::memory_order_acquire)) return *a;
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (auto* a = slot.load(std::memory_order_relaxed)) return *a;
-    if (event_pools_)
-      owned_.push_back(
-          std::make_unique<DeviceCachingAllocator<R>>(backend_, d, config_, *event_pools_(d)));
-    else
-      owned_.push_back(std::make_unique<DeviceCachingAllocator<R>>(backend_, d, config_));
-    slot.store(owned_.back().get(), std::memory_order_release);
-    return *owned_.back();
   }
 
   void* allocate(device_index d, std::size_t bytes, StreamHandle stream) {
@@ -1998,19 +1987,14 @@ class CachingAllocator {
   }
   // Returns the unused cache of every device that has an allocator.
   void empty_cache() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& a : owned_) a->empty_cache();
+    devices_.for_each([](device_index, DeviceCachingAllocator<R>& a) { a.empty_cache(); });
   }
 
  private:
   Backend<R>& backend_;
   AllocatorConfig config_;
   std::function<EventPool<R>*(device_index)> event_pools_;
-  std::once_flag init_;
-  std::unique_ptr<std::atomic<DeviceCachingAllocator<R>*>[]> slots_;
-  std::atomic<int> count_{0};
-  std::mutex mutex_;
-  std::vector<std::unique_ptr<DeviceCachingAllocator<R>>> owned_;
+  detail::PerDevice<DeviceCachingAllocator<R>> devices_;
 };
 
 ACCELKIT_END_NAMESPACE

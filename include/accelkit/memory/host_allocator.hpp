@@ -14,6 +14,7 @@
 
 #include <accelkit/config.hpp>
 #include <accelkit/detail/pending.hpp>
+#include <accelkit/detail/per_device.hpp>
 #include <accelkit/detail/pointer_map.hpp>
 #include <accelkit/detail/spinlock.hpp>
 #include <accelkit/detail/stream_uses.hpp>
@@ -314,10 +315,8 @@ class HostAllocator {
   }
 
   EventPool<R>& events(device_index device) {
-    std::lock_guard<std::mutex> lock(events_mutex_);
-    auto& slot = event_pools_[device];
-    if (!slot) slot = std::make_unique<EventPool<R>>(backend_, device);
-    return *slot;
+    return event_pools_.get(device, backend_.device_count(),
+                            [&] { return std::make_unique<EventPool<R>>(backend_, device); });
   }
 
   // Orders the free of p's block after its uses on streams (Note
@@ -376,8 +375,7 @@ class HostAllocator {
   AllocatorConfig config_;
   std::array<Bucket, kClasses> buckets_;
   detail::PointerMap<Block*> live_;
-  std::mutex events_mutex_;
-  std::unordered_map<device_index, std::unique_ptr<EventPool<R>>> event_pools_;
+  detail::PerDevice<EventPool<R>> event_pools_;
 };
 
 ACCELKIT_END_NAMESPACE

@@ -23,6 +23,7 @@
 
 #include <accelkit/config.hpp>
 #include <accelkit/detail/once.hpp>
+#include <accelkit/detail/per_device.hpp>
 #include <accelkit/device/backend.hpp>
 #include <accelkit/error.hpp>
 #include <accelkit/stream/event_pool.hpp>
@@ -87,13 +88,13 @@ class Streams {
   Streams(const Streams&) = delete;
   Streams& operator=(const Streams&) = delete;
   ~Streams() {
-    for (std::size_t i = 0; i < devices_.size(); ++i) {
+    devices_.for_each([this](device_index device, Device& d) {
       try {
-        destroy_all(static_cast<device_index>(i), *devices_[i]);
+        destroy_all(device, d);
       } catch (...) {
         // Teardown with a dead driver: nothing left to release to.
       }
-    }
+    });
   }
 
   Backend<R>& backend() noexcept { return backend_; }
@@ -186,12 +187,10 @@ class Streams {
   // path of every allocation and copy).
   StreamHandle current_handle(device_index device) {
     CurrentTable& t = tls_current();
-    if (ready_.load(std::memory_order_acquire) && device >= 0 && device < kMaxDevices &&
-        !t.set[static_cast<std::size_t>(device)] &&
-        static_cast<std::size_t>(device) < devices_.size()) {
-      Device& d = *devices_[static_cast<std::size_t>(device)];
-      if (StreamHandle h = d.default_ready.load(std::memory_order_acquire); h != StreamHandle{})
-        return h;
+    if (device >= 0 && device < kMaxDevices && !t.set[static_cast<std::size_t>(device)]) {
+      if (Device* d = devices_.find(device))
+        if (StreamHandle h = d->default_ready.load(std::memory_order_acquire); h != StreamHandle{})
+          return h;
     }
     return handle(current_stream(device));
   }
@@ -287,11 +286,11 @@ class Streams {
     Device& d = dev(device);
     backend_.device_synchronize(device);
     destroy_all(device, d);
-    auto fresh = std::make_unique<Device>();
-    fresh->generation = static_cast<std::uint16_t>(d.generation + 1);
-    std::lock_guard<std::mutex> lock(retired_mutex_);
-    retired_.push_back(std::move(devices_[static_cast<std::size_t>(device)]));
-    devices_[static_cast<std::size_t>(device)] = std::move(fresh);
+    devices_.replace(device, backend_.device_count(), [&] {
+      auto fresh = std::make_unique<Device>();
+      fresh->generation = static_cast<std::uint16_t>(d.generation + 1);
+      return fresh;
+    });
   }
 
   // Generation of a device's streams and events (bumped by reset_device).
@@ -370,13 +369,8 @@ class Streams {
   }
 
   Device& dev(device_index device) {
-    backend_.check_device(device);
-    std::call_once(init_, [this] {
-      devices_.resize(static_cast<std::size_t>(backend_.device_count()));
-      for (auto& d : devices_) d = std::make_unique<Device>();
-      ready_.store(true, std::memory_order_release);
-    });
-    return *devices_[static_cast<std::size_t>(device)];
+    backend_.check_device(device);  // initialized, not in a forked child, visible
+    return devices_.get(device, backend_.device_count(), [] { return std::make_unique<Device>(); });
   }
 
   void check_generation(Device& d, const Stream& s) {
@@ -450,11 +444,8 @@ class Streams {
 
   Backend<R>& backend_;
   std::uint64_t id_;
-  std::once_flag init_;
-  std::atomic<bool> ready_{false};
-  std::vector<std::unique_ptr<Device>> devices_;
-  std::mutex retired_mutex_;
-  std::vector<std::unique_ptr<Device>> retired_;
+  // Made at first use; one reset keeps the old alive (Note [Per-device slots]).
+  detail::PerDevice<Device> devices_;
 };
 
 // An event: created lazily at its first record, from the device's event
