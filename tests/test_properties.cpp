@@ -1,7 +1,7 @@
 // The capability schema: validation, dtype sets, typed extras.
 #include "catch.hpp"
 
-#include <accelkit/device/properties.hpp>
+#include <accelkit/properties.hpp>
 
 #include <string>
 

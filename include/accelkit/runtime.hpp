@@ -14,7 +14,7 @@
 // |----------------------------------------------------------------|-----------|
 // | static constexpr std::string_view name                         | backend name: device type ("simdev:0"), variable prefix (SIMDEV_*), Python module; a lowercase identifier that is not a PyTorch device type |
 // | int device_count()                                             | physical devices; must not create a device context; may throw DriverError (the SDK then reports 0 devices and keeps the reason) |
-// | DeviceProperties properties(device_index device)               | fill the capability schema (device/properties.hpp); must not create a context; called once per device, then validated and cached |
+// | DeviceProperties properties(device_index device)               | fill the capability schema (properties.hpp); must not create a context; called once per device, then validated and cached |
 // | device_index get_device()                                      | the driver's current device of the calling thread |
 // | void set_device(device_index device)                           | make `device` current for the calling thread (may create its context) |
 // | void* malloc(device_index device, std::size_t bytes)           | `bytes` > 0 of device memory, aligned to at least 256 B; nullptr when out of memory (the SDK raises OutOfMemoryError), DriverError for other failures |
@@ -66,7 +66,7 @@
 
 #include <accelkit/config.hpp>
 #include <accelkit/detail/contract.hpp>
-#include <accelkit/device/properties.hpp>
+#include <accelkit/properties.hpp>
 #include <accelkit/error.hpp>
 #include <accelkit/types.hpp>
 

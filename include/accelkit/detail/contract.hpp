@@ -14,7 +14,7 @@
 #pragma once
 
 #include <accelkit/config.hpp>
-#include <accelkit/device/properties.hpp>
+#include <accelkit/properties.hpp>
 #include <accelkit/types.hpp>
 
 #include <cstddef>

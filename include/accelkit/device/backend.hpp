@@ -13,7 +13,7 @@
 #include <accelkit/detail/fork.hpp>
 #include <accelkit/detail/per_device.hpp>
 #include <accelkit/diagnostics.hpp>
-#include <accelkit/device/properties.hpp>
+#include <accelkit/properties.hpp>
 #include <accelkit/device/visibility.hpp>
 #include <accelkit/error.hpp>
 #include <accelkit/runtime.hpp>

@@ -4,7 +4,7 @@
 #include <accelkit/config.hpp>
 #include <accelkit/detail/json.hpp>
 #include <accelkit/device/backend.hpp>
-#include <accelkit/device/properties.hpp>
+#include <accelkit/properties.hpp>
 #include <accelkit/device/visibility.hpp>
 
 #include <fmt/format.h>

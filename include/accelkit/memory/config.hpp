@@ -32,7 +32,7 @@
 
 #include <accelkit/config.hpp>
 #include <accelkit/detail/environment.hpp>
-#include <accelkit/device/visibility.hpp>
+#include <accelkit/detail/strings.hpp>
 #include <accelkit/error.hpp>
 
 #include <fmt/format.h>

@@ -17,7 +17,7 @@
 #include <accelkit/detail/per_device.hpp>
 #include <accelkit/detail/pointer_map.hpp>
 #include <accelkit/detail/spinlock.hpp>
-#include <accelkit/detail/stream_uses.hpp>
+#include <accelkit/memory/stream_uses.hpp>
 #include <accelkit/device/backend.hpp>
 #include <accelkit/diagnostics.hpp>
 #include <accelkit/error.hpp>
