@@ -38,18 +38,21 @@
 #pragma once
 
 #include <accelkit/config.hpp>
-#include <accelkit/detail/json.hpp>
-#include <accelkit/diagnostics.hpp>
+#include <accelkit/detail/format.hpp>
 #include <accelkit/detail/pending.hpp>
 #include <accelkit/detail/per_device.hpp>
 #include <accelkit/detail/pointer_map.hpp>
 #include <accelkit/detail/spinlock.hpp>
-#include <accelkit/memory/stream_uses.hpp>
 #include <accelkit/device/backend.hpp>
+#include <accelkit/diagnostics.hpp>
 #include <accelkit/error.hpp>
 #include <accelkit/memory/config.hpp>
+#include <accelkit/memory/detail/pool.hpp>
+#include <accelkit/memory/detail/trace_ring.hpp>
 #include <accelkit/memory/small_arena.hpp>
+#include <accelkit/memory/snapshot.hpp>
 #include <accelkit/memory/stats.hpp>
+#include <accelkit/memory/stream_uses.hpp>
 #include <accelkit/stream/event_pool.hpp>
 #include <accelkit/types.hpp>
 
@@ -74,327 +77,6 @@
 
 ACCELKIT_BEGIN_NAMESPACE
 
-namespace detail {
-
-struct PoolShard;
-struct MemSegment;
-
-// Note [Block records]: one cache line per block, for large blocks (and for
-// every block while caching is off; small blocks have none otherwise, Note
-// [Small arena]). They are kept to 64 bytes, allocated in slabs, and hold
-// nothing that is rarely needed (the streams a block was used on live in a
-// side table of its pool, flagged by has_uses).
-struct alignas(64) MemBlock {
-  char* ptr = nullptr;
-  std::size_t size = 0;
-  MemBlock* prev = nullptr;      // neighbours in the segment, by address
-  MemBlock* next = nullptr;
-  MemBlock* next_spare = nullptr;  // the pool's spare list
-  MemSegment* segment = nullptr;
-  std::uint64_t requested : 61;
-  std::uint64_t allocated : 1;
-  std::uint64_t cached : 1;      // in the pool's bins or large set (mergeable)
-  std::uint64_t has_uses : 1;    // used on other streams (PoolShard::uses)
-  MemBlock() : requested(0), allocated(0), cached(0), has_uses(0) {}
-};
-static_assert(sizeof(MemBlock) == 64, "Note [Block records]");
-
-struct MemSegment {
-  PoolShard* pool = nullptr;
-  char* ptr = nullptr;
-  std::size_t size = 0;
-  bool small = false;
-  bool oversize = false;
-  MemBlock* head = nullptr;       // the block at ptr; never merged away
-  std::size_t index = 0;          // position in its pool's segment list
-  std::uint64_t free_tick = 0;    // when it last became wholly free
-};
-
-inline bool whole_segment(const MemBlock* b) noexcept { return !b->prev && !b->next; }
-
-// Note [Freeing without the block record]
-// (Large blocks: small ones have no records, Note [Small arena].)
-// With 100,000 live blocks a free used to miss in cache twice in a row: on
-// its pointer-map slot, then on the block record the slot points to. The
-// slot now also carries what a free needs (the block's pool, size, requested
-// bytes, and whether it is small and spans its whole segment; none of these
-// change while the block is allocated), so a free neither reads nor writes
-// the record: even a one-bit store is a read that stalls. It only prefetches
-// the record for its eviction from the parking queue a few frees later (Note
-// [Prefetching the next eviction]). The record's allocated flag of a parked
-// block is therefore stale; parking means free. The flag is cleared when the
-// block enters the bins, and snapshot() clears it for parked blocks before
-// it reads it. A block used on other streams (record_stream clears the
-// summary), one of 4 GiB or more, and every block while caching is off or
-// tracing is on take the path through the record.
-struct LiveBlock {
-  MemBlock* block = nullptr;
-  PoolShard* pool = nullptr;
-  // 0, or: size | small (bit 0) | whole segment (bit 1) in the high half,
-  // requested bytes in the low half.
-  std::uint64_t summary = 0;
-};
-
-// Recycles the nodes of one std::set so that inserting a free block does not
-// call the heap. Every rebound copy shares one free list.
-struct NodeFreeList {
-  void* head = nullptr;
-  std::size_t node_size = 0;
-  NodeFreeList() = default;
-  NodeFreeList(const NodeFreeList&) = delete;
-  NodeFreeList& operator=(const NodeFreeList&) = delete;
-  ~NodeFreeList() {
-    while (head) {
-      void* next = *static_cast<void**>(head);
-      ::operator delete(head);
-      head = next;
-    }
-  }
-};
-template <class T>
-struct NodeRecycler {
-  using value_type = T;
-  NodeFreeList* list;
-  explicit NodeRecycler(NodeFreeList* l) noexcept : list(l) {}
-  template <class U>
-  NodeRecycler(const NodeRecycler<U>& o) noexcept : list(o.list) {}
-  T* allocate(std::size_t n) {
-    if (n == 1 && list->head && list->node_size == sizeof(T)) {
-      void* p = list->head;
-      list->head = *static_cast<void**>(p);
-      return static_cast<T*>(p);
-    }
-    return static_cast<T*>(::operator new(n * sizeof(T)));
-  }
-  void deallocate(T* p, std::size_t n) noexcept {
-    if (n == 1 && sizeof(T) >= sizeof(void*) &&
-        (list->node_size == 0 || list->node_size == sizeof(T))) {
-      list->node_size = sizeof(T);
-      *reinterpret_cast<void**>(p) = list->head;
-      list->head = p;
-      return;
-    }
-    ::operator delete(p);
-  }
-  template <class U>
-  friend bool operator==(const NodeRecycler& a, const NodeRecycler<U>& b) noexcept {
-    return a.list == b.list;
-  }
-  template <class U>
-  friend bool operator!=(const NodeRecycler& a, const NodeRecycler<U>& b) noexcept {
-    return a.list != b.list;
-  }
-};
-
-struct LargeOrder {
-  bool operator()(const MemBlock* a, const MemBlock* b) const noexcept {
-    return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
-  }
-};
-
-// A freed block waiting for events on the streams it was used on: a record
-// (large blocks), or a small block at `ptr` in `seg`.
-struct PendingFree {
-  MemBlock* block;
-  SmallSegment* seg;
-  char* ptr;
-  std::vector<std::pair<device_index, EventHandle>> events;  // all of this pool's device
-};
-
-// Where the small segments overlapping one 2 MiB address window are (Note
-// [Small arena]): at most two, as they are 2 MiB each and do not overlap.
-struct SmallWindow {
-  PoolShard* pool[2] = {nullptr, nullptr};
-  char* base[2] = {nullptr, nullptr};
-  std::uint64_t id[2] = {0, 0};
-  static SmallWindow without(const SmallWindow& w, int k) noexcept {
-    SmallWindow out;
-    int keep = 1 - k;
-    out.pool[0] = w.pool[keep];
-    out.base[0] = w.base[keep];
-    out.id[0] = w.id[keep];
-    return out;
-  }
-};
-
-// A parked block (Note [Recently freed blocks]): a record, or a small block
-// at `ptr` in `seg`.
-struct Parked {
-  MemBlock* block = nullptr;
-  SmallSegment* seg = nullptr;
-  char* ptr = nullptr;
-  std::size_t hint = 0;  // the small block's index when parked (SmallSegment::index_of)
-};
-
-// The cached memory of one stream (Note [Caching device allocator]).
-struct alignas(64) PoolShard {
-  explicit PoolShard(StreamHandle s)
-      : stream(s), large(LargeOrder{}, NodeRecycler<MemBlock*>(&nodes)) {
-    node_probe.size = std::numeric_limits<std::size_t>::max();  // sorts after every block
-  }
-  PoolShard(const PoolShard&) = delete;
-  PoolShard& operator=(const PoolShard&) = delete;
-  ~PoolShard() = default;
-
-  // A reset block record from the pool's slabs (Note [Block records]).
-  MemBlock* new_block() {
-    if (!spare) {
-      std::size_t n = std::size_t{64} << std::min<std::size_t>(slabs.size(), 6);  // 64..4096
-      slabs.push_back(std::make_unique<MemBlock[]>(n));
-      MemBlock* slab = slabs.back().get();
-      for (std::size_t i = n; i-- > 0;) {
-        slab[i].next_spare = spare;
-        spare = &slab[i];
-      }
-    }
-    MemBlock* b = spare;
-    spare = b->next_spare;
-    *b = MemBlock();
-    return b;
-  }
-  void recycle(MemBlock* b) noexcept {
-    if (b->has_uses) uses.erase(b->ptr);
-    b->next_spare = spare;
-    spare = b;
-  }
-
-  SpinLock lock;
-  StreamHandle stream;
-  SmallArena arena;    // small blocks (Note [Small arena])
-  NodeFreeList nodes;  // before `large`: destroyed after it
-  using LargeSet = std::set<MemBlock*, LargeOrder, NodeRecycler<MemBlock*>>;
-  LargeSet large;
-  // A set node kept ready so that evicting a parked large block into the
-  // set cannot fail (prepare_evict); node_probe is its placeholder value.
-  LargeSet::node_type spare_node;
-  MemBlock node_probe;
-  std::vector<PendingFree> pending;
-  std::vector<MemSegment*> segments;
-  std::vector<std::unique_ptr<MemBlock[]>> slabs;
-  MemBlock* spare = nullptr;
-  std::unordered_map<const void*, std::vector<StreamHandle>> uses;  // by block address
-  DeviceStats stats;
-  // Note [Recently freed blocks]
-  // The sizes sit beside the pointers (bit 0: small pool) so that a lookup
-  // scans one cache line instead of touching every parked block.
-  static constexpr std::size_t kHot = 8;
-  std::array<Parked, kHot> hot{};
-  std::array<std::size_t, kHot> hot_key{};
-  std::size_t hot_count = 0;
-  std::size_t hot_victim = 0;
-  static std::size_t key(std::size_t size, bool small) noexcept { return size | (small ? 1 : 0); }
-  void park(std::size_t i, const Parked& b, std::size_t size, bool small) noexcept {
-    hot[i] = b;
-    hot_key[i] = key(size, small);
-  }
-  Parked unpark(std::size_t i) noexcept {
-    Parked b = hot[i];
-    --hot_count;
-    hot[i] = hot[hot_count];
-    hot_key[i] = hot_key[hot_count];
-    return b;
-  }
-};
-
-inline std::string format_bytes(std::uint64_t n) {
-  constexpr const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  if (n < 1024) return fmt::format("{} bytes", n);
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024.0 && u < 6) {
-    v /= 1024.0;
-    ++u;
-  }
-  return fmt::format("{:.2f} {}", v, units[u]);
-}
-
-}  // namespace detail
-
-// One entry of the allocation history (torch.cuda.memory._record_memory_history).
-struct TraceEntry {
-  enum class Action { alloc, free_requested, free_completed, segment_alloc, segment_free, oom };
-  Action action;
-  std::uintptr_t address;
-  std::size_t size;
-  StreamHandle stream;
-  std::int64_t time_ns;  // steady clock
-};
-
-constexpr std::string_view to_string(TraceEntry::Action a) noexcept {
-  switch (a) {
-    case TraceEntry::Action::alloc: return "alloc";
-    case TraceEntry::Action::free_requested: return "free_requested";
-    case TraceEntry::Action::free_completed: return "free_completed";
-    case TraceEntry::Action::segment_alloc: return "segment_alloc";
-    case TraceEntry::Action::segment_free: return "segment_free";
-    case TraceEntry::Action::oom: return "oom";
-  }
-  return "unknown";
-}
-
-// torch.cuda.memory_snapshot()'s shape: segments with their blocks, and the
-// recorded history.
-struct BlockSnapshot {
-  std::uintptr_t address;
-  std::size_t size;
-  std::size_t requested_size;
-  std::string_view state;  // "active_allocated", "active_pending_free", "inactive"
-};
-struct SegmentSnapshot {
-  device_index device;
-  std::uintptr_t address;
-  std::size_t total_size;
-  std::size_t allocated_size;
-  std::size_t active_size;
-  std::size_t requested_size;
-  StreamHandle stream;
-  std::string_view segment_type;  // "small" or "large"
-  std::vector<BlockSnapshot> blocks;
-};
-struct MemorySnapshot {
-  std::vector<SegmentSnapshot> segments;
-  std::vector<TraceEntry> trace;  // oldest first
-};
-
-inline std::string to_json(const MemorySnapshot& s) {
-  detail::JsonWriter w;
-  w.begin_object().key("segments").begin_array();
-  for (const SegmentSnapshot& seg : s.segments) {
-    w.begin_object()
-        .field("device", seg.device)
-        .field("address", seg.address)
-        .field("total_size", seg.total_size)
-        .field("allocated_size", seg.allocated_size)
-        .field("active_size", seg.active_size)
-        .field("requested_size", seg.requested_size)
-        .field("stream", seg.stream.value)
-        .field("segment_type", seg.segment_type)
-        .key("blocks")
-        .begin_array();
-    for (const BlockSnapshot& b : seg.blocks)
-      w.begin_object()
-          .field("address", b.address)
-          .field("size", b.size)
-          .field("requested_size", b.requested_size)
-          .field("state", b.state)
-          .end_object();
-    w.end_array().end_object();
-  }
-  w.end_array().key("trace").begin_array();
-  for (const TraceEntry& t : s.trace)
-    w.begin_object()
-        .field("action", to_string(t.action))
-        .field("addr", t.address)
-        .field("size", t.size)
-        .field("stream", t.stream.value)
-        .field("time_ns", t.time_ns)
-        .end_object();
-  w.end_array().end_object();
-  return w.str();
-}
-
-// The caching allocator of one device (Note [Caching device allocator]).
-// Thread-safe; allocate/deallocate on different streams do not contend.
 template <class R>
 class DeviceCachingAllocator {
  public:
@@ -493,8 +175,8 @@ class DeviceCachingAllocator {
     }
     // Small blocks are found through their segment (Note [Small arena]).
     if (t.block) live_.insert(t.ptr, {t.block, t.block->segment->pool, t.summary});
-    if (tracing_.load(std::memory_order_relaxed))
-      trace(TraceEntry::Action::alloc, t.ptr, t.size, stream);
+    if (trace_.on())
+      trace_.record(TraceEntry::Action::alloc, t.ptr, t.size, stream);
     return t.ptr;
   }
 
@@ -511,14 +193,14 @@ class DeviceCachingAllocator {
     }
     detail::LiveBlock live = live_.erase(ptr);
     if (!live.block) throw not_live(ptr);
-    if (live.summary != 0 && !tracing_.load(std::memory_order_relaxed)) {
+    if (live.summary != 0 && !trace_.on()) {
       free_summarized(live, static_cast<char*>(ptr));
       return;
     }
     detail::MemBlock* b = live.block;
     detail::PoolShard& pool = *b->segment->pool;
-    if (tracing_.load(std::memory_order_relaxed))
-      trace(TraceEntry::Action::free_requested, b->ptr, b->size, pool.stream);
+    if (trace_.on())
+      trace_.record(TraceEntry::Action::free_requested, b->ptr, b->size, pool.stream);
     std::vector<StreamHandle> uses;
     {
       std::lock_guard<detail::SpinLock> lock(pool.lock);
@@ -651,14 +333,7 @@ class DeviceCachingAllocator {
   }
 
   // Keeps the last `max_entries` allocation events for snapshot(); 0 stops.
-  void record_history(std::size_t max_entries) {
-    std::lock_guard<std::mutex> lock(trace_mutex_);
-    trace_.clear();
-    trace_.reserve(max_entries);
-    trace_capacity_ = max_entries;
-    trace_next_ = 0;
-    tracing_ = max_entries > 0;
-  }
+  void record_history(std::size_t max_entries) { trace_.start(max_entries); }
 
   MemorySnapshot snapshot() {
     MemorySnapshot out;
@@ -714,14 +389,7 @@ class DeviceCachingAllocator {
     }
     std::sort(out.segments.begin(), out.segments.end(),
               [](const SegmentSnapshot& a, const SegmentSnapshot& b) { return a.address < b.address; });
-    std::lock_guard<std::mutex> lock(trace_mutex_);
-    if (trace_.size() < trace_capacity_) {
-      out.trace = trace_;
-    } else {
-      out.trace.assign(trace_.begin() + static_cast<std::ptrdiff_t>(trace_next_), trace_.end());
-      out.trace.insert(out.trace.end(), trace_.begin(),
-                       trace_.begin() + static_cast<std::ptrdiff_t>(trace_next_));
-    }
+    out.trace = trace_.entries();
     return out;
   }
 
@@ -1170,8 +838,8 @@ class DeviceCachingAllocator {
   void park_block(Pool& pool, const detail::Parked& b, std::size_t size, bool small, bool whole) {
     down(pool.stats.active, small, 1);
     down(pool.stats.active_bytes, small, static_cast<std::int64_t>(size));
-    if (tracing_.load(std::memory_order_relaxed))
-      trace(TraceEntry::Action::free_completed, b.ptr, size, pool.stream);
+    if (trace_.on())
+      trace_.record(TraceEntry::Action::free_completed, b.ptr, size, pool.stream);
     if (pool.hot_count == Pool::kHot) {
       detail::Parked victim = pool.hot[pool.hot_victim];
       pool.park(pool.hot_victim, b, size, small);
@@ -1391,8 +1059,8 @@ class DeviceCachingAllocator {
     seg->head = b;
     pool.segments.push_back(seg);
     count_segment(pool, seg, true);
-    if (tracing_.load(std::memory_order_relaxed))
-      trace(TraceEntry::Action::segment_alloc, ptr, size, pool.stream);
+    if (trace_.on())
+      trace_.record(TraceEntry::Action::segment_alloc, ptr, size, pool.stream);
     return b;
   }
 
@@ -1421,8 +1089,8 @@ class DeviceCachingAllocator {
       throw;
     }
     count_segment(pool, n, true, n >= config_.max_split_size, true);
-    if (tracing_.load(std::memory_order_relaxed))
-      trace(TraceEntry::Action::segment_alloc, ptr, n, pool.stream);
+    if (trace_.on())
+      trace_.record(TraceEntry::Action::segment_alloc, ptr, n, pool.stream);
     return {nullptr, p, size, 0};
   }
 
@@ -1586,8 +1254,8 @@ class DeviceCachingAllocator {
       Desc d = seg->blocks[i];
       size = bytes(d);
       requested = static_cast<std::size_t>(payload(d));
-      if (tracing_.load(std::memory_order_relaxed))
-        trace(TraceEntry::Action::free_requested, ptr, size, pool.stream);
+      if (trace_.on())
+        trace_.record(TraceEntry::Action::free_requested, ptr, size, pool.stream);
       if (!has_uses(d)) {
         make_room(pool);
         count_free(pool, size, requested, true);
@@ -1666,8 +1334,8 @@ class DeviceCachingAllocator {
         std::lock_guard<detail::SpinLock> lock(d.pool->lock);
         count_segment(*d.pool, d.size, d.small, d.oversize, false);
       }
-      if (tracing_.load(std::memory_order_relaxed))
-        trace(TraceEntry::Action::segment_free, d.ptr, d.size, d.pool->stream);
+      if (trace_.on())
+        trace_.record(TraceEntry::Action::segment_free, d.ptr, d.size, d.pool->stream);
       delete d.record;
     }
     r.clear();
@@ -1795,8 +1463,8 @@ class DeviceCachingAllocator {
       std::lock_guard<detail::SpinLock> lock(pool.lock);
       ++pool.stats.num_ooms;
     }
-    if (tracing_.load(std::memory_order_relaxed))
-      trace(TraceEntry::Action::oom, nullptr, size, pool.stream);
+    if (trace_.on())
+      trace_.record(TraceEntry::Action::oom, nullptr, size, pool.stream);
     throw out_of_memory(requested, size);
   }
 
@@ -1898,23 +1566,6 @@ class DeviceCachingAllocator {
                     limit_note, detail::upper(Backend<R>::name)));
   }
 
-  // ----------------------------------------------------------------- trace
-
-  void trace(TraceEntry::Action action, const void* ptr, std::size_t size, StreamHandle stream) {
-    auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                   std::chrono::steady_clock::now().time_since_epoch())
-                   .count();
-    std::lock_guard<std::mutex> lock(trace_mutex_);
-    if (trace_capacity_ == 0) return;
-    TraceEntry e{action, reinterpret_cast<std::uintptr_t>(ptr), size, stream, now};
-    if (trace_.size() < trace_capacity_) {
-      trace_.push_back(e);
-    } else {
-      trace_[trace_next_] = e;
-      trace_next_ = (trace_next_ + 1) % trace_capacity_;
-    }
-  }
-
   Backend<R>& backend_;
   device_index device_;
   AllocatorConfig config_;
@@ -1938,11 +1589,7 @@ class DeviceCachingAllocator {
   std::mutex release_mutex_;  // serializes returning segments to the driver
   Released limbo_;            // under release_mutex_ (Note [Ordered release])
 
-  std::atomic<bool> tracing_{false};
-  std::mutex trace_mutex_;
-  std::vector<TraceEntry> trace_;
-  std::size_t trace_capacity_ = 0;
-  std::size_t trace_next_ = 0;
+  detail::TraceRing trace_;  // the allocation history
 };
 
 // The caching allocators of every device of a backend, created on first use

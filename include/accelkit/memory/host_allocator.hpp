@@ -13,17 +13,17 @@
 #pragma once
 
 #include <accelkit/config.hpp>
+#include <accelkit/detail/format.hpp>
 #include <accelkit/detail/pending.hpp>
 #include <accelkit/detail/per_device.hpp>
 #include <accelkit/detail/pointer_map.hpp>
 #include <accelkit/detail/spinlock.hpp>
-#include <accelkit/memory/stream_uses.hpp>
 #include <accelkit/device/backend.hpp>
 #include <accelkit/diagnostics.hpp>
 #include <accelkit/error.hpp>
-#include <accelkit/memory/caching_allocator.hpp>
 #include <accelkit/memory/config.hpp>
 #include <accelkit/memory/stats.hpp>
+#include <accelkit/memory/stream_uses.hpp>
 #include <accelkit/stream/event_pool.hpp>
 
 #include <fmt/format.h>

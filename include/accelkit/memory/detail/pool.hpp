@@ -1,0 +1,249 @@
+// accelkit: the device pool's records: blocks and segments, the live-block
+// index entry, the record recycler, and a pool shard (one per stream) with
+// its bins, small arena and queue of pending frees. The policy that uses
+// them is in memory/caching_allocator.hpp.
+#pragma once
+
+#include <accelkit/config.hpp>
+#include <accelkit/detail/spinlock.hpp>
+#include <accelkit/memory/config.hpp>
+#include <accelkit/memory/small_arena.hpp>
+#include <accelkit/memory/stats.hpp>
+#include <accelkit/types.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <set>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace detail {
+
+struct PoolShard;
+struct MemSegment;
+
+// Note [Block records]: one cache line per block, for large blocks (and for
+// every block while caching is off; small blocks have none otherwise, Note
+// [Small arena]). They are kept to 64 bytes, allocated in slabs, and hold
+// nothing that is rarely needed (the streams a block was used on live in a
+// side table of its pool, flagged by has_uses).
+struct alignas(64) MemBlock {
+  char* ptr = nullptr;
+  std::size_t size = 0;
+  MemBlock* prev = nullptr;      // neighbours in the segment, by address
+  MemBlock* next = nullptr;
+  MemBlock* next_spare = nullptr;  // the pool's spare list
+  MemSegment* segment = nullptr;
+  std::uint64_t requested : 61;
+  std::uint64_t allocated : 1;
+  std::uint64_t cached : 1;      // in the pool's bins or large set (mergeable)
+  std::uint64_t has_uses : 1;    // used on other streams (PoolShard::uses)
+  MemBlock() : requested(0), allocated(0), cached(0), has_uses(0) {}
+};
+static_assert(sizeof(MemBlock) == 64, "Note [Block records]");
+
+struct MemSegment {
+  PoolShard* pool = nullptr;
+  char* ptr = nullptr;
+  std::size_t size = 0;
+  bool small = false;
+  bool oversize = false;
+  MemBlock* head = nullptr;       // the block at ptr; never merged away
+  std::size_t index = 0;          // position in its pool's segment list
+  std::uint64_t free_tick = 0;    // when it last became wholly free
+};
+
+inline bool whole_segment(const MemBlock* b) noexcept { return !b->prev && !b->next; }
+
+// Note [Freeing without the block record]
+// (Large blocks: small ones have no records, Note [Small arena].)
+// With 100,000 live blocks a free used to miss in cache twice in a row: on
+// its pointer-map slot, then on the block record the slot points to. The
+// slot now also carries what a free needs (the block's pool, size, requested
+// bytes, and whether it is small and spans its whole segment; none of these
+// change while the block is allocated), so a free neither reads nor writes
+// the record: even a one-bit store is a read that stalls. It only prefetches
+// the record for its eviction from the parking queue a few frees later (Note
+// [Prefetching the next eviction]). The record's allocated flag of a parked
+// block is therefore stale; parking means free. The flag is cleared when the
+// block enters the bins, and snapshot() clears it for parked blocks before
+// it reads it. A block used on other streams (record_stream clears the
+// summary), one of 4 GiB or more, and every block while caching is off or
+// tracing is on take the path through the record.
+struct LiveBlock {
+  MemBlock* block = nullptr;
+  PoolShard* pool = nullptr;
+  // 0, or: size | small (bit 0) | whole segment (bit 1) in the high half,
+  // requested bytes in the low half.
+  std::uint64_t summary = 0;
+};
+
+// Recycles the nodes of one std::set so that inserting a free block does not
+// call the heap. Every rebound copy shares one free list.
+struct NodeFreeList {
+  void* head = nullptr;
+  std::size_t node_size = 0;
+  NodeFreeList() = default;
+  NodeFreeList(const NodeFreeList&) = delete;
+  NodeFreeList& operator=(const NodeFreeList&) = delete;
+  ~NodeFreeList() {
+    while (head) {
+      void* next = *static_cast<void**>(head);
+      ::operator delete(head);
+      head = next;
+    }
+  }
+};
+template <class T>
+struct NodeRecycler {
+  using value_type = T;
+  NodeFreeList* list;
+  explicit NodeRecycler(NodeFreeList* l) noexcept : list(l) {}
+  template <class U>
+  NodeRecycler(const NodeRecycler<U>& o) noexcept : list(o.list) {}
+  T* allocate(std::size_t n) {
+    if (n == 1 && list->head && list->node_size == sizeof(T)) {
+      void* p = list->head;
+      list->head = *static_cast<void**>(p);
+      return static_cast<T*>(p);
+    }
+    return static_cast<T*>(::operator new(n * sizeof(T)));
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    if (n == 1 && sizeof(T) >= sizeof(void*) &&
+        (list->node_size == 0 || list->node_size == sizeof(T))) {
+      list->node_size = sizeof(T);
+      *reinterpret_cast<void**>(p) = list->head;
+      list->head = p;
+      return;
+    }
+    ::operator delete(p);
+  }
+  template <class U>
+  friend bool operator==(const NodeRecycler& a, const NodeRecycler<U>& b) noexcept {
+    return a.list == b.list;
+  }
+  template <class U>
+  friend bool operator!=(const NodeRecycler& a, const NodeRecycler<U>& b) noexcept {
+    return a.list != b.list;
+  }
+};
+
+struct LargeOrder {
+  bool operator()(const MemBlock* a, const MemBlock* b) const noexcept {
+    return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+  }
+};
+
+// A freed block waiting for events on the streams it was used on: a record
+// (large blocks), or a small block at `ptr` in `seg`.
+struct PendingFree {
+  MemBlock* block;
+  SmallSegment* seg;
+  char* ptr;
+  std::vector<std::pair<device_index, EventHandle>> events;  // all of this pool's device
+};
+
+// Where the small segments overlapping one 2 MiB address window are (Note
+// [Small arena]): at most two, as they are 2 MiB each and do not overlap.
+struct SmallWindow {
+  PoolShard* pool[2] = {nullptr, nullptr};
+  char* base[2] = {nullptr, nullptr};
+  std::uint64_t id[2] = {0, 0};
+  static SmallWindow without(const SmallWindow& w, int k) noexcept {
+    SmallWindow out;
+    int keep = 1 - k;
+    out.pool[0] = w.pool[keep];
+    out.base[0] = w.base[keep];
+    out.id[0] = w.id[keep];
+    return out;
+  }
+};
+
+// A parked block (Note [Recently freed blocks]): a record, or a small block
+// at `ptr` in `seg`.
+struct Parked {
+  MemBlock* block = nullptr;
+  SmallSegment* seg = nullptr;
+  char* ptr = nullptr;
+  std::size_t hint = 0;  // the small block's index when parked (SmallSegment::index_of)
+};
+
+// The cached memory of one stream (Note [Caching device allocator]).
+struct alignas(64) PoolShard {
+  explicit PoolShard(StreamHandle s)
+      : stream(s), large(LargeOrder{}, NodeRecycler<MemBlock*>(&nodes)) {
+    node_probe.size = std::numeric_limits<std::size_t>::max();  // sorts after every block
+  }
+  PoolShard(const PoolShard&) = delete;
+  PoolShard& operator=(const PoolShard&) = delete;
+  ~PoolShard() = default;
+
+  // A reset block record from the pool's slabs (Note [Block records]).
+  MemBlock* new_block() {
+    if (!spare) {
+      std::size_t n = std::size_t{64} << std::min<std::size_t>(slabs.size(), 6);  // 64..4096
+      slabs.push_back(std::make_unique<MemBlock[]>(n));
+      MemBlock* slab = slabs.back().get();
+      for (std::size_t i = n; i-- > 0;) {
+        slab[i].next_spare = spare;
+        spare = &slab[i];
+      }
+    }
+    MemBlock* b = spare;
+    spare = b->next_spare;
+    *b = MemBlock();
+    return b;
+  }
+  void recycle(MemBlock* b) noexcept {
+    if (b->has_uses) uses.erase(b->ptr);
+    b->next_spare = spare;
+    spare = b;
+  }
+
+  SpinLock lock;
+  StreamHandle stream;
+  SmallArena arena;    // small blocks (Note [Small arena])
+  NodeFreeList nodes;  // before `large`: destroyed after it
+  using LargeSet = std::set<MemBlock*, LargeOrder, NodeRecycler<MemBlock*>>;
+  LargeSet large;
+  // A set node kept ready so that evicting a parked large block into the
+  // set cannot fail (prepare_evict); node_probe is its placeholder value.
+  LargeSet::node_type spare_node;
+  MemBlock node_probe;
+  std::vector<PendingFree> pending;
+  std::vector<MemSegment*> segments;
+  std::vector<std::unique_ptr<MemBlock[]>> slabs;
+  MemBlock* spare = nullptr;
+  std::unordered_map<const void*, std::vector<StreamHandle>> uses;  // by block address
+  DeviceStats stats;
+  // Note [Recently freed blocks]
+  // The sizes sit beside the pointers (bit 0: small pool) so that a lookup
+  // scans one cache line instead of touching every parked block.
+  static constexpr std::size_t kHot = 8;
+  std::array<Parked, kHot> hot{};
+  std::array<std::size_t, kHot> hot_key{};
+  std::size_t hot_count = 0;
+  std::size_t hot_victim = 0;
+  static std::size_t key(std::size_t size, bool small) noexcept { return size | (small ? 1 : 0); }
+  void park(std::size_t i, const Parked& b, std::size_t size, bool small) noexcept {
+    hot[i] = b;
+    hot_key[i] = key(size, small);
+  }
+  Parked unpark(std::size_t i) noexcept {
+    Parked b = hot[i];
+    --hot_count;
+    hot[i] = hot[hot_count];
+    hot_key[i] = hot_key[hot_count];
+    return b;
+  }
+};
+
+}  // namespace detail
+ACCELKIT_END_NAMESPACE
