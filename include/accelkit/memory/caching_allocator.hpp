@@ -5,8 +5,8 @@
 // rounded to 512 B; requests up to 1 MiB served from 2 MiB "small" segments,
 // 1-10 MiB from large_segment_size segments, larger ones rounded to 2 MiB;
 // best fit; split and merge of neighbours; stream-ordered reuse; free and
-// retry before out-of-memory) with three changes aimed at its known costs:
-//  - Each stream has its own pool (PoolShard) with its own lock, cached
+// retry before out-of-memory) with four changes aimed at its known costs:
+//  - Each stream has its own pool (Pool) with its own lock, cached
 //    blocks and statistics. CUDA's allocator already keys cached blocks by
 //    stream, so nothing is shared between streams on the hot path, and two
 //    threads allocating on two streams do not contend. A segment belongs to
@@ -18,13 +18,14 @@
 //    arena]). Large blocks have records and sit in an ordered set keyed
 //    (size, address) whose nodes are recycled. No operation scans a list.
 //  - Live large blocks are found through a sharded open-addressing map
-//    (Note [Pointer map]); small ones through their segment.
+//    (Note [Pointer map]); small ones through an index of the 2 MiB address
+//    windows their segments cover (Note [Small arena]).
 //  - Note [Recently freed blocks]: the last few blocks freed on a stream are
 //    parked unmerged, and a request of exactly their size takes one back
 //    without a split or a merge: the common "free, then allocate the same
 //    shape again" of a training loop costs neither. Parked blocks merge into
 //    the bins when evicted, when a request finds nothing else, and before
-//    any memory goes back to the driver, so at most kHot blocks per stream
+//    any memory goes back to the driver, so at most kParked blocks per stream
 //    ever sit unmerged.
 // Blocks that were used on other streams (record_stream) are returned to the
 // cache only after events recorded on those streams at free time complete;
@@ -121,10 +122,10 @@ class DeviceCachingAllocator {
       delete d.record;
     }
     for (auto& kv : pools_by_stream_) {
-      detail::PoolShard& pool = *kv.second;
+      detail::Pool& pool = *kv.second;
       for (detail::PendingFree& p : pool.pending)
         for (auto [device, e] : p.events) events_.release(e);
-      for (detail::MemSegment* s : pool.segments) {
+      for (detail::Segment* s : pool.segments) {
         try {
           backend_.raw_free(device_, s->ptr, s->size);
         } catch (...) {
@@ -153,10 +154,10 @@ class DeviceCachingAllocator {
   void* allocate(std::size_t bytes, StreamHandle stream) {
     if (bytes == 0) return nullptr;
     if (bytes > max_allocation_) throw too_large(bytes);
-    detail::PoolShard& pool = pool_for(stream);
-    Taken t;
+    detail::Pool& pool = pool_for(stream);
+    Allocation t;
     if (!config_.caching) {
-      t = taken(allocate_uncached(pool, bytes));
+      t = allocation_of(allocate_uncached(pool, bytes));
     } else {
       std::size_t size = config_.round_size(bytes);
       {
@@ -197,8 +198,8 @@ class DeviceCachingAllocator {
       free_summarized(live, static_cast<char*>(ptr));
       return;
     }
-    detail::MemBlock* b = live.block;
-    detail::PoolShard& pool = *b->segment->pool;
+    detail::Block* b = live.block;
+    detail::Pool& pool = *b->segment->pool;
     if (trace_.on())
       trace_.record(TraceEntry::Action::free_requested, b->ptr, b->size, pool.stream);
     std::vector<StreamHandle> uses;
@@ -230,7 +231,7 @@ class DeviceCachingAllocator {
     b->allocated = false;
     count_free(pool, b);
     if (!safe) return;  // quarantined: see record_uses
-    park_or_queue(pool, {b, nullptr, b->ptr, std::move(events)});
+    cache_or_queue(pool, {b, nullptr, b->ptr, std::move(events)});
   }
 
   // Whether `ptr` is the start of a live allocation of this allocator.
@@ -247,9 +248,9 @@ class DeviceCachingAllocator {
       auto b = reinterpret_cast<std::uintptr_t>(base);
       return p >= b && p - b < size;
     };
-    for (detail::PoolShard* pool : pools_snapshot()) {
+    for (detail::Pool* pool : pools_snapshot()) {
       std::lock_guard<detail::SpinLock> lock(pool->lock);
-      for (const detail::MemSegment* s : pool->segments)
+      for (const detail::Segment* s : pool->segments)
         if (inside(s->ptr, s->size)) return true;
       bool found = false;
       pool->arena.for_each_segment(
@@ -277,9 +278,9 @@ class DeviceCachingAllocator {
       h.seg->blocks[h.i] = detail::small_block::with_uses(h.seg->blocks[h.i], true);
       return;
     }
-    detail::MemBlock* b = live_.find(ptr).block;
+    detail::Block* b = live_.find(ptr).block;
     if (!b) throw not_live();
-    detail::PoolShard& pool = *b->segment->pool;
+    detail::Pool& pool = *b->segment->pool;
     if (stream == pool.stream) return;
     // Its free must now read the record (Note [Freeing without the block record]).
     live_.update(ptr, [](detail::LiveBlock& l) { l.summary = 0; });
@@ -295,7 +296,7 @@ class DeviceCachingAllocator {
   // Statistics summed over streams (Note [Sharded statistics]).
   DeviceStats stats() {
     DeviceStats out;
-    for (detail::PoolShard* pool : pools_snapshot()) {
+    for (detail::Pool* pool : pools_snapshot()) {
       std::lock_guard<detail::SpinLock> lock(pool->lock);
       out.merge(pool->stats);
     }
@@ -305,13 +306,13 @@ class DeviceCachingAllocator {
     return out;
   }
   void reset_peak_stats() {
-    for (detail::PoolShard* pool : pools_snapshot()) {
+    for (detail::Pool* pool : pools_snapshot()) {
       std::lock_guard<detail::SpinLock> lock(pool->lock);
       pool->stats.reset_peak();
     }
   }
   void reset_accumulated_stats() {
-    for (detail::PoolShard* pool : pools_snapshot()) {
+    for (detail::Pool* pool : pools_snapshot()) {
       std::lock_guard<detail::SpinLock> lock(pool->lock);
       pool->stats.reset_accumulated();
     }
@@ -337,19 +338,19 @@ class DeviceCachingAllocator {
 
   MemorySnapshot snapshot() {
     MemorySnapshot out;
-    for (detail::PoolShard* pool : pools_snapshot()) {
+    for (detail::Pool* pool : pools_snapshot()) {
       std::lock_guard<detail::SpinLock> lock(pool->lock);
       // A parked block's record may still say allocated (Note [Freeing
       // without the block record]).
-      for (std::size_t i = 0; i < pool->hot_count; ++i)
-        if (pool->hot[i].block) pool->hot[i].block->allocated = false;
-      std::vector<const detail::MemBlock*> pending;
+      for (std::size_t i = 0; i < pool->parked_count; ++i)
+        if (pool->parked[i].block) pool->parked[i].block->allocated = false;
+      std::vector<const detail::Block*> pending;
       for (const detail::PendingFree& p : pool->pending)
         if (p.block) pending.push_back(p.block);
-      for (const detail::MemSegment* s : pool->segments) {
+      for (const detail::Segment* s : pool->segments) {
         SegmentSnapshot seg{device_, reinterpret_cast<std::uintptr_t>(s->ptr), s->size, 0, 0, 0,
                             pool->stream, s->small ? "small" : "large", {}};
-        for (const detail::MemBlock* b = s->head; b; b = b->next) {
+        for (const detail::Block* b = s->head; b; b = b->next) {
           bool is_pending = std::find(pending.begin(), pending.end(), b) != pending.end();
           std::string_view state = b->allocated ? "active_allocated"
                                    : is_pending ? "active_pending_free"
@@ -394,9 +395,9 @@ class DeviceCachingAllocator {
   }
 
  private:
-  using Block = detail::MemBlock;
-  using Pool = detail::PoolShard;
-  using Segment = detail::MemSegment;
+  using Block = detail::Block;
+  using Pool = detail::Pool;
+  using Segment = detail::Segment;
 
   // Note [Ordered release]
   // Memory goes back to the driver only after the work that used it: a
@@ -424,13 +425,13 @@ class DeviceCachingAllocator {
 
   // An allocated block: a record (large blocks, and every block while
   // caching is off), or a small block (block null, Note [Small arena]).
-  struct Taken {
+  struct Allocation {
     Block* block = nullptr;
     char* ptr = nullptr;  // null: nothing was taken
     std::size_t size = 0;
     std::uint64_t summary = 0;  // Note [Freeing without the block record]
   };
-  static Taken taken(Block* b) noexcept { return {b, b->ptr, b->size, 0}; }
+  static Allocation allocation_of(Block* b) noexcept { return {b, b->ptr, b->size, 0}; }
 
   static std::uint64_t next_id() noexcept {
     static std::atomic<std::uint64_t> next{1};
@@ -477,11 +478,11 @@ class DeviceCachingAllocator {
   // ------------------------------------------------------------ statistics
 
   // Adds to / subtracts from a statistic at the aggregate and at the pool type.
-  ACCELKIT_ALWAYS_INLINE static void up(StatArray& a, bool small, std::int64_t n) noexcept {
+  ACCELKIT_ALWAYS_INLINE static void count_up(StatArray& a, bool small, std::int64_t n) noexcept {
     a[0].increase(n);
     a[small ? 1 : 2].increase(n);
   }
-  ACCELKIT_ALWAYS_INLINE static void down(StatArray& a, bool small, std::int64_t n) noexcept {
+  ACCELKIT_ALWAYS_INLINE static void count_down(StatArray& a, bool small, std::int64_t n) noexcept {
     a[0].decrease(n);
     a[small ? 1 : 2].decrease(n);
   }
@@ -493,11 +494,11 @@ class DeviceCachingAllocator {
   void count_alloc(Pool& pool, std::size_t size, std::size_t requested, bool sm) {
     auto n = static_cast<std::int64_t>(size);
     DeviceStats& s = pool.stats;
-    up(s.allocation, sm, 1);
-    up(s.allocated_bytes, sm, n);
-    up(s.active, sm, 1);
-    up(s.active_bytes, sm, n);
-    up(s.requested_bytes, sm, static_cast<std::int64_t>(requested));
+    count_up(s.allocation, sm, 1);
+    count_up(s.allocated_bytes, sm, n);
+    count_up(s.active, sm, 1);
+    count_up(s.active_bytes, sm, n);
+    count_up(s.requested_bytes, sm, static_cast<std::int64_t>(requested));
     if (size >= config_.max_split_size) s.oversize_allocations.increase(1);
   }
   void count_free(Pool& pool, const Block* b) {
@@ -505,9 +506,9 @@ class DeviceCachingAllocator {
   }
   void count_free(Pool& pool, std::size_t size, std::size_t requested, bool sm) {
     DeviceStats& s = pool.stats;
-    down(s.allocation, sm, 1);
-    down(s.allocated_bytes, sm, static_cast<std::int64_t>(size));
-    down(s.requested_bytes, sm, static_cast<std::int64_t>(requested));
+    count_down(s.allocation, sm, 1);
+    count_down(s.allocated_bytes, sm, static_cast<std::int64_t>(size));
+    count_down(s.requested_bytes, sm, static_cast<std::int64_t>(requested));
     if (size >= config_.max_split_size) s.oversize_allocations.decrease(1);
   }
   void count_segment(Pool& pool, const Segment* seg, bool added) {
@@ -517,11 +518,11 @@ class DeviceCachingAllocator {
     auto n = static_cast<std::int64_t>(size);
     DeviceStats& s = pool.stats;
     if (added) {
-      up(s.segment, small, 1);
-      up(s.reserved_bytes, small, n);
+      count_up(s.segment, small, 1);
+      count_up(s.reserved_bytes, small, n);
     } else {
-      down(s.segment, small, 1);
-      down(s.reserved_bytes, small, n);
+      count_down(s.segment, small, 1);
+      count_down(s.reserved_bytes, small, n);
     }
     if (oversize) {
       if (added) s.oversize_segments.increase(1);
@@ -543,11 +544,11 @@ class DeviceCachingAllocator {
     if (whole) return;
     auto n = static_cast<std::int64_t>(size);
     if (entering) {
-      up(pool.stats.inactive_split, sm, 1);
-      up(pool.stats.inactive_split_bytes, sm, n);
+      count_up(pool.stats.inactive_split, sm, 1);
+      count_up(pool.stats.inactive_split_bytes, sm, n);
     } else {
-      down(pool.stats.inactive_split, sm, 1);
-      down(pool.stats.inactive_split_bytes, sm, n);
+      count_down(pool.stats.inactive_split, sm, 1);
+      count_down(pool.stats.inactive_split_bytes, sm, n);
     }
   }
   // Records are cached only in the large pool: small blocks have none while
@@ -582,12 +583,12 @@ class DeviceCachingAllocator {
 
   // Under the pool lock: a cached block of at least `size`, split to size
   // and marked allocated, or {} (t.ptr null).
-  Taken take_cached(Pool& pool, std::size_t size, std::size_t requested) {
+  Allocation take_cached(Pool& pool, std::size_t size, std::size_t requested) {
     using namespace detail::small_block;
     bool small = size <= memory_constants::kSmallSize;
     const std::size_t want = Pool::key(size, small);
-    for (std::size_t i = pool.hot_count; i-- > 0;) {  // most recently parked first
-      if (pool.hot_key[i] != want) continue;
+    for (std::size_t i = pool.parked_count; i-- > 0;) {  // most recently parked first
+      if (pool.parked_key[i] != want) continue;
       detail::Parked h = pool.unpark(i);
       if (h.seg) {
         std::size_t j = h.seg->index_of(h.ptr, h.hint);
@@ -598,11 +599,11 @@ class DeviceCachingAllocator {
         return {nullptr, h.ptr, size, 0};
       }
       Block* b = h.block;
-      leave_hot(pool, b);
+      leave_parking(pool, b);
       b->allocated = true;
       b->requested = requested;
       count_alloc(pool, b);
-      return taken(b);
+      return allocation_of(b);
     }
     if (small) {
       detail::SmallSegment* seg = nullptr;
@@ -611,7 +612,7 @@ class DeviceCachingAllocator {
       // A parked block that fits better than the binned one is split instead.
       std::size_t best_size = found ? bytes(seg->blocks[i]) : std::numeric_limits<std::size_t>::max();
       std::size_t best = best_parked<true>(pool, size, best_size);
-      if (best != pool.hot_count) {
+      if (best != pool.parked_count) {
         detail::Parked h = pool.unpark(best);
         std::size_t j = h.seg->index_of(h.ptr, h.hint);
         bool whole = h.seg->blocks.size() == 1;
@@ -619,13 +620,13 @@ class DeviceCachingAllocator {
         try {
           return {nullptr, carve_small(pool, *h.seg, j, size, requested), size, 0};
         } catch (...) {
-          pool.park(pool.hot_count++, h, best_size, true);  // back where it was
+          pool.park(pool.parked_count++, h, best_size, true);  // back where it was
           count_inactive(pool, best_size, true, whole, true);
           throw;
         }
       }
-      if (!found && pool.hot_count) {
-        flush_hot(pool);
+      if (!found && pool.parked_count) {
+        unpark_all(pool);
         found = pool.arena.best_fit(size / kGranule, seg, i);
       }
       if (found) {
@@ -647,36 +648,36 @@ class DeviceCachingAllocator {
       if (!r || r->size > memory_constants::kSmallBuffer) return {};
       live_.prefetch(r->ptr);
       unlink_free(pool, r);
-      return taken(carve(pool, r, size, requested));
+      return allocation_of(carve(pool, r, size, requested));
     }
     Block* b = find_large(pool, size);
     // A parked block that fits better than the set's is split instead.
     std::size_t best_size = b ? b->size : std::numeric_limits<std::size_t>::max();
     std::size_t best = best_parked<false>(pool, size, best_size);
-    if (best != pool.hot_count) {
+    if (best != pool.parked_count) {
       Block* h = pool.unpark(best).block;
-      leave_hot(pool, h);
-      return taken(carve(pool, h, size, requested));
+      leave_parking(pool, h);
+      return allocation_of(carve(pool, h, size, requested));
     }
-    if (!b && pool.hot_count) {
-      flush_hot(pool);
+    if (!b && pool.parked_count) {
+      unpark_all(pool);
       b = find_large(pool, size);
     }
     if (!b) return {};
     live_.prefetch(b->ptr);  // the insert after carving, overlapped with its reads
     unlink_free(pool, b);
-    return taken(carve(pool, b, size, requested));
+    return allocation_of(carve(pool, b, size, requested));
   }
 
   // The parking slot of the smallest parked block of the pool kind `Small`
   // that is larger than `size`, smaller than `best_size` and fits it
-  // (best_size becomes its size); pool.hot_count if none.
+  // (best_size becomes its size); pool.parked_count if none.
   template <bool Small>
   ACCELKIT_ALWAYS_INLINE std::size_t best_parked(const Pool& pool, std::size_t size,
                                                  std::size_t& best_size) const noexcept {
-    std::size_t best = pool.hot_count;
-    for (std::size_t k = 0; k < pool.hot_count; ++k) {
-      std::size_t key = pool.hot_key[k];
+    std::size_t best = pool.parked_count;
+    for (std::size_t k = 0; k < pool.parked_count; ++k) {
+      std::size_t key = pool.parked_key[k];
       std::size_t hs = key & ~std::size_t{1};
       if ((key & 1) == (Small ? 1u : 0u) && hs > size && hs < best_size && fits(size, hs)) {
         best = k;
@@ -725,7 +726,7 @@ class DeviceCachingAllocator {
     return block < size + config_.max_non_split_rounding;
   }
 
-  void leave_hot(Pool& pool, const Block* b) { count_inactive(pool, b, false); }
+  void leave_parking(Pool& pool, const Block* b) { count_inactive(pool, b, false); }
   // Under the pool lock: merges a block that left the parking slots into the
   // bins.
   void evict(Pool& pool, const detail::Parked& p) {
@@ -735,21 +736,21 @@ class DeviceCachingAllocator {
                      p.seg->blocks.size() == 1, false);
       cache_small(pool, *p.seg, i);
     } else {
-      leave_hot(pool, p.block);
+      leave_parking(pool, p.block);
       cache_block(pool, p.block);
     }
   }
   // Under the pool lock: merges every parked block into the bins.
-  void flush_hot(Pool& pool) {
-    while (pool.hot_count) {
-      prepare_evict(pool, pool.hot[pool.hot_count - 1]);
-      evict(pool, pool.unpark(pool.hot_count - 1));
+  void unpark_all(Pool& pool) {
+    while (pool.parked_count) {
+      prepare_evict(pool, pool.parked[pool.parked_count - 1]);
+      evict(pool, pool.unpark(pool.parked_count - 1));
     }
   }
   // Before a block is parked: room for the eviction that parking it causes
   // (prepare_evict). Nothing has changed when this throws.
   void make_room(Pool& pool) {
-    if (pool.hot_count == Pool::kHot) prepare_evict(pool, pool.hot[pool.hot_victim]);
+    if (pool.parked_count == Pool::kParked) prepare_evict(pool, pool.parked[pool.parked_victim]);
   }
   bool try_make_room(Pool& pool) noexcept {
     try {
@@ -836,18 +837,18 @@ class DeviceCachingAllocator {
   // The same, told the block's size and kind (Note [Freeing without the
   // block record]).
   void park_block(Pool& pool, const detail::Parked& b, std::size_t size, bool small, bool whole) {
-    down(pool.stats.active, small, 1);
-    down(pool.stats.active_bytes, small, static_cast<std::int64_t>(size));
+    count_down(pool.stats.active, small, 1);
+    count_down(pool.stats.active_bytes, small, static_cast<std::int64_t>(size));
     if (trace_.on())
       trace_.record(TraceEntry::Action::free_completed, b.ptr, size, pool.stream);
-    if (pool.hot_count == Pool::kHot) {
-      detail::Parked victim = pool.hot[pool.hot_victim];
-      pool.park(pool.hot_victim, b, size, small);
-      pool.hot_victim = (pool.hot_victim + 1) % Pool::kHot;
+    if (pool.parked_count == Pool::kParked) {
+      detail::Parked victim = pool.parked[pool.parked_victim];
+      pool.park(pool.parked_victim, b, size, small);
+      pool.parked_victim = (pool.parked_victim + 1) % Pool::kParked;
       evict(pool, victim);
-      prefetch_neighbours(pool.hot[pool.hot_victim]);
+      prefetch_neighbours(pool.parked[pool.parked_victim]);
     } else {
-      pool.park(pool.hot_count++, b, size, small);
+      pool.park(pool.parked_count++, b, size, small);
     }
     count_inactive(pool, size, small, whole, true);
   }
@@ -970,23 +971,23 @@ class DeviceCachingAllocator {
         [&](detail::PendingFree& p) {
           // The free first: if it throws, nothing changed and p stays queued.
           make_room(pool);
-          park(pool, p);
+          cache_freed(pool, p);
           for (auto [device, e] : p.events) events_.release(e, /*completed=*/true);
         });
   }
 
-  // Under the pool lock, after make_room(): parks a freed block whose stream
-  // uses are past (free_block or free_small_block).
-  void park(Pool& pool, const detail::PendingFree& p) {
+  // Under the pool lock, after make_room(): returns a freed block whose
+  // stream uses are past to the cache (free_block or free_small_block).
+  void cache_freed(Pool& pool, const detail::PendingFree& p) {
     if (p.seg) free_small_block(pool, *p.seg, p.seg->index_of(p.ptr));
     else free_block(pool, p.block);
   }
-  // Under the pool lock, after record_uses(): parks the block now when there
-  // are no events to wait for and room to park it; otherwise queues it, and
-  // process_pending parks it once its events complete (at once if none).
-  void park_or_queue(Pool& pool, detail::PendingFree p) {
+  // Under the pool lock, after record_uses(): caches the block now when
+  // there are no events to wait for and room for it; otherwise queues it,
+  // and process_pending caches it once its events complete.
+  void cache_or_queue(Pool& pool, detail::PendingFree p) {
     if (p.events.empty() && try_make_room(pool)) {
-      park(pool, p);
+      cache_freed(pool, p);
       return;
     }
     pool.pending.push_back(std::move(p));
@@ -1066,7 +1067,7 @@ class DeviceCachingAllocator {
 
   // Under the pool lock: a new small segment at `ptr`, from the driver,
   // carved for the request. On error the memory goes back to the driver.
-  Taken add_small_segment(Pool& pool, char* ptr, std::size_t size, std::size_t requested) {
+  Allocation add_small_segment(Pool& pool, char* ptr, std::size_t size, std::size_t requested) {
     constexpr std::size_t n = memory_constants::kSmallBuffer;
     detail::SmallSegment* seg = nullptr;
     char* p = nullptr;
@@ -1272,7 +1273,7 @@ class DeviceCachingAllocator {
     std::lock_guard<detail::SpinLock> lock(pool.lock);
     count_free(pool, size, requested, true);
     if (!safe) return;  // quarantined: see record_uses
-    park_or_queue(pool, {nullptr, seg, ptr, std::move(events)});
+    cache_or_queue(pool, {nullptr, seg, ptr, std::move(events)});
   }
 
   // Under the pool lock: removes a wholly free segment from the pool; its
@@ -1362,7 +1363,7 @@ class DeviceCachingAllocator {
         if (wait) ++pool->stats.num_sync_all_streams;
         process_pending(*pool, wait);
       }
-      flush_hot(*pool);
+      unpark_all(*pool);
       for (std::size_t i = pool->segments.size(); i-- > 0;) {
         Segment* s = pool->segments[i];
         if (!wholly_free(s)) continue;
@@ -1394,7 +1395,7 @@ class DeviceCachingAllocator {
     std::vector<Candidate> candidates;
     for (Pool* pool : pools_snapshot()) {
       std::lock_guard<detail::SpinLock> lock(pool->lock);
-      flush_hot(*pool);
+      unpark_all(*pool);
       for (Segment* s : pool->segments)
         if (wholly_free(s)) candidates.push_back({s->free_tick, pool, s, {}});
       pool->arena.for_each_segment([&](detail::SmallSegment& s) {
@@ -1432,7 +1433,7 @@ class DeviceCachingAllocator {
     }
   }
 
-  Taken allocate_slow(Pool& pool, std::size_t size, std::size_t requested) {
+  Allocation allocate_slow(Pool& pool, std::size_t size, std::size_t requested) {
     bool small = size <= memory_constants::kSmallSize;
     std::size_t seg_size = segment_size(size);
     for (int attempt = 0;; ++attempt) {
@@ -1440,14 +1441,14 @@ class DeviceCachingAllocator {
       if (char* p = driver_alloc(seg_size)) {
         std::lock_guard<detail::SpinLock> lock(pool.lock);
         if (small) return add_small_segment(pool, p, size, requested);
-        return taken(carve(pool, add_segment(pool, p, seg_size, small), size, requested));
+        return allocation_of(carve(pool, add_segment(pool, p, seg_size, small), size, requested));
       }
       // A 1-10 MiB request normally takes a large_segment_size segment to
       // share; when that does not fit, a segment of its own still may.
       if (!small && seg_size > size) {
         if (char* p = driver_alloc(size)) {
           std::lock_guard<detail::SpinLock> lock(pool.lock);
-          return taken(carve(pool, add_segment(pool, p, size, small), size, requested));
+          return allocation_of(carve(pool, add_segment(pool, p, size, small), size, requested));
         }
       }
       if (attempt == 1) break;
@@ -1457,7 +1458,7 @@ class DeviceCachingAllocator {
       }
       release_all(true);
       std::lock_guard<detail::SpinLock> lock(pool.lock);
-      if (Taken t = take_cached(pool, size, requested); t.ptr) return t;
+      if (Allocation t = take_cached(pool, size, requested); t.ptr) return t;
     }
     {
       std::lock_guard<detail::SpinLock> lock(pool.lock);
@@ -1495,8 +1496,8 @@ class DeviceCachingAllocator {
     b->allocated = true;
     count_alloc(pool, b);
     DeviceStats& s = pool.stats;
-    up(s.segment, is_small(b), 1);
-    up(s.reserved_bytes, is_small(b), static_cast<std::int64_t>(size));
+    count_up(s.segment, is_small(b), 1);
+    count_up(s.reserved_bytes, is_small(b), static_cast<std::int64_t>(size));
     ++s.num_device_alloc;
     return b;
   }
@@ -1515,8 +1516,8 @@ class DeviceCachingAllocator {
       count_free(pool, b);
       auto n = static_cast<std::int64_t>(b->size);
       bool sm = is_small(b);
-      down(pool.stats.active, sm, 1);
-      down(pool.stats.active_bytes, sm, n);
+      count_down(pool.stats.active, sm, 1);
+      count_down(pool.stats.active_bytes, sm, n);
       r.push_back(Detached{&pool, b->ptr, b->size, sm, false, b->segment});
       pool.recycle(b);
     }

@@ -25,41 +25,41 @@
 ACCELKIT_BEGIN_NAMESPACE
 namespace detail {
 
-struct PoolShard;
-struct MemSegment;
+struct Pool;
+struct Segment;
 
 // Note [Block records]: one cache line per block, for large blocks (and for
 // every block while caching is off; small blocks have none otherwise, Note
 // [Small arena]). They are kept to 64 bytes, allocated in slabs, and hold
 // nothing that is rarely needed (the streams a block was used on live in a
 // side table of its pool, flagged by has_uses).
-struct alignas(64) MemBlock {
+struct alignas(64) Block {
   char* ptr = nullptr;
   std::size_t size = 0;
-  MemBlock* prev = nullptr;      // neighbours in the segment, by address
-  MemBlock* next = nullptr;
-  MemBlock* next_spare = nullptr;  // the pool's spare list
-  MemSegment* segment = nullptr;
+  Block* prev = nullptr;      // neighbours in the segment, by address
+  Block* next = nullptr;
+  Block* next_spare = nullptr;  // the pool's spare list
+  Segment* segment = nullptr;
   std::uint64_t requested : 61;
   std::uint64_t allocated : 1;
   std::uint64_t cached : 1;      // in the pool's bins or large set (mergeable)
-  std::uint64_t has_uses : 1;    // used on other streams (PoolShard::uses)
-  MemBlock() : requested(0), allocated(0), cached(0), has_uses(0) {}
+  std::uint64_t has_uses : 1;    // used on other streams (Pool::uses)
+  Block() : requested(0), allocated(0), cached(0), has_uses(0) {}
 };
-static_assert(sizeof(MemBlock) == 64, "Note [Block records]");
+static_assert(sizeof(Block) == 64, "Note [Block records]");
 
-struct MemSegment {
-  PoolShard* pool = nullptr;
+struct Segment {
+  Pool* pool = nullptr;
   char* ptr = nullptr;
   std::size_t size = 0;
   bool small = false;
   bool oversize = false;
-  MemBlock* head = nullptr;       // the block at ptr; never merged away
+  Block* head = nullptr;       // the block at ptr; never merged away
   std::size_t index = 0;          // position in its pool's segment list
   std::uint64_t free_tick = 0;    // when it last became wholly free
 };
 
-inline bool whole_segment(const MemBlock* b) noexcept { return !b->prev && !b->next; }
+inline bool whole_segment(const Block* b) noexcept { return !b->prev && !b->next; }
 
 // Note [Freeing without the block record]
 // (Large blocks: small ones have no records, Note [Small arena].)
@@ -77,8 +77,8 @@ inline bool whole_segment(const MemBlock* b) noexcept { return !b->prev && !b->n
 // summary), one of 4 GiB or more, and every block while caching is off or
 // tracing is on take the path through the record.
 struct LiveBlock {
-  MemBlock* block = nullptr;
-  PoolShard* pool = nullptr;
+  Block* block = nullptr;
+  Pool* pool = nullptr;
   // 0, or: size | small (bit 0) | whole segment (bit 1) in the high half,
   // requested bytes in the low half.
   std::uint64_t summary = 0;
@@ -136,7 +136,7 @@ struct NodeRecycler {
 };
 
 struct LargeOrder {
-  bool operator()(const MemBlock* a, const MemBlock* b) const noexcept {
+  bool operator()(const Block* a, const Block* b) const noexcept {
     return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
   }
 };
@@ -144,7 +144,7 @@ struct LargeOrder {
 // A freed block waiting for events on the streams it was used on: a record
 // (large blocks), or a small block at `ptr` in `seg`.
 struct PendingFree {
-  MemBlock* block;
+  Block* block;
   SmallSegment* seg;
   char* ptr;
   std::vector<std::pair<device_index, EventHandle>> events;  // all of this pool's device
@@ -153,7 +153,7 @@ struct PendingFree {
 // Where the small segments overlapping one 2 MiB address window are (Note
 // [Small arena]): at most two, as they are 2 MiB each and do not overlap.
 struct SmallWindow {
-  PoolShard* pool[2] = {nullptr, nullptr};
+  Pool* pool[2] = {nullptr, nullptr};
   char* base[2] = {nullptr, nullptr};
   std::uint64_t id[2] = {0, 0};
   static SmallWindow without(const SmallWindow& w, int k) noexcept {
@@ -169,39 +169,39 @@ struct SmallWindow {
 // A parked block (Note [Recently freed blocks]): a record, or a small block
 // at `ptr` in `seg`.
 struct Parked {
-  MemBlock* block = nullptr;
+  Block* block = nullptr;
   SmallSegment* seg = nullptr;
   char* ptr = nullptr;
   std::size_t hint = 0;  // the small block's index when parked (SmallSegment::index_of)
 };
 
 // The cached memory of one stream (Note [Caching device allocator]).
-struct alignas(64) PoolShard {
-  explicit PoolShard(StreamHandle s)
-      : stream(s), large(LargeOrder{}, NodeRecycler<MemBlock*>(&nodes)) {
+struct alignas(64) Pool {
+  explicit Pool(StreamHandle s)
+      : stream(s), large(LargeOrder{}, NodeRecycler<Block*>(&nodes)) {
     node_probe.size = std::numeric_limits<std::size_t>::max();  // sorts after every block
   }
-  PoolShard(const PoolShard&) = delete;
-  PoolShard& operator=(const PoolShard&) = delete;
-  ~PoolShard() = default;
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+  ~Pool() = default;
 
   // A reset block record from the pool's slabs (Note [Block records]).
-  MemBlock* new_block() {
+  Block* new_block() {
     if (!spare) {
       std::size_t n = std::size_t{64} << std::min<std::size_t>(slabs.size(), 6);  // 64..4096
-      slabs.push_back(std::make_unique<MemBlock[]>(n));
-      MemBlock* slab = slabs.back().get();
+      slabs.push_back(std::make_unique<Block[]>(n));
+      Block* slab = slabs.back().get();
       for (std::size_t i = n; i-- > 0;) {
         slab[i].next_spare = spare;
         spare = &slab[i];
       }
     }
-    MemBlock* b = spare;
+    Block* b = spare;
     spare = b->next_spare;
-    *b = MemBlock();
+    *b = Block();
     return b;
   }
-  void recycle(MemBlock* b) noexcept {
+  void recycle(Block* b) noexcept {
     if (b->has_uses) uses.erase(b->ptr);
     b->next_spare = spare;
     spare = b;
@@ -211,36 +211,36 @@ struct alignas(64) PoolShard {
   StreamHandle stream;
   SmallArena arena;    // small blocks (Note [Small arena])
   NodeFreeList nodes;  // before `large`: destroyed after it
-  using LargeSet = std::set<MemBlock*, LargeOrder, NodeRecycler<MemBlock*>>;
+  using LargeSet = std::set<Block*, LargeOrder, NodeRecycler<Block*>>;
   LargeSet large;
   // A set node kept ready so that evicting a parked large block into the
   // set cannot fail (prepare_evict); node_probe is its placeholder value.
   LargeSet::node_type spare_node;
-  MemBlock node_probe;
+  Block node_probe;
   std::vector<PendingFree> pending;
-  std::vector<MemSegment*> segments;
-  std::vector<std::unique_ptr<MemBlock[]>> slabs;
-  MemBlock* spare = nullptr;
+  std::vector<Segment*> segments;
+  std::vector<std::unique_ptr<Block[]>> slabs;
+  Block* spare = nullptr;
   std::unordered_map<const void*, std::vector<StreamHandle>> uses;  // by block address
   DeviceStats stats;
   // Note [Recently freed blocks]
   // The sizes sit beside the pointers (bit 0: small pool) so that a lookup
   // scans one cache line instead of touching every parked block.
-  static constexpr std::size_t kHot = 8;
-  std::array<Parked, kHot> hot{};
-  std::array<std::size_t, kHot> hot_key{};
-  std::size_t hot_count = 0;
-  std::size_t hot_victim = 0;
+  static constexpr std::size_t kParked = 8;
+  std::array<Parked, kParked> parked{};
+  std::array<std::size_t, kParked> parked_key{};
+  std::size_t parked_count = 0;
+  std::size_t parked_victim = 0;
   static std::size_t key(std::size_t size, bool small) noexcept { return size | (small ? 1 : 0); }
   void park(std::size_t i, const Parked& b, std::size_t size, bool small) noexcept {
-    hot[i] = b;
-    hot_key[i] = key(size, small);
+    parked[i] = b;
+    parked_key[i] = key(size, small);
   }
   Parked unpark(std::size_t i) noexcept {
-    Parked b = hot[i];
-    --hot_count;
-    hot[i] = hot[hot_count];
-    hot_key[i] = hot_key[hot_count];
+    Parked b = parked[i];
+    --parked_count;
+    parked[i] = parked[parked_count];
+    parked_key[i] = parked_key[parked_count];
     return b;
   }
 };
