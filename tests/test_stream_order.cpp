@@ -203,6 +203,23 @@ TEST_CASE("event pool: a released event is not reused before its record complete
   b.stream_destroy(0, s);
 }
 
+TEST_CASE("invariant checks: an event released twice is caught at the next acquire") {
+  // Note [Invariant checks]: on in the core tests (ACCELKIT_ENABLE_ASSERTS).
+  REQUIRE(ACCELKIT_ASSERTS_ON);
+  SimBackend b(Environment::fixed({}), sim());
+  EventPool<Sim> pool(b, 0);
+  EventHandle e = pool.acquire();
+  pool.release(e, true);
+  pool.release(e, true);  // a bug in a caller: the pool would hand e out twice
+  try {
+    pool.acquire();
+    FAIL("the broken invariant went unnoticed");
+  } catch (const std::logic_error& err) {
+    CHECK(contains(err.what(), "internal invariant broken: an event pool holds only events it "
+                               "created, each once"));
+  }
+}
+
 TEST_CASE("streams: wait_stream's pooled event cannot release the wait early") {
   // The pooled event of wait_stream goes back to the pool at once; a record
   // of a pooled event on an idle stream must not release the earlier wait.

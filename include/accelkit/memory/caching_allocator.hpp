@@ -39,6 +39,7 @@
 #pragma once
 
 #include <accelkit/config.hpp>
+#include <accelkit/detail/assert.hpp>
 #include <accelkit/detail/format.hpp>
 #include <accelkit/detail/pending.hpp>
 #include <accelkit/detail/per_device.hpp>
@@ -510,6 +511,9 @@ class DeviceCachingAllocator {
     count_down(s.allocated_bytes, sm, static_cast<std::int64_t>(size));
     count_down(s.requested_bytes, sm, static_cast<std::int64_t>(requested));
     if (size >= config_.max_split_size) s.oversize_allocations.decrease(1);
+    ACCELKIT_ASSERT(s.allocation[0].current >= 0 && s.allocated_bytes[0].current >= 0 &&
+                        s.requested_bytes[0].current >= 0,
+                    "a pool's statistics balance (no more freed than allocated)");
   }
   void count_segment(Pool& pool, const Segment* seg, bool added) {
     count_segment(pool, seg->size, seg->small, seg->oversize, added);
@@ -902,6 +906,11 @@ class DeviceCachingAllocator {
   // Under the pool lock: puts a free block into the bins or the large set,
   // merged with free neighbours.
   void cache_block(Pool& pool, Block* b) {
+    ACCELKIT_ASSERT((!b->prev || b->prev->ptr + b->prev->size == b->ptr) &&
+                        (!b->next || b->ptr + b->size == b->next->ptr) &&
+                        b->ptr >= b->segment->ptr &&
+                        b->ptr + b->size <= b->segment->ptr + b->segment->size,
+                    "the blocks of a segment tile it (no gap, no overlap)");
     if (b->prev && b->prev->cached) {
       b = b->prev;
       unlink_free(pool, b);
@@ -920,6 +929,10 @@ class DeviceCachingAllocator {
   void cache_small(Pool& pool, detail::SmallSegment& seg, std::size_t i) {
     using namespace detail::small_block;
     std::uint32_t off = offset(seg.blocks[i]);
+    ACCELKIT_ASSERT((i == 0 || offset(seg.blocks[i - 1]) + granules(seg.blocks[i - 1]) == off) &&
+                        (i + 1 == seg.blocks.size() ||
+                         off + granules(seg.blocks[i]) == offset(seg.blocks[i + 1])),
+                    "the descriptors of a small segment tile it (no gap, no overlap)");
     auto [next, prev, total] = merged(seg, i);
     pool.arena.reserve_bin(total);  // nothing below throws
     if (next) {

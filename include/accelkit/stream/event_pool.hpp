@@ -18,6 +18,7 @@
 #pragma once
 
 #include <accelkit/config.hpp>
+#include <accelkit/detail/assert.hpp>
 #include <accelkit/device/backend.hpp>
 #include <accelkit/types.hpp>
 
@@ -52,6 +53,8 @@ class EventPool {
   EventHandle acquire() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      ACCELKIT_ASSERT(free_.size() + returned_.size() <= created_,
+                      "an event pool holds only events it created, each once");
       if (free_.empty()) reclaim();
       if (!free_.empty()) {
         EventHandle e = free_.back();
