@@ -36,8 +36,10 @@
 // inline on its own.
 #if defined(__GNUC__)
 #define ACCELKIT_ALWAYS_INLINE inline __attribute__((always_inline))
+#define ACCELKIT_NOINLINE __attribute__((noinline))
 #else
 #define ACCELKIT_ALWAYS_INLINE inline
+#define ACCELKIT_NOINLINE
 #endif
 
 // A hint to start loading the cache line at `p` (never faults).

@@ -33,16 +33,13 @@ class PerDevice {
   // Device d's object, made by make() (returning std::unique_ptr<T>) the
   // first time; `count` is the number of devices (0 <= d < count).
   template <class Make>
-  T& get(device_index d, int count, Make&& make) {
+  ACCELKIT_ALWAYS_INLINE T& get(device_index d, int count, Make&& make) {
     if (T* t = find(d)) return *t;
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::atomic<T*>& slot = slot_of(d, count);
-    if (T* t = slot.load(std::memory_order_relaxed)) return *t;
-    return install(slot, make());
+    return make_once(d, count, make);  // out of line: keeps callers' fast paths small
   }
 
   // Device d's object if made, else nullptr.
-  T* find(device_index d) const noexcept {
+  ACCELKIT_ALWAYS_INLINE T* find(device_index d) const noexcept {
     if (d < 0 || d >= size_.load(std::memory_order_acquire)) return nullptr;
     return slots_[static_cast<std::size_t>(d)].load(std::memory_order_acquire);
   }
@@ -68,6 +65,13 @@ class PerDevice {
   }
 
  private:
+  template <class Make>
+  ACCELKIT_NOINLINE T& make_once(device_index d, int count, Make& make) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::atomic<T*>& slot = slot_of(d, count);
+    if (T* t = slot.load(std::memory_order_relaxed)) return *t;
+    return install(slot, make());
+  }
   // Under the lock.
   std::atomic<T*>& slot_of(device_index d, int count) {
     if (!slots_) {

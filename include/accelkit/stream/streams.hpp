@@ -368,7 +368,7 @@ class Streams {
     return table;
   }
 
-  Device& dev(device_index device) {
+  ACCELKIT_ALWAYS_INLINE Device& dev(device_index device) {
     backend_.check_device(device);  // initialized, not in a forked child, visible
     return devices_.get(device, backend_.device_count(), [] { return std::make_unique<Device>(); });
   }
