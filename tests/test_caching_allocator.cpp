@@ -1,5 +1,6 @@
 // The caching device allocator (Note [Caching device allocator]) on simdev.
 #include "catch.hpp"
+#include "live_ranges.hpp"
 
 #include <accelkit/accelkit.hpp>
 
@@ -634,9 +635,8 @@ TEST_CASE("allocator: many threads on many streams never hand out overlapping bl
   Allocator a(b, 0, AllocatorConfig{});
   std::vector<StreamHandle> streams;
   for (int i = 0; i < 3; ++i) streams.push_back(b.stream_create(0, 0));
-  std::mutex live_mutex;
-  std::map<std::uintptr_t, std::uintptr_t> live;  // start -> end
-  std::atomic<int> overlaps{0}, corrupted{0};
+  LiveRanges live;
+  std::atomic<int> corrupted{0};
   auto worker = [&](int id) {
     std::mt19937 rng(static_cast<unsigned>(id));
     std::vector<std::pair<unsigned char*, std::size_t>> mine;
@@ -645,24 +645,14 @@ TEST_CASE("allocator: many threads on many streams never hand out overlapping bl
       if (mine.size() < 64 && (mine.empty() || rng() % 3 != 0)) {
         std::size_t size = rng() % 4 == 0 ? (rng() % (4 * kMiB)) + 1 : (rng() % 20000) + 1;
         auto* p = static_cast<unsigned char*>(a.allocate(size, s));
-        {
-          std::lock_guard<std::mutex> lock(live_mutex);
-          auto start = reinterpret_cast<std::uintptr_t>(p);
-          auto next = live.lower_bound(start);
-          if (next != live.end() && next->first < start + size) ++overlaps;
-          if (next != live.begin() && std::prev(next)->second > start) ++overlaps;
-          live.emplace(start, start + size);
-        }
+        live.add(p, size);
         p[0] = p[size - 1] = static_cast<unsigned char>(id);
         mine.emplace_back(p, size);
       } else {
         std::size_t i = rng() % mine.size();
         auto [p, size] = mine[i];
         if (p[0] != id || p[size - 1] != id) ++corrupted;
-        {
-          std::lock_guard<std::mutex> lock(live_mutex);
-          live.erase(reinterpret_cast<std::uintptr_t>(p));
-        }
+        live.remove(p);
         if (rng() % 8 == 0) a.record_stream(p, streams[(static_cast<std::size_t>(id) + 1) % 3]);
         a.deallocate(p);
         mine[i] = mine.back();
@@ -670,17 +660,14 @@ TEST_CASE("allocator: many threads on many streams never hand out overlapping bl
       }
     }
     for (auto [p, size] : mine) {
-      {
-        std::lock_guard<std::mutex> lock(live_mutex);
-        live.erase(reinterpret_cast<std::uintptr_t>(p));
-      }
+      live.remove(p);
       a.deallocate(p);
     }
   };
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) threads.emplace_back(worker, t);
   for (auto& t : threads) t.join();
-  CHECK(overlaps == 0);
+  CHECK(live.overlaps() == 0);
   CHECK(corrupted == 0);
   b.device_synchronize(0);
   a.empty_cache();

@@ -4,6 +4,7 @@
 // driver only after the work that used it (Note [Ordered release]), and the
 // SDK's state kept consistent when the driver fails, now or later.
 #include "catch.hpp"
+#include "live_ranges.hpp"
 
 #include <accelkit/accelkit.hpp>
 
@@ -519,9 +520,8 @@ TEST_CASE("stress: blocks written and read by queued work on many streams, the c
   const int ops = 250;
   std::vector<StreamHandle> streams;
   for (int i = 0; i < kStreams; ++i) streams.push_back(b.stream_create(0, 0));
-  std::mutex live_mutex;
-  std::map<std::uintptr_t, std::uintptr_t> live;
-  std::atomic<long> overlaps{0}, wrong{0}, errors{0}, reads{0}, allocations{0}, empties{0};
+  LiveRanges live;
+  std::atomic<long> wrong{0}, errors{0}, reads{0}, allocations{0}, empties{0};
   std::atomic<bool> stop{false};
 
   std::thread emptier([&] {
@@ -550,14 +550,7 @@ TEST_CASE("stress: blocks written and read by queued work on many streams, the c
         std::size_t size = rng() % 8 == 0 ? (rng() % (12 * kMiB)) + 1 : (rng() % 65536) + 1;
         auto* p = static_cast<char*>(a.allocate(size, own));
         ++allocations;
-        {
-          std::lock_guard<std::mutex> lock(live_mutex);
-          auto start = reinterpret_cast<std::uintptr_t>(p);
-          auto next = live.lower_bound(start);
-          if (next != live.end() && next->first < start + size) ++overlaps;
-          if (next != live.begin() && std::prev(next)->second > start) ++overlaps;
-          live.emplace(start, start + size);
-        }
+        live.add(p, size);
         auto value = static_cast<unsigned char>(((id * 31 + op) & 0x7f) | 1);
         b.memset_async(0, p, value, size, own);
         std::vector<Read> pending;
@@ -578,10 +571,7 @@ TEST_CASE("stress: blocks written and read by queued work on many streams, the c
         b.memcpy_async(0, mine, p, size, CopyKind::device_to_host, own);
         h.record_stream(mine, 0, own);
         pending.push_back({own, mine, size, value});
-        {
-          std::lock_guard<std::mutex> lock(live_mutex);
-          live.erase(reinterpret_cast<std::uintptr_t>(p));
-        }
+        live.remove(p);
         a.deallocate(p);  // in stream order: the reads above are still queued
         for (Read& r : pending) {
           b.stream_synchronize(0, r.stream);
@@ -607,9 +597,9 @@ TEST_CASE("stress: blocks written and read by queued work on many streams, the c
   h.empty_cache();
   WARN("stress: allocations " << allocations.load() << ", queued reads checked " << reads.load()
                               << ", cache emptied " << empties.load() << " times, wrong "
-                              << wrong.load() << ", overlaps " << overlaps.load());
+                              << wrong.load() << ", overlaps " << live.overlaps());
   CHECK(allocations.load() == kThreads * ops);
-  CHECK(overlaps.load() == 0);
+  CHECK(live.overlaps() == 0);
   CHECK(wrong.load() == 0);
   CHECK(errors.load() == 0);
   CHECK(a.stats().allocated_bytes[all].current == 0);
