@@ -5,7 +5,9 @@
 
 #include "simdev_runtime.hpp"
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 using namespace accelkit;
 
@@ -59,6 +61,64 @@ TEST_CASE("contract: optional members are detected only when present") {
   STATIC_REQUIRE(detail::has_memcpy_peer_async<simdev::SimRuntime>);
   STATIC_REQUIRE(detail::has_initialize<simdev::SimRuntime>);
   STATIC_REQUIRE_FALSE(detail::has_memory_info<simdev::SimRuntime>);
+}
+
+namespace {
+struct OwnKernels : Exact {
+  static constexpr bool host_kernels = false;
+};
+struct MistypedKernels : Exact {
+  static constexpr int host_kernels = 0;
+};
+}  // namespace
+
+TEST_CASE("contract: optional constants take their default when absent") {
+  STATIC_REQUIRE(detail::constant_host_kernels<Exact>);
+  STATIC_REQUIRE_FALSE(detail::constant_host_kernels<OwnKernels>);
+  STATIC_REQUIRE(detail::has_host_kernels<OwnKernels>);
+  // Declared with another type: not taken (check_contract names it).
+  STATIC_REQUIRE(detail::names_host_kernels<MistypedKernels>);
+  STATIC_REQUIRE_FALSE(detail::has_host_kernels<MistypedKernels>);
+  STATIC_REQUIRE(detail::constant_host_kernels<MistypedKernels>);
+}
+
+TEST_CASE("contract: the table lists each member once, with its signature") {
+  std::vector<std::string_view> names;
+  int required = 0;
+  for (const auto& m : detail::contract_members) {
+    names.push_back(m.name);
+    required += m.required;
+    CHECK(m.signature.find(m.name) != std::string_view::npos);
+  }
+  auto sorted = names;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
+  CHECK(required == 23);  // name and 22 functions
+  CHECK(names.size() == 29);
+  CHECK(detail::contract_members[1].signature == "int device_count()");
+  CHECK(detail::contract_members[9].signature ==
+        "void memcpy(device_index device, void* dst, const void* src, std::size_t bytes, "
+        "CopyKind kind)");
+}
+
+TEST_CASE("contract: Backend's generated pass-throughs map the device and skip empty copies") {
+  simdev::Config config;
+  config.device_count = 3;
+  Backend<simdev::SimRuntime> backend(Environment::fixed({{"SIMDEV_VISIBLE_DEVICES", "2,0"}}),
+                                      config);
+  auto& rt = backend.runtime();
+  // Logical 0 is physical 2: a stream made through the backend is one of
+  // physical device 2's, unknown to physical device 0 (logical 1).
+  StreamHandle s = backend.stream_create(0, 0);
+  CHECK(backend.stream_query(0, s));
+  CHECK(rt.stream_query(2, s));
+  CHECK_THROWS_AS(backend.stream_query(1, s), DriverError);
+  CHECK_THROWS_AS(backend.stream_query(2, s), IndexError);
+  backend.stream_destroy(0, s);
+  // 0 bytes: nothing reaches the runtime (whose memcpy would refuse a null
+  // pointer), but the device is still checked.
+  backend.memcpy(1, nullptr, nullptr, 0, CopyKind::host_to_device);
+  CHECK_THROWS_AS(backend.memcpy(5, nullptr, nullptr, 0, CopyKind::host_to_device), IndexError);
 }
 
 TEST_CASE("contract: backend names are lowercase identifiers that are not PyTorch devices") {

@@ -7,6 +7,10 @@
 // failures by throwing DriverError, most simply through the provided
 // `driver_error(code, call, message)`.
 //
+// The members are listed once, in detail/contract.hpp (Note [The contract
+// table]); tests/check_contract_docs.py checks that this table and the
+// README's name exactly those members, with the same signatures.
+//
 // Required members (a missing or mistyped one is a compile error naming it,
 // Note [Contract diagnostics]):
 //
@@ -62,6 +66,7 @@
 // | bool can_access_peer(device_index device, device_index peer)   | `device` may read and write `peer`'s memory directly | false: peer copies are staged through pinned host memory |
 // | void memcpy_peer_async(void* dst, device_index dst_device, const void* src, device_index src_device, std::size_t bytes, StreamHandle stream) | enqueue a copy between devices on `stream` (a stream of src_device) | stream_synchronize, then copy through a host_malloc buffer: synchronous |
 // | float event_elapsed_time(device_index device, EventHandle start, EventHandle end) | milliseconds between two completed records of timing events | properties().event_timing is false; asking raises NotSupportedError naming the backend |
+// | static constexpr bool host_kernels                            | whether PyTorch's CPU kernels of the hottest operators (torch/host_kernels.hpp) run in place on host-visible device memory; false for a runtime that brings kernels of its own | true |
 #pragma once
 
 #include <accelkit/config.hpp>
@@ -101,8 +106,9 @@ inline constexpr bool is_runtime_v = detail::satisfies_contract<R>;
 // failed constraint names the member (detail::has_malloc, ...).
 #define ACCELKIT_DETAIL_AND_HAS_(member, ...) &&detail::has_##member<R>
 template <class R>
-concept runtime = std::is_base_of_v<Runtime<R>, R> && detail::has_name<R> &&
-                  detail::has_valid_name<R>() ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_AND_HAS_);
+concept runtime = std::is_base_of_v<Runtime<R>, R> && detail::has_valid_name<R>()
+    ACCELKIT_REQUIRED_CONSTANTS(ACCELKIT_DETAIL_AND_HAS_)
+        ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_AND_HAS_);
 #undef ACCELKIT_DETAIL_AND_HAS_
 #endif
 

@@ -1,109 +1,94 @@
-// A runtime that implements exactly the contract, each member removable
-// (-DOMIT_<member>) or replaceable by a mistyped one (-DMISTYPE_<member>), to
-// prove that each contract diagnostic fires and names its member. Compiled
-// with -fsyntax-only by run_compile_fail.cmake; see tests/CMakeLists.txt.
+// A runtime made from the contract table (detail/contract.hpp): every member
+// present with its exact signature, except the one named by -DOMIT="member"
+// (left out) or -DMISTYPE="member" (declared with a wrong type); optional
+// members are absent unless named by -DPRESENT="member". NOT_DERIVED and
+// INVALID_NAME break the two rules that are not members. Compiled with
+// -fsyntax-only by run_compile_fail.cmake, one case per member and way to get
+// it wrong (tests/CMakeLists.txt), to prove that exactly the diagnostic
+// naming that member fires.
 #include <accelkit/device/backend.hpp>
+
+#include <string_view>
+#include <type_traits>
 
 using namespace accelkit;
 
-#ifdef NOT_DERIVED
-struct Fake {
+namespace fake {
+enum class Mode { present, omitted, mistyped };
+
+constexpr Mode mode_of(std::string_view member, bool required) {
+#ifdef OMIT
+  if (member == OMIT) return Mode::omitted;
+#endif
+#ifdef MISTYPE
+  if (member == MISTYPE) return Mode::mistyped;
+#endif
+#ifdef PRESENT
+  if (member == PRESENT) return Mode::present;
+#endif
+  return required ? Mode::present : Mode::omitted;
+}
+
+// The wrong type a mistyped member is declared with.
+struct Mistyped {};
+
+template <class T>
+T value() {
+  if constexpr (!std::is_void_v<T>) return T{};
+}
+
+struct NotARuntime {};
+}  // namespace fake
+
+// One base per member, providing it as the mode says.
+#define FAKE_MEMBER_(member, Ret, params, ...)                       \
+  template <fake::Mode>                                              \
+  struct provide_##member {};                                        \
+  template <>                                                        \
+  struct provide_##member<fake::Mode::present> {                     \
+    Ret member params { return fake::value<Ret>(); }                 \
+  };                                                                 \
+  template <>                                                        \
+  struct provide_##member<fake::Mode::mistyped> {                    \
+    fake::Mistyped member params { return {}; }                      \
+  };
+#define FAKE_CONSTANT_(member, Type, ...)                            \
+  template <fake::Mode>                                              \
+  struct provide_##member {};                                        \
+  template <>                                                        \
+  struct provide_##member<fake::Mode::present> {                     \
+    static constexpr Type member = fake::value_of_##member;          \
+  };                                                                 \
+  template <>                                                        \
+  struct provide_##member<fake::Mode::mistyped> {                    \
+    static constexpr fake::Mistyped member{};                        \
+  };
+namespace fake {
+#ifdef INVALID_NAME
+constexpr std::string_view value_of_name = "cuda";
 #else
-struct Fake : Runtime<Fake> {
+constexpr std::string_view value_of_name = "fake";
 #endif
-#if defined(INVALID_NAME)
-  static constexpr std::string_view name = "cuda";
-#elif !defined(OMIT_name)
-  static constexpr std::string_view name = "fake";
-#endif
+constexpr bool value_of_host_kernels = false;
+}  // namespace fake
+ACCELKIT_REQUIRED_MEMBERS(FAKE_MEMBER_)
+ACCELKIT_OPTIONAL_MEMBERS(FAKE_MEMBER_)
+ACCELKIT_REQUIRED_CONSTANTS(FAKE_CONSTANT_)
+ACCELKIT_OPTIONAL_CONSTANTS(FAKE_CONSTANT_)
 
-#ifndef OMIT_device_count
-  int device_count() { return 1; }
-#endif
-#if defined(MISTYPE_properties)
-  int properties(device_index) { return 0; }
-#elif !defined(OMIT_properties)
-  DeviceProperties properties(device_index) { return {}; }
-#endif
-#ifndef OMIT_get_device
-  device_index get_device() { return 0; }
-#endif
-#ifndef OMIT_set_device
-  void set_device(device_index) {}
-#endif
-#if defined(MISTYPE_malloc)
-  int* malloc(device_index, std::size_t) { return nullptr; }
-#elif !defined(OMIT_malloc)
-  void* malloc(device_index, std::size_t) { return nullptr; }
-#endif
-#ifndef OMIT_free
-  void free(device_index, void*) {}
-#endif
-#ifndef OMIT_host_malloc
-  void* host_malloc(std::size_t) { return nullptr; }
-#endif
-#ifndef OMIT_host_free
-  void host_free(void*) {}
-#endif
-#if defined(MISTYPE_memcpy)
-  void memcpy(device_index, void*, const void*, std::size_t) {}  // no CopyKind
-#elif !defined(OMIT_memcpy)
-  void memcpy(device_index, void*, const void*, std::size_t, CopyKind) {}
-#endif
-#ifndef OMIT_memcpy_async
-  void memcpy_async(device_index, void*, const void*, std::size_t, CopyKind, StreamHandle) {}
-#endif
-#ifndef OMIT_memset_async
-  void memset_async(device_index, void*, int, std::size_t, StreamHandle) {}
-#endif
-#ifndef OMIT_stream_create
-  StreamHandle stream_create(device_index, int) { return {}; }
-#endif
-#ifndef OMIT_stream_destroy
-  void stream_destroy(device_index, StreamHandle) {}
-#endif
-#if defined(MISTYPE_stream_query)
-  int stream_query(device_index, StreamHandle) { return 1; }
-#elif !defined(OMIT_stream_query)
-  bool stream_query(device_index, StreamHandle) { return true; }
-#endif
-#ifndef OMIT_stream_synchronize
-  void stream_synchronize(device_index, StreamHandle) {}
-#endif
-#if defined(MISTYPE_stream_wait_event)
-  void stream_wait_event(device_index, EventHandle, StreamHandle) {}  // swapped
-#elif !defined(OMIT_stream_wait_event)
-  void stream_wait_event(device_index, StreamHandle, EventHandle) {}
-#endif
-#ifndef OMIT_event_create
-  EventHandle event_create(device_index, EventFlags) { return {}; }
-#endif
-#ifndef OMIT_event_destroy
-  void event_destroy(device_index, EventHandle) {}
-#endif
-#ifndef OMIT_event_record
-  void event_record(device_index, EventHandle, StreamHandle) {}
-#endif
-#ifndef OMIT_event_query
-  bool event_query(device_index, EventHandle) { return true; }
-#endif
-#ifndef OMIT_event_synchronize
-  void event_synchronize(device_index, EventHandle) {}
-#endif
-#ifndef OMIT_device_synchronize
-  void device_synchronize(device_index) {}
-#endif
+#define FAKE_REQUIRED_BASE_(member, ...) , provide_##member<fake::mode_of(#member, true)>
+#define FAKE_OPTIONAL_BASE_(member, ...) , provide_##member<fake::mode_of(#member, false)>
 
-  // Optional members: absent by default; MISTYPE_* adds a mistyped one.
-#ifdef MISTYPE_event_elapsed_time
-  double event_elapsed_time(device_index, EventHandle, EventHandle) { return 0; }
+struct Fake
+#ifdef NOT_DERIVED
+    : fake::NotARuntime
+#else
+    : Runtime<Fake>
 #endif
-#ifdef MISTYPE_can_access_peer
-  bool can_access_peer(device_index) { return false; }
-#endif
-#ifdef MISTYPE_memory_info
-  std::size_t memory_info(device_index) { return 0; }
-#endif
+      ACCELKIT_REQUIRED_CONSTANTS(FAKE_REQUIRED_BASE_)
+      ACCELKIT_REQUIRED_MEMBERS(FAKE_REQUIRED_BASE_)
+      ACCELKIT_OPTIONAL_MEMBERS(FAKE_OPTIONAL_BASE_)
+      ACCELKIT_OPTIONAL_CONSTANTS(FAKE_OPTIONAL_BASE_) {
 };
 
 int main() {

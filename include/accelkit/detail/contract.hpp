@@ -1,4 +1,5 @@
-// accelkit: compile-time checks of the Runtime contract (see runtime.hpp).
+// accelkit: the Runtime contract listed once (see runtime.hpp for what each
+// member means).
 //
 // Note [Contract diagnostics]
 // A vendor who forgets a member, or gets its return type or parameters
@@ -9,8 +10,28 @@
 // per member whose message is the exact expected signature. The entry point
 // that instantiates a backend (Backend<R>) instantiates check_contract<R>;
 // it cannot live at class scope of Runtime<R>, where R is still incomplete.
-// The members are listed once, in the X-macro tables below, and everything
-// (traits, concepts, static_asserts) is generated from them.
+//
+// Note [The contract table]
+// The members are written once, in the tables below; everything else is
+// generated from them:
+//   - the detection traits (has_<member>, names_<member>), the concepts and
+//     is_runtime_v;
+//   - the diagnostics, whose signature text is the table's own tokens
+//     (#Ret " " #member #params);
+//   - Backend<R>'s pass-through functions, for the members marked `forward`
+//     (logical device in, physical ordinal to the runtime) or
+//     `forward_nonempty` (the same, nothing called for 0 bytes); the members
+//     marked `sdk` are wrapped by hand in Backend<R>, which applies the
+//     default of an optional member that is absent;
+//   - the values of the optional constants, their defaults included
+//     (constant_<member><R>);
+//   - contract_members, the list with signatures that the compile-fail tests
+//     (one case per member and way to get it wrong) and the check of the
+//     README's and runtime.hpp's tables (tests/check_contract_docs.py) are
+//     made from.
+// Adding a member here adds its trait, diagnostic, forwarding function and
+// test cases; the two documentation tables fail their check until they list
+// it too.
 #pragma once
 
 #include <accelkit/config.hpp>
@@ -32,67 +53,66 @@ class Runtime;
 
 namespace detail {
 
-// X(member, return type, "exact expected signature", R, parameter types...)
-#define ACCELKIT_REQUIRED_MEMBERS(X)                                                             \
-  X(device_count, int, "int device_count()", R)                                                  \
-  X(properties, DeviceProperties, "DeviceProperties properties(device_index device)", R,         \
-    device_index)                                                                                \
-  X(get_device, device_index, "device_index get_device()", R)                                    \
-  X(set_device, void, "void set_device(device_index device)", R, device_index)                   \
-  X(malloc, void*, "void* malloc(device_index device, std::size_t bytes)", R, device_index,      \
-    std::size_t)                                                                                 \
-  X(free, void, "void free(device_index device, void* ptr)", R, device_index, void*)             \
-  X(host_malloc, void*, "void* host_malloc(std::size_t bytes)", R, std::size_t)                  \
-  X(host_free, void, "void host_free(void* ptr)", R, void*)                                      \
-  X(memcpy, void,                                                                                \
-    "void memcpy(device_index device, void* dst, const void* src, std::size_t bytes, "           \
-    "CopyKind kind)",                                                                            \
-    R, device_index, void*, const void*, std::size_t, CopyKind)                                  \
-  X(memcpy_async, void,                                                                          \
-    "void memcpy_async(device_index device, void* dst, const void* src, std::size_t bytes, "     \
-    "CopyKind kind, StreamHandle stream)",                                                       \
-    R, device_index, void*, const void*, std::size_t, CopyKind, StreamHandle)                    \
-  X(memset_async, void,                                                                          \
-    "void memset_async(device_index device, void* ptr, int value, std::size_t bytes, "           \
-    "StreamHandle stream)",                                                                      \
-    R, device_index, void*, int, std::size_t, StreamHandle)                                      \
-  X(stream_create, StreamHandle, "StreamHandle stream_create(device_index device, int priority)", \
-    R, device_index, int)                                                                        \
-  X(stream_destroy, void, "void stream_destroy(device_index device, StreamHandle stream)", R,    \
-    device_index, StreamHandle)                                                                  \
-  X(stream_query, bool, "bool stream_query(device_index device, StreamHandle stream)", R,        \
-    device_index, StreamHandle)                                                                  \
-  X(stream_synchronize, void,                                                                    \
-    "void stream_synchronize(device_index device, StreamHandle stream)", R, device_index,        \
-    StreamHandle)                                                                                \
-  X(stream_wait_event, void,                                                                     \
-    "void stream_wait_event(device_index device, StreamHandle stream, EventHandle event)", R,    \
-    device_index, StreamHandle, EventHandle)                                                     \
-  X(event_create, EventHandle, "EventHandle event_create(device_index device, EventFlags flags)", \
-    R, device_index, EventFlags)                                                                 \
-  X(event_destroy, void, "void event_destroy(device_index device, EventHandle event)", R,        \
-    device_index, EventHandle)                                                                   \
-  X(event_record, void,                                                                          \
-    "void event_record(device_index device, EventHandle event, StreamHandle stream)", R,         \
-    device_index, EventHandle, StreamHandle)                                                     \
-  X(event_query, bool, "bool event_query(device_index device, EventHandle event)", R,            \
-    device_index, EventHandle)                                                                   \
-  X(event_synchronize, void, "void event_synchronize(device_index device, EventHandle event)",  \
-    R, device_index, EventHandle)                                                                \
-  X(device_synchronize, void, "void device_synchronize(device_index device)", R, device_index)
+// Member functions: X(member, return type, (parameters), how Backend<R> calls
+// it, (arguments)). The parameters are the exact signature a runtime
+// declares; the arguments are the parameter names.
+#define ACCELKIT_REQUIRED_MEMBERS(X)                                                          \
+  X(device_count, int, (), sdk, ())                                                           \
+  X(properties, DeviceProperties, (device_index device), sdk, (device))                       \
+  X(get_device, device_index, (), sdk, ())                                                    \
+  X(set_device, void, (device_index device), sdk, (device))                                   \
+  X(malloc, void*, (device_index device, std::size_t bytes), sdk, (device, bytes))            \
+  X(free, void, (device_index device, void* ptr), sdk, (device, ptr))                         \
+  X(host_malloc, void*, (std::size_t bytes), sdk, (bytes))                                    \
+  X(host_free, void, (void* ptr), sdk, (ptr))                                                 \
+  X(memcpy, void,                                                                             \
+    (device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind),      \
+    forward_nonempty, (device, dst, src, bytes, kind))                                        \
+  X(memcpy_async, void,                                                                       \
+    (device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind,       \
+     StreamHandle stream),                                                                    \
+    forward_nonempty, (device, dst, src, bytes, kind, stream))                                \
+  X(memset_async, void,                                                                       \
+    (device_index device, void* ptr, int value, std::size_t bytes, StreamHandle stream),      \
+    forward_nonempty, (device, ptr, value, bytes, stream))                                    \
+  X(stream_create, StreamHandle, (device_index device, int priority), forward,               \
+    (device, priority))                                                                       \
+  X(stream_destroy, void, (device_index device, StreamHandle stream), forward,               \
+    (device, stream))                                                                         \
+  X(stream_query, bool, (device_index device, StreamHandle stream), forward, (device, stream)) \
+  X(stream_synchronize, void, (device_index device, StreamHandle stream), forward,           \
+    (device, stream))                                                                         \
+  X(stream_wait_event, void, (device_index device, StreamHandle stream, EventHandle event),  \
+    forward, (device, stream, event))                                                         \
+  X(event_create, EventHandle, (device_index device, EventFlags flags), forward,             \
+    (device, flags))                                                                          \
+  X(event_destroy, void, (device_index device, EventHandle event), forward, (device, event)) \
+  X(event_record, void, (device_index device, EventHandle event, StreamHandle stream),       \
+    forward, (device, event, stream))                                                         \
+  X(event_query, bool, (device_index device, EventHandle event), forward, (device, event))   \
+  X(event_synchronize, void, (device_index device, EventHandle event), forward,              \
+    (device, event))                                                                          \
+  X(device_synchronize, void, (device_index device), forward, (device))
 
-#define ACCELKIT_OPTIONAL_MEMBERS(X)                                                             \
-  X(initialize, void, "void initialize()", R)                                                    \
-  X(memory_info, MemoryInfo, "MemoryInfo memory_info(device_index device)", R, device_index)     \
-  X(can_access_peer, bool, "bool can_access_peer(device_index device, device_index peer)", R,    \
-    device_index, device_index)                                                                  \
-  X(memcpy_peer_async, void,                                                                     \
-    "void memcpy_peer_async(void* dst, device_index dst_device, const void* src, "               \
-    "device_index src_device, std::size_t bytes, StreamHandle stream)",                          \
-    R, void*, device_index, const void*, device_index, std::size_t, StreamHandle)                \
-  X(event_elapsed_time, float,                                                                   \
-    "float event_elapsed_time(device_index device, EventHandle start, EventHandle end)", R,      \
-    device_index, EventHandle, EventHandle)
+#define ACCELKIT_OPTIONAL_MEMBERS(X)                                                          \
+  X(initialize, void, (), sdk, ())                                                            \
+  X(memory_info, MemoryInfo, (device_index device), sdk, (device))                            \
+  X(can_access_peer, bool, (device_index device, device_index peer), sdk, (device, peer))     \
+  X(memcpy_peer_async, void,                                                                  \
+    (void* dst, device_index dst_device, const void* src, device_index src_device,            \
+     std::size_t bytes, StreamHandle stream),                                                 \
+    sdk, (dst, dst_device, src, src_device, bytes, stream))                                   \
+  X(event_elapsed_time, float, (device_index device, EventHandle start, EventHandle end), sdk, \
+    (device, start, end))
+
+// Constants: C(member, type, default). `static constexpr type member`; a
+// required one has no default.
+#define ACCELKIT_REQUIRED_CONSTANTS(C) C(name, std::string_view, )
+#define ACCELKIT_OPTIONAL_CONSTANTS(C) C(host_kernels, bool, true)
+
+#define ACCELKIT_DETAIL_UNPAREN_(...) __VA_ARGS__
+#define ACCELKIT_DETAIL_FUNCTION_SIGNATURE_(member, Ret, params) #Ret " " #member #params
+#define ACCELKIT_DETAIL_CONSTANT_SIGNATURE_(member, Type) "static constexpr " #Type " " #member
 
 // One callable per member name: calling it calls that member on the runtime.
 #define ACCELKIT_DETAIL_CALLER_(member, ...)                                  \
@@ -107,36 +127,72 @@ ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_CALLER_)
 ACCELKIT_OPTIONAL_MEMBERS(ACCELKIT_DETAIL_CALLER_)
 #undef ACCELKIT_DETAIL_CALLER_
 
+// The exact signature test: Caller(R&, parameters...) is valid and returns
+// exactly Ret. Signature is the table's function type, Ret(parameters).
+template <class Caller, class R, class Signature>
+struct signature_test;
+template <class Caller, class R, class Ret, class... P>
+struct signature_test<Caller, R, Ret(P...)> {
 #if ACCELKIT_HAS_CONCEPTS
-template <class Caller, class Ret, class R, class... A>
-concept member_with_signature = requires(Caller c, R& r, A&&... a) {
-  { c(r, std::forward<A>(a)...) } -> std::same_as<Ret>;
-};
+  static constexpr bool value = requires(Caller c, R& r, P&&... p) {
+    { c(r, std::forward<P>(p)...) } -> std::same_as<Ret>;
+  };
 #else
-template <class Caller, class Ret, class R, class... A>
-constexpr bool member_with_signature_impl() {
-  if constexpr (std::is_invocable_v<Caller, R&, A...>)
-    return std::is_same_v<std::invoke_result_t<Caller, R&, A...>, Ret>;
-  else
-    return false;
-}
-template <class Caller, class Ret, class R, class... A>
-inline constexpr bool member_with_signature = member_with_signature_impl<Caller, Ret, R, A...>();
+  static constexpr bool value = [] {
+    if constexpr (std::is_invocable_v<Caller, R&, P...>)
+      return std::is_same_v<std::invoke_result_t<Caller, R&, P...>, Ret>;
+    else
+      return false;
+  }();
 #endif
+};
 
 // has_<member><R>: R has the member with exactly the expected signature.
 #if ACCELKIT_HAS_CONCEPTS
-#define ACCELKIT_DETAIL_TRAIT_(member, Ret, sig, ...) \
-  template <class R>                                  \
-  concept has_##member = member_with_signature<call_##member, Ret, __VA_ARGS__>;
+#define ACCELKIT_DETAIL_TRAIT_(member, Ret, params, ...) \
+  template <class R>                                     \
+  concept has_##member = signature_test<call_##member, R, Ret params>::value;
 #else
-#define ACCELKIT_DETAIL_TRAIT_(member, Ret, sig, ...) \
-  template <class R>                                  \
-  inline constexpr bool has_##member = member_with_signature<call_##member, Ret, __VA_ARGS__>;
+#define ACCELKIT_DETAIL_TRAIT_(member, Ret, params, ...) \
+  template <class R>                                     \
+  inline constexpr bool has_##member = signature_test<call_##member, R, Ret params>::value;
 #endif
 ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_TRAIT_)
 ACCELKIT_OPTIONAL_MEMBERS(ACCELKIT_DETAIL_TRAIT_)
 #undef ACCELKIT_DETAIL_TRAIT_
+
+// has_<constant><R>: R declares `static constexpr Type constant`, a constant
+// expression of exactly that type; names_<constant><R>: R declares something
+// of that name.
+#define ACCELKIT_DETAIL_CONSTANT_TRAIT_(member, Type, ...)                                   \
+  template <class R, class = void>                                                          \
+  inline constexpr bool names_##member = false;                                             \
+  template <class R>                                                                        \
+  inline constexpr bool names_##member<R, std::void_t<decltype(R::member)>> = true;         \
+  template <class R, class = void>                                                          \
+  inline constexpr bool has_##member = false;                                               \
+  template <class R>                                                                        \
+  inline constexpr bool has_##member<                                                       \
+      R, std::enable_if_t<std::is_same_v<std::remove_cv_t<decltype(R::member)>, Type> &&    \
+                          (static_cast<void>(static_cast<Type>(R::member)), true)>> = true;
+ACCELKIT_REQUIRED_CONSTANTS(ACCELKIT_DETAIL_CONSTANT_TRAIT_)
+ACCELKIT_OPTIONAL_CONSTANTS(ACCELKIT_DETAIL_CONSTANT_TRAIT_)
+#undef ACCELKIT_DETAIL_CONSTANT_TRAIT_
+
+// constant_<constant><R>: the value of an optional constant, its default when
+// R does not declare it.
+#define ACCELKIT_DETAIL_CONSTANT_VALUE_(member, Type, default_value)          \
+  template <class R>                                                          \
+  constexpr Type constant_value_##member() {                                  \
+    if constexpr (has_##member<R>)                                            \
+      return R::member;                                                       \
+    else                                                                      \
+      return default_value;                                                   \
+  }                                                                           \
+  template <class R>                                                          \
+  inline constexpr Type constant_##member = constant_value_##member<R>();
+ACCELKIT_OPTIONAL_CONSTANTS(ACCELKIT_DETAIL_CONSTANT_VALUE_)
+#undef ACCELKIT_DETAIL_CONSTANT_VALUE_
 
 // names_<member><R>: R declares something of that name (so an optional member
 // that fails has_<member> is mistyped rather than absent). An overloaded or
@@ -149,13 +205,30 @@ ACCELKIT_OPTIONAL_MEMBERS(ACCELKIT_DETAIL_TRAIT_)
 ACCELKIT_OPTIONAL_MEMBERS(ACCELKIT_DETAIL_NAMES_)
 #undef ACCELKIT_DETAIL_NAMES_
 
-// `static constexpr std::string_view name`, a constant expression.
-template <class R, class = void>
-inline constexpr bool has_name = false;
-template <class R>
-inline constexpr bool has_name<
-    R, std::void_t<std::enable_if_t<std::is_convertible_v<decltype(R::name), std::string_view>>,
-                   std::integral_constant<std::size_t, std::string_view(R::name).size()>>> = true;
+// The table as data: each member's name, its signature as the diagnostics
+// print it, and whether it is required.
+struct ContractMember {
+  std::string_view name;
+  std::string_view signature;
+  bool required;
+};
+#define ACCELKIT_DETAIL_ENTRY_REQUIRED_(member, Ret, params, ...) \
+  ContractMember{#member, ACCELKIT_DETAIL_FUNCTION_SIGNATURE_(member, Ret, params), true},
+#define ACCELKIT_DETAIL_ENTRY_OPTIONAL_(member, Ret, params, ...) \
+  ContractMember{#member, ACCELKIT_DETAIL_FUNCTION_SIGNATURE_(member, Ret, params), false},
+#define ACCELKIT_DETAIL_CONSTANT_REQUIRED_(member, Type, ...) \
+  ContractMember{#member, ACCELKIT_DETAIL_CONSTANT_SIGNATURE_(member, Type), true},
+#define ACCELKIT_DETAIL_CONSTANT_OPTIONAL_(member, Type, ...) \
+  ContractMember{#member, ACCELKIT_DETAIL_CONSTANT_SIGNATURE_(member, Type), false},
+inline constexpr ContractMember contract_members[] = {
+    ACCELKIT_REQUIRED_CONSTANTS(ACCELKIT_DETAIL_CONSTANT_REQUIRED_)
+    ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_ENTRY_REQUIRED_)
+    ACCELKIT_OPTIONAL_MEMBERS(ACCELKIT_DETAIL_ENTRY_OPTIONAL_)
+    ACCELKIT_OPTIONAL_CONSTANTS(ACCELKIT_DETAIL_CONSTANT_OPTIONAL_)};
+#undef ACCELKIT_DETAIL_ENTRY_REQUIRED_
+#undef ACCELKIT_DETAIL_ENTRY_OPTIONAL_
+#undef ACCELKIT_DETAIL_CONSTANT_REQUIRED_
+#undef ACCELKIT_DETAIL_CONSTANT_OPTIONAL_
 
 // A backend name becomes a device type string ("simdev:0"), an environment
 // variable prefix and a Python module (torch.simdev): a lowercase identifier,
@@ -183,33 +256,47 @@ constexpr bool has_valid_name() {
 #define ACCELKIT_DETAIL_AND_HAS_(member, ...) &&has_##member<R>
 template <class R>
 inline constexpr bool satisfies_contract =
-    std::is_base_of_v<Runtime<R>, R> && has_name<R> &&
-    has_valid_name<R>() ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_AND_HAS_);
+    std::is_base_of_v<Runtime<R>, R> && has_valid_name<R>()
+        ACCELKIT_REQUIRED_CONSTANTS(ACCELKIT_DETAIL_AND_HAS_)
+            ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_AND_HAS_);
 #undef ACCELKIT_DETAIL_AND_HAS_
 
 // Instantiating check_contract<R> fires one static_assert per member that is
 // missing or mistyped, each naming the member with its expected signature.
+#define ACCELKIT_DETAIL_MISSING_ "accelkit: Runtime is missing or mistypes: "
+#define ACCELKIT_DETAIL_MISTYPED_ "accelkit: Runtime mistypes optional member: "
 template <class R>
 struct check_contract {
   static_assert(std::is_base_of_v<Runtime<R>, R>,
                 "accelkit: a runtime must derive from accelkit::Runtime<Self> "
                 "(struct MyRuntime : accelkit::Runtime<MyRuntime>)");
-  static_assert(has_name<R>,
-                "accelkit: Runtime is missing: static constexpr std::string_view name");
   static_assert(has_valid_name<R>(),
                 "accelkit: Runtime::name must be a lowercase identifier ([a-z][a-z0-9_]*, at "
                 "most 32 characters) and not a PyTorch device type such as \"cuda\"");
-#define ACCELKIT_DETAIL_ASSERT_(member, Ret, sig, ...) \
-  static_assert(has_##member<R>, "accelkit: Runtime is missing or mistypes: " sig);
+#define ACCELKIT_DETAIL_ASSERT_(member, Ret, params, ...) \
+  static_assert(has_##member<R>,                          \
+                ACCELKIT_DETAIL_MISSING_ ACCELKIT_DETAIL_FUNCTION_SIGNATURE_(member, Ret, params));
+#define ACCELKIT_DETAIL_ASSERT_OPTIONAL_(member, Ret, params, ...) \
+  static_assert(!names_##member<R> || has_##member<R>,             \
+                ACCELKIT_DETAIL_MISTYPED_ ACCELKIT_DETAIL_FUNCTION_SIGNATURE_(member, Ret, params));
+#define ACCELKIT_DETAIL_ASSERT_CONSTANT_(member, Type, ...) \
+  static_assert(has_##member<R>,                            \
+                ACCELKIT_DETAIL_MISSING_ ACCELKIT_DETAIL_CONSTANT_SIGNATURE_(member, Type));
+#define ACCELKIT_DETAIL_ASSERT_OPTIONAL_CONSTANT_(member, Type, ...) \
+  static_assert(!names_##member<R> || has_##member<R>,               \
+                ACCELKIT_DETAIL_MISTYPED_ ACCELKIT_DETAIL_CONSTANT_SIGNATURE_(member, Type));
+  ACCELKIT_REQUIRED_CONSTANTS(ACCELKIT_DETAIL_ASSERT_CONSTANT_)
   ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_ASSERT_)
+  ACCELKIT_OPTIONAL_MEMBERS(ACCELKIT_DETAIL_ASSERT_OPTIONAL_)
+  ACCELKIT_OPTIONAL_CONSTANTS(ACCELKIT_DETAIL_ASSERT_OPTIONAL_CONSTANT_)
 #undef ACCELKIT_DETAIL_ASSERT_
-#define ACCELKIT_DETAIL_ASSERT_OPT_(member, Ret, sig, ...)       \
-  static_assert(!names_##member<R> || has_##member<R>,           \
-                "accelkit: Runtime mistypes optional member: " sig);
-  ACCELKIT_OPTIONAL_MEMBERS(ACCELKIT_DETAIL_ASSERT_OPT_)
-#undef ACCELKIT_DETAIL_ASSERT_OPT_
+#undef ACCELKIT_DETAIL_ASSERT_OPTIONAL_
+#undef ACCELKIT_DETAIL_ASSERT_CONSTANT_
+#undef ACCELKIT_DETAIL_ASSERT_OPTIONAL_CONSTANT_
   static constexpr bool value = satisfies_contract<R>;
 };
+#undef ACCELKIT_DETAIL_MISSING_
+#undef ACCELKIT_DETAIL_MISTYPED_
 
 }  // namespace detail
 

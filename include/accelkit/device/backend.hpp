@@ -335,21 +335,6 @@ class Backend {
     runtime_.host_free(ptr);
   }
 
-  void memcpy(device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind) {
-    int phys = physical(device);
-    if (bytes != 0) runtime_.memcpy(phys, dst, src, bytes, kind);
-  }
-  void memcpy_async(device_index device, void* dst, const void* src, std::size_t bytes,
-                    CopyKind kind, StreamHandle stream) {
-    int phys = physical(device);
-    if (bytes != 0) runtime_.memcpy_async(phys, dst, src, bytes, kind, stream);
-  }
-  void memset_async(device_index device, void* ptr, int value, std::size_t bytes,
-                    StreamHandle stream) {
-    int phys = physical(device);
-    if (bytes != 0) runtime_.memset_async(phys, ptr, value, bytes, stream);
-  }
-
   // Copies between two devices, ordered on `stream` of `src_device`; staged
   // through pinned host memory when the runtime has no memcpy_peer_async.
   void memcpy_peer_async(void* dst, device_index dst_device, const void* src,
@@ -367,39 +352,27 @@ class Backend {
     }
   }
 
-  StreamHandle stream_create(device_index device, int priority) {
-    return runtime_.stream_create(physical(device), priority);
+  // The pass-throughs, generated from the contract table (Note [The
+  // contract table]): one function per member marked `forward`, with the
+  // member's own signature, calling the runtime with the device's physical
+  // ordinal; `forward_nonempty` ones call nothing for 0 bytes.
+#define ACCELKIT_DETAIL_FORWARD_sdk(member, Ret, params, args)
+#define ACCELKIT_DETAIL_FORWARD_forward(member, Ret, params, args)              \
+  Ret member params {                                                           \
+    return forward(detail::call_##member{}, ACCELKIT_DETAIL_UNPAREN_ args);      \
   }
-  void stream_destroy(device_index device, StreamHandle s) {
-    runtime_.stream_destroy(physical(device), s);
+#define ACCELKIT_DETAIL_FORWARD_forward_nonempty(member, Ret, params, args)     \
+  Ret member params {                                                           \
+    if (bytes == 0) return static_cast<void>(physical(device));                 \
+    return forward(detail::call_##member{}, ACCELKIT_DETAIL_UNPAREN_ args);      \
   }
-  bool stream_query(device_index device, StreamHandle s) {
-    return runtime_.stream_query(physical(device), s);
-  }
-  void stream_synchronize(device_index device, StreamHandle s) {
-    runtime_.stream_synchronize(physical(device), s);
-  }
-  void stream_wait_event(device_index device, StreamHandle s, EventHandle e) {
-    runtime_.stream_wait_event(physical(device), s, e);
-  }
-  EventHandle event_create(device_index device, EventFlags flags) {
-    return runtime_.event_create(physical(device), flags);
-  }
-  void event_destroy(device_index device, EventHandle e) {
-    runtime_.event_destroy(physical(device), e);
-  }
-  void event_record(device_index device, EventHandle e, StreamHandle s) {
-    runtime_.event_record(physical(device), e, s);
-  }
-  bool event_query(device_index device, EventHandle e) {
-    return runtime_.event_query(physical(device), e);
-  }
-  void event_synchronize(device_index device, EventHandle e) {
-    runtime_.event_synchronize(physical(device), e);
-  }
-  void device_synchronize(device_index device) {
-    runtime_.device_synchronize(physical(device));
-  }
+#define ACCELKIT_DETAIL_FORWARD_(member, Ret, params, how, args) \
+  ACCELKIT_DETAIL_FORWARD_##how(member, Ret, params, args)
+  ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_FORWARD_)
+#undef ACCELKIT_DETAIL_FORWARD_
+#undef ACCELKIT_DETAIL_FORWARD_sdk
+#undef ACCELKIT_DETAIL_FORWARD_forward
+#undef ACCELKIT_DETAIL_FORWARD_forward_nonempty
 
   // Milliseconds between two recorded timing events. NotSupportedError when
   // the backend or device has no event timing.
@@ -415,6 +388,14 @@ class Backend {
   }
 
  private:
+  // Calls a member of the runtime with `device` mapped to its physical
+  // ordinal (validated first).
+  template <class Caller, class... A>
+  decltype(auto) forward(Caller call, device_index device, A&&... a) {
+    int phys = physical(device);
+    return call(runtime_, phys, std::forward<A>(a)...);
+  }
+
   struct HostDeleter {
     Backend* backend;
     void operator()(void* p) const { backend->raw_host_free(p); }

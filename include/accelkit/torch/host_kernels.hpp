@@ -141,13 +141,6 @@ inline void install_stubs() {
 #endif
 }
 
-// A runtime opts out with `static constexpr bool host_kernels = false;`.
-template <class R, class = void>
-struct wants_host_kernels : std::true_type {};
-template <class R>
-struct wants_host_kernels<R, std::void_t<decltype(R::host_kernels)>>
-    : std::bool_constant<R::host_kernels> {};
-
 // f(tensor, written): each tensor argument, and whether the operator writes
 // it (out= and in-place arguments are the non-const ones).
 template <class F>
@@ -407,7 +400,9 @@ struct Sum {
 // are known for x86-64 builds of PyTorch only (Note [CPU kernel stubs]).
 template <class R>
 void register_host_kernels(torch::Library& m) {
-  if constexpr (host::wants_host_kernels<R>::value) {
+  // A runtime opts out with `static constexpr bool host_kernels = false;`
+  // (an optional constant of the contract, default true).
+  if constexpr (::accelkit::detail::constant_host_kernels<R>) {
     // uniform: TensorIterator kernels (see host_device).
 #define ACCELKIT_HOST_KERNEL(name, op, uniform) \
   m.impl(name, TORCH_FN((host::Kernel<R, at::_ops::op, uniform>::call)))
