@@ -116,7 +116,7 @@ CASES = {
     "mean of half (the CPU sums in float)": (lambda a: a.half().mean(0), A),
     "mean of complex": (lambda a, b: torch.complex(a, b).mean(1), A, B),
     "adaptive_avg_pool2d to 1x1 (a mean)": (lambda a: F.adaptive_avg_pool2d(a.view(3, 11, 5, 13), 1), A),
-    # Convolution reads its inputs through host views (Convolution in ops.hpp).
+    # Convolution reads its inputs through host views (Convolution in torch/convolution.hpp).
     "conv2d with bias": (lambda x, w, b: F.conv2d(x, w, b, padding=1), X4, KW, KB),
     "conv2d of a non-contiguous input": (lambda x, w: F.conv2d(x.transpose(2, 3), w), X4, KW),
     "tanh_backward": (lambda g, a: torch.ops.aten.tanh_backward(g, torch.tanh(a)), B, A),

@@ -1,7 +1,8 @@
-// accelkit: the PyTorch side of a backend — device guard, allocators, hooks,
-// the minimal native operators and the CPU fallback — generated for a
-// runtime R. The only accelkit header that includes PyTorch; include it (via
-// <accelkit/torch/register.hpp>) in one vendor .cpp file.
+// accelkit: the PyTorch side of a backend — device guard, allocators, hooks
+// — generated for a runtime R (the native operators, the CPU fallback and the
+// host kernels are in the headers beside it, which all include this one
+// first). Include the torch headers (via <accelkit/torch/register.hpp>) in
+// one vendor .cpp file.
 //
 // Note [fmt beside libtorch]: the wheel's include directory carries its own
 // fmt headers, which shadow the system fmt in any translation unit that

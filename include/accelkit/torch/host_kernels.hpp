@@ -34,7 +34,9 @@
 // for these operators declares `static constexpr bool host_kernels = false;`.
 #pragma once
 
-#include <accelkit/torch/ops.hpp>
+#include <accelkit/torch/adapter.hpp>
+#include <accelkit/torch/fallback.hpp>
+#include <accelkit/torch/host_access.hpp>
 
 #include <ATen/native/Activation.h>
 #include <ATen/native/BinaryOps.h>
@@ -163,7 +165,8 @@ void visit_tensors(const T&, const F&) {}
 // entries.
 template <class R, bool wait = true>
 bool host_ready(c10::DeviceIndex d) {
-  if (!translated([&] { return wait ? Ops<R>::host_ready(d) : Ops<R>::host_visible(d); }))
+  using H = HostAccess<R>;
+  if (!translated([&] { return wait ? H::host_ready(d) : H::host_visible(d); }))
     return false;
   static std::once_flag once;
   std::call_once(once, install_stubs);
@@ -327,7 +330,7 @@ struct Functional<R, Op, Impl, scalar, at::Tensor(Args...)> {
     // The stream is waited for after the output was allocated, so past every
     // use queued before its block was freed (Note [Host work on recycled
     // blocks]).
-    translated([&] { Ops<R>::sync(place->device.index()); });
+    translated([&] { HostAccess<R>::sync(place->device.index()); });
     return Fallback<R>::get().host(handle<Op>(), [&] {
       HostKernelScope scope;
       std::apply([&](const auto&... a) { op.impl(a..., op.outputs[0]); }, cpu_args);

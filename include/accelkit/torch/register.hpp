@@ -3,8 +3,10 @@
 #pragma once
 
 #include <accelkit/torch/adapter.hpp>
+#include <accelkit/torch/fallback.hpp>
 #include <accelkit/torch/host_kernels.hpp>
 #include <accelkit/torch/ops.hpp>
+#include <accelkit/torch/sparse.hpp>
 
 #include <c10/core/impl/alloc_cpu.h>
 

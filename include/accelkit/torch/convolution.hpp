@@ -1,0 +1,80 @@
+// accelkit: convolutions (convolution_overrideable and its backward), run
+// through the CPU as the fallback runs other operators, and counted in its
+// report.
+#pragma once
+
+#include <accelkit/torch/adapter.hpp>
+#include <accelkit/torch/fallback.hpp>
+#include <accelkit/torch/host_access.hpp>
+
+#include <array>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace torch_adapter {
+
+// Convolutions reach a backend as convolution_overrideable, whose default
+// kernel raises instead of falling back; these run them through the CPU like
+// the fallback does (and count in its report).
+template <class R>
+struct Convolution {
+  // The CPU tensors a CPU convolution reads (its tensors all on one device,
+  // see one_device): views of the device memory when it is host-visible
+  // (after its stream is waited for), copies otherwise.
+  struct Inputs {
+    bool view = false;
+    at::Tensor operator()(const at::Tensor& t) const {
+      if (!t.defined()) return t;
+      return view ? HostAccess<R>::host_view(t) : t.cpu();
+    }
+  };
+  // Every tensor of a convolution on the first one's device, as a CUDA
+  // convolution requires.
+  template <class... T>
+  static void one_device(const std::string& op, const at::Tensor& first, const T&... rest) {
+    ((rest.defined() ? check_same_device(first.device(), rest.device(), op) : void()), ...);
+  }
+  static Inputs inputs(const at::Tensor& any) {
+    device_index d = any.device().index();
+    return {translated([&] { return HostAccess<R>::host_ready(d); })};
+  }
+  static at::Tensor forward(const at::Tensor& input, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
+                            c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
+                            bool transposed, c10::SymIntArrayRef output_padding, c10::SymInt groups) {
+    static const std::string op = "aten::convolution_overrideable";
+    at::Tensor no_bias;
+    const at::Tensor& bias_t = bias && bias->defined() ? *bias : no_bias;
+    one_device(op, input, weight, bias_t);
+    auto timer = Fallback<R>::get().run_named(op);
+    Inputs cpu = inputs(input);
+    std::optional<at::Tensor> b =
+        bias_t.defined() ? std::optional<at::Tensor>(cpu(bias_t)) : std::nullopt;
+    at::Tensor out = at::convolution_symint(cpu(input), cpu(weight), b, stride, padding, dilation,
+                                            transposed, output_padding, std::move(groups));
+    return out.to(input.device());
+  }
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
+      const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+      c10::SymIntArrayRef stride, c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
+      bool transposed, c10::SymIntArrayRef output_padding, c10::SymInt groups,
+      std::array<bool, 3> output_mask) {
+    static const std::string op = "aten::convolution_backward_overrideable";
+    one_device(op, input, grad_output, weight);
+    auto timer = Fallback<R>::get().run_named(op);
+    std::vector<c10::SymInt> bias_sizes{weight.sym_size(transposed ? 1 : 0) * groups};
+    Inputs cpu = inputs(input);
+    auto [gi, gw, gb] = at::convolution_backward_symint(
+        cpu(grad_output), cpu(input), cpu(weight), c10::SymIntArrayRef(bias_sizes), stride,
+        padding, dilation, transposed, output_padding, std::move(groups), output_mask);
+    auto back = [&](const at::Tensor& t) { return t.defined() ? t.to(input.device()) : t; };
+    return {back(gi), back(gw), back(gb)};
+  }
+};
+
+}  // namespace torch_adapter
+ACCELKIT_END_NAMESPACE

@@ -1,0 +1,131 @@
+// accelkit: the copy operators (_copy_from, _copy_from_and_resize) between
+// devices and between a device and the host, strided, dtype-converting and
+// non_blocking from pinned memory, with the lazy conjugate and negative bits
+// resolved here (Note [Math bits in copies]); and _local_scalar_dense, the
+// copy of one element to the host (Tensor.item()).
+#pragma once
+
+#include <accelkit/torch/adapter.hpp>
+#include <accelkit/torch/host_access.hpp>
+
+#include <cstring>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace torch_adapter {
+
+template <class R>
+struct CopyOps : HostAccess<R> {
+  using HostAccess<R>::st, HostAccess<R>::on_device, HostAccess<R>::dev, HostAccess<R>::nbytes,
+      HostAccess<R>::stream_of, HostAccess<R>::sync, HostAccess<R>::queued,
+      HostAccess<R>::host_ready, HostAccess<R>::run_on_host, HostAccess<R>::host_view,
+      HostAccess<R>::to_cpu, HostAccess<R>::from_cpu;
+
+  static bool same_layout(const at::Tensor& a, const at::Tensor& b) {
+    return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && a.is_contiguous() &&
+           b.is_contiguous();
+  }
+
+  // Note [Math bits in copies]: a tensor may carry a lazy conjugate or
+  // negative bit (x.conj(), a view that conjugates on read). PyTorch's
+  // copy_ hands tensors of other backends to _copy_from before it resolves
+  // those bits, and the Conjugate/Negative fallbacks, which would resolve
+  // them by cloning, clone through copy_ again: an endless recursion. So
+  // _copy_from and _copy_from_and_resize fall through those keys (see
+  // register_aten_ops) and resolve the bits here: the source's raw values are
+  // read without its bits, the bits applied on the CPU, and a destination
+  // with bits of its own gets the values that read back as the source's.
+  static bool math_bits(const at::Tensor& t) { return t.is_conj() || t.is_neg(); }
+  // The same memory without the lazy bits (the raw values).
+  static at::Tensor raw(const at::Tensor& t) {
+    at::Tensor a = at::alias(t);
+    a._set_conj(false);
+    a._set_neg(false);
+    return a;
+  }
+  static at::Tensor copy_with_math_bits(const at::Tensor& self, const at::Tensor& dst) {
+    at::Tensor values = on_device(self) ? to_cpu(raw(self)) : raw(self).clone();
+    values._set_conj(self.is_conj());
+    values._set_neg(self.is_neg());
+    values = values.resolve_conj().resolve_neg();
+    if (!on_device(dst)) {
+      dst.copy_(values);  // the CPU's copy_ resolves dst's bits
+      return dst;
+    }
+    // Stored so that reading through dst's bits gives `values`.
+    if (dst.is_neg()) values = values.neg();
+    if (dst.is_conj()) values = values.conj().resolve_conj();
+    from_cpu(raw(dst), values);
+    return dst;
+  }
+
+  static at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+    return translated([&] {
+      if (self.numel() == 0) return dst;
+      if (math_bits(self) || math_bits(dst)) return copy_with_math_bits(self, dst);
+      bool src_dev = on_device(self), dst_dev = on_device(dst);
+      Backend<R>& b = st().backend();
+      if (src_dev && dst_dev) {
+        if (same_layout(self, dst)) {
+          if (dev(self) == dev(dst)) {
+            if (run_on_host(dev(dst))) {
+              std::memmove(dst.data_ptr(), self.data_ptr(), nbytes(dst));
+              return dst;
+            }
+            b.memcpy_async(dev(dst), dst.data_ptr(), self.data_ptr(), nbytes(dst),
+                           CopyKind::device_to_device, stream_of(dev(dst)));
+            queued(dev(dst));
+          } else {
+            sync(dev(dst));  // earlier work on dst finishes before it is overwritten
+            b.memcpy_peer_async(dst.data_ptr(), dev(dst), self.data_ptr(), dev(self),
+                                nbytes(dst), stream_of(dev(self)));
+            sync(dev(self));
+          }
+          return dst;
+        }
+        if (dev(self) == dev(dst) && dst.sizes() == self.sizes() && host_ready(dev(self))) {
+          host_view(dst).copy_(host_view(self));
+          return dst;
+        }
+        from_cpu(dst, to_cpu(self));
+        return dst;
+      }
+      // Between device d and host memory that is pinned or not: left in
+      // flight on d's stream only when asked to and the host side is pinned.
+      // A copy left in flight keeps its pinned block from reuse until the
+      // stream has passed it, should the tensor be freed first (as
+      // CUDA's pinned allocator records an event for it).
+      auto transfer = [&](device_index d, CopyKind kind, bool pinned) {
+        const at::Tensor& host = kind == CopyKind::host_to_device ? self : dst;
+        bool in_flight = non_blocking && pinned;
+        if (in_flight) st().host_memory().record_stream(host.storage().mutable_data(), d, stream_of(d));
+        b.memcpy_async(d, dst.data_ptr(), self.data_ptr(), nbytes(dst), kind, stream_of(d));
+        if (in_flight) queued(d);
+        else sync(d);
+        return dst;
+      };
+      if (src_dev) {  // device -> host
+        if (same_layout(self, dst))
+          return transfer(dev(self), CopyKind::device_to_host, dst.is_pinned());
+        dst.copy_(to_cpu(self));
+        return dst;
+      }
+      // host -> device
+      if (same_layout(self, dst))
+        return transfer(dev(dst), CopyKind::host_to_device, self.is_pinned());
+      from_cpu(dst, self);
+      return dst;
+    });
+  }
+
+  static at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+    dst.resize_(self.sizes());
+    return copy_from(self, dst, false);
+  }
+
+  static at::Scalar local_scalar_dense(const at::Tensor& self) {
+    return translated([&] { return to_cpu(self).item(); });
+  }
+};
+
+}  // namespace torch_adapter
+ACCELKIT_END_NAMESPACE

@@ -1,0 +1,499 @@
+// accelkit: the CPU fallback, which runs every operator without a native
+// kernel through PyTorch's CPU kernel (Fallback<R> and fallback<R>): its
+// policy, block list and report (Note [CPU fallback policy]), the CPU kernel
+// on device memory or on copies in the same layouts (Notes [Zero-copy
+// fallback] and [Layout-keeping fallback]), the one-device check, and the
+// devices' generators (Note [Device generators]).
+#pragma once
+
+#include <accelkit/torch/adapter.hpp>
+#include <accelkit/torch/host_access.hpp>
+#include <accelkit/torch/sparse.hpp>
+
+#include <ATen/MemoryOverlap.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace torch_adapter {
+
+// Tensors of two devices in one operator, refused in PyTorch's own words
+// (a RuntimeError naming both devices and the operator).
+inline void check_same_device(const c10::Device& first, const c10::Device& other,
+                              const std::string& op) {
+  TORCH_CHECK(first == other,
+              "Expected all tensors to be on the same device, but found at least two devices, ",
+              first, " and ", other, "! (in ", op, ")");
+}
+
+// Note [CPU fallback policy]: every operator without a native kernel runs on
+// the CPU (inputs copied there, outputs copied back). <NAME>_FALLBACK
+// chooses what happens: "allow" (default), "warn" (a warning the first time
+// each operator falls back) or "error"; <NAME>_FALLBACK_BLOCKLIST names
+// operators (comma list) that must not fall back. The report lists each
+// operator that fell back, how often and for how long.
+template <class R>
+class Fallback {
+  struct Entry;
+
+ public:
+  enum class Policy { allow, warn, error };
+  static Fallback& get() {
+    static Fallback* const f = new Fallback();
+    return *f;
+  }
+
+  void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    Entry& e = admit(op);
+    std::optional<c10::Device> to_device = check_one_device(op, *stack, e.name);
+    use_device_generator(op, *stack);
+    auto t0 = std::chrono::steady_clock::now();
+    if (!on_cpu(op, *stack)) {
+      at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+      if (to_device) results_to(op, *stack, *to_device);
+    }
+    std::size_t results = op.schema().returns().size();
+    for (std::size_t i = stack->size() - results; i < stack->size(); ++i) {
+      const c10::IValue& v = (*stack)[i];
+      if (v.isTensor() && v.toTensor().defined() && v.toTensor().layout() != c10::kStrided &&
+          v.toTensor().device().type() == kDeviceType)
+        refuse_sparse<R>(op);  // Note [Sparse layouts]
+    }
+    e.add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+              .count());
+  }
+
+  // Counts one run of an operator through the CPU in the report, timed
+  // until it is destroyed.
+  class Count {
+   public:
+    explicit Count(Entry& e) : e_(e) {}
+    ~Count() {
+      e_.add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_)
+                 .count());
+    }
+    Count(const Count&) = delete;
+    Count& operator=(const Count&) = delete;
+
+   private:
+    Entry& e_;
+    std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  };
+  // A run through the CPU of operator `op` (by name) that does not come
+  // through the dispatcher's fallback, under the same policy and block list.
+  Count run_named(const std::string& op) { return Count(admit(entry_named(op))); }
+
+  // Runs body() as operator `op` through the CPU under the policy, counted
+  // in the report: the host kernels' way in (Note [Host kernels]).
+  template <class F>
+  decltype(auto) host(const c10::OperatorHandle& op, F&& body) {
+    Count count(admit(op));
+    return body();
+  }
+
+  // "op count total_ms" lines, most time first.
+  std::string report() {
+    std::vector<std::tuple<std::int64_t, std::int64_t, std::string>> v;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& [name, e] : stats_)
+        if (auto c = e->count.load()) v.emplace_back(e->ns.load(), c, name);
+    }
+    std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return std::get<0>(a) > std::get<0>(b); });
+    std::ostringstream out;
+    for (auto& [ns, count, name] : v) out << name << ' ' << count << ' ' << (ns / 1e6) << '\n';
+    return out.str();
+  }
+  // Zeroes the counts (entries stay: threads cache them).
+  void reset() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [name, e] : stats_) {
+      e->count = 0;
+      e->ns = 0;
+    }
+  }
+
+ private:
+  struct Entry {
+    std::string name;  // "aten::add.out"
+    bool blocked = false;
+    std::atomic<std::int64_t> count{0};
+    std::atomic<std::int64_t> ns{0};
+    std::atomic<bool> warned{false};
+    void add(std::int64_t elapsed) {
+      count.fetch_add(1, std::memory_order_relaxed);
+      ns.fetch_add(elapsed, std::memory_order_relaxed);
+    }
+  };
+
+  Entry& entry_named(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_ptr<Entry>& slot = stats_[name];
+    if (!slot) {
+      slot = std::make_unique<Entry>();
+      slot->name = name;
+      std::string base = name.substr(0, name.find('.'));
+      slot->blocked = blocked_.count(name) != 0 || blocked_.count(base) != 0;
+    }
+    return *slot;
+  }
+
+  // The entry of an operator, cached per thread (the dispatcher's schema
+  // objects live as long as the process).
+  Entry& entry_for(const c10::OperatorHandle& op) {
+    static thread_local const void* last_schema = nullptr;
+    static thread_local Entry* last = nullptr;
+    const void* schema = &op.schema();
+    if (schema == last_schema) return *last;
+    Entry* e;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = by_schema_.find(schema);
+      e = it == by_schema_.end() ? nullptr : it->second;
+    }
+    if (!e) {
+      const c10::OperatorName& n = op.schema().operator_name();
+      e = &entry_named(n.overload_name.empty() ? n.name : n.name + "." + n.overload_name);
+      std::lock_guard<std::mutex> lock(mutex_);
+      by_schema_.emplace(schema, e);
+    }
+    last_schema = schema;
+    last = e;
+    return *e;
+  }
+
+  static std::string upper() { return detail::upper(R::name); }
+
+  // The entry of `op`, once the policy and the block list let it through
+  // the CPU (warning once per operator under the warn policy).
+  Entry& admit(const c10::OperatorHandle& op) { return admit(entry_for(op)); }
+  Entry& admit(Entry& e) {
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        policy_ != Policy::error && !e.blocked, "The operator '", e.name,
+        "' is not implemented for ", R::name, " and its CPU fallback is ",
+        policy_ == Policy::error ? "disabled (" : "blocked (", upper(), "_FALLBACK",
+        policy_ == Policy::error ? "=error)" : "_BLOCKLIST)");
+    if (policy_ == Policy::warn && !e.warned.exchange(true, std::memory_order_relaxed))
+      TORCH_WARN("The operator '", e.name, "' is not implemented for ", R::name,
+                 " and falls back to the CPU; this may be slow.");
+    return e;
+  }
+
+  // Note [Zero-copy fallback]: when the device's memory is host-visible
+  // (capability schema), the CPU kernel runs directly on device memory: the
+  // current stream is synchronized (the kernel then runs, in effect, at its
+  // place on that stream), every device tensor argument is replaced by a CPU
+  // tensor viewing the same memory, and results that are those views are
+  // mapped back to the device tensors. A new result (a functional operator's
+  // output) is copied to the device in the layout the kernel gave it.
+  //
+  // Note [Layout-keeping fallback]: without host-visible memory the same
+  // path runs on copies: each device tensor argument's memory, from its
+  // first element to its last, is copied to the CPU and viewed there with
+  // the tensor's own strides, offset and math bits; the arguments the
+  // operator writes are copied back afterwards. The CPU kernel thus sees
+  // exactly the layouts it would see on the CPU (a conjugate view stays
+  // one, a transposed slice stays one), and computes bit for bit as there;
+  // a copy that resolved them would let BLAS round differently. Arguments
+  // that view less than a quarter of a range above 1 MiB take the
+  // compacting copy of at::native::cpu_fallback instead, as do
+  // operators with no device tensor, or with tensors of other devices or
+  // device types.
+  bool on_cpu(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    // A result that aliases an input (a view) cannot be mapped back; such
+    // operators take at::native::cpu_fallback, which refuses them clearly.
+    for (const c10::Argument& r : op.schema().returns())
+      if (r.alias_info() && !r.alias_info()->isWrite()) return false;
+    const auto& arguments = op.schema().arguments();
+    std::size_t first = stack.size() - arguments.size();
+    std::optional<c10::Device> device;
+    auto each_tensor = [&](auto&& f) {
+      for (std::size_t i = first; i < stack.size(); ++i) {
+        const c10::IValue& v = stack[i];
+        if (v.isTensor()) {
+          if (!f(v.toTensor())) return false;
+        } else if (v.isTensorList()) {
+          for (const at::Tensor& t : v.toTensorVector())
+            if (!f(t)) return false;
+        } else if (v.isList() || v.isDevice()) {
+          return false;  // optional-tensor lists and device arguments: copying path
+        }
+      }
+      return true;
+    };
+    if (!each_tensor([&](const at::Tensor& t) {
+          if (!t.defined() || t.device().type() != kDeviceType) return true;
+          if (!device) device = t.device();
+          return t.layout() == c10::kStrided && *device == t.device();
+        }) ||
+        !device)
+      return false;
+    device_index d = device->index();
+    bool visible = translated([&] { return HostAccess<R>::host_ready(d); });
+    // The bytes from a tensor's first element to its last.
+    auto extent = [](const at::Tensor& t) {
+      return at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.element_size());
+    };
+    if (!visible && !each_tensor([&](const at::Tensor& t) {
+          return !t.defined() || t.device().type() != kDeviceType || t.numel() == 0 ||
+                 extent(t) <= std::max<std::size_t>(4 * t.nbytes(), std::size_t{1} << 20);
+        }))
+      return false;
+
+    struct Alias {
+      at::Tensor device_tensor;
+      at::Tensor host_view;
+      void* ptr;
+      at::Tensor device_range;  // without host-visible memory: the range copied, if written
+      at::Tensor host_range;    // and its copy
+    };
+    std::vector<Alias> aliases;
+    // A CPU tensor over the same memory (or a copy of it), whose storage the
+    // CPU kernel may still resize (onto new CPU memory, copied back
+    // afterwards).
+    // The tensors the operator writes (out= and in-place arguments).
+    std::set<const c10::TensorImpl*> written;
+    for (std::size_t i = first; i < stack.size(); ++i) {
+      const c10::AliasInfo* info = arguments[i - first].alias_info();
+      if (!info || !info->isWrite()) continue;
+      if (stack[i].isTensor()) written.insert(stack[i].toTensor().unsafeGetTensorImpl());
+      if (stack[i].isTensorList())
+        for (const at::Tensor& t : stack[i].toTensorVector()) written.insert(t.unsafeGetTensorImpl());
+    }
+    auto alias_of = [&](const at::Tensor& t) -> at::Tensor {
+      if (!t.defined() || t.device().type() != kDeviceType) return t;
+      for (const Alias& a : aliases)  // one tensor passed twice (x.mul_(x)): one view
+        if (a.device_tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return a.host_view;
+      at::Tensor view, device_range, host_range;
+      if (t.numel() == 0) {
+        view = at::empty(t.sizes(), t.options().device(at::kCPU));
+      } else if (visible) {
+        c10::Storage storage(c10::Storage::use_byte_size_t(), extent(t),
+                             c10::DataPtr(t.data_ptr(), c10::Device(c10::kCPU)),
+                             c10::GetCPUAllocator(), /*resizable=*/true);
+        view = at::detail::make_tensor<c10::TensorImpl>(
+            std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+        view.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides());
+      } else {
+        // The range as plain values (no math bits), one contiguous copy.
+        at::Tensor raw = at::alias(t);
+        raw._set_conj(false);
+        raw._set_neg(false);
+        device_range = raw.as_strided({static_cast<int64_t>(extent(t) / t.element_size())}, {1});
+        host_range = device_range.to(at::kCPU);
+        view = host_range.as_strided(t.sizes(), t.strides());
+        if (!written.count(t.unsafeGetTensorImpl())) device_range = host_range = at::Tensor();
+      }
+      // Operators that take lazily conjugated or negated inputs as they are
+      // (dot, vdot, ...: the Conjugate key falls through for them) read the
+      // same bits on the CPU alias (Note [Math bits in copies]).
+      view._set_conj(t.is_conj());
+      view._set_neg(t.is_neg());
+      aliases.push_back({t, view, view.data_ptr(), device_range, host_range});
+      return view;
+    };
+    for (std::size_t i = first; i < stack.size(); ++i) {
+      c10::IValue& v = stack[i];
+      if (v.isTensor()) {
+        v = alias_of(v.toTensor());
+      } else if (v.isTensorList()) {
+        std::vector<at::Tensor> list;
+        for (const at::Tensor& t : v.toTensorVector()) list.push_back(alias_of(t));
+        v = c10::IValue(list);
+      }
+    }
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+
+    std::size_t results = op.schema().returns().size();
+    for (std::size_t i = stack.size() - results; i < stack.size(); ++i) {
+      c10::IValue& v = stack[i];
+      if (!v.isTensor()) continue;
+      const at::Tensor& out = v.toTensor();
+      auto same = std::find_if(aliases.begin(), aliases.end(), [&](const Alias& a) {
+        return a.host_view.unsafeGetTensorImpl() == out.unsafeGetTensorImpl();
+      });
+      v = same != aliases.end() ? c10::IValue(same->device_tensor)
+                                : c10::IValue(to_device(out, *device));
+    }
+    // What the kernel did to an argument, the device tensor must take too:
+    // - resized onto new CPU memory: new device memory in the same layout;
+    // - without host-visible memory, values written: the range copied back;
+    // - another shape without elements (a (0,) out= tensor resized to
+    //   (1, 0, 3));
+    // - restrided in place over the same memory (transpose_, as_strided_);
+    // - a conjugate or negative bit set in place (linalg_lu_solve with
+    //   left=False conjugates its output by setting the bit).
+    for (Alias& a : aliases) {
+      const at::Tensor& host = a.host_view;
+      at::Tensor& dev = a.device_tensor;
+      if (host.numel() > 0 && host.data_ptr() != a.ptr) {
+        dev.set_(to_device(host, dev.device()));  // in the kernel's layout
+        continue;
+      }
+      if (a.device_range.defined()) a.device_range.copy_(a.host_range);
+      if (host.numel() == 0) {
+        if (host.sizes() != dev.sizes()) dev.resize_(host.sizes());
+      } else if (host.sizes() != dev.sizes() || host.strides() != dev.strides() ||
+                 host.storage_offset() != 0) {
+        dev.as_strided_(host.sizes(), host.strides(), dev.storage_offset() + host.storage_offset());
+      }
+      if (dev.is_conj() != host.is_conj()) dev._set_conj(host.is_conj());
+      if (dev.is_neg() != host.is_neg()) dev._set_neg(host.is_neg());
+    }
+    return true;
+  }
+
+  // Like PyTorch's native kernels, refuse tensors of two devices of this
+  // backend in one operator (the CPU fallback would silently mix them), or
+  // a device tensor with a CPU tensor that is not a zero-dim scalar.
+  // Raises unless the tensor arguments are on at most one device of this
+  // backend. Returns that device when at::native::cpu_fallback would put the
+  // results elsewhere: it follows the first tensor argument, which may be a
+  // CPU scalar (a zero-dim CPU tensor: `2.0 - x` is sub(scalar, x)), while
+  // on a device (as with CUDA) the results of such an operator belong on the
+  // device. A first argument that is a CPU tensor of any other shape keeps
+  // PyTorch's rule (`cpu_x[device_mask]` is a CPU tensor).
+  // Note [Device generators]: a random operator that falls back and is not
+  // given a generator draws from its device's default generator (the
+  // hooks' getDefaultGenerator, which torch.<name>.manual_seed seeds and
+  // torch.manual_seed seeds too), as on CUDA, and not from the CPU's: the
+  // CPU kernel is handed that generator (a CPU generator, so it takes it).
+  // Unlike CUDA, an explicit generator of the CPU is accepted too: the
+  // device's generators are CPU generators.
+  static void use_device_generator(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    const auto& args = op.schema().arguments();
+    std::size_t first = stack.size() - args.size();
+    std::optional<std::size_t> slot;
+    std::optional<c10::Device> device;
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      const c10::IValue& v = stack[first + i];
+      if (v.isTensor() && !device && v.toTensor().defined() &&
+          v.toTensor().device().type() == kDeviceType)
+        device = v.toTensor().device();
+      if (!slot && v.isNone()) {
+        c10::TypePtr t = args[i].real_type();
+        if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
+        if (t->kind() == c10::TypeKind::GeneratorType) slot = i;
+      }
+    }
+    if (slot && device)
+      stack[first + *slot] = c10::IValue(at::globalContext().defaultGenerator(*device));
+  }
+
+  static std::optional<c10::Device> check_one_device(const c10::OperatorHandle& op,
+                                                     const torch::jit::Stack& stack,
+                                                     const std::string& full) {
+    std::size_t n = op.schema().arguments().size();
+    std::optional<c10::Device> seen;
+    bool cpu_tensor = false;  // a CPU tensor that is not a scalar
+    bool cpu_first = false, any = false, device_arg = false;
+    // `indices`: an optional-tensor list (index, index_put_), whose CPU
+    // index tensors CUDA accepts too.
+    auto check = [&](const at::Tensor& t, bool indices) {
+      if (!t.defined()) return;
+      if (!any) cpu_first = t.device().is_cpu() && t.dim() == 0;
+      any = true;
+      if (t.device().type() != kDeviceType) {
+        if (!indices && t.device().is_cpu() && t.dim() > 0) cpu_tensor = true;
+        return;
+      }
+      if (!seen) seen = t.device();
+      check_same_device(*seen, t.device(), full);
+    };
+    for (std::size_t i = stack.size() - n; i < stack.size(); ++i) {
+      const c10::IValue& v = stack[i];
+      if (v.isTensor()) {
+        check(v.toTensor(), false);
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorVector()) check(t, false);
+      } else if (v.isList()) {
+        for (const c10::IValue& e : v.toListRef())
+          if (e.isTensor()) check(e.toTensor(), true);
+      } else if (v.isDevice()) {
+        device_arg = true;  // the operator says where its results go
+      }
+    }
+    // A CPU tensor beside device tensors is refused as on CUDA, unless it
+    // is a zero-dim scalar (which TensorIterator takes on any device).
+    if (seen && cpu_tensor) check_same_device(*seen, c10::Device(c10::kCPU), full);
+    if (seen && cpu_first && !device_arg) return seen;
+    return std::nullopt;
+  }
+
+  // Moves the new (non-aliasing) tensor results on the CPU to `device`.
+  // A new CPU result on the device, in the CPU kernel's layout. .to() would
+  // compact a result that is not dense (linalg_lstsq returns its solution
+  // as a slice of a bigger buffer), and a later kernel on another layout may
+  // round differently (BLAS); such a result keeps its strides.
+  static at::Tensor to_device(const at::Tensor& t, c10::Device device) {
+    if (!t.defined()) return t;
+    if (t.layout() != c10::kStrided || t.is_non_overlapping_and_dense() ||
+        at::has_internal_overlap(t) == at::MemOverlap::Yes)
+      return t.to(device);
+    at::Tensor out = at::empty_strided(t.sizes(), t.strides(), t.options().device(device));
+    out.copy_(t);
+    return out;
+  }
+
+  static void results_to(const c10::OperatorHandle& op, torch::jit::Stack& stack,
+                         c10::Device device) {
+    const auto& returns = op.schema().returns();
+    std::size_t first = stack.size() - returns.size();
+    for (std::size_t i = 0; i < returns.size(); ++i) {
+      c10::IValue& v = stack[first + i];
+      if (returns[i].alias_info() || !v.isTensor()) continue;
+      const at::Tensor& t = v.toTensor();
+      if (t.defined() && t.device().is_cpu()) v = to_device(t, device);
+    }
+  }
+
+  Fallback() {
+    const Environment& env = Backend<R>::instance().environment();
+    if (auto v = env.get(upper() + "_FALLBACK")) {
+      std::string_view s = detail::trim(*v);
+      if (s == "allow" || s.empty()) policy_ = Policy::allow;
+      else if (s == "warn") policy_ = Policy::warn;
+      else if (s == "error") policy_ = Policy::error;
+      else
+        TORCH_CHECK_VALUE(false, R::name, ": ", upper(), "_FALLBACK='", *v,
+                          "': expected allow, warn or error");
+    }
+    if (auto v = env.get(upper() + "_FALLBACK_BLOCKLIST")) {
+      for (std::string_view item : detail::split_list(*v)) {
+        if (item.empty()) continue;
+        std::string op(item);
+        if (op.rfind("aten::", 0) != 0) op = "aten::" + op;
+        blocked_.insert(op);
+      }
+    }
+  }
+
+  Policy policy_ = Policy::allow;
+  std::set<std::string> blocked_;
+  std::mutex mutex_;
+  std::map<std::string, std::unique_ptr<Entry>> stats_;
+  std::unordered_map<const void*, Entry*> by_schema_;
+};
+
+template <class R>
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Fallback<R>::get().run(op, stack);
+}
+
+}  // namespace torch_adapter
+ACCELKIT_END_NAMESPACE

@@ -1,0 +1,50 @@
+// accelkit: the filling operators (fill_, zero_): on the host when it can
+// address the memory, else a device memset or a copy from the CPU.
+#pragma once
+
+#include <accelkit/torch/adapter.hpp>
+#include <accelkit/torch/host_access.hpp>
+
+#include <cstring>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace torch_adapter {
+
+template <class R>
+struct FillOps : HostAccess<R> {
+  using HostAccess<R>::st, HostAccess<R>::dev, HostAccess<R>::nbytes, HostAccess<R>::stream_of,
+      HostAccess<R>::queued, HostAccess<R>::host_ready, HostAccess<R>::run_on_host,
+      HostAccess<R>::host_view, HostAccess<R>::from_cpu;
+
+  static at::Tensor& fill(at::Tensor& self, const at::Scalar& value) {
+    return translated([&]() -> at::Tensor& {
+      if (self.numel() == 0) return self;
+      if (host_ready(dev(self))) {
+        host_view(self).fill_(value);
+      } else {
+        from_cpu(self, at::scalar_tensor(value, self.options().device(at::kCPU)));
+      }
+      return self;
+    });
+  }
+
+  static at::Tensor& zero(at::Tensor& self) {
+    return translated([&]() -> at::Tensor& {
+      if (self.numel() == 0) return self;
+      if (self.is_contiguous()) {
+        if (run_on_host(dev(self))) {
+          std::memset(self.data_ptr(), 0, nbytes(self));
+          return self;
+        }
+        st().backend().memset_async(dev(self), self.data_ptr(), 0, nbytes(self),
+                                    stream_of(dev(self)));
+        queued(dev(self));
+        return self;
+      }
+      return fill(self, 0);
+    });
+  }
+};
+
+}  // namespace torch_adapter
+ACCELKIT_END_NAMESPACE

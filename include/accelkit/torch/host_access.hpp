@@ -1,0 +1,106 @@
+// accelkit: how the native operators reach device memory from the host:
+// the current stream and its waits, CPU views of host-visible memory, and
+// copies to and from the CPU otherwise (HostAccess<R>, which the operator
+// groups, the convolutions, the fallback and the host kernels build on).
+#pragma once
+
+#include <accelkit/torch/adapter.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace torch_adapter {
+
+template <class R>
+struct HostAccess {
+  static State<R>& st() { return State<R>::get(); }
+  static bool on_device(const at::Tensor& t) { return t.device().type() == kDeviceType; }
+  static device_index dev(const at::Tensor& t) { return t.device().index(); }
+  static bool host_visible(device_index d) {
+    return st().backend().properties(d).host_visible_memory;
+  }
+  static std::size_t nbytes(const at::Tensor& t) {
+    return static_cast<std::size_t>(t.numel()) * t.element_size();
+  }
+  static StreamHandle stream_of(device_index d) { return st().current_handle(d); }
+  static void sync(device_index d) { st().backend().stream_synchronize(d, stream_of(d)); }
+  // After queueing work on d's current stream (Note [Device work inside host kernels]).
+  static void queued(device_index d) {
+    if (host_kernel_depth > 0) sync(d);
+  }
+  // Whether the host may work on d's memory now: it is host-visible, and
+  // d's current stream has been waited for (so the work lands in order).
+  static bool host_ready(device_index d) {
+    if (!host_visible(d)) return false;
+    sync(d);
+    return true;
+  }
+  // Whether device work on d is better done right here, on the host
+  // (Note [Device work inside host kernels]). Waits for d's stream if so.
+  static bool run_on_host(device_index d) { return host_kernel_depth > 0 && host_ready(d); }
+
+  // A CPU tensor viewing the device memory of `t` (host-visible devices only).
+  static at::Tensor host_view(const at::Tensor& t) {
+    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(),
+                         at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
+  }
+
+  // The whole storage of a device tensor, copied to a CPU byte buffer, and
+  // `t`'s view of it.
+  static std::pair<at::Tensor, at::Tensor> storage_to_cpu(const at::Tensor& t) {
+    device_index d = dev(t);
+    const c10::Storage& s = t.storage();
+    at::Tensor bytes = at::empty({static_cast<int64_t>(s.nbytes())}, at::TensorOptions().dtype(at::kByte));
+    st().backend().memcpy_async(d, bytes.data_ptr(), s.data(), s.nbytes(), CopyKind::device_to_host,
+                                stream_of(d));
+    sync(d);
+    at::Tensor view = at::from_blob(static_cast<char*>(bytes.data_ptr()) +
+                                        t.storage_offset() * t.element_size(),
+                                    t.sizes(), t.strides(),
+                                    at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
+    return {bytes, view};
+  }
+
+  // A contiguous CPU copy of a device tensor.
+  static at::Tensor to_cpu(const at::Tensor& t) {
+    device_index d = dev(t);
+    if (t.is_contiguous()) {
+      at::Tensor out = at::empty(t.sizes(), t.options().device(at::kCPU));
+      st().backend().memcpy_async(d, out.data_ptr(), t.data_ptr(), nbytes(t),
+                                  CopyKind::device_to_host, stream_of(d));
+      sync(d);
+      return out;
+    }
+    if (host_ready(d)) return host_view(t).clone(at::MemoryFormat::Contiguous);
+    return storage_to_cpu(t).second.clone(at::MemoryFormat::Contiguous);
+  }
+
+  // Writes a CPU tensor (broadcast and converted to dst's shape and dtype)
+  // into a device tensor.
+  static void from_cpu(const at::Tensor& dst, const at::Tensor& src) {
+    device_index d = dev(dst);
+    at::Tensor tmp = at::empty(dst.sizes(), dst.options().device(at::kCPU));
+    tmp.copy_(src);
+    if (dst.is_contiguous()) {
+      st().backend().memcpy_async(d, dst.data_ptr(), tmp.data_ptr(), nbytes(dst),
+                                  CopyKind::host_to_device, stream_of(d));
+      sync(d);
+      return;
+    }
+    if (host_ready(d)) {
+      host_view(dst).copy_(tmp);
+      return;
+    }
+    auto [bytes, view] = storage_to_cpu(dst);  // read, modify, write back
+    view.copy_(tmp);
+    const c10::Storage& s = dst.storage();
+    st().backend().memcpy_async(d, s.mutable_data(), bytes.data_ptr(), s.nbytes(),
+                                CopyKind::host_to_device, stream_of(d));
+    sync(d);
+  }
+};
+
+}  // namespace torch_adapter
+ACCELKIT_END_NAMESPACE

@@ -1,0 +1,81 @@
+// accelkit: the operators on a tensor's device storage: resize_ and
+// storage.resize_ (the hooks' resizePrivateUse1Bytes) onto new device memory
+// that keeps the contents, and record_stream, which keeps the memory from
+// reuse until a stream has passed its free.
+#pragma once
+
+#include <accelkit/torch/adapter.hpp>
+#include <accelkit/torch/host_access.hpp>
+
+#include <c10/core/DeviceGuard.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <optional>
+#include <utility>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace torch_adapter {
+
+template <class R>
+struct StorageOps : HostAccess<R> {
+  using HostAccess<R>::st, HostAccess<R>::stream_of, HostAccess<R>::queued;
+
+  // Grows a storage to `n` bytes, keeping its contents (device to device).
+  // Moves a storage to new memory of exactly `n` bytes, keeping the common
+  // prefix (device to device, on the current stream), as the CPU does.
+  static void reallocate_storage(const c10::Storage& storage, std::size_t n) {
+    device_index d = storage.device().index();
+    c10::DeviceGuard guard(storage.device());
+    c10::DataPtr fresh = device_allocator<R>().allocate(n);
+    std::size_t keep = std::min(n, storage.nbytes());
+    if (keep > 0) {
+      st().backend().memcpy_async(d, fresh.get(), storage.data(), keep,
+                                  CopyKind::device_to_device, stream_of(d));
+      queued(d);
+    }
+    const_cast<c10::Storage&>(storage).set_data_ptr_noswap(std::move(fresh));
+    const_cast<c10::Storage&>(storage).set_nbytes(n);
+  }
+  // Grows a storage to `n` bytes (never shrinks: Tensor.resize_ keeps memory).
+  static void grow_storage(const c10::Storage& storage, std::size_t n) {
+    if (n > storage.nbytes()) reallocate_storage(storage, n);
+  }
+
+  static const at::Tensor& resize(const at::Tensor& self, c10::SymIntArrayRef size,
+                                  std::optional<c10::MemoryFormat> memory_format) {
+    return translated([&]() -> const at::Tensor& {
+      auto* impl = self.unsafeGetTensorImpl();
+      at::native::resize_impl_cpu_(impl, C10_AS_INTARRAYREF_SLOW(size), std::nullopt,
+                                   /*resize_storage=*/false);
+      if (impl->numel() > 0) {
+        std::size_t needed = at::detail::computeStorageNbytesContiguous(
+            impl->sizes(), self.element_size(), impl->storage_offset());
+        grow_storage(impl->storage(), needed);
+      }
+      if (memory_format) impl->empty_tensor_restride(*memory_format);
+      return self;
+    });
+  }
+
+  // Tensor.record_stream: the storage's memory is not reused before `s` has
+  // passed the point of its free (the caching pool's record_stream).
+  // The stream must be one of the tensor's device (the pool of that device
+  // records it): RuntimeError naming both otherwise.
+  static void record_stream(at::Tensor& self, c10::Stream s) {
+    TORCH_CHECK(s.device() == self.device(), R::name, ": record_stream: the stream is on ",
+                s.device(), " but the tensor is on ", self.device());
+    device_allocator<R>().recordStream(self.storage().data_ptr(), s);
+  }
+};
+
+// storage.resize_(n): new memory of exactly n bytes, keeping the prefix.
+template <class R>
+void Hooks<R>::resizePrivateUse1Bytes(const c10::Storage& storage, std::size_t newsize) const {
+  translated([&] {
+    if (newsize != storage.nbytes()) StorageOps<R>::reallocate_storage(storage, newsize);
+  });
+}
+
+}  // namespace torch_adapter
+ACCELKIT_END_NAMESPACE
