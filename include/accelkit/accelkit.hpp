@@ -9,6 +9,7 @@
 #include <accelkit/diagnostics.hpp>
 #include <accelkit/error.hpp>
 #include <accelkit/memory/caching_allocator.hpp>
+#include <accelkit/memory/device_allocators.hpp>
 #include <accelkit/memory/config.hpp>
 #include <accelkit/memory/host_allocator.hpp>
 #include <accelkit/memory/stats.hpp>

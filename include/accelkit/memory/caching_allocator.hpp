@@ -19,7 +19,7 @@
 //    (size, address) whose nodes are recycled. No operation scans a list.
 //  - Live large blocks are found through a sharded open-addressing map
 //    (Note [Pointer map]); small ones through an index of the 2 MiB address
-//    windows their segments cover (Note [Small arena]).
+//    windows their segments cover (Note [Small block index]).
 //  - Note [Recently freed blocks]: the last few blocks freed on a stream are
 //    parked unmerged, and a request of exactly their size takes one back
 //    without a split or a merge: the common "free, then allocate the same
@@ -50,6 +50,7 @@
 #include <accelkit/error.hpp>
 #include <accelkit/memory/config.hpp>
 #include <accelkit/memory/detail/pool.hpp>
+#include <accelkit/memory/detail/small_index.hpp>
 #include <accelkit/memory/detail/trace_ring.hpp>
 #include <accelkit/memory/small_arena.hpp>
 #include <accelkit/memory/snapshot.hpp>
@@ -1120,127 +1121,22 @@ class DeviceCachingAllocator {
   }
 
   // ------------------------------------------- finding small blocks by address
-  // Note [Small arena]: a pointer's 2 MiB window names the (at most two)
-  // small segments that overlap it. The map is read without the pool's lock,
-  // so what it names is checked under that lock (hold_small). Each thread
-  // keeps the windows it looked up last: two threads freeing in one window
-  // (adjacent segments of two streams) would otherwise take turns at one
-  // shard's lock, which halved the two-thread throughput. A remembered
-  // window may be out of date; whatever it names is checked under the
-  // pool's lock, and the map is asked when the check fails. That it names no
-  // segment for a pointer is trusted while no segment has been added since
-  // (window_epoch_): a large block's free then makes no map lookup.
-
-  struct SmallRef {
-    Pool* pool = nullptr;
-    char* base = nullptr;
-    std::uint64_t id = 0;
-  };
-  // A small segment, held under its pool's lock, and the index of the block
-  // that starts at the address asked for (seg->blocks.size() if none).
-  struct SmallHold {
-    Pool* pool = nullptr;
-    detail::SmallSegment* seg = nullptr;
-    std::size_t i = 0;
-    std::unique_lock<detail::SpinLock> lock;
-    bool allocated() const noexcept {
-      return i < seg->blocks.size() &&
-             detail::small_block::state(seg->blocks[i]) == detail::small_block::allocated;
-    }
-  };
-  struct WindowCacheEntry {
-    std::uint64_t owner = 0;  // the allocator's id_
-    const void* key = nullptr;
-    std::uint64_t epoch = 0;  // window_epoch_ before the map was read
-    detail::SmallWindow window;
-  };
-  static inline thread_local std::array<WindowCacheEntry, 16> tls_windows_{};
-  static WindowCacheEntry& tls_window(const void* key) noexcept {
-    return tls_windows_[(reinterpret_cast<std::uintptr_t>(key) >> 21) % tls_windows_.size()];
-  }
-  static SmallRef in_window(const detail::SmallWindow& w, const void* p) noexcept {
-    for (int k = 0; k < 2; ++k)
-      if (w.pool[k] && p >= w.base[k] && p < w.base[k] + memory_constants::kSmallBuffer)
-        return {w.pool[k], w.base[k], w.id[k]};
-    return {};
-  }
-  // Under r.pool's lock: the segment with r's id if it starts at r's base
-  // (the one r named, or one at that address now); nullptr once released.
+  // Note [Small block index] (memory/detail/small_index.hpp).
+  using SmallRef = detail::SmallIndex::Ref;
+  using SmallHold = detail::SmallIndex::Hold;
+  SmallHold hold_small(const void* p) { return small_index_.hold(p); }
   static detail::SmallSegment* segment_of(const SmallRef& r) noexcept {
-    detail::SmallSegment* seg = r.pool->arena.segment(r.id);
-    return seg && seg->ptr == r.base ? seg : nullptr;
-  }
-  // The small segment that contains `p`, locked; seg null when none does.
-  SmallHold hold_small(const void* p) {
-    const void* key = window_key(p);
-    WindowCacheEntry& cached = tls_window(key);
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      SmallRef r;
-      if (attempt == 0) {
-        if (cached.owner != id_ || cached.key != key) continue;
-        r = in_window(cached.window, p);
-        if (!r.pool) {
-          if (cached.epoch == window_epoch_.load(std::memory_order_acquire)) return {};
-          continue;  // a segment may have come since
-        }
-      } else {
-        std::uint64_t epoch = window_epoch_.load(std::memory_order_acquire);
-        detail::SmallWindow w = windows_.find(key);
-        cached = {id_, key, epoch, w};
-        r = in_window(w, p);
-        if (!r.pool) return {};
-      }
-      std::unique_lock<detail::SpinLock> lock(r.pool->lock);
-      if (detail::SmallSegment* seg = segment_of(r))
-        return {r.pool, seg, seg->index_of(p), std::move(lock)};
-      // Released since the window was read: ask the map (again).
-    }
-    return {};
-  }
-  static const void* window_key(const void* p) noexcept {
-    constexpr std::uintptr_t n = memory_constants::kSmallBuffer;
-    return reinterpret_cast<const void*>((reinterpret_cast<std::uintptr_t>(p) & ~(n - 1)) + n);
+    return detail::SmallIndex::segment_of(r);
   }
   void register_windows(Pool& pool, const detail::SmallSegment& seg) {
-    const void* first = window_key(seg.ptr);
-    const void* last = window_key(seg.ptr + memory_constants::kSmallBuffer - 1);
-    add_window(first, pool, seg);
-    if (last != first) {
-      try {
-        add_window(last, pool, seg);
-      } catch (...) {
-        remove_window(first, pool, seg);
-        throw;
-      }
-    }
-    window_epoch_.fetch_add(1, std::memory_order_release);  // after: see hold_small
+    if (!small_index_.add(pool, seg))
+      throw RuntimeError(Backend<R>::name,
+                         fmt::format("the driver of {}:{} returned memory at {} that overlaps "
+                                     "memory it already gave",
+                                     Backend<R>::name, device_, static_cast<void*>(seg.ptr)));
   }
   void unregister_windows(Pool& pool, const detail::SmallSegment& seg) noexcept {
-    const void* first = window_key(seg.ptr);
-    const void* last = window_key(seg.ptr + memory_constants::kSmallBuffer - 1);
-    remove_window(first, pool, seg);
-    if (last != first) remove_window(last, pool, seg);
-  }
-  void add_window(const void* key, Pool& pool, const detail::SmallSegment& seg) {
-    windows_.modify(key, [&](detail::SmallWindow& w) {
-      if (w.pool[1])  // three 2 MiB segments cannot overlap one 2 MiB window
-        throw RuntimeError(Backend<R>::name,
-                           fmt::format("the driver of {}:{} returned memory at {} that overlaps "
-                                       "memory it already gave",
-                                       Backend<R>::name, device_, static_cast<void*>(seg.ptr)));
-      int k = w.pool[0] ? 1 : 0;
-      w.pool[k] = &pool;
-      w.base[k] = seg.ptr;
-      w.id[k] = seg.id;
-      return true;
-    });
-  }
-  void remove_window(const void* key, Pool& pool, const detail::SmallSegment& seg) noexcept {
-    windows_.modify_existing(key, [&](detail::SmallWindow& w) {
-      for (int k = 0; k < 2; ++k)
-        if (w.pool[k] == &pool && w.base[k] == seg.ptr) w = detail::SmallWindow::without(w, k);
-      return w.pool[0] != nullptr;
-    });
+    small_index_.remove(pool, seg);
   }
 
   RuntimeError not_live(const void* ptr) const {
@@ -1592,10 +1488,7 @@ class DeviceCachingAllocator {
   std::unique_ptr<EventPool<R>> own_events_;  // when no shared pool was given
   EventPool<R>& events_;
   detail::PointerMap<detail::LiveBlock> live_;
-  // Note [Small arena]. Few shards: threads mostly find windows in their own
-  // cache, and 1024 shards' tables would spread 3,000 windows over 1 MiB.
-  detail::PointerMap<detail::SmallWindow, 4> windows_;
-  std::atomic<std::uint64_t> window_epoch_{0};  // small segments added so far
+  detail::SmallIndex small_index_;  // small blocks by address (Note [Small block index])
 
   std::mutex pools_mutex_;
   std::unordered_map<std::uintptr_t, std::unique_ptr<Pool>> pools_by_stream_;
@@ -1604,58 +1497,6 @@ class DeviceCachingAllocator {
   Released limbo_;            // under release_mutex_ (Note [Ordered release])
 
   detail::TraceRing trace_;  // the allocation history
-};
-
-// The caching allocators of every device of a backend, created on first use
-// with the configuration from <NAME>_ALLOC_CONF (Note [Allocator
-// configuration]).
-template <class R>
-class CachingAllocator {
- public:
-  explicit CachingAllocator(Backend<R>& backend)
-      : CachingAllocator(backend,
-                         AllocatorConfig::from_environment(Backend<R>::name, backend.environment())) {}
-  CachingAllocator(Backend<R>& backend, AllocatorConfig config)
-      : backend_(backend), config_(config) {}
-  // With the event pools of the stream layer, so that one set of driver
-  // events serves both:
-  //   CachingAllocator<R> pool(backend, config,
-  //       [&](device_index d) { return &streams.events(d, EventFlags::none); });
-  CachingAllocator(Backend<R>& backend, AllocatorConfig config,
-                   std::function<EventPool<R>*(device_index)> event_pools)
-      : backend_(backend), config_(config), event_pools_(std::move(event_pools)) {}
-  CachingAllocator(const CachingAllocator&) = delete;
-  CachingAllocator& operator=(const CachingAllocator&) = delete;
-
-  const AllocatorConfig& config() const noexcept { return config_; }
-
-  DeviceCachingAllocator<R>& device(device_index d) {
-    if (auto* a = devices_.find(d)) return *a;  // made: no checks needed
-    backend_.check_device(d);
-    return devices_.get(d, backend_.device_count(), [&] {
-      return event_pools_
-                 ? std::make_unique<DeviceCachingAllocator<R>>(backend_, d, config_, *event_pools_(d))
-                 : std::make_unique<DeviceCachingAllocator<R>>(backend_, d, config_);
-    });
-  }
-
-  void* allocate(device_index d, std::size_t bytes, StreamHandle stream) {
-    return device(d).allocate(bytes, stream);
-  }
-  void deallocate(device_index d, void* ptr) { device(d).deallocate(ptr); }
-  void record_stream(device_index d, void* ptr, StreamHandle stream) {
-    device(d).record_stream(ptr, stream);
-  }
-  // Returns the unused cache of every device that has an allocator.
-  void empty_cache() {
-    devices_.for_each([](device_index, DeviceCachingAllocator<R>& a) { a.empty_cache(); });
-  }
-
- private:
-  Backend<R>& backend_;
-  AllocatorConfig config_;
-  std::function<EventPool<R>*(device_index)> event_pools_;
-  detail::PerDevice<DeviceCachingAllocator<R>> devices_;
 };
 
 ACCELKIT_END_NAMESPACE
