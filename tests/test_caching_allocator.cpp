@@ -818,3 +818,45 @@ TEST_CASE("allocator: contains() knows every address of its segments, allocated 
   CHECK_FALSE(a.contains(large_p + kMiB));
   check_invariants(a);
 }
+
+TEST_CASE("statistics by pool kind: the same figures as a StatArray updated in full") {
+  // Note [Statistics by pool kind]: a KindStat keeps less and derives the
+  // rest; random increases, decreases and resets must give, field for
+  // field, what the aggregate-and-kind StatArray gives.
+  std::mt19937 rng(7);
+  KindStat kind;
+  StatArray full;
+  std::array<std::int64_t, 2> live{};
+  for (int step = 0; step < 20000; ++step) {
+    bool small = rng() % 2 == 0;
+    std::size_t k = small ? 0 : 1;
+    int what = static_cast<int>(rng() % 100);
+    if (what < 50) {
+      std::int64_t n = static_cast<std::int64_t>(rng() % 1000);
+      kind.increase(small, n);
+      full[0].increase(n);
+      full[k + 1].increase(n);
+      live[k] += n;
+    } else if (what < 97) {
+      std::int64_t n = live[k] == 0 ? 0 : static_cast<std::int64_t>(rng() % (live[k] + 1));
+      kind.decrease(small, n);
+      full[0].decrease(n);
+      full[k + 1].decrease(n);
+      live[k] -= n;
+    } else if (what < 99) {
+      kind.reset_peak();
+      for (Stat& s : full) s.reset_peak();
+    } else {
+      kind.reset_accumulated();
+      for (Stat& s : full) s.reset_accumulated();
+    }
+    StatArray got = kind.array();
+    for (std::size_t i = 0; i < 3; ++i) {
+      INFO("step " << step << ", entry " << i);
+      REQUIRE(got[i].current == full[i].current);
+      REQUIRE(got[i].peak == full[i].peak);
+      REQUIRE(got[i].allocated == full[i].allocated);
+      REQUIRE(got[i].freed == full[i].freed);
+    }
+  }
+}

@@ -300,7 +300,7 @@ class DeviceCachingAllocator {
     DeviceStats out;
     for (detail::Pool* pool : pools_snapshot()) {
       std::lock_guard<detail::SpinLock> lock(pool->lock);
-      out.merge(pool->stats);
+      out.merge(pool->stats.device_stats());
     }
     out.max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
                              ? -1
@@ -480,13 +480,11 @@ class DeviceCachingAllocator {
   // ------------------------------------------------------------ statistics
 
   // Adds to / subtracts from a statistic at the aggregate and at the pool type.
-  ACCELKIT_ALWAYS_INLINE static void count_up(StatArray& a, bool small, std::int64_t n) noexcept {
-    a[0].increase(n);
-    a[small ? 1 : 2].increase(n);
+  ACCELKIT_ALWAYS_INLINE static void count_up(KindStat& a, bool small, std::int64_t n) noexcept {
+    a.increase(small, n);
   }
-  ACCELKIT_ALWAYS_INLINE static void count_down(StatArray& a, bool small, std::int64_t n) noexcept {
-    a[0].decrease(n);
-    a[small ? 1 : 2].decrease(n);
+  ACCELKIT_ALWAYS_INLINE static void count_down(KindStat& a, bool small, std::int64_t n) noexcept {
+    a.decrease(small, n);
   }
   static bool is_small(const Block* b) noexcept { return b->segment->small; }
 
@@ -495,7 +493,7 @@ class DeviceCachingAllocator {
   }
   void count_alloc(Pool& pool, std::size_t size, std::size_t requested, bool sm) {
     auto n = static_cast<std::int64_t>(size);
-    DeviceStats& s = pool.stats;
+    PoolStats& s = pool.stats;
     count_up(s.allocation, sm, 1);
     count_up(s.allocated_bytes, sm, n);
     count_up(s.active, sm, 1);
@@ -507,13 +505,13 @@ class DeviceCachingAllocator {
     count_free(pool, b->size, b->requested, is_small(b));
   }
   void count_free(Pool& pool, std::size_t size, std::size_t requested, bool sm) {
-    DeviceStats& s = pool.stats;
+    PoolStats& s = pool.stats;
     count_down(s.allocation, sm, 1);
     count_down(s.allocated_bytes, sm, static_cast<std::int64_t>(size));
     count_down(s.requested_bytes, sm, static_cast<std::int64_t>(requested));
     if (size >= config_.max_split_size) s.oversize_allocations.decrease(1);
-    ACCELKIT_ASSERT(s.allocation[0].current >= 0 && s.allocated_bytes[0].current >= 0 &&
-                        s.requested_bytes[0].current >= 0,
+    ACCELKIT_ASSERT(s.allocation.total() >= 0 && s.allocated_bytes.total() >= 0 &&
+                        s.requested_bytes.total() >= 0,
                     "a pool's statistics balance (no more freed than allocated)");
   }
   void count_segment(Pool& pool, const Segment* seg, bool added) {
@@ -521,7 +519,7 @@ class DeviceCachingAllocator {
   }
   void count_segment(Pool& pool, std::size_t size, bool small, bool oversize, bool added) {
     auto n = static_cast<std::int64_t>(size);
-    DeviceStats& s = pool.stats;
+    PoolStats& s = pool.stats;
     if (added) {
       count_up(s.segment, small, 1);
       count_up(s.reserved_bytes, small, n);
@@ -1404,7 +1402,7 @@ class DeviceCachingAllocator {
     seg->head = b;
     b->allocated = true;
     count_alloc(pool, b);
-    DeviceStats& s = pool.stats;
+    PoolStats& s = pool.stats;
     count_up(s.segment, is_small(b), 1);
     count_up(s.reserved_bytes, is_small(b), static_cast<std::int64_t>(size));
     ++s.num_device_alloc;

@@ -118,6 +118,115 @@ struct DeviceStats {
   }
 };
 
+// Note [Statistics by pool kind]
+// The device pool updates its statistics on every allocation and free
+// (fourteen of them on a free and reallocation of one size), so each update
+// is kept small. A KindStat holds, per pool kind (small, large), only the
+// current value, the peak and the total added; the aggregate's current value
+// and totals are the kinds' sums, and "freed" is derived: the current value
+// at the last reset of the totals, plus what was added since, minus the
+// current value. Only the aggregate's peak cannot be derived, so each
+// increase also compares it with the sum of the kinds' current values. A
+// decrease is one subtraction. The figures are exactly those of a
+// StatArray updated in full (stats() converts them).
+struct KindStat {
+  std::array<std::int64_t, 2> current{};    // small, large
+  std::array<std::int64_t, 2> peak{};
+  std::array<std::int64_t, 2> allocated{};  // added since the last reset of totals
+  std::array<std::int64_t, 2> start{};      // current at the last reset of totals
+  std::int64_t all_peak = 0;
+
+  ACCELKIT_ALWAYS_INLINE void increase(bool small, std::int64_t n) noexcept {
+    std::size_t k = small ? 0 : 1;
+    current[k] += n;
+    allocated[k] += n;
+    peak[k] = std::max(peak[k], current[k]);
+    all_peak = std::max(all_peak, current[0] + current[1]);
+  }
+  ACCELKIT_ALWAYS_INLINE void decrease(bool small, std::int64_t n) noexcept {
+    current[small ? 0 : 1] -= n;
+  }
+  std::int64_t total() const noexcept { return current[0] + current[1]; }
+  void reset_peak() noexcept {
+    peak = current;
+    all_peak = total();
+  }
+  void reset_accumulated() noexcept {
+    allocated = {0, 0};
+    start = current;
+  }
+  // As a StatArray (aggregate, small pool, large pool).
+  StatArray array() const noexcept {
+    StatArray a;
+    for (std::size_t k = 0; k < 2; ++k) {
+      Stat& s = a[k + 1];
+      s.current = current[k];
+      s.peak = peak[k];
+      s.allocated = allocated[k];
+      s.freed = start[k] + allocated[k] - current[k];
+    }
+    a[0].current = a[1].current + a[2].current;
+    a[0].peak = all_peak;
+    a[0].allocated = a[1].allocated + a[2].allocated;
+    a[0].freed = a[1].freed + a[2].freed;
+    return a;
+  }
+};
+
+// One device pool's statistics (one per stream, Note [Sharded statistics]),
+// each array statistic kept by pool kind (Note [Statistics by pool kind]).
+struct PoolStats {
+  KindStat allocation, segment, active, inactive_split, allocated_bytes, reserved_bytes,
+      active_bytes, inactive_split_bytes, requested_bytes;
+  std::int64_t num_alloc_retries = 0;
+  std::int64_t num_ooms = 0;
+  Stat oversize_allocations;
+  Stat oversize_segments;
+  std::int64_t num_sync_all_streams = 0;
+  std::int64_t num_device_alloc = 0;
+  std::int64_t num_device_free = 0;
+
+  template <class F>
+  void for_each_kind_stat(F&& f) {
+    for (KindStat* k : {&allocation, &segment, &active, &inactive_split, &allocated_bytes,
+                        &reserved_bytes, &active_bytes, &inactive_split_bytes, &requested_bytes})
+      f(*k);
+  }
+  void reset_peak() noexcept {
+    for_each_kind_stat([](KindStat& k) { k.reset_peak(); });
+    oversize_allocations.reset_peak();
+    oversize_segments.reset_peak();
+  }
+  void reset_accumulated() noexcept {
+    for_each_kind_stat([](KindStat& k) { k.reset_accumulated(); });
+    oversize_allocations.reset_accumulated();
+    oversize_segments.reset_accumulated();
+    num_alloc_retries = num_ooms = num_sync_all_streams = 0;
+    num_device_alloc = num_device_free = 0;
+  }
+  // In PyTorch's DeviceStats shape (max_split_size is the allocator's).
+  DeviceStats device_stats() const noexcept {
+    DeviceStats d;
+    d.allocation = allocation.array();
+    d.segment = segment.array();
+    d.active = active.array();
+    d.inactive_split = inactive_split.array();
+    d.allocated_bytes = allocated_bytes.array();
+    d.reserved_bytes = reserved_bytes.array();
+    d.active_bytes = active_bytes.array();
+    d.inactive_split_bytes = inactive_split_bytes.array();
+    d.requested_bytes = requested_bytes.array();
+    d.num_alloc_retries = num_alloc_retries;
+    d.num_ooms = num_ooms;
+    d.oversize_allocations = oversize_allocations;
+    d.oversize_segments = oversize_segments;
+    d.num_sync_all_streams = num_sync_all_streams;
+    d.num_device_alloc = num_device_alloc;
+    d.num_device_free = num_device_free;
+    return d;
+  }
+};
+
 // The flat "<stat>.<pool>.<metric>" dictionary of torch.cuda.memory_stats().
 inline std::string to_json(DeviceStats s) {
   detail::JsonWriter w;

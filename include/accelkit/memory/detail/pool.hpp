@@ -222,7 +222,7 @@ struct alignas(64) Pool {
   std::vector<std::unique_ptr<Block[]>> slabs;
   Block* spare = nullptr;
   std::unordered_map<const void*, std::vector<StreamHandle>> uses;  // by block address
-  DeviceStats stats;
+  PoolStats stats;
   // Note [Recently freed blocks]
   // The sizes sit beside the pointers (bit 0: small pool) so that a lookup
   // scans one cache line instead of touching every parked block.
