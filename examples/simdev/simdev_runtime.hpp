@@ -27,6 +27,8 @@
 
 #include <accelkit/accelkit.hpp>
 
+#include "copy_engine.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -832,7 +834,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     w.touches[1] = {dst_dev ? dst_device : -1, d, bytes};
     for (Range& r : w.touches)
       if (r.device < 0 && !is_pinned(r.ptr, bytes)) r = Range{};
-    w.fn = [d, s, bytes] { std::memcpy(d, s, bytes); };
+    w.fn = [d, s, bytes] { copy_bytes(d, s, bytes); };  // copy_engine.hpp
     return w;
   }
 

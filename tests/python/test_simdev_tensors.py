@@ -38,6 +38,27 @@ def test_host_device_round_trip_keeps_values(dtype):
     assert torch.equal(y.cpu(), x)
 
 
+def test_large_copies_land_whole_at_every_offset_into_a_page():
+    # Large enough for simdev's copy engine, which copies device-to-host into
+    # pageable memory 1..2047 bytes past the device data's page offset from
+    # the end to the start (Note [Copy direction and 4K aliasing]).
+    n = (4 << 20) + 4096 + 100
+    src = torch.randint(0, 256, (n,), dtype=torch.uint8)
+    dev = src.to("simdev")
+    base = torch.full((n + 8192,), 5, dtype=torch.uint8)
+    for offset in (0, 1, 64, 100, 2047, 2048, 4032):
+        out = base[offset:offset + n]
+        out.copy_(dev)
+        assert torch.equal(out, src)
+        assert base[:offset].eq(5).all() and base[offset + n:].eq(5).all()  # nothing outside
+        base.fill_(5)
+        back = torch.zeros(n - 4096, dtype=torch.uint8, device="simdev")
+        back.copy_(src[offset:offset + n - 4096])  # host-to-device from the same offsets
+        assert torch.equal(back.cpu(), src[offset:offset + n - 4096])
+    peer = dev.to("simdev:1")
+    assert torch.equal(peer.cpu(), src)
+
+
 def test_copies_of_views_with_conversion_across_devices():
     x = torch.arange(60, dtype=torch.float32).reshape(6, 10)
     d0 = x.to("simdev:0")
