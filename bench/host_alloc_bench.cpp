@@ -9,6 +9,7 @@
 
 #include <accelkit/accelkit.hpp>
 
+#include "machine.hpp"
 #include "simdev_runtime.hpp"
 
 #include <algorithm>
@@ -134,6 +135,7 @@ std::string human(std::size_t n) {
 
 int main(int argc, char** argv) {
   quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bench::print_machine();
   simdev::Config c;
   c.device_count = 1;
   SimBackend backend(Environment::fixed({}), c);

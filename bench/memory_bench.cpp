@@ -8,6 +8,7 @@
 // Prints, per workload, each allocator's figure and its ratio to accelkit's.
 #include <accelkit/accelkit.hpp>
 
+#include "machine.hpp"
 #include "simdev_runtime.hpp"
 
 #include <algorithm>
@@ -428,6 +429,7 @@ void bench_driver_cost() {
 
 int main(int argc, char** argv) {
   quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bench::print_machine();
   std::printf("accelkit memory benchmark%s: caching allocator vs baselines on simdev\n",
               quick ? " (quick smoke run: figures not meaningful)" : "");
   bench_driver_cost();

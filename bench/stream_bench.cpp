@@ -11,6 +11,7 @@
 //   stream_bench --quick    tiny counts, to check that it runs
 #include <accelkit/accelkit.hpp>
 
+#include "machine.hpp"
 #include "simdev_runtime.hpp"
 
 #include <chrono>
@@ -56,6 +57,7 @@ volatile std::int64_t sink = 0;
 
 int main(int argc, char** argv) {
   bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bench::print_machine();
   long n = quick ? 1000 : 10'000'000;
   long events = quick ? 100 : 200'000;
   simdev::Config c;
