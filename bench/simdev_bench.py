@@ -3,10 +3,19 @@
   python bench/simdev_bench.py           the full run
   python bench/simdev_bench.py --quick   tiny sizes, to check that it runs
 
-Prints each figure on simdev next to the same on the CPU, with the ratio:
-per-op latency of a small elementwise op and of empty+free, host<->device
-copy bandwidth at 256 MiB against memcpy (a CPU tensor copy), and the
-training-step time of an MLP.
+Prints the machine first (CPU model, usable CPUs, C library), then each
+figure on simdev next to the same on the CPU, with the ratio: per-op
+latency of a small elementwise op and of empty+free, host<->device copy
+bandwidth at 256 MiB (into and from pageable and pinned memory) against
+memcpy (a CPU tensor copy), and the training-step time of an MLP.
+
+Note [Rounds and spread]
+Every row is measured in rounds, simdev and the CPU taking turns within
+each round (the other way round every other round), so that a slow spell
+of a shared machine lands on both sides alike. A row prints the median of its rounds for each side with the
+interquartile range in brackets (the middle half of the rounds), and the
+median of the per-round ratios with theirs. Python's cyclic garbage
+collector is paused while timing, as timeit does.
 
 Note [Training step figures]
 The step is measured in child processes, twice: with the process confined
@@ -23,14 +32,13 @@ fixed cost; the calling-thread row shows the step without it
 the same pattern without simdev: the CPU's own step with its backward
 handed to another thread, against the plain CPU step (both columns CPU). Within a child, blocks
 of steps on simdev and on the CPU take turns, each block ending with a
-synchronize, and the figure is the median block; Python's cyclic garbage
-collector is paused while timing, as timeit does, so that its pauses do
-not land on one side.
+synchronize: the blocks are the rounds of Note [Rounds and spread].
 """
 import argparse
 import gc
 import json
 import os
+import platform
 import queue
 import statistics
 import subprocess
@@ -51,20 +59,73 @@ import torch.nn.functional as F  # noqa: E402
 import torch_simdev  # noqa: F401
 
 
-def per_call_us(fn, calls, repeats=7):
-    fn()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(samples)
+def cpu_model():
+    """The CPU's model name from /proc/cpuinfo, else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
-def row(name, sim, cpu, unit, lower_is_better=True):
-    ratio = sim / cpu if lower_is_better else cpu / sim
-    print(f"{name:52s} {sim:12.2f} {cpu:12.2f} {unit:6s} {ratio:8.2f}x")
+def machine_line():
+    libc = " ".join(platform.libc_ver()).strip() or "unknown C library"
+    return (f"cpu: {cpu_model()}, {len(os.sched_getaffinity(0))} usable CPUs; {libc}; "
+            f"torch {torch.__version__}")
+
+
+def per_call_us(fn, calls):
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def rounds_of(fns, rounds, measure):
+    """Note [Rounds and spread]: `rounds` rounds, each measuring every fn in
+    turn (in reverse order every other round, so that no fn always follows
+    the same one); returns one list of samples per fn."""
+    for fn in fns:
+        measure(fn)  # warm-up
+    samples = [[] for _ in fns]
+    order = list(range(len(fns)))
+    gc.collect()
+    gc.disable()
+    try:
+        for r in range(rounds):
+            for i in (order if r % 2 == 0 else order[::-1]):
+                samples[i].append(measure(fns[i]))
+    finally:
+        gc.enable()
+    return samples
+
+
+def spread(xs):
+    """The median and interquartile range of xs, as 'median [q1-q3]'."""
+    m = statistics.median(xs)
+    if len(xs) < 2:
+        return f"{m:.2f} [{m:.2f}-{m:.2f}]"
+    q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return f"{m:.2f} [{q1:.2f}-{q3:.2f}]"
+
+
+def header():
+    print(f"{'figure':52s} {'simdev':>22s} {'cpu':>22s} {'unit':6s} {'simdev/cpu':>20s}")
+    print(f"{'':52s} {'median [25%-75%]':>22s} {'median [25%-75%]':>22s} {'':6s} "
+          f"{'median [25%-75%]':>20s}")
+
+
+def row(name, sim, cpu, unit, suffix=""):
+    """Samples of each side, paired by round; the ratio is simdev's over the
+    CPU's (for a time, below 1 is faster; for a bandwidth, above 1)."""
+    ratios = [s / c for s, c in zip(sim, cpu)]
+    r = spread(ratios).split(" ", 1)
+    print(f"{name:52s} {spread(sim):>22s} {spread(cpu):>22s} {unit:6s} "
+          f"{r[0] + 'x ' + r[1]:>20s}{suffix}")
 
 
 def make_step(device, backward=lambda loss: loss.backward()):
@@ -100,16 +161,7 @@ def step_figures(quick):
         return (time.perf_counter() - t0) / steps * 1e3
 
     def interleaved(sim, cpu, time_block):
-        gc.collect()
-        gc.disable()
-        try:
-            s, c = [], []
-            for _ in range(blocks):
-                s.append(time_block(sim))
-                c.append(time_block(cpu))
-        finally:
-            gc.enable()
-        return statistics.median(s), statistics.median(c)
+        return rounds_of([sim, cpu], blocks, time_block)
 
     sim_step, cpu_step = make_step("simdev"), make_step("cpu")
     fig = {"step": interleaved(sim_step, cpu_step, block_ms)}
@@ -124,7 +176,7 @@ def step_figures(quick):
 
     calls = 20 if quick else 200
     fig["tiny"] = interleaved(tiny_backward("simdev"), tiny_backward("cpu"),
-                              lambda f: per_call_us(f, calls, repeats=1))
+                              lambda f: per_call_us(f, calls))
 
     # The control, without simdev: the CPU's own step with its backward
     # handed to another thread while the caller waits, the engine's pattern
@@ -169,25 +221,29 @@ def main():
         # still be releasing a graph's thread-local state, and finalizing
         # under it aborts ("terminate called without an active exception").
         os._exit(0)
-    calls = 50 if args.quick else 5000
+    # Note [Rounds and spread]: small operators in rounds of `calls` calls.
+    calls, rounds = (50, 3) if args.quick else (2000, 31)
     mib = 4 if args.quick else 256
     torch.set_num_threads(1)
 
-    print(f"{'figure':52s} {'simdev':>12s} {'cpu':>12s} {'unit':6s} {'simdev/cpu':>9s}")
+    print(machine_line())
+    header()
     a_s, b_s = torch.randn(1024, device="simdev"), torch.randn(1024, device="simdev")
     a_c, b_c = a_s.cpu(), b_s.cpu()
     torch.accelerator.synchronize()
-    row("add of two 1024-float tensors (per op)", per_call_us(lambda: a_s + b_s, calls),
-        per_call_us(lambda: a_c + b_c, calls), "us")
-    row("multiply by a Python scalar, 1024 floats (per op)", per_call_us(lambda: a_s * 0.5, calls),
-        per_call_us(lambda: a_c * 0.5, calls), "us")
+
+    def op_row(name, sim_fn, cpu_fn):
+        row(name, *rounds_of([sim_fn, cpu_fn], rounds, lambda f: per_call_us(f, calls)), "us")
+
+    op_row("add of two 1024-float tensors (per op)", lambda: a_s + b_s, lambda: a_c + b_c)
+    op_row("multiply by a Python scalar, 1024 floats (per op)", lambda: a_s * 0.5,
+           lambda: a_c * 0.5)
     # The same call on both sides: naming a device costs the Python argument
     # parser about 0.3 us whichever device it is.
-    row("empty(1024, device=...) + free (per pair)",
-        per_call_us(lambda: torch.empty(1024, device="simdev"), calls),
-        per_call_us(lambda: torch.empty(1024, device="cpu"), calls), "us")
-    row("empty_like(1024 floats) + free (per pair)", per_call_us(lambda: torch.empty_like(a_s), calls),
-        per_call_us(lambda: torch.empty_like(a_c), calls), "us")
+    op_row("empty(1024, device=...) + free (per pair)",
+           lambda: torch.empty(1024, device="simdev"), lambda: torch.empty(1024, device="cpu"))
+    op_row("empty_like(1024 floats) + free (per pair)", lambda: torch.empty_like(a_s),
+           lambda: torch.empty_like(a_c))
 
     # The training step runs in child processes (see step_figures): once with
     # the process on one core, once on every core it may use.
@@ -203,28 +259,32 @@ def main():
         # Both columns CPU: the handed-off step against the plain one.
         row("  control, CPU only: backward on another thread", *fig["cpu_handed"], "ms")
 
+    # Copies in rounds (Note [Rounds and spread]): within each round the CPU's
+    # own copy (memcpy, between two pageable tensors) and each transfer take
+    # turns; every transfer row's CPU column is the same memcpy samples.
     n = mib << 20
     host = torch.empty(n, dtype=torch.uint8).fill_(7)
-    host2 = torch.empty(n, dtype=torch.uint8)
+    host2 = torch.empty(n, dtype=torch.uint8).fill_(1)
+    pinned = torch.empty(n, dtype=torch.uint8, pin_memory=True).fill_(7)
     dev = torch.empty(n, dtype=torch.uint8, device="simdev")
-    reps = 3 if args.quick else 5
+    copy_rounds = 3 if args.quick else 15
 
-    def bandwidth(fn):
-        fn()
-        best = min(_timed(fn) for _ in range(reps))
-        return n / best / 1e9
-
-    def _timed(fn):
+    def gbps(fn):
+        torch.accelerator.synchronize()
         t0 = time.perf_counter()
         fn()
         torch.accelerator.synchronize()
-        return time.perf_counter() - t0
+        return n / (time.perf_counter() - t0) / 1e9
 
-    memcpy = bandwidth(lambda: host2.copy_(host))
-    h2d = bandwidth(lambda: dev.copy_(host))
-    d2h = bandwidth(lambda: host2.copy_(dev))
-    print(f"{'host->device copy, ' + str(mib) + ' MiB (GB/s)':52s} {h2d:12.2f} {memcpy:12.2f} {'GB/s':6s} {h2d / memcpy:8.2f}x of memcpy")
-    print(f"{'device->host copy, ' + str(mib) + ' MiB (GB/s)':52s} {d2h:12.2f} {memcpy:12.2f} {'GB/s':6s} {d2h / memcpy:8.2f}x of memcpy")
+    copies = {
+        "host->device copy, pageable": lambda: dev.copy_(host),
+        "device->host copy, pageable": lambda: host2.copy_(dev),
+        "host->device copy, pinned": lambda: dev.copy_(pinned),
+        "device->host copy, pinned": lambda: pinned.copy_(dev),
+    }
+    memcpy, *samples = rounds_of([lambda: host2.copy_(host), *copies.values()], copy_rounds, gbps)
+    for name, got in zip(copies, samples):
+        row(f"{name}, {mib} MiB", got, memcpy, "GB/s", suffix=" of memcpy")
     del dev
 
     print("\nvisible to the host:", torch.simdev.get_device_properties(0)["host_visible_memory"])
