@@ -1,8 +1,8 @@
 // simdev's copy engine (examples/simdev/copy_engine.hpp, Note [Copy
 // direction and 4K aliasing]): which copies it runs from the end to the
-// start, that every way it copies gives the same bytes, and that a
-// device-to-host copy into pageable memory it takes over still comes after
-// the stream's work and still reports that work's errors.
+// start, that it copies the same bytes as memcpy at every size and offset,
+// and that a device-to-host copy into pageable memory it takes over still
+// comes after the stream's work and still reports that work's errors.
 #include "catch.hpp"
 
 #include <accelkit/accelkit.hpp>
@@ -17,7 +17,6 @@
 #include <vector>
 
 using namespace accelkit;
-using Plan = simdev::CopyPlan;
 
 namespace {
 constexpr std::size_t kMiB = std::size_t{1} << 20;
@@ -25,63 +24,56 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 // memory is) and destinations at chosen offsets 1 GiB away.
 constexpr std::uintptr_t kSrc = std::uintptr_t{1} << 40;
 constexpr std::uintptr_t kDst = kSrc + (std::uintptr_t{1} << 30);
+constexpr std::size_t kFrom = 64 * kMiB;  // the engine's threshold in these checks
 
-Plan plan(std::uintptr_t dst, std::uintptr_t src, std::size_t n) {
-  return simdev::plan_copy(dst, src, n, /*streaming_from=*/64 * kMiB);
+bool backward(std::uintptr_t dst, std::uintptr_t src, std::size_t n) {
+  return simdev::copies_backward(dst, src, n, kFrom);
 }
-bool backward(const Plan& p) { return p.order == Plan::Order::backward; }
 }  // namespace
 
 TEST_CASE("simdev copies large copies backward when dst lies just past src modulo a page") {
-#if SIMDEV_COPY_ENGINE_X86
   // A CPU tensor's data starts 64 bytes into its page: device-to-host.
-  Plan d2h = plan(kDst + 64, kSrc, 256 * kMiB);
-  CHECK(backward(d2h));
-  CHECK(d2h.streaming);
-  Plan mid = plan(kDst + 64, kSrc, 16 * kMiB);
-  CHECK(backward(mid));
-  CHECK_FALSE(mid.streaming);  // below streaming_from: through the caches
-  for (std::uintptr_t d : {1, 16, 256, 2047}) CHECK(backward(plan(kDst + d, kSrc, 256 * kMiB)));
-#endif
+  CHECK(backward(kDst + 64, kSrc, 256 * kMiB) == bool(SIMDEV_COPY_ENGINE_X86));
+  for (std::uintptr_t d : {1, 16, 256, 2047})
+    CHECK(backward(kDst + d, kSrc, kFrom) == bool(SIMDEV_COPY_ENGINE_X86));
   // Forward copies meet no store of theirs: the C library's.
-  for (std::uintptr_t d : {0, 2048, 4032, 4095})
-    CHECK(plan(kDst + d, kSrc, 256 * kMiB).order == Plan::Order::library);
+  for (std::uintptr_t d : {0, 2048, 4032, 4095}) CHECK_FALSE(backward(kDst + d, kSrc, 256 * kMiB));
   // The other direction (host-to-device: dst 64 bytes before src's offset).
-  CHECK(plan(kSrc, kDst + 64, 256 * kMiB).order == Plan::Order::library);
-  // Small copies stay with the C library, whose paths for them go backward
-  // on their own when they alias.
-  CHECK(plan(kDst + 64, kSrc, simdev::kEngineMinBytes - 1).order == Plan::Order::library);
+  CHECK_FALSE(backward(kSrc, kDst + 64, 256 * kMiB));
+  // Smaller copies stay with the C library, whose temporal stores leave the
+  // store queue quickly (and which copies backward itself under 256 bytes).
+  CHECK_FALSE(backward(kDst + 64, kSrc, kFrom - 1));
   // Overlapping ranges are the C library's memmove.
-  CHECK(plan(kSrc + 64, kSrc, 8 * kMiB).order == Plan::Order::library);
-  CHECK(plan(kSrc, kSrc + 64, 8 * kMiB).order == Plan::Order::library);
-  // The default threshold for non-temporal stores is never below the engine's.
-  CHECK(simdev::streaming_threshold() >= simdev::kEngineMinBytes);
+  CHECK_FALSE(backward(kSrc + 64, kSrc, 8 * kMiB));
+  CHECK_FALSE(backward(kSrc, kSrc + 64, 8 * kMiB));
+  CHECK(simdev::engine_threshold() >= 4 * kMiB);
 }
 
-TEST_CASE("simdev's copy engine copies the same bytes every way, at every offset") {
-  const std::vector<Plan> plans = {
-      {Plan::Order::library, false},
-      {Plan::Order::backward, false},
-      {Plan::Order::backward, true},
-  };
+#if SIMDEV_COPY_ENGINE_X86
+TEST_CASE("simdev's backward copy gives memcpy's bytes at every size and offset, SSE2 and AVX2") {
+  namespace d = simdev::detail;
+  std::vector<d::GroupCopy> groups = {d::copy_group_sse2};
+#if defined(__GNUC__)
+  if (d::has_avx2()) groups.push_back(d::copy_group_avx2);
+#endif
   constexpr std::size_t kGuard = 64;
-  const std::size_t sizes[] = {0, 1, 63, 64, 127, 128, 200, 4095, 8192, 8193, 3 * 4096 + 100,
-                               kMiB + 37};
+  const std::size_t sizes[] = {0,     1,    63,   64,    127,   128,         200,
+                               4095,  8192, 8193, 16384, 16447, 3 * 16384 + 5 * 64 + 17};
   const std::size_t offsets[] = {0, 1, 16, 64, 2047, 2048, 4032, 4095};
-  std::vector<unsigned char> src_buf(kMiB + 2 * 4096);
+  std::vector<unsigned char> src_buf(4 * 16384 + 2 * 4096);
   for (std::size_t i = 0; i < src_buf.size(); ++i)
     src_buf[i] = static_cast<unsigned char>(i * 131 + (i >> 8));
-  std::vector<unsigned char> dst_buf(kMiB + 3 * 4096 + 2 * kGuard);
-  for (const Plan& p : plans)
+  std::vector<unsigned char> dst_buf(src_buf.size() + 4096 + 2 * kGuard);
+  for (std::size_t g = 0; g < groups.size(); ++g)
     for (std::size_t n : sizes)
       for (std::size_t src_off : {std::size_t{0}, std::size_t{5}, std::size_t{64}})
         for (std::size_t dst_off : offsets) {
           std::fill(dst_buf.begin(), dst_buf.end(), 0xEE);
           const unsigned char* src = src_buf.data() + src_off;
           unsigned char* dst = dst_buf.data() + kGuard + dst_off;
-          simdev::copy_with(p, dst, src, n);
-          INFO("plan " << static_cast<int>(p.order) << (p.streaming ? " streaming" : "") << ", "
-                       << n << " bytes, src +" << src_off << ", dst +" << dst_off);
+          d::copy_backward(reinterpret_cast<char*>(dst), reinterpret_cast<const char*>(src), n,
+                           groups[g]);
+          INFO((g == 0 ? "SSE2, " : "AVX2, ") << n << " bytes, src +" << src_off << ", dst +" << dst_off);
           REQUIRE(std::memcmp(dst, src, n) == 0);
           bool guards = true;
           for (std::size_t i = 0; i < dst_buf.size(); ++i)
@@ -89,9 +81,13 @@ TEST_CASE("simdev's copy engine copies the same bytes every way, at every offset
               guards = false;
           REQUIRE(guards);  // nothing written outside [dst, dst + n)
         }
-  // Overlapping ranges, both ways.
-  std::vector<unsigned char> both(src_buf.begin(), src_buf.begin() + 10000);
-  std::vector<unsigned char> want(both);
+}
+#endif
+
+TEST_CASE("simdev's copies of overlapping ranges move them") {
+  std::vector<unsigned char> both(10000), want;
+  for (std::size_t i = 0; i < both.size(); ++i) both[i] = static_cast<unsigned char>(i * 7);
+  want = both;
   std::memmove(want.data() + 64, want.data(), 9000);
   simdev::copy_bytes(both.data() + 64, both.data(), 9000);
   CHECK(both == want);
@@ -100,46 +96,22 @@ TEST_CASE("simdev's copy engine copies the same bytes every way, at every offset
   CHECK(both == want);
 }
 
-#if SIMDEV_COPY_ENGINE_X86
-TEST_CASE("simdev's backward copy gives the same bytes with SSE2 and with AVX2") {
-  namespace d = simdev::detail;
-  std::vector<d::GroupCopy> groups = {d::copy_group_sse2<false>, d::copy_group_sse2<true>};
-#if defined(__GNUC__)
-  if (d::has_avx2()) groups.insert(groups.end(), {d::copy_group_avx2<false>, d::copy_group_avx2<true>});
-#endif
-  const std::size_t n = 3 * d::kGroup + 5 * d::kLine + 17;
-  std::vector<unsigned char> src(n + 64), dst(n + 4096 + 128);
-  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + (i >> 12));
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    std::fill(dst.begin(), dst.end(), 0);
-    unsigned char* out = dst.data() + 64 + 64;  // not aligned like src
-    bool streaming = g % 2 == 1;
-    if (streaming)
-      d::copy_backward<true>(reinterpret_cast<char*>(out), reinterpret_cast<const char*>(src.data() + 3), n, groups[g]);
-    else
-      d::copy_backward<false>(reinterpret_cast<char*>(out), reinterpret_cast<const char*>(src.data() + 3), n, groups[g]);
-    INFO("group copy " << g);
-    CHECK(std::memcmp(out, src.data() + 3, n) == 0);
-    CHECK(out[-1] == 0);
-    CHECK(out[n] == 0);
-  }
-}
-#endif
-
 TEST_CASE("simdev: a device-to-host copy into pageable memory through the engine keeps stream order") {
+  // As large as the engine takes (a quarter of the last-level cache).
+  const std::size_t n = simdev::engine_threshold() + 4096 + 100;
   simdev::Config c;
   c.device_count = 1;
-  c.memory_bytes = {std::uint64_t{64} << 20};
+  c.memory_bytes = {n + 4 * kMiB};
   Backend<simdev::SimRuntime> b(Environment::fixed({}), c);
   StreamHandle s = b.stream_create(0, 0);
-  const std::size_t n = simdev::kEngineMinBytes + 4096 + 100;
   void* dev = b.raw_malloc(0, n);  // page-aligned
-  // Pageable memory 64 bytes into a page: the engine's backward copy.
+  // Pageable memory 64 bytes into a page, as a CPU tensor's.
   std::vector<unsigned char> host(n + 2 * 4096);
   auto* out = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<std::uintptr_t>(host.data()) + 4095) / 4096 * 4096 + 64);
-  REQUIRE(plan(reinterpret_cast<std::uintptr_t>(out), reinterpret_cast<std::uintptr_t>(dev), n)
-              .order == (SIMDEV_COPY_ENGINE_X86 ? Plan::Order::backward : Plan::Order::library));
+  REQUIRE(simdev::copies_backward(reinterpret_cast<std::uintptr_t>(out),
+                                  reinterpret_cast<std::uintptr_t>(dev), n) ==
+          bool(SIMDEV_COPY_ENGINE_X86));
   // The fill is queued behind a gate opened later from another thread: the
   // copy, which returns only when done, must wait for it.
   auto gate = b.runtime().hold(0, s);
@@ -150,10 +122,13 @@ TEST_CASE("simdev: a device-to-host copy into pageable memory through the engine
   });
   b.memcpy_async(0, out, dev, n, CopyKind::device_to_host, s);
   opener.join();
+  CHECK(out[-1] == 0);
   CHECK(out[0] == 7);
   CHECK(out[n / 2] == 7);
   CHECK(out[n - 1] == 7);
-  // A failure of the queued work surfaces at the copy.
+  CHECK(out[n] == 0);
+  // A failure of the queued work surfaces at the copy or the next
+  // synchronization.
   b.runtime().inject_fault("memset_async", 1, /*async=*/true);
   b.memset_async(0, dev, 9, n, s);
   try {

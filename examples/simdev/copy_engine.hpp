@@ -24,16 +24,17 @@
 // 11.1 GB/s: one memcpy each (on the calling thread, or on the stream's
 // worker for pinned memory), differing in d.
 //
-// So copies of kEngineMinBytes and more with 0 < d < kAliasWindow are the
-// engine's, which copies from the end to the start: a load then reads a
-// page offset that the copy stored 4096 - d > 2 KiB of copying earlier, no
-// longer in flight. It walks four pages side by side, as glibc's large loop
-// does, in 16- or 32-byte vectors (SSE2, or AVX2 where the CPU has it), and
-// stores around the caches once a copy is larger than they would keep (a
-// quarter of the last-level cache, glibc's own threshold since 2.38).
-// Everything else -- smaller copies, d = 0, dst behind src, overlapping
-// ranges, other architectures -- is the C library's memmove (glibc's memcpy
-// is the same routine).
+// So copies that glibc would store around the caches (from a quarter of
+// the last-level cache on, its default since 2.38) with 0 < d <
+// kAliasWindow are the engine's, which copies from the end to the start: a
+// load then reads a page offset that the copy stored 4096 - d > 2 KiB of
+// copying earlier, no longer in flight. Like glibc's large loop it walks
+// four pages side by side with non-temporal stores, in 16- or 32-byte
+// vectors (SSE2, or AVX2 where the CPU has it). Everything else -- smaller
+// copies (where glibc's temporal stores leave the store queue quickly, and
+// it copies backward itself when d is under 256 bytes), d = 0, dst behind
+// src, overlapping ranges, other architectures -- is the C library's
+// memmove (glibc's memcpy is the same routine).
 #pragma once
 
 #include <algorithm>
@@ -56,46 +57,28 @@ inline constexpr std::size_t kCopyPage = 4096;
 // dst - src modulo a page, below which a forward copy's loads meet its own
 // stores (Note [Copy direction and 4K aliasing]).
 inline constexpr std::size_t kAliasWindow = 2048;
-// Copies below this stay with the C library, tuned for sizes that stay in the
-// caches (where its temporal stores leave the store queue quickly, and it
-// copies backward itself when d is under 256 bytes).
-inline constexpr std::size_t kEngineMinBytes = std::size_t{4} << 20;
 
-// From this size on, the engine's stores bypass the caches: a quarter of the
-// last-level cache (32 MiB assumed when it is not known), at least
-// kEngineMinBytes.
-inline std::size_t streaming_threshold() {
+// The size from which the engine takes copies: a quarter of the last-level
+// cache (32 MiB of it assumed when not known), at least 4 MiB.
+inline std::size_t engine_threshold() {
   static const std::size_t threshold = [] {
     long llc = 0;
 #ifdef _SC_LEVEL3_CACHE_SIZE
     llc = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
 #endif
-    std::size_t bytes = llc > 0 ? static_cast<std::size_t>(llc) : std::size_t{32} << 20;
-    return std::max(kEngineMinBytes, bytes / 4);
+    std::size_t cache = llc > 0 ? static_cast<std::size_t>(llc) : std::size_t{32} << 20;
+    return std::max(std::size_t{4} << 20, cache / 4);
   }();
   return threshold;
 }
 
-// How one copy runs.
-struct CopyPlan {
-  enum class Order {
-    library,   // std::memmove (glibc's memcpy is the same routine; right for overlaps too)
-    backward,  // the engine, from the end to the start (ranges apart only)
-  };
-  Order order = Order::library;
-  bool streaming = false;  // backward only: non-temporal stores
-};
-
-inline CopyPlan plan_copy(std::uintptr_t dst, std::uintptr_t src, std::size_t bytes,
-                          std::size_t streaming_from = streaming_threshold()) {
-  CopyPlan plan;
+// Whether a copy of `bytes` from src to dst is the engine's, from the end
+// to the start (Note [Copy direction and 4K aliasing]).
+inline bool copies_backward(std::uintptr_t dst, std::uintptr_t src, std::size_t bytes,
+                            std::size_t from = engine_threshold()) {
   bool apart = dst >= src + bytes || src >= dst + bytes;
   std::size_t d = (dst - src) & (kCopyPage - 1);
-  if (SIMDEV_COPY_ENGINE_X86 && apart && bytes >= kEngineMinBytes && d != 0 && d < kAliasWindow) {
-    plan.order = CopyPlan::Order::backward;
-    plan.streaming = bytes >= streaming_from;
-  }
-  return plan;
+  return SIMDEV_COPY_ENGINE_X86 && apart && bytes >= from && d != 0 && d < kAliasWindow;
 }
 
 namespace detail {
@@ -105,26 +88,19 @@ inline constexpr std::size_t kLine = 64;
 inline constexpr std::size_t kGroupPages = 4;  // pages copied side by side
 inline constexpr std::size_t kGroup = kGroupPages * kCopyPage;
 
-template <bool Streaming>
-inline void store16(char* p, __m128i v) {
-  if constexpr (Streaming) _mm_stream_si128(reinterpret_cast<__m128i*>(p), v);
-  else _mm_store_si128(reinterpret_cast<__m128i*>(p), v);
-}
 inline __m128i load16(const char* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+inline void stream16(char* p, __m128i v) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), v); }
 
 // One 64-byte line, loaded whole before it is stored; d is 64-byte aligned.
-template <bool Streaming>
 inline void copy_line(char* d, const char* s) {
   __m128i v0 = load16(s + 48), v1 = load16(s + 32), v2 = load16(s + 16), v3 = load16(s);
-  store16<Streaming>(d + 48, v0), store16<Streaming>(d + 32, v1);
-  store16<Streaming>(d + 16, v2), store16<Streaming>(d, v3);
+  stream16(d + 48, v0), stream16(d + 32, v1), stream16(d + 16, v2), stream16(d, v3);
 }
 
 // One group: kGroupPages pages side by side, each from its end to its start
 // (several pages at once keep several of the prefetchers' streams, which
 // stop at page boundaries, going); at each offset the lines of all the pages
 // are loaded before any is stored. d is 64-byte aligned.
-template <bool Streaming>
 inline void copy_group_sse2(char* d, const char* s) {
   for (std::size_t o = kCopyPage; o != 0;) {
     o -= kLine;
@@ -132,13 +108,12 @@ inline void copy_group_sse2(char* d, const char* s) {
     for (std::size_t p = 0; p < kGroupPages; ++p)
       for (std::size_t k = 0; k < 4; ++k) v[p][k] = load16(s + p * kCopyPage + o + 48 - 16 * k);
     for (std::size_t p = 0; p < kGroupPages; ++p)
-      for (std::size_t k = 0; k < 4; ++k) store16<Streaming>(d + p * kCopyPage + o + 48 - 16 * k, v[p][k]);
+      for (std::size_t k = 0; k < 4; ++k) stream16(d + p * kCopyPage + o + 48 - 16 * k, v[p][k]);
   }
 }
 
 #if defined(__GNUC__)  // GCC and Clang: the same with AVX2, where the CPU has it
-template <bool Streaming>
-__attribute__((target("avx2"))) void copy_group_avx2(char* d, const char* s) {
+__attribute__((target("avx2"))) inline void copy_group_avx2(char* d, const char* s) {
   constexpr std::size_t kStep = 2 * kLine;
   for (std::size_t o = kCopyPage; o != 0;) {
     o -= kStep;
@@ -147,11 +122,8 @@ __attribute__((target("avx2"))) void copy_group_avx2(char* d, const char* s) {
       for (std::size_t k = 0; k < 4; ++k)
         v[p][k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + p * kCopyPage + o + 96 - 32 * k));
     for (std::size_t p = 0; p < kGroupPages; ++p)
-      for (std::size_t k = 0; k < 4; ++k) {
-        auto* at = reinterpret_cast<__m256i*>(d + p * kCopyPage + o + 96 - 32 * k);
-        if constexpr (Streaming) _mm256_stream_si256(at, v[p][k]);
-        else _mm256_store_si256(at, v[p][k]);
-      }
+      for (std::size_t k = 0; k < 4; ++k)
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(d + p * kCopyPage + o + 96 - 32 * k), v[p][k]);
   }
 }
 inline bool has_avx2() {
@@ -160,61 +132,47 @@ inline bool has_avx2() {
 }
 #endif
 
-// Copies [src, src + n) to [dst, dst + n) from the end to the start: the
-// bytes after dst's last 64-byte boundary, then groups of pages, then lines,
-// then the bytes before dst's first boundary. The ranges must not overlap.
+// Copies [src, src + n) to [dst, dst + n) from the end to the start, with
+// non-temporal stores: the bytes after dst's last 64-byte boundary, then
+// groups of pages, then lines, then the bytes before dst's first boundary.
+// The ranges must not overlap. `group` copies one group (tests choose it).
 using GroupCopy = void (*)(char*, const char*);
-template <bool Streaming>
 inline void copy_backward(char* dst, const char* src, std::size_t n, GroupCopy group = nullptr) {
+  if (group == nullptr) {
+    group = copy_group_sse2;
+#if defined(__GNUC__)
+    if (has_avx2()) group = copy_group_avx2;
+#endif
+  }
   char* d = dst + n;
   const char* s = src + n;
   std::size_t tail = std::min(n, static_cast<std::size_t>(reinterpret_cast<std::uintptr_t>(d) & (kLine - 1)));
   d -= tail, s -= tail, n -= tail;
   std::memcpy(d, s, tail);
-  if (group == nullptr) {
-    group = copy_group_sse2<Streaming>;
-#if defined(__GNUC__)
-    if (has_avx2()) group = copy_group_avx2<Streaming>;
-#endif
-  }
   for (; n >= kGroup; n -= kGroup) {
     d -= kGroup, s -= kGroup;
     group(d, s);
   }
   for (; n >= kLine; n -= kLine) {
     d -= kLine, s -= kLine;
-    copy_line<Streaming>(d, s);
+    copy_line(d, s);
   }
-  if constexpr (Streaming) _mm_sfence();  // ordered before whatever signals completion
-  std::memcpy(dst, src, n);               // under a line, at the start
+  _mm_sfence();              // the stores ordered before whatever signals completion
+  std::memcpy(dst, src, n);  // under a line, at the start
 }
 #endif
 
 }  // namespace detail
 
-// Copies by a plan from plan_copy (tests pass plans of their own).
-inline void copy_with(const CopyPlan& plan, void* dst, const void* src, std::size_t bytes) {
-  switch (plan.order) {
-    case CopyPlan::Order::backward:
-#if SIMDEV_COPY_ENGINE_X86
-      if (plan.streaming)
-        detail::copy_backward<true>(static_cast<char*>(dst), static_cast<const char*>(src), bytes);
-      else
-        detail::copy_backward<false>(static_cast<char*>(dst), static_cast<const char*>(src), bytes);
-      return;
-#else
-      [[fallthrough]];
-#endif
-    case CopyPlan::Order::library:
-      break;
-  }
-  if (bytes != 0) std::memmove(dst, src, bytes);
-}
-
 // The engine: every simdev copy goes through here.
 inline void copy_bytes(void* dst, const void* src, std::size_t bytes) {
-  copy_with(plan_copy(reinterpret_cast<std::uintptr_t>(dst), reinterpret_cast<std::uintptr_t>(src), bytes),
-            dst, src, bytes);
+#if SIMDEV_COPY_ENGINE_X86
+  if (copies_backward(reinterpret_cast<std::uintptr_t>(dst), reinterpret_cast<std::uintptr_t>(src), bytes)) {
+    detail::copy_backward(static_cast<char*>(dst), static_cast<const char*>(src), bytes);
+    return;
+  }
+#endif
+  if (bytes != 0) std::memmove(dst, src, bytes);
 }
 
 }  // namespace simdev

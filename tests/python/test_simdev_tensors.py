@@ -39,10 +39,11 @@ def test_host_device_round_trip_keeps_values(dtype):
 
 
 def test_large_copies_land_whole_at_every_offset_into_a_page():
-    # Large enough for simdev's copy engine, which copies device-to-host into
-    # pageable memory 1..2047 bytes past the device data's page offset from
-    # the end to the start (Note [Copy direction and 4K aliasing]).
-    n = (4 << 20) + 4096 + 100
+    # Pageable memory at several offsets into a page from page-aligned device
+    # memory and back. (simdev's copy engine, which copies the largest of
+    # these from the end to the start, has tests of its own in
+    # tests/test_simdev_copy.cpp: Note [Copy direction and 4K aliasing].)
+    n = (8 << 20) + 4096 + 100
     src = torch.randint(0, 256, (n,), dtype=torch.uint8)
     dev = src.to("simdev")
     base = torch.full((n + 8192,), 5, dtype=torch.uint8)
