@@ -9,6 +9,7 @@
 #include <accelkit/accelkit.hpp>
 
 #include "machine.hpp"
+#include "rounds.hpp"
 #include "simdev_runtime.hpp"
 
 #include <algorithm>
@@ -152,8 +153,8 @@ Latency hit_path(A& alloc, std::size_t size, StreamHandle s, int samples, int ba
 
 void bench_hit_path() {
   std::puts("\n== hit path: allocate + free of one size, warm (ns per pair) ==");
-  std::printf("%-10s %22s %22s %22s %12s\n", "size", "accelkit p50/p99", "naive pool p50/p99",
-              "raw driver p50/p99", "raw/accelkit");
+  std::printf("%-10s %22s %22s %22s %14s %12s\n", "size", "accelkit p50/p99", "naive pool p50/p99",
+              "raw driver p50/p99", "naive/accelkit", "raw/accelkit");
   std::vector<std::size_t> sizes = {256, 4096, 64 * 1024, kMiB, 16 * kMiB, 256 * kMiB};
   if (quick) sizes = {256, 4 * kMiB};
   for (std::size_t size : sizes) {
@@ -166,8 +167,9 @@ void bench_hit_path() {
     Latency a = hit_path(ours, size, s, samples, batch);
     Latency n = hit_path(naive, size, s, samples, batch);
     Latency r = hit_path(raw, size, s, quick ? 10 : 200, quick ? 2 : 8);
-    std::printf("%-10s %12.1f /%8.1f %12.1f /%8.1f %12.1f /%8.1f %11.0fx\n", human(size).c_str(),
-                a.p50, a.p99, n.p50, n.p99, r.p50, r.p99, r.p50 / a.p50);
+    std::printf("%-10s %12.1f /%8.1f %12.1f /%8.1f %12.1f /%8.1f %13.2fx %11.0fx\n",
+                human(size).c_str(), a.p50, a.p99, n.p50, n.p99, r.p50, r.p99, n.p50 / a.p50,
+                r.p50 / a.p50);
   }
 }
 
@@ -206,9 +208,10 @@ double random_allocations(A& alloc, StreamHandle s, std::size_t live, std::size_
 
 void bench_random() {
   std::size_t max_size = quick ? 4096 : 64 * 1024;
-  std::printf("\n== random allocations: sizes uniform in [1 B, %s], N live (ns per op, median of %d runs) ==\n",
-              human(max_size).c_str(), quick ? 1 : 5);
-  std::printf("%-8s %12s %12s %12s %14s %14s\n", "N", "accelkit", "naive pool", "raw driver",
+  std::printf("\n== random allocations: sizes uniform in [1 B, %s], N live (ns per op, median "
+              "[25%%-75%%] of %d runs) ==\n",
+              human(max_size).c_str(), quick ? 1 : 7);
+  std::printf("%-8s %22s %22s %12s %14s %14s\n", "N", "accelkit", "naive pool", "raw driver",
               "naive/accelkit", "raw/accelkit");
   std::vector<std::size_t> counts = {1000, 10000, 100000};
   if (quick) counts = {100, 1000};
@@ -216,7 +219,7 @@ void bench_random() {
   // Each figure is the median of `reps` runs, the three allocators taking
   // turns: on a shared 2-core machine a run now and then lands in a burst
   // of someone else's work.
-  const int reps = quick ? 1 : 5;
+  const int reps = quick ? 1 : 7;
   for (std::size_t n : counts) {
     std::size_t ops = quick ? 2000 : 200000;
     std::vector<double> as, nvs, rs;
@@ -231,7 +234,8 @@ void bench_random() {
       rs.push_back(random_allocations(raw, s, n, max_size, quick ? 200 : 20000));
     }
     double a = percentile(as, 0.5), nv = percentile(nvs, 0.5), r = percentile(rs, 0.5);
-    std::printf("%-8zu %12.1f %12.1f %12.1f %13.1fx %13.1fx\n", n, a, nv, r, nv / a, r / a);
+    std::printf("%-8zu %22s %22s %12.1f %13.2fx %13.1fx\n", n, bench::format(bench::spread(as)).c_str(),
+                bench::format(bench::spread(nvs)).c_str(), r, nv / a, r / a);
     if (first == 0) first = a;
     last = a;
   }

@@ -12,6 +12,7 @@
 #include <accelkit/accelkit.hpp>
 
 #include "machine.hpp"
+#include "rounds.hpp"
 #include "simdev_runtime.hpp"
 
 #include <chrono>
@@ -68,29 +69,43 @@ int main(int argc, char** argv) {
   std::printf("accelkit stream benchmark%s\n\n", quick ? " (quick smoke run: figures not meaningful)" : "");
 
   MutexRegistry registry;
-  double get = ns_per_call(n, [&] { sink = sink + streams.current_stream(0).id; });
-  double get_base = ns_per_call(n, [&] { sink = sink + registry.get().id; });
-  double exch = ns_per_call(n, [&] { streams.exchange_stream(streams.exchange_stream(s)); }) / 2;
-  double exch_base = ns_per_call(n, [&] { registry.exchange(registry.exchange(s)); }) / 2;
-  std::printf("== current stream (ns per call) ==\n");
-  std::printf("%-30s %10s %22s %8s\n", "operation", "accelkit", "mutex + map baseline", "ratio");
-  std::printf("%-30s %10.1f %22.1f %7.1fx\n", "get current stream", get, get_base, get_base / get);
-  std::printf("%-30s %10.1f %22.1f %7.1fx\n", "exchange current stream", exch, exch_base,
-              exch_base / exch);
+  // Each row: `rounds` rounds of n/rounds calls, accelkit and the baseline
+  // taking turns; median [25%-75%] of the rounds, and of the ratio.
+  const int rounds = quick ? 3 : 9;
+  const long per_round = n / rounds;
+  auto row = [&](const char* what, auto&& ours, auto&& baseline, double divide) {
+    bench::Spread a, b, r;
+    bench::interleaved(
+        rounds, [&] { return ns_per_call(per_round, ours) / divide; },
+        [&] { return ns_per_call(per_round, baseline) / divide; }, a, b, r);
+    std::printf("%-30s %22s %22s %16s\n", what, bench::format(a).c_str(),
+                bench::format(b).c_str(), (bench::format(r, 2) + "x").c_str());
+  };
+  std::printf("== current stream (ns per call, median [25%%-75%%] of %d rounds) ==\n", rounds);
+  std::printf("%-30s %22s %22s %16s\n", "operation", "accelkit", "mutex + map baseline",
+              "baseline/ours");
+  row("get current stream", [&] { sink = sink + streams.current_stream(0).id; },
+      [&] { sink = sink + registry.get().id; }, 1);
+  row("exchange current stream", [&] { streams.exchange_stream(streams.exchange_stream(s)); },
+      [&] { registry.exchange(registry.exchange(s)); }, 2);
 
   // The same from two threads at once, as PyTorch's autograd and data
   // loader threads do: the thread-local path does not contend.
   auto two_threads = [&](auto&& f) {
     double per[2];
-    std::thread t([&] { per[1] = ns_per_call(n, f); });
-    per[0] = ns_per_call(n, f);
+    std::thread t([&] { per[1] = ns_per_call(per_round, f); });
+    per[0] = ns_per_call(per_round, f);
     t.join();
     return (per[0] + per[1]) / 2;
   };
-  double get2 = two_threads([&] { sink = sink + streams.current_stream(0).id; });
-  double get2_base = two_threads([&] { sink = sink + registry.get().id; });
-  std::printf("%-30s %10.1f %22.1f %7.1fx\n", "get current, 2 threads", get2, get2_base,
-              get2_base / get2);
+  {
+    bench::Spread a, b, r;
+    bench::interleaved(
+        rounds, [&] { return two_threads([&] { sink = sink + streams.current_stream(0).id; }); },
+        [&] { return two_threads([&] { sink = sink + registry.get().id; }); }, a, b, r);
+    std::printf("%-30s %22s %22s %16s\n", "get current, 2 threads", bench::format(a).c_str(),
+                bench::format(b).c_str(), (bench::format(r, 2) + "x").c_str());
+  }
 
   StreamHandle h = streams.handle(s);
   double pooled = ns_per_call(events, [&] {
