@@ -516,6 +516,32 @@ TEST_CASE("fork: a child of an initialized process gets a clear error but can co
   CHECK_NOTHROW(b.set_device(0));  // the parent is unaffected
 }
 
+TEST_CASE("fork: streams whose device tables exist refuse use in a child too") {
+  // Streams skip the device checks once a device's table is made; a fork
+  // since must still be caught (Note [Fork safety]).
+  SimBackend b(env(), devices(2));
+  Streams<simdev::SimRuntime> streams(b);
+  Stream s = streams.pool_stream(1);
+  streams.exchange_stream(s);
+  int status = in_child([&] {
+    try {
+      streams.set_current_stream(s);
+      return 1;
+    } catch (const RuntimeError& e) {
+      if (std::string(e.what()).find("forked after simdev was initialized") == std::string::npos)
+        return 2;
+    }
+    try {
+      streams.synchronize(s);
+      return 3;
+    } catch (const RuntimeError&) {
+    }
+    return 0;
+  });
+  CHECK(status == 0);
+  CHECK_NOTHROW(streams.set_current_stream(s));  // the parent is unaffected
+}
+
 TEST_CASE("fork: a child of a process that only counted devices may initialize") {
   SimBackend b(env(), devices(2));
   CHECK(b.device_count() == 2);

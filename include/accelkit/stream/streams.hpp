@@ -368,7 +368,13 @@ class Streams {
     return table;
   }
 
+  // A device's table. Once made, the device was checked then; only a fork
+  // since needs checking again (Note [Fork safety]).
   ACCELKIT_ALWAYS_INLINE Device& dev(device_index device) {
+    if (Device* d = devices_.find(device); d && !backend_.in_bad_fork()) return *d;
+    return make_dev(device);
+  }
+  ACCELKIT_NOINLINE Device& make_dev(device_index device) {
     backend_.check_device(device);  // initialized, not in a forked child, visible
     return devices_.get(device, backend_.device_count(), [] { return std::make_unique<Device>(); });
   }
