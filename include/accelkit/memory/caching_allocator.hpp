@@ -963,7 +963,7 @@ class DeviceCachingAllocator {
     for (StreamHandle s : uses) on_device.emplace_back(device_, s);
     return detail::record_stream_uses(
         backend_, on_device, [&](device_index) -> EventPool<R>& { return events_; }, events,
-        fmt::format("device memory at {}", static_cast<void*>(ptr)));
+        [&] { return fmt::format("device memory at {}", static_cast<void*>(ptr)); });
   }
 
   // Under the pool lock: frees pending blocks whose events have completed

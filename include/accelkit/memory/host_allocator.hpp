@@ -324,7 +324,7 @@ class HostAllocator {
   bool record_uses(Pending& p) {
     bool safe = detail::record_stream_uses(
         backend_, p.block->uses, [&](device_index d) -> EventPool<R>& { return events(d); },
-        p.events, fmt::format("pinned host memory at {}", p.block->ptr));
+        p.events, [&] { return fmt::format("pinned host memory at {}", p.block->ptr); });
     p.block->uses.clear();
     return safe;
   }

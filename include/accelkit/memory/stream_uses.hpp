@@ -37,10 +37,12 @@ namespace detail {
 // `events` is released and emptied. `events_of(device)` is that device's
 // EventPool; `what` names the block in reports ("pinned host memory at
 // 0x7f..."). Never throws after `events` has room for every use.
-template <class R, class Uses, class EventsOf>
+// `what()` describes the block for the reports; it is called only when there
+// is something to report (a free must not pay for formatting otherwise).
+template <class R, class Uses, class EventsOf, class What>
 bool record_stream_uses(Backend<R>& backend, const Uses& uses, EventsOf&& events_of,
-                        std::vector<std::pair<device_index, EventHandle>>& events,
-                        std::string_view what) {
+                        std::vector<std::pair<device_index, EventHandle>>& events, What&& what) {
+  if (uses.empty()) return true;
   bool safe = true;
   events.reserve(events.size() + uses.size());  // so that keeping an event cannot throw
   for (const auto& [device, stream] : uses) {
@@ -51,7 +53,7 @@ bool record_stream_uses(Backend<R>& backend, const Uses& uses, EventsOf&& events
       report(Severity::warning, R::name,
              fmt::format("the free of {} waits for stream {:#x} of device {} instead of "
                          "recording an event: {}",
-                         what, stream.value, device, err.what()));
+                         what(), stream.value, device, err.what()));
     }
     try {
       backend.stream_synchronize(device, stream);
@@ -59,7 +61,7 @@ bool record_stream_uses(Backend<R>& backend, const Uses& uses, EventsOf&& events
       report(Severity::warning, R::name,
              fmt::format("{} is kept out of the cache: its use on stream {:#x} of device {} "
                          "cannot be waited for: {}",
-                         what, stream.value, device, err.what()));
+                         what(), stream.value, device, err.what()));
       safe = false;
     }
   }
