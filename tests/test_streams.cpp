@@ -189,13 +189,17 @@ TEST_CASE("events: elapsed time is positive and monotonic for real work") {
   Stream s = st.pool_stream(0);
   SimEvent start(st, EventFlags::timing), middle(st, EventFlags::timing),
       end(st, EventFlags::timing);
+  // Each wait below starts after the earlier record has completed, so the
+  // intervals hold however late the stream's worker runs on a loaded machine.
   start.record(s);
+  start.synchronize();
   auto gate = b.runtime().hold(0, st.handle(s));
   middle.record(s);
   auto gate2 = b.runtime().hold(0, st.handle(s));
   end.record(s);
   std::this_thread::sleep_for(std::chrono::milliseconds(3));
   gate->open();
+  middle.synchronize();
   std::this_thread::sleep_for(std::chrono::milliseconds(3));
   gate2->open();
   float a = start.elapsed_time(middle);
