@@ -355,7 +355,9 @@ class Backend {
   // The pass-throughs, generated from the contract table (Note [The
   // contract table]): one function per member marked `forward`, with the
   // member's own signature, calling the runtime with the device's physical
-  // ordinal; `forward_nonempty` ones call nothing for 0 bytes.
+  // ordinal; `forward_nonempty` ones call nothing for 0 bytes. Which members
+  // they are is said once, by the `forward` entries of the table
+  // (memcpy_async, stream_query, event_record, ...).
 #define ACCELKIT_DETAIL_FORWARD_sdk(member, Ret, params, args)
 #define ACCELKIT_DETAIL_FORWARD_forward(member, Ret, params, args)              \
   Ret member params {                                                           \
