@@ -10,6 +10,7 @@
 #include <accelkit/accelkit.hpp>
 
 #include "machine.hpp"
+#include "rounds.hpp"
 #include "simdev_runtime.hpp"
 
 #include <algorithm>
@@ -105,11 +106,6 @@ double ns_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
 }
 
-double percentile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<std::size_t>(q * static_cast<double>(v.size() - 1))];
-}
-
 struct Latency {
   double p50, p99;
 };
@@ -122,7 +118,7 @@ Latency measure(const std::function<void()>& pair, int samples, int batch) {
     for (int j = 0; j < batch; ++j) pair();
     v.push_back(ns_since(t0) / batch);
   }
-  return {percentile(v, 0.5), percentile(v, 0.99)};
+  return {bench::percentile(v, 0.5), bench::percentile(v, 0.99)};
 }
 
 std::string human(std::size_t n) {

@@ -125,11 +125,6 @@ std::string human(std::size_t n) {
   return std::to_string(n) + " B";
 }
 
-double percentile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<std::size_t>(q * static_cast<double>(v.size() - 1))];
-}
-
 // ------------------------------------------------------------- hit path
 
 struct Latency {
@@ -148,7 +143,7 @@ Latency hit_path(A& alloc, std::size_t size, StreamHandle s, int samples, int ba
     for (int j = 0; j < batch; ++j) alloc.deallocate(alloc.allocate(size, s), size);
     per_pair.push_back(ns_since(t0) / batch);
   }
-  return {percentile(per_pair, 0.5), percentile(per_pair, 0.99)};
+  return {bench::percentile(per_pair, 0.5), bench::percentile(per_pair, 0.99)};
 }
 
 void bench_hit_path() {
@@ -233,7 +228,7 @@ void bench_random() {
       nvs.push_back(random_allocations(naive, s, n, max_size, ops));
       rs.push_back(random_allocations(raw, s, n, max_size, quick ? 200 : 20000));
     }
-    double a = percentile(as, 0.5), nv = percentile(nvs, 0.5), r = percentile(rs, 0.5);
+    double a = bench::percentile(as, 0.5), nv = bench::percentile(nvs, 0.5), r = bench::percentile(rs, 0.5);
     std::printf("%-8zu %22s %22s %12.1f %13.2fx %13.1fx\n", n, bench::format(bench::spread(as)).c_str(),
                 bench::format(bench::spread(nvs)).c_str(), r, nv / a, r / a);
     if (first == 0) first = a;

@@ -16,10 +16,14 @@ struct Spread {
   double median = 0, p25 = 0, p75 = 0;
 };
 
-inline Spread spread(std::vector<double> v) {
+// The q-quantile of v (0 <= q <= 1), by rank (no interpolation).
+inline double percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
-  auto at = [&](double q) { return v[static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5)]; };
-  return {at(0.5), at(0.25), at(0.75)};
+  return v[static_cast<std::size_t>(q * static_cast<double>(v.size() - 1))];
+}
+
+inline Spread spread(const std::vector<double>& v) {
+  return {percentile(v, 0.5), percentile(v, 0.25), percentile(v, 0.75)};
 }
 
 // "12.3 [12.1-12.6]" (with `digits` decimals)

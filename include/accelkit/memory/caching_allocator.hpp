@@ -190,7 +190,7 @@ class DeviceCachingAllocator {
   // falls back to synchronizing those streams).
   void deallocate(void* ptr) {
     if (!ptr) return;
-    if (SmallHold h = hold_small(ptr); h.seg) {
+    if (SmallHold h = small_index_.hold(ptr); h.seg) {
       free_small(h, static_cast<char*>(ptr));
       return;
     }
@@ -238,7 +238,7 @@ class DeviceCachingAllocator {
 
   // Whether `ptr` is the start of a live allocation of this allocator.
   bool owns(const void* ptr) {
-    if (SmallHold h = hold_small(ptr); h.seg) return h.allocated();
+    if (SmallHold h = small_index_.hold(ptr); h.seg) return h.allocated();
     return live_.find(ptr).block != nullptr;
   }
 
@@ -270,7 +270,7 @@ class DeviceCachingAllocator {
                           fmt::format("record_stream: {} is not a live allocation on {}:{}", ptr,
                                       Backend<R>::name, device_));
     };
-    if (SmallHold h = hold_small(ptr); h.seg) {
+    if (SmallHold h = small_index_.hold(ptr); h.seg) {
       if (!h.allocated()) {
         h.lock.unlock();
         throw not_live();
@@ -1089,7 +1089,7 @@ class DeviceCachingAllocator {
       try {
         p = carve_small(pool, *seg, 0, size, requested);
       } catch (...) {
-        unregister_windows(pool, *seg);
+        small_index_.remove(pool, *seg);
         throw;
       }
     } catch (...) {
@@ -1112,7 +1112,7 @@ class DeviceCachingAllocator {
   // stays counted as reserved until then: Note [Ordered release]).
   Detached detach_small(Pool& pool, detail::SmallSegment* seg) {
     constexpr std::size_t n = memory_constants::kSmallBuffer;
-    unregister_windows(pool, *seg);
+    small_index_.remove(pool, *seg);
     Detached d{&pool, seg->ptr, n, true, n >= config_.max_split_size, nullptr};
     pool.arena.remove_segment(seg);
     return d;
@@ -1122,19 +1122,12 @@ class DeviceCachingAllocator {
   // Note [Small block index] (memory/detail/small_index.hpp).
   using SmallRef = detail::SmallIndex::Ref;
   using SmallHold = detail::SmallIndex::Hold;
-  SmallHold hold_small(const void* p) { return small_index_.hold(p); }
-  static detail::SmallSegment* segment_of(const SmallRef& r) noexcept {
-    return detail::SmallIndex::segment_of(r);
-  }
   void register_windows(Pool& pool, const detail::SmallSegment& seg) {
     if (!small_index_.add(pool, seg))
       throw RuntimeError(Backend<R>::name,
                          fmt::format("the driver of {}:{} returned memory at {} that overlaps "
                                      "memory it already gave",
                                      Backend<R>::name, device_, static_cast<void*>(seg.ptr)));
-  }
-  void unregister_windows(Pool& pool, const detail::SmallSegment& seg) noexcept {
-    small_index_.remove(pool, seg);
   }
 
   RuntimeError not_live(const void* ptr) const {
@@ -1322,7 +1315,7 @@ class DeviceCachingAllocator {
         releasing += c.seg->size;
         freed.push_back(detach_segment(*c.pool, c.seg));
       } else {
-        detail::SmallSegment* s = segment_of(c.small);
+        detail::SmallSegment* s = detail::SmallIndex::segment_of(c.small);
         if (!s || !s->wholly_free()) continue;
         freed.push_back(detach_small(*c.pool, s));
         releasing += memory_constants::kSmallBuffer;
