@@ -488,10 +488,10 @@ class DeviceCachingAllocator {
   }
   static bool is_small(const Block* b) noexcept { return b->segment->small; }
 
-  void count_alloc(Pool& pool, const Block* b) {
+  ACCELKIT_ALWAYS_INLINE void count_alloc(Pool& pool, const Block* b) {
     count_alloc(pool, b->size, b->requested, is_small(b));
   }
-  void count_alloc(Pool& pool, std::size_t size, std::size_t requested, bool sm) {
+  ACCELKIT_ALWAYS_INLINE void count_alloc(Pool& pool, std::size_t size, std::size_t requested, bool sm) {
     auto n = static_cast<std::int64_t>(size);
     PoolStats& s = pool.stats;
     count_up(s.allocation, sm, 1);
@@ -501,10 +501,10 @@ class DeviceCachingAllocator {
     count_up(s.requested_bytes, sm, static_cast<std::int64_t>(requested));
     if (size >= config_.max_split_size) s.oversize_allocations.increase(1);
   }
-  void count_free(Pool& pool, const Block* b) {
+  ACCELKIT_ALWAYS_INLINE void count_free(Pool& pool, const Block* b) {
     count_free(pool, b->size, b->requested, is_small(b));
   }
-  void count_free(Pool& pool, std::size_t size, std::size_t requested, bool sm) {
+  ACCELKIT_ALWAYS_INLINE void count_free(Pool& pool, std::size_t size, std::size_t requested, bool sm) {
     PoolStats& s = pool.stats;
     count_down(s.allocation, sm, 1);
     count_down(s.allocated_bytes, sm, static_cast<std::int64_t>(size));
@@ -586,12 +586,27 @@ class DeviceCachingAllocator {
 
   // Under the pool lock: a cached block of at least `size`, split to size
   // and marked allocated, or {} (t.ptr null).
-  Allocation take_cached(Pool& pool, std::size_t size, std::size_t requested) {
+  ACCELKIT_ALWAYS_INLINE Allocation take_cached(Pool& pool, std::size_t size,
+                                                std::size_t requested) {
     using namespace detail::small_block;
     bool small = size <= memory_constants::kSmallSize;
     const std::size_t want = Pool::key(size, small);
-    for (std::size_t i = pool.parked_count; i-- > 0;) {  // most recently parked first
-      if (pool.parked_key[i] != want) continue;
+    // One pass over the parking slots, most recently parked first: a block
+    // of exactly this size is taken; otherwise the smallest larger one of
+    // this pool kind (the earliest parked among equals) is remembered, to
+    // be split if it fits better than what the bins offer.
+    std::size_t parked_best = pool.parked_count;
+    std::size_t parked_size = std::numeric_limits<std::size_t>::max();
+    for (std::size_t i = pool.parked_count; i-- > 0;) {
+      std::size_t key = pool.parked_key[i];
+      if (key != want) {
+        std::size_t hs = key & ~std::size_t{1};
+        if ((key & 1) == (want & 1) && hs > size && hs <= parked_size) {
+          parked_best = i;
+          parked_size = hs;
+        }
+        continue;
+      }
       detail::Parked h = pool.unpark(i);
       if (h.seg) {
         std::size_t j = h.seg->index_of(h.ptr, h.hint);
@@ -608,13 +623,23 @@ class DeviceCachingAllocator {
       count_alloc(pool, b);
       return allocation_of(b);
     }
+    return take_split(pool, size, requested, parked_best, parked_size);
+  }
+
+  // The rest of take_cached: a block split to size, from the bins (or the
+  // large set) or the best parked block (slot `parked_best`, of
+  // `parked_size` bytes, pool.parked_count if none), whichever fits better.
+  Allocation take_split(Pool& pool, std::size_t size, std::size_t requested,
+                        std::size_t parked_best, std::size_t parked_size) {
+    using namespace detail::small_block;
+    bool small = size <= memory_constants::kSmallSize;
     if (small) {
       detail::SmallSegment* seg = nullptr;
       std::size_t i = 0;
       bool found = pool.arena.best_fit(size / kGranule, seg, i);
       // A parked block that fits better than the binned one is split instead.
       std::size_t best_size = found ? bytes(seg->blocks[i]) : std::numeric_limits<std::size_t>::max();
-      std::size_t best = best_parked<true>(pool, size, best_size);
+      std::size_t best = better_parked(pool, size, parked_best, parked_size, best_size);
       if (best != pool.parked_count) {
         detail::Parked h = pool.unpark(best);
         std::size_t j = h.seg->index_of(h.ptr, h.hint);
@@ -656,7 +681,7 @@ class DeviceCachingAllocator {
     Block* b = find_large(pool, size);
     // A parked block that fits better than the set's is split instead.
     std::size_t best_size = b ? b->size : std::numeric_limits<std::size_t>::max();
-    std::size_t best = best_parked<false>(pool, size, best_size);
+    std::size_t best = better_parked(pool, size, parked_best, parked_size, best_size);
     if (best != pool.parked_count) {
       Block* h = pool.unpark(best).block;
       leave_parking(pool, h);
@@ -672,22 +697,15 @@ class DeviceCachingAllocator {
     return allocation_of(carve(pool, b, size, requested));
   }
 
-  // The parking slot of the smallest parked block of the pool kind `Small`
-  // that is larger than `size`, smaller than `best_size` and fits it
-  // (best_size becomes its size); pool.parked_count if none.
-  template <bool Small>
-  ACCELKIT_ALWAYS_INLINE std::size_t best_parked(const Pool& pool, std::size_t size,
-                                                 std::size_t& best_size) const noexcept {
-    std::size_t best = pool.parked_count;
-    for (std::size_t k = 0; k < pool.parked_count; ++k) {
-      std::size_t key = pool.parked_key[k];
-      std::size_t hs = key & ~std::size_t{1};
-      if ((key & 1) == (Small ? 1u : 0u) && hs > size && hs < best_size && fits(size, hs)) {
-        best = k;
-        best_size = hs;
-      }
-    }
-    return best;
+  // The parking slot `parked_best` (of a block of `parked_size` bytes) if
+  // that block fits `size` and is smaller than `best_size` (which it then
+  // becomes), else pool.parked_count (no slot).
+  ACCELKIT_ALWAYS_INLINE std::size_t better_parked(const Pool& pool, std::size_t size,
+                                                   std::size_t parked_best, std::size_t parked_size,
+                                                   std::size_t& best_size) const noexcept {
+    if (parked_size >= best_size || !fits(size, parked_size)) return pool.parked_count;
+    best_size = parked_size;
+    return parked_best;
   }
 
   // Under the pool lock: splits block `i` of `seg` (in no bin) to `size`,
@@ -707,16 +725,16 @@ class DeviceCachingAllocator {
       if (merge) {
         count_inactive(pool, bytes(seg.blocks[n]), true, false, false);
         pool.arena.unbin(seg, n);
-        seg.blocks[n] = make(off + gran, rest, parked, false, 0);
+        seg.move_block(n, make(off + gran, rest, parked, false, 0));
       } else {
-        seg.blocks.insert(seg.blocks.begin() + static_cast<std::ptrdiff_t>(n),
-                          make(off + gran, rest, parked, false, 0));
+        seg.insert_block(n, make(off + gran, rest, parked, false, 0));
       }
       pool.arena.bin(seg, n);
       count_inactive(pool, std::size_t{rest} * kGranule, true, false, true);
       total = gran;
     }
     seg.blocks[i] = make(off, total, detail::small_block::allocated, false, requested);
+    ACCELKIT_ASSERT(seg.chunks_agree(), "a small segment's chunk index counts its blocks");
     count_alloc(pool, std::size_t{total} * kGranule, requested, true);
     return seg.ptr + std::size_t{off} * kGranule;
   }
@@ -839,7 +857,7 @@ class DeviceCachingAllocator {
   }
   // The same, told the block's size and kind (Note [Freeing without the
   // block record]).
-  void park_block(Pool& pool, const detail::Parked& b, std::size_t size, bool small, bool whole) {
+  ACCELKIT_ALWAYS_INLINE void park_block(Pool& pool, const detail::Parked& b, std::size_t size, bool small, bool whole) {
     count_down(pool.stats.active, small, 1);
     count_down(pool.stats.active_bytes, small, static_cast<std::int64_t>(size));
     if (trace_.on())
@@ -937,16 +955,17 @@ class DeviceCachingAllocator {
     if (next) {
       count_inactive(pool, bytes(seg.blocks[i + 1]), true, false, false);
       pool.arena.unbin(seg, i + 1);
-      seg.blocks.erase(seg.blocks.begin() + static_cast<std::ptrdiff_t>(i + 1));
+      seg.erase_block(i + 1);
     }
     if (prev) {
       count_inactive(pool, bytes(seg.blocks[i - 1]), true, false, false);
       pool.arena.unbin(seg, i - 1);
       off = offset(seg.blocks[i - 1]);
-      seg.blocks.erase(seg.blocks.begin() + static_cast<std::ptrdiff_t>(i));
+      seg.erase_block(i);
       --i;
     }
     seg.blocks[i] = make(off, total, parked, false, 0);
+    ACCELKIT_ASSERT(seg.chunks_agree(), "a small segment's chunk index counts its blocks");
     pool.arena.bin(seg, i);
     bool whole = seg.blocks.size() == 1;
     count_inactive(pool, std::size_t{total} * kGranule, true, whole, true);
@@ -1139,7 +1158,7 @@ class DeviceCachingAllocator {
   }
 
   // deallocate() of a small block (Note [Small arena]).
-  void free_small(SmallHold& h, char* ptr) {
+  ACCELKIT_ALWAYS_INLINE void free_small(SmallHold& h, char* ptr) {
     Pool& pool = *h.pool;
     detail::SmallSegment* seg = h.seg;
     std::vector<StreamHandle> uses;

@@ -140,8 +140,11 @@ struct KindStat {
     std::size_t k = small ? 0 : 1;
     current[k] += n;
     allocated[k] += n;
-    peak[k] = std::max(peak[k], current[k]);
-    all_peak = std::max(all_peak, current[0] + current[1]);
+    // Branches, not conditional moves: in a steady state no new peak is
+    // reached, so they are predicted and cost a compare each.
+    if (current[k] > peak[k]) peak[k] = current[k];
+    std::int64_t all = current[0] + current[1];
+    if (all > all_peak) all_peak = all;
   }
   ACCELKIT_ALWAYS_INLINE void decrease(bool small, std::int64_t n) noexcept {
     current[small ? 0 : 1] -= n;

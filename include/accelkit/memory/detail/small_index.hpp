@@ -65,7 +65,7 @@ class SmallIndex {
   SmallIndex& operator=(const SmallIndex&) = delete;
 
   // The small segment that contains `p`, locked; seg null when none does.
-  Hold hold(const void* p) {
+  ACCELKIT_ALWAYS_INLINE Hold hold(const void* p) {
     const void* key = window_key(p);
     CacheEntry& cached = tls_entry(key);
     for (int attempt = 0; attempt < 2; ++attempt) {
