@@ -481,6 +481,57 @@ TEST_CASE("allocator: small blocks stay consistent through random splits and mer
   }
 }
 
+// Whether a block freed beside a free block is parked (it stays apart: two
+// inactive split blocks) or goes straight into the bins (merged: one), on a
+// fresh segment of `s`'s pool.
+bool frees_are_parked(Allocator& a, SimBackend& b, StreamHandle s) {
+  b.device_synchronize(0);
+  a.empty_cache();
+  REQUIRE(a.reserved_bytes() == 0);
+  void* first = a.allocate(4096, s);  // a new segment: carved from its start
+  void* second = a.allocate(4096, s);
+  REQUIRE(static_cast<char*>(second) == static_cast<char*>(first) + 4096);
+  a.deallocate(second);  // beside the segment's binned rest
+  std::int64_t inactive = a.stats().inactive_split[small].current;
+  a.deallocate(first);
+  b.device_synchronize(0);
+  a.empty_cache();
+  REQUIRE((inactive == 1 || inactive == 2));
+  return inactive == 2;
+}
+
+TEST_CASE("allocator: parking turns off while freed sizes do not come back, and on when they do") {
+  SimBackend b(Environment::fixed({}), sim(256));
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  CHECK(frees_are_parked(a, b, s));  // a pool starts parking
+
+  // Sizes that never repeat while their blocks are parked, small and large:
+  // no free is taken back, and parking goes off within a few hundred frees.
+  std::vector<void*> live;
+  for (int i = 0; i < 600; ++i) {
+    std::size_t n = i % 50 == 0 ? (2 + i % 7) * kMiB + 512 * static_cast<std::size_t>(i)
+                                : 512 * static_cast<std::size_t>(1 + (i * 37) % 300);
+    live.push_back(a.allocate(n, s));
+    if (live.size() > 20) {
+      a.deallocate(live.front());
+      live.erase(live.begin());
+    }
+  }
+  check_invariants(a);
+  for (void* p : live) a.deallocate(p);
+  live.clear();
+  check_invariants(a);
+  CHECK_FALSE(frees_are_parked(a, b, s));
+  CHECK(a.reserved_bytes() == 0);  // every block found its way back, large ones too
+
+  // One size again and again: parking is tried again after a pause, and
+  // stays on since the frees are taken back.
+  for (int i = 0; i < 5000; ++i) a.deallocate(a.allocate(8192, s));
+  CHECK(frees_are_parked(a, b, s));
+  check_invariants(a);
+}
+
 TEST_CASE("allocator: small and large blocks are told apart while segments come and go") {
   // Large frees remember that their address window holds no small segment
   // (Note [Small arena]); segments created and returned between rounds must

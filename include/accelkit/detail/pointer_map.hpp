@@ -37,13 +37,13 @@ class PointerMap {
   static constexpr std::size_t kShards = std::size_t{1} << ShardBits;
   static_assert(ShardBits >= 1 && ShardBits <= 16, "shard() takes the top ShardBits hash bits");
 
-  void insert(const void* key, const V& value) {
+  ACCELKIT_ALWAYS_INLINE void insert(const void* key, const V& value) {
     Shard& s = shard(key);
     std::lock_guard<SpinLock> lock(s.lock);
     s.table.insert(reinterpret_cast<std::uintptr_t>(key), value);
   }
   // Removes and returns the value of `key`, or V{} when absent.
-  V erase(const void* key) {
+  ACCELKIT_ALWAYS_INLINE V erase(const void* key) {
     Shard& s = shard(key);
     std::lock_guard<SpinLock> lock(s.lock);
     return s.table.erase(reinterpret_cast<std::uintptr_t>(key));
@@ -120,7 +120,7 @@ class PointerMap {
   // at up to 70% load.
   class Table {
    public:
-    void insert(std::uintptr_t key, const V& value) {
+    ACCELKIT_ALWAYS_INLINE void insert(std::uintptr_t key, const V& value) {
       if ((size_ + 1) * 10 > slots_.size() * 7) grow();
       std::size_t i = index(key);
       while (slots_[i].key != kEmpty) {
@@ -133,7 +133,7 @@ class PointerMap {
       slots_[i] = {key, value};
       ++size_;
     }
-    V erase(std::uintptr_t key) {
+    ACCELKIT_ALWAYS_INLINE V erase(std::uintptr_t key) {
       if (slots_.empty()) return V{};
       std::size_t i = locate(key);
       if (i == npos) return V{};

@@ -29,8 +29,16 @@ inline void cpu_relax() noexcept {
 // does not burn the other core.
 class SpinLock {
  public:
-  void lock() noexcept {
+  // The uncontended case inline, the wait out of line.
+  ACCELKIT_ALWAYS_INLINE void lock() noexcept {
     if (!locked_.exchange(true, std::memory_order_acquire)) return;
+    wait();
+  }
+  bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
+  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+ private:
+  ACCELKIT_NOINLINE void wait() noexcept {
     int spins = 0;
     do {
       while (locked_.load(std::memory_order_relaxed)) {
@@ -41,10 +49,7 @@ class SpinLock {
       }
     } while (locked_.exchange(true, std::memory_order_acquire));
   }
-  bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
-  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
 
- private:
   std::atomic<bool> locked_{false};
 };
 

@@ -231,6 +231,10 @@ struct alignas(64) Pool {
   std::array<std::size_t, kParked> parked_key{};
   std::size_t parked_count = 0;
   std::size_t parked_victim = 0;
+  // Note [Parking pays for itself]
+  bool parking = true;
+  std::uint64_t frees_counted = 0;  // since parking was last turned on or off
+  std::uint64_t parked_hits = 0;    // requests that took a parked block of their size
   static std::size_t key(std::size_t size, bool small) noexcept { return size | (small ? 1 : 0); }
   void park(std::size_t i, const Parked& b, std::size_t size, bool small) noexcept {
     parked[i] = b;
