@@ -160,15 +160,17 @@ def test_random_operators_draw_from_the_device_generator():
     assert torch.equal(torch.randn(8, device="simdev:1").cpu(), b.cpu())
     torch.manual_seed(11)  # seeds simdev's generators too, as it does CUDA's
     assert torch.simdev.initial_seed(1) == 11
-    # An explicit generator is used as given.
-    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    # An explicit generator is used as given; it must be a simdev one, as on CUDA.
+    g1, g2 = torch.Generator("simdev").manual_seed(5), torch.Generator().manual_seed(5)
     assert torch.equal(torch.randn(8, device="simdev", generator=g1).cpu(),
                        torch.randn(8, generator=g2))
+    with pytest.raises(RuntimeError, match="Expected a 'simdev' device type for generator"):
+        torch.randn(8, device="simdev", generator=g2)
     with pytest.raises(IndexError, match="simdev: invalid device index 7"):
         torch.simdev.get_rng_state(7)
     with pytest.raises(IndexError, match="simdev: invalid device index 256"):
         torch.ops.simdev.get_rng_state(256)  # not narrowed to a valid index
-    with pytest.raises(TypeError, match="simdev: set_rng_state expects a CPU ByteTensor"):
+    with pytest.raises(TypeError, match="simdev: the RNG state of simdev:0 must be a CPU ByteTensor"):
         torch.simdev.set_rng_state(torch.zeros(4))
 
 

@@ -30,6 +30,7 @@
 #endif
 
 #include <accelkit/accelkit.hpp>
+#include <accelkit/torch/generator.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
@@ -497,23 +498,29 @@ struct Hooks final : at::PrivateUse1HooksInterface {
       return at::Device(kDeviceType, static_cast<c10::DeviceIndex>(*d));
     });
   }
+  // Note [Device generators].
   const at::Generator& getDefaultGenerator(c10::DeviceIndex d) const override {
     static std::vector<at::Generator> generators = [] {
       std::vector<at::Generator> g;
       int n = Backend<R>::instance().device_count();
-      for (int i = 0; i < n; ++i) g.push_back(at::make_generator<at::CPUGeneratorImpl>(c10::detail::getNonDeterministicRandom()));
+      for (int i = 0; i < n; ++i)
+        g.push_back(at::make_generator<DeviceGenerator>(R::name, static_cast<c10::DeviceIndex>(i)));
       return g;
     }();
     // Neither the check nor the current device initializes the backend:
-    // torch.manual_seed seeds every device's generator (Note [Device
-    // generators]). Before initialization every thread's device is 0.
+    // torch.manual_seed seeds every device's generator. Before
+    // initialization every thread's device is 0.
+    return generators[static_cast<std::size_t>(generator_device(d))];
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex d) const override {
+    return at::make_generator<DeviceGenerator>(R::name, generator_device(d));
+  }
+  // A generator's device: -1 is the current one; IndexError unless visible.
+  static c10::DeviceIndex generator_device(c10::DeviceIndex d) {
     Backend<R>& b = Backend<R>::instance();
     if (d != -1) translated([&] { b.check_visible(d); });
     if (d == -1) d = b.is_initialized() ? translated([&] { return b.current_device(); }) : 0;
-    return generators[static_cast<std::size_t>(d)];
-  }
-  at::Generator getNewGenerator(c10::DeviceIndex) const override {
-    return at::make_generator<at::CPUGeneratorImpl>(c10::detail::getNonDeterministicRandom());
+    return d;
   }
   void resizePrivateUse1Bytes(const c10::Storage& storage, std::size_t newsize) const override;
 };

@@ -61,7 +61,7 @@ class Fallback {
   void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     Entry& e = admit(op);
     std::optional<c10::Device> to_device = check_one_device(op, *stack, e.name);
-    use_device_generator(op, *stack);
+    GeneratorLease generator(op, *stack);  // Note [Device generators]
     auto t0 = std::chrono::steady_clock::now();
     if (!on_cpu(op, *stack)) {
       at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
@@ -368,32 +368,63 @@ class Fallback {
   // on a device (as with CUDA) the results of such an operator belong on the
   // device. A first argument that is a CPU tensor of any other shape keeps
   // PyTorch's rule (`cpu_x[device_mask]` is a CPU tensor).
-  // Note [Device generators]: a random operator that falls back and is not
-  // given a generator draws from its device's default generator (the
-  // hooks' getDefaultGenerator, which torch.<name>.manual_seed seeds and
-  // torch.manual_seed seeds too), as on CUDA, and not from the CPU's: the
-  // CPU kernel is handed that generator (a CPU generator, so it takes it).
-  // Unlike CUDA, an explicit generator of the CPU is accepted too: the
-  // device's generators are CPU generators.
-  static void use_device_generator(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
-    const auto& args = op.schema().arguments();
-    std::size_t first = stack.size() - args.size();
-    std::optional<std::size_t> slot;
-    std::optional<c10::Device> device;
-    for (std::size_t i = 0; i < args.size(); ++i) {
-      const c10::IValue& v = stack[first + i];
-      if (v.isTensor() && !device && v.toTensor().defined() &&
-          v.toTensor().device().type() == kDeviceType)
-        device = v.toTensor().device();
-      if (!slot && v.isNone()) {
+  // Note [Device generators] (generator.hpp): a random operator that falls
+  // back draws from the generator it is given, or else from its device's
+  // default generator (the hooks' getDefaultGenerator), never from the
+  // CPU's. A generator of another device type is refused as CUDA refuses
+  // one. The CPU kernel checks that its generator is a CPU one, so for the
+  // length of the call it gets a CPU generator holding the device
+  // generator's state, which goes back to the device generator afterwards,
+  // whether the kernel succeeded or not; the device generator's mutex is
+  // held meanwhile, so two threads never draw the same numbers.
+  class GeneratorLease {
+   public:
+    GeneratorLease(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+      const auto& args = op.schema().arguments();
+      std::size_t first = stack.size() - args.size();
+      std::optional<std::size_t> slot;
+      std::optional<c10::Device> device;
+      for (std::size_t i = 0; i < args.size(); ++i) {
+        const c10::IValue& v = stack[first + i];
+        if (v.isTensor() && !device && v.toTensor().defined() &&
+            v.toTensor().device().type() == kDeviceType)
+          device = v.toTensor().device();
+        if (slot) continue;
         c10::TypePtr t = args[i].real_type();
         if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
         if (t->kind() == c10::TypeKind::GeneratorType) slot = i;
       }
+      if (!slot) return;
+      c10::IValue& v = stack[first + *slot];
+      if (v.isNone()) {
+        if (!device) return;  // no device tensor: the CPU's default, as on the CPU
+        device_gen_ = at::globalContext().defaultGenerator(*device);
+      } else {
+        device_gen_ = v.toGenerator();
+        TORCH_CHECK(device_gen_.device().type() == kDeviceType, "Expected a '",
+                    c10::DeviceTypeName(kDeviceType, /*lower_case=*/true),
+                    "' device type for generator but found '",
+                    c10::DeviceTypeName(device_gen_.device().type(), /*lower_case=*/true), "'");
+      }
+      impl_ = dynamic_cast<DeviceGenerator*>(device_gen_.unsafeGetGeneratorImpl());
+      TORCH_CHECK(impl_, R::name, ": the generator of ", device_gen_.device(),
+                  " was not made by this backend");
+      lock_ = std::unique_lock<std::mutex>(device_gen_.mutex());
+      cpu_gen_ = at::make_generator<at::CPUGeneratorImpl>();
+      impl_->copy_state_to(*cpu_gen_.get<at::CPUGeneratorImpl>());
+      v = c10::IValue(cpu_gen_);
     }
-    if (slot && device)
-      stack[first + *slot] = c10::IValue(at::globalContext().defaultGenerator(*device));
-  }
+    ~GeneratorLease() {
+      if (impl_) impl_->copy_state_from(*cpu_gen_.get<at::CPUGeneratorImpl>());
+    }
+    GeneratorLease(const GeneratorLease&) = delete;
+    GeneratorLease& operator=(const GeneratorLease&) = delete;
+
+   private:
+    at::Generator device_gen_, cpu_gen_;
+    DeviceGenerator* impl_ = nullptr;
+    std::unique_lock<std::mutex> lock_;  // released after the state went back
+  };
 
   static std::optional<c10::Device> check_one_device(const c10::OperatorHandle& op,
                                                      const torch::jit::Stack& stack,

@@ -60,6 +60,8 @@ bool register_backend() {
                       ": invalid device index ", d);
     return Hooks<R>().getDefaultGenerator(static_cast<c10::DeviceIndex>(d));
   };
+  // Optional in the schema: what PyTorch infers from a function returning at::Generator.
+  lib.def("default_generator(int device) -> Generator?", generator);
   auto seed_device = [generator](int64_t d, int64_t seed) {
     at::Generator g = generator(d);
     std::lock_guard<std::mutex> lock(g.mutex());
@@ -83,10 +85,7 @@ bool register_backend() {
     return g.get_state();
   });
   lib.def("set_rng_state(int device, Tensor state) -> ()", [generator](int64_t d, at::Tensor state) {
-    TORCH_CHECK_TYPE(state.device().is_cpu() && state.scalar_type() == at::kByte, R::name,
-                     ": set_rng_state expects a CPU ByteTensor (from get_rng_state), got a ",
-                     state.scalar_type(), " tensor on ", state.device());
-    at::Generator g = generator(d);
+    at::Generator g = generator(d);  // DeviceGenerator::set_state checks the state
     std::lock_guard<std::mutex> lock(g.mutex());
     g.set_state(state);
   });
