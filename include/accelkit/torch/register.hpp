@@ -3,6 +3,7 @@
 #pragma once
 
 #include <accelkit/torch/adapter.hpp>
+#include <accelkit/torch/autocast.hpp>
 #include <accelkit/torch/fallback.hpp>
 #include <accelkit/torch/host_kernels.hpp>
 #include <accelkit/torch/ops.hpp>
@@ -150,6 +151,10 @@ ACCELKIT_END_NAMESPACE
     m.fallback(torch::CppFunction::makeFromBoxedFunction<                                     \
                &::accelkit::torch_adapter::sparse_fallback<R>>());                            \
   }                                                                                           \
+  TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {                                             \
+    m.fallback(torch::CppFunction::makeFallthrough());                                        \
+  }                                                                                           \
+  TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) { ::accelkit::torch_adapter::register_autocast(m); } \
   TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {                                                     \
     m.fallback(                                                                               \
         torch::CppFunction::makeFromBoxedFunction<&::accelkit::torch_adapter::fallback<R>>()); \
