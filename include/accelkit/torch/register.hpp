@@ -54,6 +54,19 @@ bool register_backend() {
   lib.def("init_error() -> str", [] { return Backend<R>::instance().init_error(); });
   lib.def("is_initialized() -> bool", [] { return Backend<R>::instance().is_initialized(); });
   lib.def("in_bad_fork() -> bool", [] { return Backend<R>::instance().in_bad_fork(); });
+  // torch.<name>.init(): initializes the backend now rather than at first use.
+  lib.def("init() -> ()", [] { translated([&] { Backend<R>::instance().lazy_init(); }); });
+  lib.def("can_access_peer(int device, int peer) -> bool", [](int64_t d, int64_t peer) {
+    return translated([&] {
+      return Backend<R>::instance().can_access_peer(device_arg<R>(d), device_arg<R>(peer));
+    });
+  });
+  lib.def("default_stream(int device) -> Stream", [](int64_t d) {
+    return translated([&] {
+      State<R>& s = State<R>::get();
+      return s.to_c10(s.streams().default_stream(device_arg<R>(d)));
+    });
+  });
   // The devices' default generators (Note [Device generators]): device -1
   // is the current one; an index out of range is an IndexError.
   auto generator = [](int64_t d) {

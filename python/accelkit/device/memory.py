@@ -1,0 +1,203 @@
+"""torch.<name>.memory: the caching allocator's statistics and controls, as
+torch.cuda.memory (the figures come from the SDK's allocator, through
+torch.accelerator and the backend's operators)."""
+import collections
+import json
+import os
+import warnings
+
+import torch
+
+from .. import _backend
+
+__all__ = ["memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+           "memory_cached", "max_memory_cached", "memory_stats", "memory_stats_as_nested_dict",
+           "memory_summary", "memory_snapshot", "reset_peak_memory_stats",
+           "reset_accumulated_memory_stats", "reset_max_memory_allocated",
+           "reset_max_memory_cached", "empty_cache", "set_per_process_memory_fraction",
+           "mem_get_info", "device_memory_used", "list_gpu_processes"]
+
+
+def _index(device) -> int:
+    return _backend.index(device, optional=True)
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes of device memory that tensors occupy now."""
+    return torch.accelerator.memory_allocated(_index(device))
+
+
+def max_memory_allocated(device=None) -> int:
+    """The peak of memory_allocated since the start or reset_peak_memory_stats."""
+    return torch.accelerator.max_memory_allocated(_index(device))
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes of device memory the caching allocator holds (in use or cached)."""
+    return torch.accelerator.memory_reserved(_index(device))
+
+
+def max_memory_reserved(device=None) -> int:
+    """The peak of memory_reserved since the start or reset_peak_memory_stats."""
+    return torch.accelerator.max_memory_reserved(_index(device))
+
+
+def memory_cached(device=None) -> int:
+    """Deprecated, as torch.cuda.memory_cached: memory_reserved."""
+    warnings.warn(f"torch.{_backend.name}.memory_cached is deprecated: use memory_reserved",
+                  FutureWarning, stacklevel=2)
+    return memory_reserved(device)
+
+
+def max_memory_cached(device=None) -> int:
+    """Deprecated, as torch.cuda.max_memory_cached: max_memory_reserved."""
+    warnings.warn(f"torch.{_backend.name}.max_memory_cached is deprecated: use max_memory_reserved",
+                  FutureWarning, stacklevel=2)
+    return max_memory_reserved(device)
+
+
+def memory_stats(device=None) -> dict:
+    """The allocator's statistics, keyed as torch.cuda.memory_stats
+    ("allocated_bytes.all.current", "num_ooms", ...)."""
+    return json.loads(_backend.ops.memory_stats_json(_index(device)))
+
+
+def memory_stats_as_nested_dict(device=None) -> dict:
+    """memory_stats, nested at each dot of its keys."""
+    nested = {}
+    for key, value in memory_stats(device).items():
+        *path, last = key.split(".")
+        node = nested
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return nested
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    """Resets the peaks of memory_stats to the current values."""
+    torch.accelerator.reset_peak_memory_stats(_index(device))
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    """Resets the counters of memory_stats that only grow (allocated, freed,
+    retries, out-of-memory errors)."""
+    torch.accelerator.reset_accumulated_memory_stats(_index(device))
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    """Deprecated, as on CUDA: resets every peak (reset_peak_memory_stats)."""
+    warnings.warn(f"torch.{_backend.name}.reset_max_memory_allocated now calls "
+                  "reset_peak_memory_stats, which resets all peak statistics",
+                  FutureWarning, stacklevel=2)
+    reset_peak_memory_stats(device)
+
+
+def reset_max_memory_cached(device=None) -> None:
+    """Deprecated, as on CUDA: resets every peak (reset_peak_memory_stats)."""
+    warnings.warn(f"torch.{_backend.name}.reset_max_memory_cached now calls "
+                  "reset_peak_memory_stats, which resets all peak statistics",
+                  FutureWarning, stacklevel=2)
+    reset_peak_memory_stats(device)
+
+
+def empty_cache() -> None:
+    """Returns the cached, unused device memory of every device to the driver."""
+    torch.accelerator.empty_cache()
+
+
+def set_per_process_memory_fraction(fraction, device=None) -> None:
+    """Caps the memory the allocator reserves on a device at `fraction` of
+    its total (ValueError outside (0, 1])."""
+    _backend.ops.set_memory_fraction(float(fraction), _index(device))
+
+
+def mem_get_info(device=None) -> tuple:
+    """(free, total) bytes of a device, as the driver reports them."""
+    return torch.accelerator.get_memory_info(_index(device))
+
+
+def device_memory_used(device=None) -> int:
+    """Bytes of a device's memory in use by any process, as the driver
+    reports them (total minus free)."""
+    free, total = mem_get_info(device)
+    return total - free
+
+
+def memory_snapshot(mempool_id=None, include_traces=True) -> list:
+    """The allocator's segments on every device, each with its blocks, in
+    torch.cuda.memory_snapshot's form (a list of dicts with "device",
+    "address", "total_size", "segment_type", "blocks", ...). The backend
+    has no memory pools: `mempool_id` must be None."""
+    if mempool_id is not None:
+        raise ValueError(f"{_backend.name}: memory_snapshot: the backend has no memory pools, "
+                         f"got mempool_id={mempool_id!r}")
+    segments = []
+    for i in range(_backend.ops.device_count()):
+        segments += json.loads(_backend.ops.memory_snapshot_json(i))["segments"]
+    return segments
+
+
+def list_gpu_processes(device=None) -> str:
+    """This process and the device memory it holds. A backend sees its own
+    process only (CUDA asks NVML for every process)."""
+    index = _index(device)
+    mib = memory_reserved(index) / (1024 * 1024)
+    return f"{_backend.name}:{index}\nprocess {os.getpid():>10d} uses {mib:>12.3f} MB {_backend.name} memory"
+
+
+def _size(n: int) -> str:
+    for unit in ("B  ", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 10 * 1024 or unit == "TiB":
+            return f"{n:6d} {unit}"
+        n //= 1024
+    return f"{n:6d} TiB"
+
+
+def _count(n: int) -> str:
+    for unit in (" ", "K", "M"):
+        if abs(n) < 10 * 1000 or unit == "M":
+            return f"{n:7d} {unit} "
+        n //= 1000
+    return f"{n:7d} M "
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A table of memory_stats (current, peak, allocated and freed of each
+    statistic; by pool unless `abbreviated`), as torch.cuda.memory_summary
+    prints it."""
+    index = _index(device)
+    stats = collections.defaultdict(int, memory_stats(index))
+    width = 75
+    rows = [
+        "=" * width,
+        f" PyTorch {_backend.name} memory summary, device ID {index}".ljust(width),
+        "-" * width,
+        f" {_backend.name} OOMs: {stats['num_ooms']} | allocation retries: "
+        f"{stats['num_alloc_retries']}".ljust(width),
+        "=" * width,
+        "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ",
+    ]
+    metrics = [("allocated_bytes", "Allocated memory", _size),
+               ("active_bytes", "Active memory", _size),
+               ("requested_bytes", "Requested memory", _size),
+               ("reserved_bytes", f"{_backend.name} reserved memory", _size),
+               ("inactive_split_bytes", "Non-releasable memory", _size),
+               ("allocation", "Allocations", _count),
+               ("active", "Active allocs", _count),
+               ("segment", f"{_backend.name} reserved segments", _count),
+               ("inactive_split", "Non-releasable allocs", _count)]
+    pools = [("all", None)] if abbreviated else [("all", None), ("large_pool", "      from large pool"),
+                                                   ("small_pool", "      from small pool")]
+    for key, title, fmt in metrics:
+        rows.append("-" * width)
+        for pool, label in pools:
+            values = [stats[f"{key}.{pool}.{field}"] for field in ("current", "peak", "allocated", "freed")]
+            rows.append(f" {(label or title)[:21]:<21} | " + " | ".join(fmt(v) for v in values) + " ")
+    for key, title in (("oversize_allocations", "Oversize allocations"),
+                       ("oversize_segments", "Oversize segments")):
+        rows.append("-" * width)
+        values = [stats[f"{key}.{field}"] for field in ("current", "peak", "allocated", "freed")]
+        rows.append(f" {title:<21} | " + " | ".join(_count(v) for v in values) + " ")
+    rows.append("=" * width)
+    return "|" + "|\n|".join(rows) + "|\n"

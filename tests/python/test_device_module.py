@@ -1,0 +1,329 @@
+"""torch.simdev, the device module accelkit builds for any backend
+(python/accelkit): torch.cuda's names with torch.cuda's semantics, the
+devices' generators, and the package's installation."""
+import inspect
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import accelkit
+
+# torch.cuda's public names that torch.simdev does not have, and why: each is
+# CUDA's own (its toolkit, libraries, graphs or NVIDIA's management library)
+# or a deprecated CUDA tensor type.
+CUDA_ONLY = {
+    # Legacy typed tensor and storage classes (torch.cuda.FloatTensor, ...):
+    # PyTorch builds them for CUDA alone; torch.tensor(..., device=) replaces them.
+    **{f"{t}{kind}": "legacy CUDA tensor types"
+       for t in ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long",
+                 "Short") for kind in ("Storage", "Tensor")},
+    "ComplexDoubleStorage": "legacy CUDA tensor types",
+    "ComplexFloatStorage": "legacy CUDA tensor types",
+    # CUDA graphs (capture and replay of CUDA streams).
+    "CUDAGraph": "CUDA graphs", "graph": "CUDA graphs", "graphs": "CUDA graphs",
+    "graph_pool_handle": "CUDA graphs", "make_graphed_callables": "CUDA graphs",
+    "is_current_stream_capturing": "CUDA graphs",
+    # Memory pools and allocator backends of CUDA's allocator.
+    "MemPool": "CUDA allocator pools", "use_mem_pool": "CUDA allocator pools",
+    "CUDAPluggableAllocator": "CUDA allocator backends",
+    "change_current_allocator": "CUDA allocator backends",
+    "get_allocator_backend": "CUDA allocator backends (native or cudaMallocAsync)",
+    "caching_allocator_alloc": "raw CUDA allocations",
+    "caching_allocator_delete": "raw CUDA allocations",
+    "caching_allocator_enable": "CUDA allocator switch",
+    "caching_allocator_disabled": "CUDA allocator switch",
+    # The CUDA runtime and toolkit.
+    "cudart": "CUDA runtime", "cudaStatus": "CUDA runtime", "CudaError": "CUDA runtime",
+    "check_error": "CUDA runtime", "DeferredCudaCallError": "CUDA lazy-call errors",
+    "get_arch_list": "CUDA architectures of the build",
+    "get_gencode_flags": "CUDA architectures of the build",
+    "has_half": "CUDA build flag", "has_magma": "MAGMA (CUDA linear algebra)",
+    "current_blas_handle": "cuBLAS", "current_solver_handle": "cuSOLVER",
+    "is_tf32_supported": "TF32, an NVIDIA format",
+    "ExternalStream": "a cudaStream_t from other code",
+    "get_stream_from_external": "a cudaStream_t from other code",
+    "ipc_collect": "CUDA IPC memory handles",
+    "set_sync_debug_mode": "CUDA's synchronizing-call detector",
+    "get_sync_debug_mode": "CUDA's synchronizing-call detector",
+    "GreenContext": "CUDA green contexts",
+    # NVIDIA's management library (NVML) or AMD's (amdsmi).
+    "memory_usage": "NVML", "utilization": "NVML", "temperature": "NVML",
+    "power_draw": "NVML", "clock_rate": "NVML",
+    # Submodules of CUDA libraries.
+    "jiterator": "CUDA JIT kernels", "nvtx": "NVIDIA tools extension", "nccl": "NCCL",
+    "tunable": "TunableOp (cuBLAS/hipBLASLt)", "sparse": "cuSPARSE",
+    "profiler": "cudaProfilerStart/Stop",
+    # Not yet: needs a getter in the allocator (include/accelkit/memory) and
+    # operators for the pinned host pool's statistics.
+    "get_per_process_memory_fraction": "not yet: the allocator has no getter",
+    "host_memory_stats": "not yet: no operator for the pinned pool's statistics",
+    "host_memory_stats_as_nested_dict": "not yet: no operator for the pinned pool's statistics",
+    "reset_accumulated_host_memory_stats": "not yet: no operator for the pinned pool's statistics",
+    "reset_peak_host_memory_stats": "not yet: no operator for the pinned pool's statistics",
+}
+
+
+def _python(code: str, **env) -> str:
+    """Runs `code` in a fresh interpreter with torch_simdev imported; its stdout."""
+    full = dict(os.environ, **env)
+    out = subprocess.run([sys.executable, "-c", "import torch, torch_simdev\n" + code],
+                         env=full, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+# ------------------------------------------------------------------ parity
+
+def test_every_public_name_of_torch_cuda_is_in_torch_simdev_or_justified():
+    missing = [n for n in torch.cuda.__all__ if not hasattr(torch.simdev, n) and n not in CUDA_ONLY]
+    assert missing == []
+    # The justified list holds no name that torch.cuda dropped or that simdev has.
+    assert sorted(n for n in CUDA_ONLY if n not in torch.cuda.__all__) == []
+    assert sorted(n for n in CUDA_ONLY if hasattr(torch.simdev, n)) == []
+
+
+def _parameters(f):
+    target = f.__new__ if inspect.isclass(f) and f.__new__ is not object.__new__ else f
+    if inspect.isclass(f) and target is f:
+        target = f.__init__
+    params = list(inspect.signature(target).parameters.values())
+    return [(p.name, p.kind) for p in params if p.name not in ("self", "cls")]
+
+
+def test_functions_and_classes_take_torch_cuda_parameters():
+    # Same parameter names and kinds (defaults that name "cuda" excepted);
+    # initial_seed also takes an optional device.
+    differ = {}
+    for n in torch.cuda.__all__:
+        ours, theirs = getattr(torch.simdev, n, None), getattr(torch.cuda, n)
+        if ours is None or inspect.ismodule(ours) or not callable(ours) or n == "initial_seed":
+            continue
+        try:
+            expected = _parameters(theirs)
+        except (TypeError, ValueError):
+            continue  # a builtin without a signature
+        if _parameters(ours) != expected:
+            differ[n] = (_parameters(ours), expected)
+    assert differ == {}
+    assert _parameters(torch.simdev.initial_seed) == [("device", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+
+
+def test_submodules_are_importable_by_their_torch_names():
+    import torch.simdev.amp as amp
+    import torch.simdev.random as rnd
+    assert amp is torch.simdev.amp and rnd is torch.simdev.random
+    assert issubclass(torch.simdev.amp.autocast, torch.amp.autocast)
+
+
+def test_install_again_returns_the_module_and_another_name_is_refused():
+    assert accelkit.install("simdev") is torch.simdev
+    with pytest.raises(RuntimeError, match="installed 'simdev' already.*one slot"):
+        accelkit.install("other")
+    with pytest.raises(ValueError, match="lower-case identifier, got 'Bad-Name'"):
+        accelkit.install("Bad-Name")
+
+
+def test_a_library_that_does_not_register_the_name_is_refused(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-c", "import accelkit; accelkit.install('nosuch', None)"],
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "does not register the backend 'nosuch'" in out.stderr
+
+
+def test_init_initializes_and_initialized_follows_it():
+    out = _python("m = torch.simdev\n"
+                  "print(m._initialized, m.is_initialized())\n"
+                  "m.init()\n"
+                  "print(m._initialized, m.is_initialized())")
+    assert out.split() == ["False", "False", "True", "True"]
+
+
+def test_device_of_default_stream_and_stream_context():
+    x = torch.ones(2, device="simdev:1")
+    with torch.simdev.device_of(x):
+        assert torch.simdev.current_device() == 1
+    assert torch.simdev.current_device() == 0
+    with torch.simdev.device_of(torch.ones(2)):  # a CPU tensor changes nothing
+        assert torch.simdev.current_device() == 0
+    d = torch.simdev.default_stream(1)
+    assert isinstance(d, torch.simdev.Stream) and d.device == torch.device("simdev:1")
+    assert torch.simdev.current_stream(1) == d
+    s = torch.simdev.Stream(1)
+    assert isinstance(s, torch.Stream) and s != d
+    with torch.simdev.StreamContext(s):
+        assert torch.simdev.current_stream(1) == s
+        assert torch.simdev.current_stream(0) == torch.simdev.default_stream(0)
+    assert torch.simdev.current_stream(1) == d
+    with torch.simdev.stream(None):
+        assert torch.simdev.current_stream() == torch.simdev.default_stream()
+    with pytest.raises(IndexError, match="simdev.*7"):
+        torch.simdev.default_stream(7)
+    e = torch.simdev.Event(enable_timing=True)
+    e.record(s)
+    e.synchronize()
+    assert e.query()
+    with pytest.raises(ValueError, match="simdev.*interprocess=True"):
+        torch.simdev.Event(interprocess=True)
+
+
+def test_memory_functions_of_torch_cuda():
+    torch.simdev.empty_cache()
+    torch.simdev.reset_peak_memory_stats(0)
+    x = torch.empty(3 << 20, dtype=torch.uint8, device="simdev:0")
+    assert torch.simdev.max_memory_reserved(0) >= torch.simdev.memory_reserved(0) >= 3 << 20
+    assert torch.simdev.memory_allocated(0) >= 3 << 20
+    nested = torch.simdev.memory_stats_as_nested_dict(0)
+    assert nested["allocated_bytes"]["all"]["current"] == torch.simdev.memory_stats(0)[
+        "allocated_bytes.all.current"]
+    summary = torch.simdev.memory_summary(0)
+    assert "simdev memory summary, device ID 0" in summary
+    assert "  3072 KiB" in summary  # the allocation, in the "Allocated memory" row
+    assert len(torch.simdev.memory_summary(0, abbreviated=True)) < len(summary)
+    segments = torch.simdev.memory_snapshot()
+    assert any(s["device"] == 0 and s["total_size"] >= 3 << 20 for s in segments)
+    with pytest.raises(ValueError, match="simdev.*mempool_id=5"):
+        torch.simdev.memory_snapshot(mempool_id=5)
+    free, total = torch.simdev.mem_get_info(0)
+    assert torch.simdev.device_memory_used(0) == total - free > 0
+    assert f"process {os.getpid():>10d}" in torch.simdev.list_gpu_processes(0)
+    with pytest.warns(FutureWarning):
+        assert torch.simdev.memory_cached(0) == torch.simdev.memory_reserved(0)
+    del x
+
+
+def test_device_capability_and_peer_access():
+    cap = torch.simdev.get_device_capability(1)
+    assert torch.float16 in cap["supported_dtypes"]
+    assert torch.simdev.can_device_access_peer(0, 0)
+    assert isinstance(torch.simdev.can_device_access_peer(0, 1), bool)
+    with pytest.raises(IndexError, match="simdev.*9"):
+        torch.simdev.can_device_access_peer(0, 9)
+
+
+# ------------------------------------------------------------- generators
+
+def test_generators_are_typed_by_device():
+    assert torch.Generator(device="simdev:1").device == torch.device("simdev:1")
+    assert torch.Generator(device="simdev").device == torch.device("simdev:0")
+    gens = torch.simdev.default_generators
+    assert [g.device for g in gens] == [torch.device("simdev:0"), torch.device("simdev:1")]
+    assert torch.Generator(device="simdev:1").clone_state().device == torch.device("simdev:1")
+    with pytest.raises(IndexError, match="simdev.*5"):
+        torch.Generator(device="simdev:5")
+
+
+def test_a_generator_of_another_device_type_is_refused_as_on_cuda():
+    with pytest.raises(RuntimeError, match="Expected a 'simdev' device type for generator but found 'cpu'"):
+        torch.randn(3, device="simdev", generator=torch.Generator())
+    x = torch.empty(4, device="simdev")
+    with pytest.raises(RuntimeError, match="Expected a 'simdev' device type for generator but found 'cpu'"):
+        x.uniform_(generator=torch.Generator())
+
+
+def test_a_device_generator_draws_as_the_cpu_generator_of_the_same_seed():
+    g = torch.Generator(device="simdev:1").manual_seed(5)
+    c = torch.Generator().manual_seed(5)
+    for _ in range(2):  # the device generator advances as the CPU's does
+        torch.testing.assert_close(torch.randn(6, device="simdev:1", generator=g).cpu(),
+                                   torch.randn(6, generator=c), rtol=0, atol=0)
+    torch.testing.assert_close(torch.rand(3, device="simdev:1", generator=g).cpu(),
+                               torch.rand(3, generator=c), rtol=0, atol=0)
+    # A generator of device 1 serves a tensor of device 0 too (CUDA checks the type only).
+    torch.testing.assert_close(torch.rand(3, device="simdev:0", generator=g).cpu(),
+                               torch.rand(3, generator=c), rtol=0, atol=0)
+    assert g.initial_seed() == 5
+
+
+def test_default_generators_are_per_device_and_seeded_by_torch_manual_seed():
+    torch.manual_seed(11)
+    a0 = torch.rand(4, device="simdev:0").cpu()
+    a1 = torch.rand(4, device="simdev:1").cpu()
+    torch.testing.assert_close(a0, a1, rtol=0, atol=0)  # same seed, separate generators
+    torch.simdev.manual_seed_all(11)
+    torch.simdev.set_device(1)
+    torch.simdev.manual_seed(12)  # the current device only
+    assert torch.simdev.initial_seed() == 12 and torch.simdev.initial_seed(0) == 11
+    torch.testing.assert_close(torch.rand(4, device="simdev:0").cpu(), a0, rtol=0, atol=0)
+
+
+def test_seeds_reproduce_across_runs_and_start_where_cuda_starts():
+    code = ("print(torch.simdev.initial_seed(0), torch.randn(3, device='simdev:1').tolist())\n"
+            "torch.manual_seed(3); print(torch.randn(3, device='simdev:0').tolist())")
+    first, second = _python(code), _python(code)
+    assert first == second
+    assert first.split()[0] == "67280421310721"  # PyTorch's default seed, as CUDA's and the CPU's
+
+
+def test_seed_and_seed_all_seed_with_a_random_number():
+    torch.simdev.seed_all()
+    seeds = [torch.simdev.initial_seed(i) for i in range(2)]
+    assert seeds[0] == seeds[1]
+    torch.simdev.seed()
+    assert torch.simdev.initial_seed(0) != seeds[0]  # 1 in 2**64 to fail
+
+
+def test_rng_states_per_device_round_trip():
+    torch.simdev.manual_seed_all(1)
+    states = torch.simdev.get_rng_state_all()
+    assert len(states) == 2 and all(s.dtype == torch.uint8 for s in states)
+    a = [torch.rand(3, device=f"simdev:{i}").cpu() for i in range(2)]
+    torch.simdev.set_rng_state_all(states)
+    for i in range(2):
+        torch.testing.assert_close(torch.rand(3, device=f"simdev:{i}").cpu(), a[i], rtol=0, atol=0)
+    torch.simdev.set_rng_state(states[0], "simdev:1")
+    torch.testing.assert_close(torch.rand(3, device="simdev:1").cpu(), a[0], rtol=0, atol=0)
+    assert torch.equal(torch.simdev.get_rng_state(torch.device("simdev", 1)),
+                       torch.simdev.get_rng_state(1))
+
+
+def test_fork_rng_restores_the_device_states():
+    torch.simdev.manual_seed_all(2)
+    with torch.random.fork_rng(device_type="simdev", devices=[0, 1]):
+        inside = [torch.rand(3, device=f"simdev:{i}").cpu() for i in range(2)]
+    after = [torch.rand(3, device=f"simdev:{i}").cpu() for i in range(2)]
+    for a, b in zip(inside, after):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with warnings.catch_warnings():  # "initialize every device": both are, here
+        warnings.simplefilter("ignore")
+        with torch.random.fork_rng(device_type="simdev"):
+            torch.rand(3, device="simdev:1")
+    torch.testing.assert_close(torch.rand(3, device="simdev:1").cpu(),
+                               torch.rand(3, device="simdev:0").cpu(), rtol=0, atol=0)
+
+
+def test_rng_functions_refuse_a_device_out_of_range():
+    for call in (lambda: torch.simdev.get_rng_state(2), lambda: torch.simdev.get_rng_state("simdev:3"),
+                 lambda: torch.simdev.set_rng_state(torch.get_rng_state(), 2),
+                 lambda: torch.simdev.initial_seed(-5)):
+        with pytest.raises(IndexError, match=r"simdev: invalid device index (2|3|-5): simdev has 2 "):
+            call()
+    with pytest.raises(ValueError, match="expected a simdev device, got cpu"):
+        torch.simdev.get_rng_state("cpu")
+
+
+def test_malformed_rng_states_are_refused_clearly():
+    good = torch.simdev.get_rng_state(0)
+    with pytest.raises(TypeError, match="simdev: the RNG state of simdev:0 must be a CPU ByteTensor.*got a float tensor on cpu"):
+        torch.simdev.set_rng_state(good.float(), 0)
+    with pytest.raises(RuntimeError, match=f"simdev: the RNG state of simdev:1 must be a contiguous ByteTensor of {good.numel()} bytes.*got 10 bytes"):
+        torch.simdev.set_rng_state(good[:10], 1)
+    with pytest.raises(TypeError, match="simdev.*CPU ByteTensor"):
+        torch.simdev.set_rng_state(good.to("simdev"), 0)
+    torch.simdev.set_rng_state(good, 0)  # the generator is unharmed
+    assert torch.equal(torch.simdev.get_rng_state(0), good)
+
+
+def test_dropout_draws_from_the_device_generator():
+    torch.manual_seed(4)
+    x = torch.ones(64, device="simdev")
+    a = F.dropout(x, 0.5).cpu()
+    torch.manual_seed(4)
+    b = F.dropout(x, 0.5).cpu()
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert 0 < (a == 0).sum() < 64
