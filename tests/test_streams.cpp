@@ -157,7 +157,6 @@ TEST_CASE("streams: wait_stream orders one stream after another") {
   gate->open();
   st.device_synchronize(0);
   CHECK(buf.first(1) == 'q');
-  CHECK_THROWS_AS(st.wait_stream(s2, st.default_stream(1)), ValueError);
   st.destroy_stream(s1);
   st.destroy_stream(s2);
 }
@@ -233,7 +232,7 @@ TEST_CASE("events: elapsed time errors name what is missing") {
                  "elapsed_time between events of simdev:0 and simdev:1"));
   CHECK(contains(error_of([&] { timed.record(s1); }),
                  "an event of simdev:0 cannot be recorded on pool stream"));
-  CHECK(contains(error_of([&] { timed.block(s1); }), "cannot wait for an event of simdev:0"));
+  timed.block(s1);  // across devices, no error (Note [Cross-device waits])
   timed.synchronize();  // still usable after the errors
   CHECK(timed.query());
 }

@@ -69,7 +69,7 @@ enum ErrorCode : int {
 // Members whose work is queued, so that they can fail asynchronously.
 inline bool queues_work(std::string_view member) {
   for (std::string_view m : {"memcpy_async", "memset_async", "memcpy_peer_async", "event_record",
-                             "stream_wait_event"})
+                             "stream_wait_event", "stream_wait_peer_event"})
     if (member == m) return true;
   return false;
 }
@@ -419,21 +419,38 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   }
 
   // Later work on `stream` waits for the event's last record at this call
-  // (Note [simdev strictness]: a later record changes nothing for it).
+  // (Note [simdev strictness]: a later record changes nothing for it). The
+  // event must be of the stream's device: waits across devices are
+  // stream_wait_peer_event's, so that an SDK that mixes them up is caught.
   void stream_wait_event(int device, accelkit::StreamHandle stream, accelkit::EventHandle event) {
     auto s = stream_of(device, stream, "stream_wait_event");
     auto e = event_of(event, "stream_wait_event");
     bool async_fault = fault("stream_wait_event");
     report_async(device, "stream_wait_event");
-    std::shared_ptr<Record> r = e->last();
-    if (!r) return;  // never recorded: nothing to wait for
-    Work w;
-    w.device = device;
-    w.what = "stream_wait_event";
-    w.fn = [r] { r->wait(); };
-    w.essential = true;
-    w.fail = async_fault;
-    s->enqueue(std::move(w));
+    if (e->device != device)
+      driver_error(kInvalidValue, "stream_wait_event",
+                   fmt::format("event of device {} waited for on a stream of device {} (a wait "
+                               "across devices is stream_wait_peer_event)",
+                               e->device, device));
+    enqueue_wait(*s, device, e->last(), async_fault, "stream_wait_event");
+  }
+
+  // The same for an event of another device, `event_device` (Note
+  // [Cross-device waits] in accelkit's backend.hpp): the wait is queued on
+  // `stream` and tied to the record seen now, as stream_wait_event's.
+  void stream_wait_peer_event(int device, accelkit::StreamHandle stream, int event_device,
+                              accelkit::EventHandle event) {
+    auto s = stream_of(device, stream, "stream_wait_peer_event");
+    check(event_device, "stream_wait_peer_event");
+    auto e = event_of(event, "stream_wait_peer_event");
+    bool async_fault = fault("stream_wait_peer_event");
+    report_async(device, "stream_wait_peer_event");
+    if (e->device != event_device || event_device == device)
+      driver_error(kInvalidValue, "stream_wait_peer_event",
+                   fmt::format("event of device {} named as an event of device {}, waited for "
+                               "on a stream of device {} (a peer event is of another device)",
+                               e->device, event_device, device));
+    enqueue_wait(*s, device, e->last(), async_fault, "stream_wait_peer_event");
   }
 
   accelkit::EventHandle event_create(int device, accelkit::EventFlags flags) {
@@ -572,8 +589,8 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     if (async && !queues_work(member))
       throw accelkit::ValueError(
           name, fmt::format("inject_fault: {} queues no work, so it cannot fail asynchronously "
-                            "(memcpy_async, memset_async, memcpy_peer_async, event_record and "
-                            "stream_wait_event can)",
+                            "(memcpy_async, memset_async, memcpy_peer_async, event_record, "
+                            "stream_wait_event and stream_wait_peer_event can)",
                             member));
     configure();  // so that reading the environment later cannot drop it
     std::lock_guard<std::mutex> lock(fault_mutex_);
@@ -778,6 +795,20 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::optional<std::pair<int, std::string>> async_error;  // code, message
     std::atomic<bool> has_async_error{false};  // async_error is set (read without the lock)
   };
+
+  // Queues on `s` a wait for record `r` (none: never recorded, nothing to
+  // wait for). A failing wait still waits (Work::essential).
+  void enqueue_wait(Stream& s, int device, std::shared_ptr<Record> r, bool async_fault,
+                    const char* what) {
+    if (!r) return;
+    Work w;
+    w.device = device;
+    w.what = what;
+    w.fn = [r] { r->wait(); };
+    w.essential = true;
+    w.fail = async_fault;
+    s.enqueue(std::move(w));
+  }
 
   // Runs queued (or pageable, synchronous) work: an injected fault or memory
   // that is no longer allocated fails it, asynchronously. A failing record

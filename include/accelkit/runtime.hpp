@@ -41,20 +41,20 @@
 // | void device_synchronize(device_index device)                   | block until all work on every stream of `device` has completed |
 //
 // Asynchronous errors: work queued by memcpy_async, memset_async,
-// memcpy_peer_async, event_record and stream_wait_event may fail after the
-// call returned. The driver then reports the failure later, once, as a
-// DriverError carrying its own code, from stream_synchronize, stream_query,
-// event_synchronize, event_query, device_synchronize or a later
-// stream-ordered call of that device (as CUDA's sticky errors arrive);
-// synchronizing members wait for the work first. The SDK guarantees, when
-// one arrives: its state stays consistent (nothing half-done in the
-// allocators, pools or streams; a block whose free could not be ordered is
-// kept out of the cache, memory whose release could not be ordered stays
-// reserved and is returned by a later empty_cache); the error reaches the
-// caller once, thrown as a RuntimeError with the driver's code, or, where
-// nothing can throw (a tensor's deleter, a device guard's destructor),
-// through the diagnostics hook (Note [Diagnostics]); and the next call works
-// again, or fails with its own clear error.
+// memcpy_peer_async, event_record, stream_wait_event and
+// stream_wait_peer_event may fail after the call returned. The driver then
+// reports the failure later, once, as a DriverError carrying its own code,
+// from stream_synchronize, stream_query, event_synchronize, event_query,
+// device_synchronize or a later stream-ordered call of that device (as CUDA's
+// sticky errors arrive); synchronizing members wait for the work first. The
+// SDK guarantees, when one arrives: its state stays consistent (nothing
+// half-done in the allocators, pools or streams; a block whose free could not
+// be ordered is kept out of the cache, memory whose release could not be
+// ordered stays reserved and is returned by a later empty_cache); the error
+// reaches the caller once, thrown as a RuntimeError with the driver's code,
+// or, where nothing can throw (a tensor's deleter, a device guard's
+// destructor), through the diagnostics hook (Note [Diagnostics]); and the
+// next call works again, or fails with its own clear error.
 //
 // Optional members (absent: the default applies; present but mistyped: a
 // compile error naming it):
@@ -66,6 +66,7 @@
 // | bool can_access_peer(device_index device, device_index peer)   | `device` may read and write `peer`'s memory directly | false: peer copies are staged through pinned host memory |
 // | void memcpy_peer_async(void* dst, device_index dst_device, const void* src, device_index src_device, std::size_t bytes, StreamHandle stream) | enqueue a copy between devices on `stream` (a stream of src_device) | stream_synchronize, then copy through a host_malloc buffer: synchronous |
 // | float event_elapsed_time(device_index device, EventHandle start, EventHandle end) | milliseconds between two completed records of timing events | properties().event_timing is false; asking raises NotSupportedError naming the backend |
+// | void stream_wait_peer_event(device_index device, StreamHandle stream, device_index event_device, EventHandle event) | work queued on `stream` (of `device`) later waits, on the device, for the last record at this call of `event`, an event of `event_device` (never `device`); no wait if never recorded (Note [Cross-device waits]) | the SDK waits on the host: event_synchronize(event_device, event), then returns |
 // | static constexpr bool host_kernels                            | whether PyTorch's CPU kernels of the hottest operators (torch/host_kernels.hpp) run in place on host-visible device memory; false for a runtime that brings kernels of its own | true |
 #pragma once
 

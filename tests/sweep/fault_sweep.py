@@ -142,7 +142,8 @@ except Exception as e:  # noqa: BLE001
 finish(outcome=outcome, message=message, recovered=recovered, level=lv)
 '''
 
-ASYNC = {"memcpy_async", "memset_async", "memcpy_peer_async", "event_record", "stream_wait_event"}
+ASYNC = {"memcpy_async", "memset_async", "memcpy_peer_async", "event_record", "stream_wait_event",
+         "stream_wait_peer_event"}
 # Discovery runs once per process (as CUDA's): after device_count failed the
 # process has no devices, by design; the case must end with a clear error.
 NO_RECOVERY = {"device_count"}

@@ -103,7 +103,10 @@ namespace detail {
      std::size_t bytes, StreamHandle stream),                                                 \
     sdk, (dst, dst_device, src, src_device, bytes, stream))                                   \
   X(event_elapsed_time, float, (device_index device, EventHandle start, EventHandle end), sdk, \
-    (device, start, end))
+    (device, start, end))                                                                     \
+  X(stream_wait_peer_event, void,                                                             \
+    (device_index device, StreamHandle stream, device_index event_device, EventHandle event), \
+    sdk, (device, stream, event_device, event))
 
 // Constants: C(member, type, default). `static constexpr type member`; a
 // required one has no default.

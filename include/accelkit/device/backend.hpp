@@ -352,6 +352,39 @@ class Backend {
     }
   }
 
+  // Note [Cross-device waits]
+  // As on CUDA, a stream may wait for an event recorded on another device:
+  // work queued on `stream` (of `device`) after the call runs after the
+  // work the event's last record captured on `event_device`. A runtime
+  // whose driver can do that on the device implements the optional
+  // stream_wait_peer_event; the call then returns at once and the waiting
+  // happens on the device, tied to the record seen at the call (a later
+  // record of the event changes nothing for it, as for stream_wait_event).
+  // Without it the SDK waits on the host: the calling thread blocks in
+  // event_synchronize(event_device, event) until the captured work has
+  // completed, and only then returns, so work the caller queues afterwards,
+  // on `stream` or any other stream, starts after that work. This ordering
+  // is at least as strong as the device-side wait; what it costs is the
+  // calling thread's time (it cannot queue anything meanwhile), and a
+  // program that, after the wait, means to release the captured work itself
+  // (a host callback the awaited stream waits for) would wait forever.
+  // An asynchronous error of event_device's earlier work arrives from that
+  // event_synchronize, thrown to the caller of the wait.
+  void stream_wait_peer_event(device_index device, StreamHandle stream, device_index event_device,
+                              EventHandle event) {
+    int phys = physical(device);
+    int event_phys = physical(event_device);
+    if (device == event_device)
+      throw ValueError(name, fmt::format("stream_wait_peer_event: the event is of {}:{}, the "
+                                         "waiting stream's own device (stream_wait_event waits "
+                                         "for it)",
+                                         name, device));
+    if constexpr (detail::has_stream_wait_peer_event<R>)
+      runtime_.stream_wait_peer_event(phys, stream, event_phys, event);
+    else
+      runtime_.event_synchronize(event_phys, event);
+  }
+
   // The pass-throughs, generated from the contract table (Note [The
   // contract table]): one function per member marked `forward`, with the
   // member's own signature, calling the runtime with the device's physical

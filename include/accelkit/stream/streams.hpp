@@ -258,23 +258,37 @@ class Streams {
   bool query(const Stream& s) { return backend_.stream_query(s.device, handle(s)); }
   void synchronize(const Stream& s) { backend_.stream_synchronize(s.device, handle(s)); }
   // Work queued on `waiter` from now on runs after the work queued so far on
-  // `target` (an event from the pool, not a new one).
+  // `target` (an event from the pool, not a new one), also when `target` is
+  // a stream of another device (Note [Cross-device waits]).
   void wait_stream(const Stream& waiter, const Stream& target) {
-    if (waiter.device != target.device)
-      throw ValueError(Backend<R>::name,
-                       fmt::format("{} cannot wait for {}: streams of different devices",
-                                   describe(waiter), describe(target)));
+    StreamHandle waiting = handle(waiter);
     EventPool<R>& pool = events(target.device, EventFlags::none);
     EventHandle e = pool.record(handle(target));
     try {
-      backend_.stream_wait_event(waiter.device, handle(waiter), e);
+      wait_event(waiter.device, waiting, target.device, e);
     } catch (...) {
       pool.release(e);
       throw;
     }
     // Back to the pool, reused once this record has completed (Note
-    // [Pooled event reuse]).
-    pool.release(e);
+    // [Pooled event reuse]); a wait on the host has seen it complete.
+    pool.release(e, host_waits(waiter.device, target.device));
+  }
+  // Work queued on `stream` of `device` from now on waits for the last
+  // record of `event`, an event of `event_device`: the same device's
+  // stream_wait_event, or a cross-device wait (Note [Cross-device waits]).
+  void wait_event(device_index device, StreamHandle stream, device_index event_device,
+                  EventHandle event) {
+    if (device == event_device)
+      backend_.stream_wait_event(device, stream, event);
+    else
+      backend_.stream_wait_peer_event(device, stream, event_device, event);
+  }
+  // Whether a wait of a stream of `device` for an event of `event_device`
+  // happens on the host (Note [Cross-device waits]): it has returned only
+  // once the event's record completed.
+  static constexpr bool host_waits(device_index device, device_index event_device) noexcept {
+    return device != event_device && !detail::has_stream_wait_peer_event<R>;
   }
   void device_synchronize(device_index device) { backend_.device_synchronize(device); }
 
@@ -505,15 +519,14 @@ class Event {
     recorded_ = true;
   }
 
-  // Makes work queued on `s` from now on wait for the recorded work. No-op
-  // for an event never recorded.
+  // Makes work queued on `s` from now on wait for the recorded work, also
+  // when `s` is a stream of another device (Note [Cross-device waits]).
+  // No-op for an event never recorded.
   void block(const Stream& s) {
     if (!recorded_) return;
     check_live();
-    if (s.device != device_)
-      throw ValueError(name(), fmt::format("{} cannot wait for an event of {}:{}",
-                                           streams_->describe(s), name(), device_));
-    streams_->backend().stream_wait_event(device_, streams_->handle(s), handle_);
+    streams_->wait_event(s.device, streams_->handle(s), device_, handle_);
+    if (Streams<R>::host_waits(s.device, device_)) completed_ = true;
   }
 
   // True when the recorded work has completed; true if never recorded.
