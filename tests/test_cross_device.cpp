@@ -226,10 +226,14 @@ TEST_CASE("cross-device waits: simdev refuses a wait that names the wrong device
 TEST_CASE("cross-device waits: a peer wait whose queued work fails still orders, then reports") {
   Pipeline<simdev::SimRuntime> p;
   p.b.runtime().inject_fault("stream_wait_peer_event", 1, /*async=*/true);
+  // s1 held too, so that the failing wait runs (and its error is set) only
+  // after device 1's copy is queued behind it.
+  auto gate1 = p.b.runtime().hold(1, p.st.handle(p.s1));
   Event<simdev::SimRuntime> e(p.st);
   e.record(p.s0);
   e.block(p.s1);
   p.consume();
+  gate1->open();
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   CHECK(p.first(1, p.out) == 'y');  // still waits: a failing wait is not released early
   p.gate->open();
