@@ -23,6 +23,9 @@
 //                         [simdev strictness])
 //   SIMDEV_EVENT_CREATE_NS what creating an event costs (default 2000 ns, as
 //                         real drivers' event creation does; busy-waited)
+//   SIMDEV_EVENT_TIMING   1 (default) or 0: whether properties() reports
+//                         event timing (0 plays a device without timestamps;
+//                         event_elapsed_time then refuses, as the SDK says)
 #pragma once
 
 #include <accelkit/accelkit.hpp>
@@ -84,6 +87,7 @@ struct Config {
   };
   std::map<std::string, Fault> faults;  // member -> the fault to inject
   long event_create_ns = 2000;
+  bool event_timing = true;
 
   std::uint64_t capacity(int device) const {
     return memory_bytes.size() == 1 ? memory_bytes[0]
@@ -134,6 +138,12 @@ struct Config {
       if (t == "1") c.host_visible = true;
       else if (t == "0") c.host_visible = false;
       else throw bad("SIMDEV_HOST_VISIBLE", *v, "expected 0 or 1");
+    }
+    if (auto v = env.get("SIMDEV_EVENT_TIMING")) {
+      std::string_view t = accelkit::detail::trim(*v);
+      if (t == "1") c.event_timing = true;
+      else if (t == "0") c.event_timing = false;
+      else throw bad("SIMDEV_EVENT_TIMING", *v, "expected 0 or 1");
     }
     if (auto v = env.get("SIMDEV_EVENT_CREATE_NS"))
       c.event_create_ns = static_cast<long>(parse_int("SIMDEV_EVENT_CREATE_NS", *v, 0, 1'000'000));
@@ -215,7 +225,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     p.host_visible_memory = config_.host_visible;
     p.unified_memory = false;
     p.stream_priorities = {0, -2};  // CUDA-style: numerically lower is more urgent
-    p.event_timing = true;
+    p.event_timing = config_.event_timing;
     p.async_copy_engines = 2;
     p.extras.push_back({"simdev.host_memory_backed", true});
     p.extras.push_back({"simdev.injected_faults",

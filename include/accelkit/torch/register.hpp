@@ -6,6 +6,7 @@
 #include <accelkit/torch/autocast.hpp>
 #include <accelkit/torch/fallback.hpp>
 #include <accelkit/torch/host_kernels.hpp>
+#include <accelkit/torch/kineto.hpp>
 #include <accelkit/torch/ops.hpp>
 #include <accelkit/torch/sparse.hpp>
 
@@ -43,6 +44,7 @@ bool register_backend() {
   c10::register_privateuse1_backend(std::string(R::name));
   c10::SetAllocator(kDeviceType, &device_allocator<R>());
   at::RegisterPrivateUse1HooksInterface(new Hooks<R>());
+  register_profilers<R>();  // Note [Profiler device times], [Kineto device activities]
   static torch::Library lib(torch::Library::DEF, std::string(R::name), std::nullopt, __FILE__,
                             __LINE__);
   lib.def("device_count() -> int", [] { return static_cast<int64_t>(Backend<R>::instance().device_count()); });
