@@ -12,7 +12,7 @@ failure, not the sweep's), with SIMDEV_INJECT_FAULT=member@n[:async] from
 its start, so that the calls that set the backend up (discovery, streams,
 pools) are swept too. It runs the workload (tensors on two devices, copies
 both ways including non-blocking pinned ones, operators on a side stream,
-streams and events, a training step, empty_cache), compares every result
+streams and events, a wait across devices, a training step, empty_cache), compares every result
 with the same workload on the CPU, runs it again with the fault gone, then
 empties the caches and compares the allocator's statistics, the driver's
 device bytes and pinned blocks with a reference process that ran without a
@@ -61,6 +61,7 @@ def run(dev0, dev1, a, w):
         done.synchronize()
         assert start.elapsed_time(done) >= 0
         main.wait_event(done)
+        torch.Stream(device=dev1).wait_stream(side)   # across devices
         z.record_stream(main)
         out = torch.empty(64, 64).pin_memory()
         out.copy_(z, non_blocking=True)               # device -> pinned, in flight
