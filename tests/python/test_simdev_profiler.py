@@ -149,3 +149,17 @@ def test_cpu_only_tracing_records_no_device_activity():
         torch.simdev.synchronize()
     assert not [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1]
     assert _events(prof, "aten::mul")
+
+
+def test_use_device_with_use_kineto_traces_the_devices_activity_too():
+    x = torch.randn(256, device="simdev")
+    torch.simdev.synchronize()
+    with profile(use_device="simdev", use_kineto=True) as prof:
+        y = (x * 2).relu()
+        torch.simdev.synchronize()
+    pu1 = torch.autograd.DeviceType.PrivateUse1
+    ops = [e for e in _events(prof, "aten::mul") if e.device_type != pu1]
+    device = [e for e in _events(prof, "aten::mul") if e.device_type == pu1]
+    assert len(ops) == 1 and len(device) == 1
+    assert 0 < device[0].device_time_total <= ops[0].device_time_total
+    assert torch.equal(y.cpu(), (x.cpu() * 2).relu())
