@@ -327,3 +327,25 @@ def test_dropout_draws_from_the_device_generator():
     b = F.dropout(x, 0.5).cpu()
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert 0 < (a == 0).sum() < 64
+
+
+def test_events_of_the_device_module_time_each_other():
+    # torch.Event.elapsed_time takes only an exact torch.Event as its
+    # argument; the device module's Event class times itself.
+    start = torch.simdev.Event(enable_timing=True)
+    end = torch.simdev.Event(enable_timing=True)
+    start.record()
+    (torch.ones(1 << 16, device="simdev") * 2).sum()
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) > 0
+    plain = torch.Event("simdev", enable_timing=True)
+    plain.record()
+    plain.synchronize()
+    assert start.elapsed_time(plain) > 0
+    with pytest.raises(ValueError, match="simdev.*recorded"):
+        start.elapsed_time(torch.simdev.Event(enable_timing=True))  # never recorded
+    with pytest.raises(ValueError, match="simdev.*cpu"):
+        start.elapsed_time(torch.Event("cpu"))
+    with pytest.raises(TypeError, match="simdev"):
+        start.elapsed_time(3)

@@ -69,6 +69,14 @@ bool register_backend() {
       return s.to_c10(s.streams().default_stream(device_arg<R>(d)));
     });
   });
+  // The device module's Event.elapsed_time: torch.Event's own refuses any
+  // subclass of torch.Event as its argument (it compares the exact type).
+  // `start` and `end` are the event_id of two events of this backend, which
+  // the caller holds; 0 (not recorded yet) is a ValueError.
+  lib.def("event_elapsed_time(int start, int end) -> float", [](int64_t start, int64_t end) {
+    return c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)
+        ->elapsedTime(reinterpret_cast<void*>(start), reinterpret_cast<void*>(end), -1);
+  });
   // The devices' default generators (Note [Device generators]): device -1
   // is the current one; an index out of range is an IndexError.
   auto generator = [](int64_t d) {

@@ -45,6 +45,18 @@ class Event(torch.Event):
         return super().__new__(cls, device=_backend.name, enable_timing=enable_timing,
                                blocking=blocking)
 
+    def elapsed_time(self, end_event) -> float:
+        """Milliseconds from this event to `end_event`, both recorded (and
+        created with enable_timing). torch.Event.elapsed_time accepts only
+        an exact torch.Event as its argument, so this class times itself."""
+        if not isinstance(end_event, torch.Event):
+            raise TypeError(f"{_backend.name}: elapsed_time expects an event, got "
+                            f"{type(end_event).__name__}")
+        if end_event.device.type != _backend.name:
+            raise ValueError(f"{_backend.name}: elapsed_time between events of two backends "
+                             f"({_backend.name} and {end_event.device.type})")
+        return _backend.ops.event_elapsed_time(self.event_id, end_event.event_id)
+
 
 def current_stream(device=None) -> Stream:
     """The current stream of a device (the current device by default)."""
