@@ -28,7 +28,8 @@ def install(name: str, library=None):
     registers torch.<name> (and torch.<name>.amp, .random, .memory,
     .streams), the tensor, module and storage methods (``x.<name>()``) and
     the multiprocessing reducers. Returns torch.<name>. A second call with
-    the same name returns it again; PyTorch has one slot for such a device,
+    the same name returns it again (also from another copy of this package);
+    PyTorch has one slot for such a device,
     so another name is a RuntimeError, as is a library that does not
     register `name`."""
     if not isinstance(name, str) or not name.isidentifier() or name != name.lower():
@@ -41,6 +42,12 @@ def install(name: str, library=None):
                                "of this kind (PrivateUse1) per process")
         return getattr(torch, name)
     current = torch._C._get_privateuse1_backend_name()
+    installed = sys.modules.get(f"torch.{name}")
+    if current == name and installed is not None:
+        # By another copy of this package (each backend's wheel carries one:
+        # Note [The SDK's Python package in each wheel] in
+        # cmake/accelkitTorchBackend.cmake).
+        return installed
     if current not in ("privateuseone", name):
         raise RuntimeError(f"accelkit.install({name!r}): PyTorch's PrivateUse1 device is named "
                            f"{current!r} already in this process; it has one such slot")

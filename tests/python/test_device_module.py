@@ -122,7 +122,7 @@ def test_submodules_are_importable_by_their_torch_names():
 
 def test_install_again_returns_the_module_and_another_name_is_refused():
     assert accelkit.install("simdev") is torch.simdev
-    with pytest.raises(RuntimeError, match="installed 'simdev' already.*one slot"):
+    with pytest.raises(RuntimeError, match="'simdev' already.*one (such )?slot"):
         accelkit.install("other")
     with pytest.raises(ValueError, match="lower-case identifier, got 'Bad-Name'"):
         accelkit.install("Bad-Name")

@@ -1,15 +1,17 @@
-// simdev as a PyTorch backend: the one registration line a vendor writes.
-#include <accelkit/torch/register.hpp>
+// The simulated driver's test knobs as PyTorch operators (torch.ops.simdev_driver),
+// built into simdev's backend library beside the registration that
+// accelkit_add_torch_backend generates (examples/simdev/CMakeLists.txt).
+#include <accelkit/torch/adapter.hpp>
 
 #include "simdev_runtime.hpp"
 
+#include <torch/library.h>
+
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
-#include <chrono>
-
-ACCELKIT_REGISTER_BACKEND(simdev::SimRuntime);
 
 namespace {
 using Sim = simdev::SimRuntime;
@@ -28,8 +30,7 @@ std::shared_ptr<Sim::Gate> take_gate(int64_t id, const char* op) {
 }
 }  // namespace
 
-// The simulated driver's test knobs, from Python (not part of the backend a
-// vendor generates):
+// The knobs, from Python:
 // - torch.ops.simdev_driver.inject_fault("memcpy_async", 2) makes the second
 //   memcpy_async from now on fail once, as SIMDEV_INJECT_FAULT does from the
 //   start; with async=True its queued work fails instead, the error coming

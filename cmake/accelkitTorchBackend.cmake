@@ -1,0 +1,227 @@
+# accelkit_add_torch_backend(): a vendor runtime as a PyTorch backend, in one
+# call. Shipped beside accelkitConfig.cmake (and included by it) and used by
+# accelkit's own examples.
+#
+#   accelkit_add_torch_backend(<name>
+#     RUNTIME <target>        # the runtime's target (its include directories
+#                             # hold HEADER; it links the driver)
+#     HEADER <file>           # the header that defines CLASS, as #included
+#     CLASS <type>            # the runtime class, accelkit::Runtime<CLASS>
+#     [PACKAGE <module>]      # the Python package, default torch_<name>
+#     [VERSION <x.y.z>]       # the wheel's version, default PROJECT_VERSION
+#     [SOURCES <file>...]     # more sources of the library (e.g. test knobs)
+#     [WHEEL_CMAKE_DEFINES <VAR=value>...])  # for the wheel's configure
+#
+# makes:
+# - target <module>: the library _C, whose generated source is the one
+#   registration line, ACCELKIT_REGISTER_BACKEND(CLASS);
+# - <build>/python/<module>/: an importable package (put <build>/python on
+#   PYTHONPATH): _C, an __init__.py configured from torch_backend_init.py.in
+#   and the SDK's Python package as <module>/_accelkit (Note [The SDK's
+#   Python package in each wheel]);
+# - <build>/packages/<module>/pyproject.toml: a pip-installable package.
+#   `pip install --no-build-isolation <build>/packages/<module>` builds its
+#   wheel with scikit-build-core from this project's sources (Note [The
+#   wheel's build]); the wheel declares an entry point in PyTorch's
+#   `torch.backends` group, so that `import torch` loads the backend
+#   (TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns that off).
+#
+# Note [The SDK's Python package in each wheel]
+# The device module torch.<name> (python/accelkit) calls operators that
+# the SDK's headers compiled into _C define: the two halves must come from
+# one SDK version. Each backend's wheel therefore carries its own copy, as
+# the private subpackage <module>/_accelkit, rather than depending on a
+# separately installed `accelkit` distribution: nothing to publish beside
+# the wheel, no version to keep in step, and two backends' wheels never
+# overwrite each other's files (only one can be loaded in a process, as
+# PyTorch has one PrivateUse1 slot; the second to load raises, naming both).
+#
+# Note [The wheel's build]
+# The generated pyproject.toml points scikit-build-core at this project's
+# top-level source directory (cmake.source-dir), configures it afresh in
+# <build>/packages/<module>/build (kept, so a second `pip install` rebuilds
+# only what changed) with the settings below, builds only target <module>
+# and installs only its component, which exists only under scikit-build-core
+# (SKBUILD), so `cmake --install` of the project does not install it. The
+# wheel's configure gets this configure's compiler, compiler launcher,
+# CMAKE_PREFIX_PATH, accelkit_DIR and ACCELKIT_SOURCE_DIR, BUILD_TESTING=OFF,
+# and WHEEL_CMAKE_DEFINES; libtorch is found through the Python that runs
+# pip (accelkit_find_torch), so the wheel is built against the torch it
+# will run with. Build with --no-build-isolation: an isolated build
+# environment would download its own torch (a CUDA build of several GB), and
+# build-system.requires does not list torch for that reason. The wheel
+# requires exactly the torch version it was built against (its C++ ABI).
+include_guard(GLOBAL)
+
+set(_accelkit_torch_backend_dir "${CMAKE_CURRENT_LIST_DIR}")
+# The directory that holds the SDK's Python package `accelkit`: set by
+# accelkitConfig.cmake for an installed or exported package; in a source
+# tree, python/ beside this file's cmake/.
+if(DEFINED accelkit_PYTHON_DIR)
+  set(_accelkit_torch_backend_python "${accelkit_PYTHON_DIR}")
+else()
+  get_filename_component(_accelkit_torch_backend_python "${CMAKE_CURRENT_LIST_DIR}/../python"
+                         ABSOLUTE)
+endif()
+set_property(GLOBAL PROPERTY ACCELKIT_PYTHON_DIR "${_accelkit_torch_backend_python}")
+set_property(GLOBAL PROPERTY ACCELKIT_BACKEND_INIT_TEMPLATE
+             "${_accelkit_torch_backend_dir}/torch_backend_init.py.in")
+
+# Finds libtorch (target `torch`) as find_package(Torch) does, and failing
+# that through a Python interpreter that imports torch (Python_EXECUTABLE or
+# Python3_EXECUTABLE: scikit-build-core sets both to the interpreter that
+# runs pip), so that a wheel is built against the torch it will run with.
+macro(accelkit_find_torch)
+  if(NOT TARGET torch)
+    find_package(Torch QUIET)
+    if(NOT Torch_FOUND)
+      foreach(_accelkit_python IN ITEMS "${Python_EXECUTABLE}" "${Python3_EXECUTABLE}")
+        if(_accelkit_python AND NOT Torch_FOUND)
+          execute_process(
+            COMMAND "${_accelkit_python}" -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+            OUTPUT_VARIABLE _accelkit_torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE
+            RESULT_VARIABLE _accelkit_torch_rc ERROR_QUIET)
+          if(_accelkit_torch_rc EQUAL 0)
+            find_package(Torch QUIET PATHS "${_accelkit_torch_prefix}" NO_DEFAULT_PATH)
+          endif()
+        endif()
+      endforeach()
+    endif()
+  endif()
+endmacro()
+
+function(accelkit_add_torch_backend name)
+  set(fn "accelkit_add_torch_backend(${name})")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "RUNTIME;HEADER;CLASS;PACKAGE;VERSION"
+                        "SOURCES;WHEEL_CMAKE_DEFINES")
+  if(arg_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "${fn}: unknown arguments: ${arg_UNPARSED_ARGUMENTS}")
+  endif()
+  if(NOT name MATCHES "^[a-z_][a-z0-9_]*$")
+    message(FATAL_ERROR "${fn}: the name must be a lower-case identifier (the device type "
+                        "and the runtime's `name`)")
+  endif()
+  foreach(required RUNTIME HEADER CLASS)
+    if(NOT arg_${required})
+      message(FATAL_ERROR "${fn}: ${required} is required")
+    endif()
+  endforeach()
+  if(NOT TARGET accelkit::torch)
+    message(FATAL_ERROR "${fn}: accelkit::torch is not available: libtorch was not found "
+                        "(set CMAKE_PREFIX_PATH to python -c 'import torch.utils; "
+                        "print(torch.utils.cmake_prefix_path)', or Torch_DIR)")
+  endif()
+  if(NOT TARGET ${arg_RUNTIME})
+    message(FATAL_ERROR "${fn}: RUNTIME ${arg_RUNTIME} is not a target")
+  endif()
+  set(package "torch_${name}")
+  if(arg_PACKAGE)
+    set(package "${arg_PACKAGE}")
+  endif()
+  if(NOT package MATCHES "^[A-Za-z_][A-Za-z0-9_]*$")
+    message(FATAL_ERROR "${fn}: PACKAGE ${package} is not a Python identifier")
+  endif()
+  set(version "${PROJECT_VERSION}")
+  if(arg_VERSION)
+    set(version "${arg_VERSION}")
+  endif()
+  if(NOT version)
+    set(version 0.0.0)
+  endif()
+  get_property(python_dir GLOBAL PROPERTY ACCELKIT_PYTHON_DIR)
+  get_property(init_template GLOBAL PROPERTY ACCELKIT_BACKEND_INIT_TEMPLATE)
+
+  # The library: the registration line, generated, and the vendor's sources.
+  set(register_cpp "${CMAKE_CURRENT_BINARY_DIR}/${package}_register.cpp")
+  file(CONFIGURE OUTPUT "${register_cpp}" @ONLY CONTENT
+"// ${name} as a PyTorch backend: generated by accelkit_add_torch_backend.
+// accelkit's torch headers come first (Note [CPU kernel stubs]).
+#include <accelkit/torch/register.hpp>
+
+#include \"${arg_HEADER}\"
+
+ACCELKIT_REGISTER_BACKEND(${arg_CLASS});
+")
+  set(package_dir "${PROJECT_BINARY_DIR}/python/${package}")
+  add_library(${package} MODULE "${register_cpp}" ${arg_SOURCES})
+  target_link_libraries(${package} PRIVATE ${arg_RUNTIME} accelkit::torch)
+  set_target_properties(${package} PROPERTIES
+    PREFIX "" OUTPUT_NAME "_C" LIBRARY_OUTPUT_DIRECTORY "${package_dir}")
+
+  # Its Python: the generated __init__.py and the SDK's package.
+  set(ACCELKIT_BACKEND_NAME "${name}")
+  set(ACCELKIT_BACKEND_PACKAGE "${package}")
+  set(ACCELKIT_BACKEND_LIBRARY "_C${CMAKE_SHARED_MODULE_SUFFIX}")
+  configure_file("${init_template}" "${package_dir}/__init__.py" @ONLY)
+  file(GLOB_RECURSE sdk_files RELATIVE "${python_dir}/accelkit" CONFIGURE_DEPENDS
+       "${python_dir}/accelkit/*.py")
+  if(NOT sdk_files)
+    message(FATAL_ERROR "${fn}: the SDK's Python package is not in ${python_dir}/accelkit")
+  endif()
+  foreach(py IN LISTS sdk_files)
+    configure_file("${python_dir}/accelkit/${py}" "${package_dir}/_accelkit/${py}" COPYONLY)
+  endforeach()
+
+  if(SKBUILD)
+    # In the wheel (Note [The wheel's build]).
+    install(TARGETS ${package} LIBRARY DESTINATION ${package} COMPONENT ${package})
+    install(DIRECTORY "${package_dir}/" DESTINATION ${package} COMPONENT ${package}
+            FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
+    return()
+  endif()
+
+  # The pip-installable package.
+  set(defines "BUILD_TESTING=OFF")
+  foreach(var CMAKE_CXX_COMPILER CMAKE_CXX_COMPILER_LAUNCHER CMAKE_PREFIX_PATH accelkit_DIR
+              ACCELKIT_SOURCE_DIR)
+    if(${var})
+      list(APPEND defines "${var}=${${var}}")
+    endif()
+  endforeach()
+  list(APPEND defines ${arg_WHEEL_CMAKE_DEFINES})
+  set(define_lines "")
+  foreach(define IN LISTS defines)
+    if(NOT define MATCHES "^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+      message(FATAL_ERROR "${fn}: WHEEL_CMAKE_DEFINES takes VAR=value, got ${define}")
+    endif()
+    string(APPEND define_lines "${CMAKE_MATCH_1} = '${CMAKE_MATCH_2}'\n")
+  endforeach()
+  # A list's ';' separates the values of one define, as on cmake's command line.
+  set(torch_requirement "")
+  if(Torch_VERSION)
+    string(REGEX REPLACE "\\+.*" "" torch_version "${Torch_VERSION}")
+    set(torch_requirement "'torch==${torch_version}'")
+  endif()
+  string(REPLACE "_" "-" dist_name "${package}")
+  set(wheel_dir "${PROJECT_BINARY_DIR}/packages/${package}")
+  file(CONFIGURE OUTPUT "${wheel_dir}/pyproject.toml" @ONLY CONTENT
+"# ${name} as a PyTorch backend, generated by accelkit_add_torch_backend: the
+# wheel of ${package}, built from '${CMAKE_SOURCE_DIR}'.
+#   pip install --no-build-isolation --no-deps '${wheel_dir}'
+# (Note [The wheel's build] in accelkit's cmake/accelkitTorchBackend.cmake).
+[build-system]
+requires = ['scikit-build-core>=0.10']
+build-backend = 'scikit_build_core.build'
+
+[project]
+name = '${dist_name}'
+version = '${version}'
+description = '${name} as a PyTorch device (an accelkit backend)'
+requires-python = '>=3.9'
+dependencies = [${torch_requirement}]
+
+# `import torch` calls ${package}._autoload (TORCH_DEVICE_BACKEND_AUTOLOAD=0
+# turns it off).
+[project.entry-points.'torch.backends']
+${name} = '${package}:_autoload'
+
+[tool.scikit-build]
+cmake.source-dir = '${CMAKE_SOURCE_DIR}'
+build-dir = 'build'
+build.targets = ['${package}']
+install.components = ['${package}']
+wheel.packages = []
+
+[tool.scikit-build.cmake.define]
+${define_lines}")
+endfunction()
