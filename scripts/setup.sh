@@ -3,8 +3,11 @@
 # scripts/demo and scripts/test; each step is skipped when already done.
 #   Debian packages: cmake, g++, ninja, ccache, fmt, Catch2
 #   .venv:           torch==2.13.0 (the CPU wheel on this machine), pytest, numpy,
-#                    expecttest (PyTorch's operator database needs it)
+#                    expecttest (PyTorch's operator database needs it),
+#                    scikit-build-core (builds backends' wheels)
 #   build/:          configured with Ninja and ccache, then built
+#   simdev:          its pip package (build/packages/torch_simdev) installed into
+#                    .venv, so that `import torch` there loads it (autoload)
 set -euo pipefail
 
 ACCELKIT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,13 +41,14 @@ install_venv() {
 import sys, importlib.metadata as m
 assert m.version("torch").split("+")[0] == sys.argv[1]
 m.version("pytest"); m.version("numpy"); m.version("expecttest")
+m.version("scikit-build-core")
 PY
   then
     # Pinned: this version is the CPU wheel on this machine's disk; any other
     # pulls a CUDA build of several GB.
-    log "installing torch==$TORCH_VERSION, pytest, numpy and expecttest into $ACCELKIT_VENV"
+    log "installing torch==$TORCH_VERSION, pytest, numpy, expecttest and scikit-build-core into $ACCELKIT_VENV"
     "$ACCELKIT_VENV/bin/pip" install -q --disable-pip-version-check \
-      "torch==$TORCH_VERSION" pytest numpy expecttest
+      "torch==$TORCH_VERSION" pytest numpy expecttest scikit-build-core
   fi
 }
 
@@ -61,15 +65,36 @@ configure_and_build() {
       -DPython3_EXECUTABLE="$ACCELKIT_VENV/bin/python" >/dev/null
   fi
   cmake --build "$ACCELKIT_BUILD"
-  # `import torch_simdev` in the venv finds the package the build made.
+}
+
+# simdev's pip package, made by accelkit_add_torch_backend: pip builds its
+# wheel with scikit-build-core against the venv's torch (no build isolation,
+# which would fetch a torch of its own; no dependency resolution, which could
+# replace the pinned torch) in build/packages/torch_simdev/build, and installs
+# it. Skipped while nothing it is built from changed since the last install.
+# Autoload is off for the build, whose CMake may import torch: an installed
+# simdev that is out of date must not be what it loads.
+install_simdev() {
+  local pkg="$ACCELKIT_BUILD/packages/torch_simdev"
+  local stamp="$ACCELKIT_BUILD/packages/torch_simdev.installed"
   local site
   site="$("$ACCELKIT_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  local pth="$site/accelkit_build.pth"
-  if [ "$(cat "$pth" 2>/dev/null)" != "$ACCELKIT_BUILD/python" ]; then
-    echo "$ACCELKIT_BUILD/python" > "$pth"
+  # Earlier set-ups put build/python on the venv's path instead.
+  rm -f "$site/accelkit_build.pth"
+  if [ -f "$stamp" ] && "$ACCELKIT_VENV/bin/python" -c \
+       'import importlib.metadata as m; m.version("torch-simdev")' 2>/dev/null \
+     && [ -z "$(find "$ACCELKIT_ROOT/include" "$ACCELKIT_ROOT/python" "$ACCELKIT_ROOT/cmake" \
+                  "$ACCELKIT_ROOT/examples/simdev" "$pkg/pyproject.toml" -newer "$stamp" \
+                  -print -quit)" ]; then
+    return
   fi
+  log "building simdev's wheel and installing it into $ACCELKIT_VENV"
+  TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$ACCELKIT_VENV/bin/pip" install -q --disable-pip-version-check \
+    --no-build-isolation --no-deps --force-reinstall "$pkg"
+  touch "$stamp"
 }
 
 install_debian_packages
 install_venv
 configure_and_build
+install_simdev

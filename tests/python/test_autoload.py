@@ -94,3 +94,24 @@ def test_the_entry_point_installs_once():
     # torch calls it after importing the package, which installed the device.
     assert torch_simdev._autoload() is torch.simdev
     assert torch_simdev._autoload() is torch.simdev
+
+
+def test_a_second_installed_backend_fails_import_torch_naming_both(installed):
+    # Another backend's package (standing in: its entry point installs the
+    # name "other" through the SDK after simdev took PyTorch's one slot).
+    info = installed / "torch_other-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch_other\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[torch.backends]\nother = torch_other:_autoload\n")
+    (installed / "torch_other.py").write_text(
+        "def _autoload():\n"
+        "    import torch_simdev\n"
+        "    torch_simdev._accelkit.install('other')\n")
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    env["PYTHONPATH"] = os.pathsep.join([str(installed), str(PACKAGE.parent)])
+    r = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode != 0
+    assert "Failed to load the backend extension: other" in r.stderr
+    assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in r.stderr
+    assert "accelkit.install('other'): this process installed 'simdev' already" in r.stderr
