@@ -6,9 +6,9 @@ environment where it is the only backend installed.
 
 PACKAGE_DIR is <build>/packages/torch_<name>; WORK_DIR is emptied and
 holds the installed package (WORK_DIR/site, `pip install --target`) and a
-view of this interpreter's site-packages without any other package of
-PyTorch's `torch.backends` entry point group (WORK_DIR/view, symbolic
-links), so that a backend installed in the venv (scripts/setup.sh installs
+view of this interpreter's site-packages (and of what their .pth files add)
+without any other package of PyTorch's `torch.backends` entry point group
+(WORK_DIR/view, symbolic links), so that a backend installed in the venv (scripts/setup.sh installs
 simdev) does not take PyTorch's one PrivateUse1 slot first. The checks run
 `python -S` with only those two on the path:
 - autoload on: `import torch` alone installs torch.<name> from WORK_DIR/site
@@ -93,11 +93,20 @@ def main() -> None:
     if not list((site_dir / package).glob("_C*")) or not (site_dir / package / "_accelkit").is_dir():
         fail(f"the wheel lacks {package}/_C or {package}/_accelkit")
 
-    # This interpreter's site-packages without other backends.
-    dirs = {Path(p) for p in site.getsitepackages() + [sysconfig.get_paths()["purelib"]]}
-    for d in sorted(dirs):
-        if not d.is_dir():
+    # This interpreter's path (its site-packages, and what .pth files add)
+    # without other backends, the standard library and PYTHONPATH; in path
+    # order, the first of a name winning as on sys.path.
+    stdlib = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib")}
+    ignored = {Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    ignored.add(Path(__file__).resolve().parent)
+    dirs = []
+    for p in sys.path + site.getsitepackages():
+        d = Path(p).resolve() if p else None
+        if (d is None or not d.is_dir() or d in ignored or d in dirs
+                or any(d == s or s in d.parents and "site-packages" not in d.parts for s in stdlib)):
             continue
+        dirs.append(d)
+    for d in dirs:
         skip = backend_files(d)
         for entry in d.iterdir():
             if entry.name in skip or entry.suffix == ".pth" or (view / entry.name).exists():
