@@ -71,8 +71,14 @@ set_property(GLOBAL PROPERTY ACCELKIT_BACKEND_INIT_TEMPLATE
 # that through a Python interpreter that imports torch (Python_EXECUTABLE or
 # Python3_EXECUTABLE: scikit-build-core sets both to the interpreter that
 # runs pip), so that a wheel is built against the torch it will run with.
+#
+# The targets it imports are made global: when accelkit is a subproject
+# (add_subdirectory, FetchContent), the vendor's targets that link
+# accelkit::torch live in other directories, where targets imported here
+# would not be seen ("Target torch_cpu not found").
 macro(accelkit_find_torch)
   if(NOT TARGET torch)
+    get_directory_property(_accelkit_imported_before IMPORTED_TARGETS)
     find_package(Torch QUIET)
     if(NOT Torch_FOUND)
       foreach(_accelkit_python IN ITEMS "${Python_EXECUTABLE}" "${Python3_EXECUTABLE}")
@@ -87,6 +93,12 @@ macro(accelkit_find_torch)
         endif()
       endforeach()
     endif()
+    get_directory_property(_accelkit_imported IMPORTED_TARGETS)
+    foreach(_accelkit_target IN LISTS _accelkit_imported)
+      if(NOT _accelkit_target IN_LIST _accelkit_imported_before)
+        set_property(TARGET ${_accelkit_target} PROPERTY IMPORTED_GLOBAL TRUE)
+      endif()
+    endforeach()
   endif()
 endmacro()
 
