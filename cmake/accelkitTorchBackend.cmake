@@ -107,7 +107,8 @@ function(accelkit_add_torch_backend name)
   cmake_parse_arguments(PARSE_ARGV 1 arg "" "RUNTIME;HEADER;CLASS;PACKAGE;VERSION"
                         "SOURCES;WHEEL_CMAKE_DEFINES")
   if(arg_UNPARSED_ARGUMENTS)
-    message(FATAL_ERROR "${fn}: unknown arguments: ${arg_UNPARSED_ARGUMENTS}")
+    list(JOIN arg_UNPARSED_ARGUMENTS " " unknown)
+    message(FATAL_ERROR "${fn}: unknown arguments: ${unknown}")
   endif()
   if(NOT name MATCHES "^[a-z_][a-z0-9_]*$")
     message(FATAL_ERROR "${fn}: the name must be a lower-case identifier (the device type "
