@@ -2,7 +2,8 @@
 ACCELKIT_REGISTER_BACKEND a PyTorch device.
 
 A backend's package is one call (its __init__.py is generated from
-cmake/torch_backend_init.py.in)::
+cmake/torch_backend_init.py.in by accelkit_add_torch_backend, and calls the
+copy of this package that the backend carries as torch_acme._accelkit)::
 
     import accelkit
     accelkit.install("acme", "/path/to/torch_acme/_C.so")
