@@ -58,13 +58,6 @@ CUDA_ONLY = {
     "jiterator": "CUDA JIT kernels", "nvtx": "NVIDIA tools extension", "nccl": "NCCL",
     "tunable": "TunableOp (cuBLAS/hipBLASLt)", "sparse": "cuSPARSE",
     "profiler": "cudaProfilerStart/Stop",
-    # Not yet: needs a getter in the allocator (include/accelkit/memory) and
-    # operators for the pinned host pool's statistics.
-    "get_per_process_memory_fraction": "not yet: the allocator has no getter",
-    "host_memory_stats": "not yet: no operator for the pinned pool's statistics",
-    "host_memory_stats_as_nested_dict": "not yet: no operator for the pinned pool's statistics",
-    "reset_accumulated_host_memory_stats": "not yet: no operator for the pinned pool's statistics",
-    "reset_peak_host_memory_stats": "not yet: no operator for the pinned pool's statistics",
 }
 
 
@@ -350,3 +343,46 @@ def test_events_of_the_device_module_time_each_other():
         start.elapsed_time(torch.Event("cpu"))
     with pytest.raises(TypeError, match="simdev"):
         start.elapsed_time(3)
+
+
+def test_per_process_memory_fraction_reads_back_what_was_set():
+    assert torch.simdev.get_per_process_memory_fraction(0) == 1.0
+    torch.simdev.set_per_process_memory_fraction(0.5, 1)
+    try:
+        assert torch.simdev.get_per_process_memory_fraction(1) == 0.5
+        assert torch.simdev.get_per_process_memory_fraction(0) == 1.0
+        with pytest.raises(ValueError, match="simdev.*1.5"):
+            torch.simdev.set_per_process_memory_fraction(1.5, 1)
+        assert torch.simdev.get_per_process_memory_fraction(1) == 0.5  # unchanged
+        with pytest.raises(IndexError, match="simdev"):
+            torch.simdev.get_per_process_memory_fraction(7)
+    finally:
+        torch.simdev.set_per_process_memory_fraction(1.0, 1)
+
+
+def test_host_memory_stats_count_the_pinned_pool_as_cuda_names_them():
+    torch.simdev.synchronize()
+    torch.simdev.empty_cache()  # device caches
+    torch.ops.simdev.host_empty_cache()
+    torch.simdev.reset_peak_host_memory_stats()
+    torch.simdev.reset_accumulated_host_memory_stats()
+    before = torch.simdev.host_memory_stats()
+    pinned = [torch.empty(1 << 20, dtype=torch.uint8).pin_memory() for _ in range(3)]
+    during = torch.simdev.host_memory_stats()
+    assert during["active_requests.current"] == before["active_requests.current"] + 3
+    assert during["active_bytes.current"] >= before["active_bytes.current"] + 3 * (1 << 20)
+    assert during["allocations.current"] >= during["active_requests.current"]
+    assert during["allocated_bytes.current"] >= during["active_bytes.current"]
+    assert during["active_requests.allocated"] >= 3
+    del pinned
+    after = torch.simdev.host_memory_stats()
+    assert after["active_requests.current"] == before["active_requests.current"]
+    assert after["active_requests.peak"] >= before["active_requests.current"] + 3
+    assert after["active_requests.freed"] >= 3
+    nested = torch.simdev.host_memory_stats_as_nested_dict()
+    assert nested["active_requests"]["current"] == after["active_requests.current"]
+    assert list(after) == sorted(after)
+    torch.simdev.reset_peak_host_memory_stats()
+    assert torch.simdev.host_memory_stats()["active_requests.peak"] == after["active_requests.current"]
+    torch.simdev.reset_accumulated_host_memory_stats()
+    assert torch.simdev.host_memory_stats()["active_requests.freed"] == 0

@@ -95,6 +95,7 @@ class DeviceCachingAllocator {
     total_memory_ = p.total_memory;
     max_allocation_ = p.max_allocation;
     limit_ = fraction_limit(config.memory_fraction);
+    fraction_ = config.memory_fraction;
   }
   // The same, taking the events that order stream uses from a shared pool
   // (the device's pool in Streams<R>, so the stream layer and the allocator
@@ -110,6 +111,7 @@ class DeviceCachingAllocator {
     total_memory_ = p.total_memory;
     max_allocation_ = p.max_allocation;
     limit_ = fraction_limit(config.memory_fraction);
+    fraction_ = config.memory_fraction;
   }
   DeviceCachingAllocator(const DeviceCachingAllocator&) = delete;
   DeviceCachingAllocator& operator=(const DeviceCachingAllocator&) = delete;
@@ -335,7 +337,11 @@ class DeviceCachingAllocator {
                        fmt::format("memory fraction {} for {}:{} is outside (0, 1]", fraction,
                                    Backend<R>::name, device_));
     limit_ = fraction_limit(fraction);
+    fraction_ = fraction;
   }
+  // The fraction set last (AllocatorConfig's per_process_memory_fraction
+  // until then).
+  double memory_fraction() const noexcept { return fraction_.load(); }
 
   // Keeps the last `max_entries` allocation events for snapshot(); 0 stops.
   void record_history(std::size_t max_entries) { trace_.start(max_entries); }
@@ -1553,6 +1559,7 @@ class DeviceCachingAllocator {
   std::size_t total_memory_ = 0;
   std::size_t max_allocation_ = 0;
   std::atomic<std::size_t> limit_{0};
+  std::atomic<double> fraction_{1.0};
   std::atomic<std::size_t> reserved_{0};
   std::atomic<std::uint64_t> tick_{0};
   std::unique_ptr<EventPool<R>> own_events_;  // when no shared pool was given

@@ -33,6 +33,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -57,6 +59,27 @@ struct HostStats {
     num_host_free += o.num_host_free;
   }
 };
+
+// torch.cuda.host_memory_stats_as_nested_dict()'s shape: "allocations" and
+// "allocated_bytes" are the blocks held from the driver (live and cached),
+// "active_requests" and "active_bytes" the live allocations. (CUDA's
+// allocator also times its driver calls; this one does not.)
+inline std::string to_json(const HostStats& s) {
+  detail::JsonWriter w;
+  w.begin_object();
+  auto stat = [&](std::string_view name, const Stat& st) {
+    std::string base(name);
+    w.field(base + ".current", st.current).field(base + ".peak", st.peak);
+    w.field(base + ".allocated", st.allocated).field(base + ".freed", st.freed);
+  };
+  stat("allocations", s.segment);
+  stat("allocated_bytes", s.reserved_bytes);
+  stat("active_requests", s.allocation);
+  stat("active_bytes", s.allocated_bytes);
+  w.field("num_host_alloc", s.num_host_alloc).field("num_host_free", s.num_host_free);
+  w.end_object();
+  return w.str();
+}
 
 template <class R>
 class HostAllocator {

@@ -148,6 +148,30 @@ bool register_backend() {
       return to_json(State<R>::get().device_memory().device(device_arg<R>(d)).stats());
     });
   });
+  lib.def("memory_fraction(int device) -> float", [](int64_t d) {
+    return translated([&] {
+      return State<R>::get().device_memory().device(device_arg<R>(d)).memory_fraction();
+    });
+  });
+  // The pinned host pool's statistics, and their resets; {} before the
+  // backend is initialized, as on CUDA.
+  lib.def("host_memory_stats_json() -> str", [] {
+    return translated([&]() -> std::string {
+      if (!Backend<R>::instance().is_initialized()) return "{}";
+      return to_json(State<R>::get().host_memory().stats());
+    });
+  });
+  lib.def("host_reset_peak_stats() -> ()", [] {
+    translated([&] {
+      if (Backend<R>::instance().is_initialized()) State<R>::get().host_memory().reset_peak_stats();
+    });
+  });
+  lib.def("host_reset_accumulated_stats() -> ()", [] {
+    translated([&] {
+      if (Backend<R>::instance().is_initialized())
+        State<R>::get().host_memory().reset_accumulated_stats();
+    });
+  });
   lib.def("set_memory_fraction(float fraction, int device) -> ()", [](double f, int64_t d) {
     translated([&] {
       State<R>::get().device_memory().device(device_arg<R>(d)).set_memory_fraction(f);

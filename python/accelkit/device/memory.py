@@ -15,7 +15,9 @@ __all__ = ["memory_allocated", "max_memory_allocated", "memory_reserved", "max_m
            "memory_summary", "memory_snapshot", "reset_peak_memory_stats",
            "reset_accumulated_memory_stats", "reset_max_memory_allocated",
            "reset_max_memory_cached", "empty_cache", "set_per_process_memory_fraction",
-           "mem_get_info", "device_memory_used", "list_gpu_processes"]
+           "get_per_process_memory_fraction", "mem_get_info", "device_memory_used",
+           "list_gpu_processes", "host_memory_stats", "host_memory_stats_as_nested_dict",
+           "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats"]
 
 
 def _index(device) -> int:
@@ -110,6 +112,46 @@ def set_per_process_memory_fraction(fraction, device=None) -> None:
     """Caps the memory the allocator reserves on a device at `fraction` of
     its total (ValueError outside (0, 1])."""
     _backend.ops.set_memory_fraction(float(fraction), _index(device))
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    """The cap set by set_per_process_memory_fraction (or the allocator
+    configuration's per_process_memory_fraction; 1.0 by default)."""
+    return _backend.ops.memory_fraction(_index(device))
+
+
+def host_memory_stats_as_nested_dict() -> dict:
+    """The pinned host pool's statistics, as torch.cuda's: "allocations" and
+    "allocated_bytes" count the blocks held from the driver (in use or
+    cached), "active_requests" and "active_bytes" those in use, each with
+    current, peak, allocated and freed; num_host_alloc and num_host_free
+    count driver calls. (CUDA's pool also times those calls; this one does
+    not.) Empty before the backend is initialized."""
+    flat = json.loads(_backend.ops.host_memory_stats_json())
+    nested: dict = {}
+    for key, value in flat.items():
+        parts = key.split(".")
+        node = nested
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def host_memory_stats() -> "collections.OrderedDict":
+    """host_memory_stats_as_nested_dict() flattened to "stat.metric" keys,
+    sorted, as torch.cuda.host_memory_stats()."""
+    return collections.OrderedDict(sorted(json.loads(_backend.ops.host_memory_stats_json()).items()))
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    """Resets the pinned pool's "allocated" and "freed" totals."""
+    _backend.ops.host_reset_accumulated_stats()
+
+
+def reset_peak_host_memory_stats() -> None:
+    """Resets the pinned pool's peaks to their current values."""
+    _backend.ops.host_reset_peak_stats()
 
 
 def mem_get_info(device=None) -> tuple:
