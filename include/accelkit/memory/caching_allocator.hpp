@@ -884,6 +884,14 @@ class DeviceCachingAllocator {
     return b;
   }
 
+  // Under the pool lock: the counts of a block that is no longer in use
+  // (freed, and past its pending stream uses), whether parked or binned.
+  ACCELKIT_ALWAYS_INLINE void count_released(Pool& pool, char* ptr, std::size_t size, bool small) {
+    count_down(pool.stats.active, small, 1);
+    count_down(pool.stats.active_bytes, small, static_cast<std::int64_t>(size));
+    if (trace_.on()) trace_.record(TraceEntry::Action::free_completed, ptr, size, pool.stream);
+    ++pool.frees_counted;
+  }
   // Under the pool lock: a block that is no longer in use (freed, and past
   // its pending stream uses) is parked (Note [Recently freed blocks]),
   // evicting the oldest parked block into the bins when all slots are full,
@@ -902,11 +910,7 @@ class DeviceCachingAllocator {
   // The same, told the block's size and kind (Note [Freeing without the
   // block record]).
   ACCELKIT_ALWAYS_INLINE void park_block(Pool& pool, const detail::Parked& b, std::size_t size, bool small, bool whole) {
-    count_down(pool.stats.active, small, 1);
-    count_down(pool.stats.active_bytes, small, static_cast<std::int64_t>(size));
-    if (trace_.on())
-      trace_.record(TraceEntry::Action::free_completed, b.ptr, size, pool.stream);
-    ++pool.frees_counted;
+    count_released(pool, b.ptr, size, small);
     if (!pool.parking) {  // straight into the bins (Note [Parking pays for itself])
       if (b.seg) cache_small(pool, *b.seg, b.seg->index_of(b.ptr, b.hint));
       else cache_block(pool, b.block);
@@ -1234,11 +1238,7 @@ class DeviceCachingAllocator {
         // may throw, before anything changed; the counts follow.
         cache_small(pool, *seg, i);
         count_free(pool, size, requested, true);
-        count_down(pool.stats.active, true, 1);
-        count_down(pool.stats.active_bytes, true, static_cast<std::int64_t>(size));
-        if (trace_.on())
-          trace_.record(TraceEntry::Action::free_completed, ptr, size, pool.stream);
-        ++pool.frees_counted;
+        count_released(pool, ptr, size, true);
         return;
       }
       if (!has_uses(d)) {
