@@ -379,6 +379,58 @@ TEST_CASE("allocator: a double free is a RuntimeError and changes nothing") {
   CHECK(a.allocate(4096, s) == p);
 }
 
+// Note [Mapped blocks]: a freed large block stays in the pointer map while
+// it is parked; what the map says is checked under the pool's lock.
+TEST_CASE("allocator: a parked large block is not live: a second free, record_stream and owns refuse it") {
+  SimBackend b(Environment::fixed({}), sim());
+  for (bool caching : {true, false}) {
+    CAPTURE(caching);
+    AllocatorConfig config;
+    config.caching = caching;
+    Allocator a(b, 0, config);
+    StreamHandle s = b.stream_create(0, 0), other = b.stream_create(0, 0);
+    void* p = a.allocate(3 * kMiB, s);
+    void* q = a.allocate(5 * kMiB, s);
+    CHECK(a.owns(p));
+    a.deallocate(p);
+    CHECK_FALSE(a.owns(p));
+    DeviceStats before = a.stats();
+    try {
+      a.deallocate(p);
+      FAIL("double free of a parked large block accepted");
+    } catch (const RuntimeError& e) {
+      CHECK(contains(e.what(), "not a live allocation of this allocator (double free"));
+    }
+    CHECK_THROWS_AS(a.record_stream(p, other), RuntimeError);
+    CHECK(a.stats().allocation[all].freed == before.allocation[all].freed);
+    CHECK(a.stats().active_bytes[all].current == before.active_bytes[all].current);
+    // Taken back, it is live again, and freed once more.
+    void* again = a.allocate(3 * kMiB, s);
+    if (caching) CHECK(again == p);
+    CHECK(a.owns(again));
+    a.record_stream(again, other);  // its free now waits for `other`
+    a.deallocate(again);
+    CHECK_THROWS_AS(a.deallocate(again), RuntimeError);
+    CHECK_FALSE(a.owns(again));
+    b.stream_synchronize(0, other);
+    // Evicted from parking by other frees and merged: still refused.
+    std::vector<void*> more;
+    for (int i = 0; i < 12; ++i) more.push_back(a.allocate(kMiB + 4096 + static_cast<std::size_t>(i) * 256 * 1024, s));
+    for (void* m : more) a.deallocate(m);
+    CHECK_THROWS_AS(a.deallocate(more[0]), RuntimeError);
+    a.deallocate(q);
+    CHECK_THROWS_AS(a.deallocate(q), RuntimeError);
+    a.empty_cache();
+    CHECK_THROWS_AS(a.deallocate(q), RuntimeError);
+    CHECK_FALSE(a.owns(q));
+    DeviceStats st = a.stats();
+    CHECK(st.allocation[all].current == 0);
+    CHECK(st.active[all].current == 0);
+    CHECK(a.reserved_bytes() == 0);
+    check_invariants(a);
+  }
+}
+
 TEST_CASE("allocator: a pointer inside a small block, or off its start, is not freed") {
   SimBackend b(Environment::fixed({}), sim());
   Allocator a(b, 0, AllocatorConfig{});
@@ -609,8 +661,8 @@ TEST_CASE("allocator: history and snapshot are exported as JSON, bounded") {
   CHECK(contains(stats_json, "\"segment.small_pool.current\": 1"));
 }
 
-// Note [Freeing without the block record]: a common free reads only its map
-// slot and leaves the block's record alone; what it reports must not lag.
+// A parked block is free at once: what statistics and snapshots report
+// must not lag behind a free that parked it (Note [Mapped blocks]).
 TEST_CASE("allocator: a free shows at once in statistics and in the snapshot") {
   SimBackend b(Environment::fixed({}), sim());
   Allocator a(b, 0, AllocatorConfig{});

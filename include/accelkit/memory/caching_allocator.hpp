@@ -17,9 +17,10 @@
 //    two-level bitmap, so best fit is a couple of bit scans (Note [Small
 //    arena]). Large blocks have records and sit in an ordered set keyed
 //    (size, address) whose nodes are recycled. No operation scans a list.
-//  - Live large blocks are found through a sharded open-addressing map
-//    (Note [Pointer map]); small ones through an index of the 2 MiB address
-//    windows their segments cover (Note [Small block index]).
+//  - Large blocks are found through a sharded open-addressing map read
+//    without a lock (Note [Pointer map], Note [Mapped blocks]); small ones
+//    through an index of the 2 MiB address windows their segments cover
+//    (Note [Small block index]).
 //  - Note [Recently freed blocks]: the last few blocks freed on a stream are
 //    parked unmerged, and a request of exactly their size takes one back
 //    without a split or a merge: the common "free, then allocate the same
@@ -169,18 +170,11 @@ class DeviceCachingAllocator {
         std::lock_guard<detail::SpinLock> lock(pool.lock);
         if (!pool.pending.empty()) process_pending(pool, false);
         t = take_cached(pool, size, bytes);
-        if (t.block) t.summary = summarize(t.block);
       }
-      if (!t.ptr) {
-        t = allocate_slow(pool, size, bytes);
-        if (t.block) {
-          std::lock_guard<detail::SpinLock> lock(pool.lock);
-          t.summary = summarize(t.block);
-        }
-      }
+      if (!t.ptr) t = allocate_slow(pool, size, bytes);
     }
     // Small blocks are found through their segment (Note [Small arena]).
-    if (t.block) live_.insert(t.ptr, {t.block, t.block->segment->pool, t.summary});
+    if (t.unmapped) map_block(pool, t.block);
     if (trace_.on())
       trace_.record(TraceEntry::Action::alloc, t.ptr, t.size, stream);
     return t.ptr;
@@ -197,35 +191,30 @@ class DeviceCachingAllocator {
       free_small(h, static_cast<char*>(ptr));
       return;
     }
-    detail::LiveBlock live = live_.erase(ptr);
+    detail::LiveBlock live = live_.find(ptr);  // Note [Mapped blocks]
     if (!live.block) throw not_live(ptr);
-    if (live.summary != 0 && !trace_.on()) {
-      free_summarized(live, static_cast<char*>(ptr));
-      return;
-    }
     detail::Block* b = live.block;
-    detail::Pool& pool = *b->segment->pool;
-    if (trace_.on())
-      trace_.record(TraceEntry::Action::free_requested, b->ptr, b->size, pool.stream);
+    detail::Pool& pool = *live.pool;
     std::vector<StreamHandle> uses;
     {
       std::lock_guard<detail::SpinLock> lock(pool.lock);
+      // A second free (the block may be parked) or a stale map read.
+      if (!b->allocated || b->ptr != ptr) throw not_live(ptr);
+      if (trace_.on())
+        trace_.record(TraceEntry::Action::free_requested, b->ptr, b->size, pool.stream);
       if (b->has_uses) {
         uses = take_uses(pool, b->ptr);
         b->has_uses = false;
       } else if (config_.caching) {
-        try {
-          detail::Parked freed{b, nullptr, b->ptr};
-          make_room(pool, freed);
-        } catch (...) {
-          live_.insert(ptr, live);  // as it was; cannot grow, its slot was just freed
-          throw;
-        }
+        detail::Parked freed{b, nullptr, b->ptr};
+        make_room(pool, freed);  // may throw: nothing changed
         b->allocated = false;
         count_free(pool, b);
-        free_block(pool, b);
+        free_block(pool, b);  // parked, it stays mapped
         return;
       }
+      // Its free now waits for other streams, or goes to the driver.
+      unmap_block(b);
     }
     if (!config_.caching) {
       free_uncached(pool, b, uses);
@@ -243,7 +232,10 @@ class DeviceCachingAllocator {
   // Whether `ptr` is the start of a live allocation of this allocator.
   bool owns(const void* ptr) {
     if (SmallHold h = small_index_.hold(ptr); h.seg) return h.allocated();
-    return live_.find(ptr).block != nullptr;
+    detail::LiveBlock live = live_.find(ptr);
+    if (!live.block) return false;
+    std::lock_guard<detail::SpinLock> lock(live.pool->lock);
+    return live.block->allocated && live.block->ptr == ptr;
   }
 
   // Whether `ptr` lies anywhere inside memory this allocator holds from the
@@ -284,13 +276,13 @@ class DeviceCachingAllocator {
       h.seg->blocks[h.i] = detail::small_block::with_uses(h.seg->blocks[h.i], true);
       return;
     }
-    detail::Block* b = live_.find(ptr).block;
-    if (!b) throw not_live();
-    detail::Pool& pool = *b->segment->pool;
-    if (stream == pool.stream) return;
-    // Its free must now read the record (Note [Freeing without the block record]).
-    live_.update(ptr, [](detail::LiveBlock& l) { l.summary = 0; });
+    detail::LiveBlock live = live_.find(ptr);
+    if (!live.block) throw not_live();
+    detail::Block* b = live.block;
+    detail::Pool& pool = *live.pool;
     std::lock_guard<detail::SpinLock> lock(pool.lock);
+    if (!b->allocated || b->ptr != ptr) throw not_live();  // parked (Note [Mapped blocks])
+    if (stream == pool.stream) return;
     add_use(pool, b->ptr, stream);
     b->has_uses = true;
   }
@@ -350,10 +342,6 @@ class DeviceCachingAllocator {
     MemorySnapshot out;
     for (detail::Pool* pool : pools_snapshot()) {
       std::lock_guard<detail::SpinLock> lock(pool->lock);
-      // A parked block's record may still say allocated (Note [Freeing
-      // without the block record]).
-      for (std::size_t i = 0; i < pool->parked_count; ++i)
-        if (pool->parked[i].block) pool->parked[i].block->allocated = false;
       std::vector<const detail::Block*> pending;
       for (const detail::PendingFree& p : pool->pending)
         if (p.block) pending.push_back(p.block);
@@ -439,9 +427,15 @@ class DeviceCachingAllocator {
     Block* block = nullptr;
     char* ptr = nullptr;  // null: nothing was taken
     std::size_t size = 0;
-    std::uint64_t summary = 0;  // Note [Freeing without the block record]
+    bool unmapped = false;  // a record not in the pointer map yet (Note [Mapped blocks])
   };
-  static Allocation allocation_of(Block* b) noexcept { return {b, b->ptr, b->size, 0}; }
+  // Under the pool lock: the allocation of record `b`, which the caller
+  // puts into the map (map_block) after unlocking, unless it is there.
+  static Allocation allocation_of(Block* b) noexcept {
+    bool unmapped = !b->mapped;
+    b->mapped = true;
+    return {b, b->ptr, b->size, unmapped};
+  }
 
   static std::uint64_t next_id() noexcept {
     static std::atomic<std::uint64_t> next{1};
@@ -572,7 +566,7 @@ class DeviceCachingAllocator {
       pool.large.insert(b);  // may throw: nothing changed yet
     }
     b->cached = true;
-    b->allocated = false;  // stale if it was parked (Note [Freeing without the block record])
+    b->allocated = false;
     count_inactive(pool, b, true);
   }
   void unlink_free(Pool& pool, Block* b) {
@@ -623,7 +617,7 @@ class DeviceCachingAllocator {
         h.seg->blocks[j] = make(offset(h.seg->blocks[j]), granules(h.seg->blocks[j]),
                                 detail::small_block::allocated, false, requested);
         count_alloc(pool, size, requested, true);
-        return {nullptr, h.ptr, size, 0};
+        return {nullptr, h.ptr, size};
       }
       Block* b = h.block;
       leave_parking(pool, b);
@@ -660,7 +654,7 @@ class DeviceCachingAllocator {
         bool whole = h.seg->blocks.size() == 1;
         count_inactive(pool, best_size, true, whole, false);
         try {
-          return {nullptr, carve_small(pool, *h.seg, j, size, requested), size, 0};
+          return {nullptr, carve_small(pool, *h.seg, j, size, requested), size};
         } catch (...) {
           pool.park(pool.parked_count++, h, best_size, true);  // back where it was
           count_inactive(pool, best_size, true, whole, true);
@@ -677,7 +671,7 @@ class DeviceCachingAllocator {
         bool whole = seg->blocks.size() == 1;
         count_inactive(pool, block, true, whole, false);
         try {
-          return {nullptr, carve_small(pool, *seg, i, size, requested), size, 0};
+          return {nullptr, carve_small(pool, *seg, i, size, requested), size};
         } catch (...) {
           pool.arena.bin(*seg, i);  // cannot throw: its bin entry was just freed
           count_inactive(pool, block, true, whole, true);
@@ -907,8 +901,7 @@ class DeviceCachingAllocator {
     seg.blocks[i] = with_payload(with_state(d, parked), 0);
     park_block(pool, {nullptr, &seg, seg.address(i), i}, bytes(d), true, seg.blocks.size() == 1);
   }
-  // The same, told the block's size and kind (Note [Freeing without the
-  // block record]).
+  // The same, told the block's size and kind.
   ACCELKIT_ALWAYS_INLINE void park_block(Pool& pool, const detail::Parked& b, std::size_t size, bool small, bool whole) {
     count_released(pool, b.ptr, size, small);
     if (!pool.parking) {  // straight into the bins (Note [Parking pays for itself])
@@ -926,32 +919,6 @@ class DeviceCachingAllocator {
       pool.park(pool.parked_count++, b, size, small);
     }
     count_inactive(pool, size, small, whole, true);
-  }
-
-  static std::uint64_t summarize(const Block* b) noexcept {
-    constexpr std::uint64_t limit = std::uint64_t{1} << 32;
-    if (b->size >= limit || b->requested >= limit || b->has_uses) return 0;
-    std::uint64_t flags = (b->segment->small ? 1u : 0u) | (detail::whole_segment(b) ? 2u : 0u);
-    return (static_cast<std::uint64_t>(b->size) | flags) << 32 | b->requested;
-  }
-  // deallocate() of a block whose map slot summarizes it.
-  ACCELKIT_ALWAYS_INLINE void free_summarized(const detail::LiveBlock& live, char* ptr) {
-    std::uint64_t high = live.summary >> 32;
-    std::size_t size = static_cast<std::size_t>(high & ~std::uint64_t{511});
-    bool small = (high & 1) != 0, whole = (high & 2) != 0;
-    std::size_t requested = static_cast<std::size_t>(live.summary & 0xffffffffu);
-    Pool& pool = *live.pool;
-    ACCELKIT_PREFETCH(live.block);  // for its eviction (see the note)
-    std::lock_guard<detail::SpinLock> lock(pool.lock);
-    detail::Parked freed{live.block, nullptr, ptr};
-    try {
-      make_room(pool, freed);
-    } catch (...) {
-      live_.insert(ptr, live);  // as it was; cannot grow, its slot was just freed
-      throw;
-    }
-    count_free(pool, size, requested, small);
-    park_block(pool, {live.block, nullptr, ptr}, size, small, whole);
   }
 
   // Note [Prefetching the next eviction]: merging an evicted block reads its
@@ -975,9 +942,41 @@ class DeviceCachingAllocator {
     pool.recycle(nx);
   }
 
+  // After allocate() took record `b` and unlocked its pool: puts the block
+  // into the pointer map (Note [Mapped blocks]). When the map cannot grow,
+  // the block is freed again and the error thrown.
+  void map_block(Pool& pool, Block* b) {
+    ACCELKIT_ASSERT(b->segment->pool == &pool, "a block is mapped to its own pool");
+    try {
+      live_.insert(b->ptr, {b, &pool});
+    } catch (...) {
+      if (!config_.caching) {
+        {
+          std::lock_guard<detail::SpinLock> lock(pool.lock);
+          b->mapped = false;
+        }
+        free_uncached(pool, b, {});
+        throw;
+      }
+      std::lock_guard<detail::SpinLock> lock(pool.lock);
+      b->mapped = false;
+      b->allocated = false;
+      count_free(pool, b);
+      cache_or_queue(pool, {b, nullptr, b->ptr, {}});
+      throw;
+    }
+  }
+  // Under the pool lock: takes record `b` out of the pointer map.
+  void unmap_block(Block* b) noexcept {
+    if (!b->mapped) return;
+    live_.erase(b->ptr);
+    b->mapped = false;
+  }
+
   // Under the pool lock: puts a free block into the bins or the large set,
   // merged with free neighbours.
   void cache_block(Pool& pool, Block* b) {
+    unmap_block(b);  // it may be merged away (Note [Mapped blocks])
     ACCELKIT_ASSERT((!b->prev || b->prev->ptr + b->prev->size == b->ptr) &&
                         (!b->next || b->ptr + b->size == b->next->ptr) &&
                         b->ptr >= b->segment->ptr &&
@@ -1180,7 +1179,7 @@ class DeviceCachingAllocator {
     count_segment(pool, n, true, n >= config_.max_split_size, true);
     if (trace_.on())
       trace_.record(TraceEntry::Action::segment_alloc, ptr, n, pool.stream);
-    return {nullptr, p, size, 0};
+    return {nullptr, p, size};
   }
 
   // Under the pool lock: removes a wholly free small segment from the pool

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <accelkit/config.hpp>
+#include <accelkit/detail/assert.hpp>
 #include <accelkit/detail/spinlock.hpp>
 #include <accelkit/memory/config.hpp>
 #include <accelkit/memory/small_arena.hpp>
@@ -40,11 +41,12 @@ struct alignas(64) Block {
   Block* next = nullptr;
   Block* next_spare = nullptr;  // the pool's spare list
   Segment* segment = nullptr;
-  std::uint64_t requested : 61;
+  std::uint64_t requested : 60;
   std::uint64_t allocated : 1;
   std::uint64_t cached : 1;      // in the pool's bins or large set (mergeable)
   std::uint64_t has_uses : 1;    // used on other streams (Pool::uses)
-  Block() : requested(0), allocated(0), cached(0), has_uses(0) {}
+  std::uint64_t mapped : 1;      // in the device pool's pointer map (Note [Mapped blocks])
+  Block() : requested(0), allocated(0), cached(0), has_uses(0), mapped(0) {}
 };
 static_assert(sizeof(Block) == 64, "Note [Block records]");
 
@@ -61,27 +63,24 @@ struct Segment {
 
 inline bool whole_segment(const Block* b) noexcept { return !b->prev && !b->next; }
 
-// Note [Freeing without the block record]
-// (Large blocks: small ones have no records, Note [Small arena].)
-// With 100,000 live blocks a free used to miss in cache twice in a row: on
-// its pointer-map slot, then on the block record the slot points to. The
-// slot now also carries what a free needs (the block's pool, size, requested
-// bytes, and whether it is small and spans its whole segment; none of these
-// change while the block is allocated), so a free neither reads nor writes
-// the record: even a one-bit store is a read that stalls. It only prefetches
-// the record for its eviction from the parking queue a few frees later (Note
-// [Prefetching the next eviction]). The record's allocated flag of a parked
-// block is therefore stale; parking means free. The flag is cleared when the
-// block enters the bins, and snapshot() clears it for parked blocks before
-// it reads it. A block used on other streams (record_stream clears the
-// summary), one of 4 GiB or more, and every block while caching is off or
-// tracing is on take the path through the record.
+// Note [Mapped blocks]
+// (Large blocks: small ones are found through their segment, Note [Small
+// arena].) free(ptr) finds a block's record through the device pool's
+// pointer map. A block stays in the map while it is allocated and while it
+// is parked after its free (Note [Recently freed blocks]): a request that
+// takes a parked block back then neither inserts nor erases, and a free only
+// reads the map, without a lock (Note [Reading the pointer map without a
+// lock]). On a large block's hit path the two map writes and their shard
+// locks cost as much as the rest of the pair. The record's `mapped` flag
+// says whether the map holds the block: it leaves the map when it enters
+// the bins (merged, it may stop being a block), when its free waits for
+// other streams or caching is off, and a block taken from the bins enters
+// it again. Since the map names parked blocks too, a free checks the
+// record's allocated flag under the pool's lock: a second free of a parked
+// block is refused there.
 struct LiveBlock {
   Block* block = nullptr;
   Pool* pool = nullptr;
-  // 0, or: size | small (bit 0) | whole segment (bit 1) in the high half,
-  // requested bytes in the low half.
-  std::uint64_t summary = 0;
 };
 
 // Recycles the nodes of one std::set so that inserting a free block does not
@@ -202,6 +201,7 @@ struct alignas(64) Pool {
     return b;
   }
   void recycle(Block* b) noexcept {
+    ACCELKIT_ASSERT(!b->mapped, "a block record leaves the pointer map before it is recycled");
     if (b->has_uses) uses.erase(b->ptr);
     b->next_spare = spare;
     spare = b;
