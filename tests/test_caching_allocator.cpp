@@ -246,6 +246,47 @@ TEST_CASE("allocator: out of memory frees the cache and retries, then raises, th
   }
 }
 
+TEST_CASE("allocator: a driver's refusal is a RuntimeError, not out of memory, and no retry") {
+  SimBackend b(Environment::fixed({}), sim(64));
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  b.runtime().inject_refusal();
+  try {
+    a.allocate(4 * kMiB, s);
+    FAIL("a refused allocation succeeded");
+  } catch (const OutOfMemoryError&) {
+    FAIL("a refusal was reported as exhaustion");
+  } catch (const RuntimeError& e) {
+    CHECK(e.kind() == ErrorKind::runtime);
+    CHECK(contains(e.what(), "refused to allocate"));
+    CHECK(contains(e.what(), "aligned to 256 B"));
+  }
+  DeviceStats st = a.stats();
+  CHECK(st.num_ooms == 0);
+  CHECK(st.num_alloc_retries == 0);
+  CHECK(a.reserved_bytes() == 0);
+  void* p = a.allocate(4 * kMiB, s);  // usable again
+  CHECK(p != nullptr);
+  a.deallocate(p);
+  check_invariants(a);
+}
+
+TEST_CASE("allocator: every block is aligned to min(memory_alignment, 512) bytes") {
+  for (std::size_t alignment : {std::size_t{128}, std::size_t{256}, std::size_t{1024}}) {
+    simdev::Config c = sim(64);
+    c.alignment = alignment;
+    SimBackend b(Environment::fixed({}), c);
+    Allocator a(b, 0, AllocatorConfig{});
+    StreamHandle s = b.stream_create(0, 0);
+    std::vector<void*> ps;
+    for (std::size_t n : {1, 513, 4000, 1 << 20, 3 << 20, 12 << 20})
+      ps.push_back(a.allocate(n, s));
+    for (void* p : ps)
+      CHECK(reinterpret_cast<std::uintptr_t>(p) % std::min<std::size_t>(alignment, 512) == 0);
+    for (void* p : ps) a.deallocate(p);
+  }
+}
+
 TEST_CASE("allocator: the memory fraction caps reserved memory") {
   SimBackend b(Environment::fixed({}), sim(64));
   Allocator a(b, 0, AllocatorConfig{});

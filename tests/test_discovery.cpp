@@ -322,6 +322,41 @@ TEST_CASE("raw memory: out of memory is an OutOfMemoryError and the next allocat
   CHECK(b.raw_malloc(0, 0) == nullptr);
 }
 
+TEST_CASE("raw memory: a driver's nullptr with memory free is a refusal, not out of memory") {
+  SimBackend b(env(), devices(1));  // 64 MiB, all free
+  b.runtime().inject_refusal();
+  try {
+    b.raw_malloc(0, 1ull << 20);
+    FAIL("a refused allocation succeeded");
+  } catch (const OutOfMemoryError&) {
+    FAIL("a refusal was reported as exhaustion");
+  } catch (const RuntimeError& e) {
+    CHECK(e.kind() == ErrorKind::runtime);
+    CHECK(e.backend() == "simdev");
+    CHECK(contains(e.what(), "the driver refused to allocate 1048576 bytes aligned to 256 B on "
+                             "simdev:0 although 67108864 bytes are free"));
+  }
+  CHECK(b.raw_bytes_held(0) == 0);
+  void* p = b.raw_malloc(0, 1ull << 20);  // the next one works
+  CHECK(p != nullptr);
+  b.raw_free(0, p, 1ull << 20);
+}
+
+TEST_CASE("raw memory: memory is aligned as the device declares, and no more is assumed") {
+  for (std::size_t alignment : {std::size_t{128}, std::size_t{256}, std::size_t{4096}}) {
+    simdev::Config c = devices(1);
+    c.alignment = alignment;
+    SimBackend b(env(), c);
+    CHECK(b.properties(0).memory_alignment == alignment);
+    void* p = b.raw_malloc(0, 1000);
+    auto v = reinterpret_cast<std::uintptr_t>(p);
+    CHECK(v % alignment == 0);
+    if (alignment < 4096) CHECK(v % (2 * alignment) != 0);  // simdev gives exactly that
+    std::memset(p, 1, 1000);
+    b.raw_free(0, p, 1000);
+  }
+}
+
 TEST_CASE("raw operations: a driver failure mid-copy is a DriverError and state stays usable") {
   SimBackend b(env(), devices(2));
   StreamHandle s = b.stream_create(0, 0);

@@ -51,6 +51,14 @@ TEST_CASE("properties: each inconsistency is reported in a clear sentence") {
   CHECK(only_problem(p) == "max_allocation (1073741825) exceeds total_memory (1073741824)");
 
   p = sound();
+  p.memory_alignment = 64;
+  CHECK(only_problem(p) == "memory_alignment is 64 (must be a power of two, at least 128)");
+  p.memory_alignment = 384;
+  CHECK(only_problem(p) == "memory_alignment is 384 (must be a power of two, at least 128)");
+  p.memory_alignment = 128;
+  CHECK(property_problems(p, "acme").empty());
+
+  p = sound();
   p.uuid = "not-a-uuid";
   CHECK(only_problem(p).find("uuid 'not-a-uuid'") != std::string::npos);
 

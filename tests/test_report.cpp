@@ -26,7 +26,7 @@ simdev::Config two_devices() {
 TEST_CASE("report: JSON carries every schema field of every device") {
   SimBackend b(Environment::fixed({{"SIMDEV_VISIBLE_DEVICES", "1,0"}}), two_devices());
   std::string j = report_json(b);
-  CHECK(contains(j, "\"schema_version\": 1"));
+  CHECK(contains(j, "\"schema_version\": 2"));
   CHECK(contains(j, "\"backend\": \"simdev\""));
   CHECK(contains(j, "\"visible_devices_variable\": \"SIMDEV_VISIBLE_DEVICES\""));
   CHECK(contains(j, "\"device_count\": 2"));

@@ -172,7 +172,10 @@ TEST_CASE("simdev: SIMDEV_INJECT_FAULT takes :async, refuses duplicates, and 1 M
   CHECK_THROWS_WITH(simdev::Config::from_environment(env("malloc:async")),
                     Catch::Matchers::Contains("cannot fail asynchronously"));
   CHECK_THROWS_WITH(simdev::Config::from_environment(env("free:later")),
-                    Catch::Matchers::Contains("member[@n][:async]"));
+                    Catch::Matchers::Contains("member[@n][:async|:refuse]"));
+  CHECK_THROWS_WITH(simdev::Config::from_environment(env("free:refuse")),
+                    Catch::Matchers::Contains("only malloc can refuse"));
+  CHECK(simdev::Config::from_environment(env("malloc@2:refuse")).faults.at("malloc").refuse);
   SimBackend b(Environment::fixed({}), sim(1, 1));
   CHECK(b.properties(0).total_memory == 1u << 20);
   void* p = b.raw_malloc(0, 4096);

@@ -17,10 +17,17 @@
 //                         device
 //   SIMDEV_HOST_VISIBLE   1 (default) or 0: whether the host may touch device
 //                         memory directly
-//   SIMDEV_INJECT_FAULT   comma list of member[@n][:async]: that member throws
-//                         a driver error on its n-th call (default 1), once;
-//                         with :async its queued work fails instead (Note
-//                         [simdev strictness])
+//   SIMDEV_ALIGNMENT      the alignment malloc declares and gives (a power of
+//                         two in 128..4096): when set, addresses are aligned
+//                         to it and never to twice it, so an SDK that assumes
+//                         more fails (Note [Memory alignment]); unset, 256 is
+//                         declared and memory is page-aligned
+//   SIMDEV_INJECT_FAULT   comma list of member[@n][:async|:refuse]: that
+//                         member throws a driver error on its n-th call
+//                         (default 1), once; with :async its queued work
+//                         fails instead (Note [simdev strictness]); with
+//                         :refuse (malloc only) it returns nullptr with memory
+//                         free, as a driver refusing an alignment or size
 //   SIMDEV_EVENT_CREATE_NS what creating an event costs (default 2000 ns, as
 //                         real drivers' event creation does; busy-waited)
 //   SIMDEV_EVENT_TIMING   1 (default) or 0: whether properties() reports
@@ -81,9 +88,11 @@ struct Config {
   int device_count = 2;
   std::vector<std::uint64_t> memory_bytes{1024ull << 20};  // one entry, or one per device
   bool host_visible = true;
+  std::size_t alignment = 0;  // 0: 256 declared, pages given (SIMDEV_ALIGNMENT)
   struct Fault {
-    int nth = 1;         // the call that fails
-    bool async = false;  // its queued work fails instead of the call
+    int nth = 1;          // the call that fails
+    bool async = false;   // its queued work fails instead of the call
+    bool refuse = false;  // (malloc) nullptr with memory free instead
   };
   std::map<std::string, Fault> faults;  // member -> the fault to inject
   long event_create_ns = 2000;
@@ -139,6 +148,11 @@ struct Config {
       else if (t == "0") c.host_visible = false;
       else throw bad("SIMDEV_HOST_VISIBLE", *v, "expected 0 or 1");
     }
+    if (auto v = env.get("SIMDEV_ALIGNMENT")) {
+      long long a = parse_int("SIMDEV_ALIGNMENT", *v, 128, 4096);
+      if ((a & (a - 1)) != 0) throw bad("SIMDEV_ALIGNMENT", *v, "expected a power of two");
+      c.alignment = static_cast<std::size_t>(a);
+    }
     if (auto v = env.get("SIMDEV_EVENT_TIMING")) {
       std::string_view t = accelkit::detail::trim(*v);
       if (t == "1") c.event_timing = true;
@@ -150,12 +164,13 @@ struct Config {
     if (auto v = env.get("SIMDEV_INJECT_FAULT")) {
       for (std::string_view item : accelkit::detail::split_list(*v)) {
         std::string entry(item);
-        bool async = false;
+        bool async = false, refuse = false;
         if (auto colon = entry.find(':'); colon != std::string::npos) {
-          if (entry.substr(colon + 1) != "async")
+          std::string mode = entry.substr(colon + 1);
+          if (mode != "async" && mode != "refuse")
             throw bad("SIMDEV_INJECT_FAULT", *v,
-                      fmt::format("entry '{}' is not member[@n][:async]", entry));
-          async = true;
+                      fmt::format("entry '{}' is not member[@n][:async|:refuse]", entry));
+          (mode == "async" ? async : refuse) = true;
           entry.resize(colon);
         }
         auto at = entry.find('@');
@@ -166,7 +181,10 @@ struct Config {
                                                    1, 1'000'000'000));
         if (member.empty() || !accelkit::detail::is_identifier_part(member))
           throw bad("SIMDEV_INJECT_FAULT", *v,
-                    fmt::format("entry '{}' is not member[@n][:async]", entry));
+                    fmt::format("entry '{}' is not member[@n][:async|:refuse]", entry));
+        if (refuse && member != "malloc")
+          throw bad("SIMDEV_INJECT_FAULT", *v,
+                    fmt::format("entry '{}': only malloc can refuse", entry));
         if (async && !queues_work(member))
           throw bad("SIMDEV_INJECT_FAULT", *v,
                     fmt::format("entry '{}': {} queues no work, so it cannot fail "
@@ -174,7 +192,7 @@ struct Config {
         if (c.faults.count(member))
           throw bad("SIMDEV_INJECT_FAULT", *v,
                     fmt::format("member '{}' is named twice", member));
-        c.faults[member] = Fault{nth, async};
+        c.faults[member] = Fault{nth, async, refuse};
       }
     }
     return c;
@@ -217,6 +235,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
                          accelkit::version.patch};
     p.total_memory = config_.capacity(device);
     p.max_allocation = p.total_memory;
+    p.memory_alignment = config_.alignment ? config_.alignment : 256;
     p.compute_units = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     p.subgroup_size = 32;
     p.clock_rate_khz = 1'000'000;
@@ -246,9 +265,11 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     current_device_ = device;
   }
 
+  // Memory aligned to exactly the alignment SIMDEV_ALIGNMENT declares, never
+  // to twice it (a page's start plus the alignment); page-aligned when unset.
   void* malloc(int device, std::size_t bytes) {
     check(device, "malloc");
-    fault("malloc");
+    if (fault("malloc")) return nullptr;  // an injected refusal
     Device& d = context(device);
     std::size_t rounded = (bytes + kPage - 1) / kPage * kPage;
     std::uint64_t used = d.used.fetch_add(rounded);
@@ -256,14 +277,17 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       d.used.fetch_sub(rounded);
       return nullptr;
     }
-    void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    std::size_t offset = config_.alignment < kPage ? config_.alignment : 0;  // 0 when unset
+    std::size_t mapped = rounded + (offset ? kPage : 0);
+    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
       d.used.fetch_sub(rounded);
       return nullptr;
     }
+    char* ptr = static_cast<char*>(p) + offset;
     std::lock_guard<std::mutex> lock(d.mutex);
-    d.allocations.emplace(static_cast<char*>(p), rounded);
-    return p;
+    d.allocations.emplace(ptr, Allocation{rounded, offset});
+    return ptr;
   }
 
   // Refuses memory that queued work still uses (Note [simdev strictness]).
@@ -271,22 +295,22 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     check(device, "free");
     fault("free");
     Device& d = context(device);
-    std::size_t bytes = 0;
+    Allocation a;
     {
       std::lock_guard<std::mutex> lock(d.mutex);
       auto it = d.allocations.find(static_cast<char*>(ptr));
       if (it == d.allocations.end())
         driver_error(kInvalidValue, "free",
                      fmt::format("pointer {} was not allocated on device {}", ptr, device));
-      bytes = it->second;
+      a = it->second;
     }
-    refuse_if_queued("free", static_cast<char*>(ptr), bytes);
+    refuse_if_queued("free", static_cast<char*>(ptr), a.bytes);
     {
       std::lock_guard<std::mutex> lock(d.mutex);
       d.allocations.erase(static_cast<char*>(ptr));
     }
-    retire(ptr, bytes);
-    d.used.fetch_sub(bytes);
+    retire(static_cast<char*>(ptr) - a.offset, a.bytes + (a.offset ? kPage : 0));
+    d.used.fetch_sub(a.bytes);
   }
 
   void* host_malloc(std::size_t bytes) {
@@ -606,6 +630,13 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::lock_guard<std::mutex> lock(fault_mutex_);
     config_.faults[member] = Config::Fault{nth + calls_[member], async};
   }
+  // Makes malloc return nullptr once, on its n-th call from now on, while
+  // memory is free: a driver's refusal (Note [Refusal and exhaustion]).
+  void inject_refusal(int nth = 1) {
+    configure();
+    std::lock_guard<std::mutex> lock(fault_mutex_);
+    config_.faults["malloc"] = Config::Fault{nth + calls_["malloc"], false, true};
+  }
   // Whether a fault injected for `member` has not fired yet.
   bool fault_pending(const std::string& member) {
     std::lock_guard<std::mutex> lock(fault_mutex_);
@@ -795,12 +826,16 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     }
   };
 
+  struct Allocation {
+    std::size_t bytes = 0;   // usable, from the returned pointer
+    std::size_t offset = 0;  // from the start of the mapping
+  };
   struct Device {
     std::once_flag created;
     std::atomic<bool> exists{false};
     std::atomic<std::uint64_t> used{0};
     std::mutex mutex;
-    std::map<char*, std::size_t> allocations;
+    std::map<char*, Allocation> allocations;
     std::unordered_map<std::uintptr_t, std::shared_ptr<Stream>> streams;
     std::optional<std::pair<int, std::string>> async_error;  // code, message
     std::atomic<bool> has_async_error{false};  // async_error is set (read without the lock)
@@ -886,7 +921,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     auto it = d.allocations.upper_bound(r.ptr);
     if (it == d.allocations.begin()) return false;
     --it;
-    return r.ptr >= it->first && r.ptr + r.bytes <= it->first + it->second;
+    return r.ptr >= it->first && r.ptr + r.bytes <= it->first + it->second.bytes;
   }
   void check_live(const Work& w, const char* call) {
     if (!w.live(*this))
@@ -986,13 +1021,14 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
 
   // Counts a call of `member`; throws when a fault is due at this call, or
   // returns true when its queued work is to fail instead.
+  // A refusal (malloc) returns true as well.
   bool fault(const char* member) {
     std::lock_guard<std::mutex> lock(fault_mutex_);
     if (config_.faults.empty()) return false;
     int n = ++calls_[member];
     auto it = config_.faults.find(member);
     if (it == config_.faults.end() || n != it->second.nth) return false;
-    bool async = it->second.async;
+    bool async = it->second.async || it->second.refuse;
     config_.faults.erase(it);  // one-shot: the next call succeeds again
     if (async) return true;
     driver_error(kInjectedFault, member, "injected fault");

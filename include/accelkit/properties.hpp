@@ -30,7 +30,7 @@
 
 ACCELKIT_BEGIN_NAMESPACE
 
-inline constexpr int properties_schema_version = 1;
+inline constexpr int properties_schema_version = 2;
 
 // Element types, named as in `torch.<name>`.
 enum class DType : std::uint8_t {
@@ -156,6 +156,9 @@ struct DeviceProperties {
   Version runtime_version;
   std::uint64_t total_memory = 0;     // bytes
   std::uint64_t max_allocation = 0;   // largest single malloc, bytes
+  // The alignment malloc's memory has at least, bytes: a power of two, at
+  // least 128 (Note [Memory alignment]). Schema version 2.
+  std::uint64_t memory_alignment = 256;
   int compute_units = 0;              // SMs, XE cores, AI cores...
   int subgroup_size = 0;              // warp / wavefront / subgroup width
   int clock_rate_khz = 0;
@@ -261,6 +264,8 @@ inline std::vector<std::string> property_problems(const DeviceProperties& p,
   if (p.max_allocation == 0) problem("max_allocation is 0");
   if (p.max_allocation > p.total_memory)
     problem("max_allocation ({}) exceeds total_memory ({})", p.max_allocation, p.total_memory);
+  if (p.memory_alignment < 128 || (p.memory_alignment & (p.memory_alignment - 1)) != 0)
+    problem("memory_alignment is {} (must be a power of two, at least 128)", p.memory_alignment);
   if (p.compute_units < 1) problem("compute_units is {} (must be at least 1)", p.compute_units);
   if (p.subgroup_size < 1 || (p.subgroup_size & (p.subgroup_size - 1)) != 0)
     problem("subgroup_size is {} (must be a power of two)", p.subgroup_size);

@@ -21,7 +21,7 @@
 // | DeviceProperties properties(device_index device)               | fill the capability schema (properties.hpp); must not create a context; called once per device, then validated and cached |
 // | device_index get_device()                                      | the driver's current device of the calling thread |
 // | void set_device(device_index device)                           | make `device` current for the calling thread (may create its context) |
-// | void* malloc(device_index device, std::size_t bytes)           | `bytes` > 0 of device memory, aligned to at least 256 B; nullptr when out of memory (the SDK raises OutOfMemoryError), DriverError for other failures |
+// | void* malloc(device_index device, std::size_t bytes)           | `bytes` > 0 of device memory, aligned to at least properties().memory_alignment (default 256 B; a power of two, at least 128: Note [Memory alignment]); nullptr when out of memory or when the driver refuses (the SDK tells them apart by the free memory: OutOfMemoryError, or RuntimeError naming size, alignment and free memory: Note [Refusal and exhaustion]), DriverError for other failures |
 // | void free(device_index device, void* ptr)                      | release memory from malloc(device, ·), at once if the driver likes: the SDK never frees memory that queued work still uses (Note [Ordered release]) |
 // | void* host_malloc(std::size_t bytes)                           | page-locked host memory usable by async copies; nullptr when out of memory |
 // | void host_free(void* ptr)                                      | release memory from host_malloc; as free, never called while queued work uses it |

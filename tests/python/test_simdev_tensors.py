@@ -340,6 +340,37 @@ def _run(code, **env):
                           capture_output=True, text=True, env=full, timeout=120)
 
 
+def test_a_driver_refusal_with_memory_free_is_a_runtime_error_not_out_of_memory():
+    r = _run("""
+try:
+    torch.empty(1 << 20, device='simdev')
+    print('no error')
+except torch.OutOfMemoryError as e:
+    print('oom:', e)
+except RuntimeError as e:
+    print('refused:', str(e).splitlines()[0])
+print('after:', torch.ones(4, device='simdev').sum().item())
+""", SIMDEV_INJECT_FAULT="malloc:refuse", SIMDEV_MEMORY_MB="256")
+    assert "refused: simdev: the driver refused to allocate" in r.stdout, r.stdout + r.stderr
+    assert "aligned to 256 B on simdev:0 although" in r.stdout
+    assert "after: 4.0" in r.stdout
+
+
+def test_tensors_are_aligned_as_the_device_declares_and_work_at_128_bytes():
+    r = _run("""
+xs = [torch.randn(n, device='simdev') for n in (1, 33, 1000, 1 << 18)]
+print('aligned:', all(x.data_ptr() % 128 == 0 for x in xs))
+print('only 128:', any(x.data_ptr() % 256 for x in xs))
+a = torch.randn(64, 64)
+print('mm:', torch.allclose((a.to('simdev') @ a.to('simdev')).cpu(), a @ a, atol=1e-4))
+print('declared:', torch.simdev.get_device_properties(0).memory_alignment)
+""", SIMDEV_ALIGNMENT="128")
+    assert "aligned: True" in r.stdout, r.stdout + r.stderr
+    assert "only 128: True" in r.stdout, r.stdout
+    assert "mm: True" in r.stdout
+    assert "declared: 128" in r.stdout
+
+
 def test_a_driver_fault_mid_copy_is_a_clear_error_and_the_next_copy_works():
     r = _run("""
 x = torch.arange(4.0)

@@ -283,9 +283,34 @@ class Backend {
   // to the runtime, errors named. The caching allocator and the stream and
   // event pools are built on these; most code should use those instead.
 
+  // Note [Memory alignment]
+  // A runtime's malloc returns memory aligned to at least the device's
+  // properties().memory_alignment: 256 B unless the runtime says otherwise
+  // (CUDA's cudaMalloc gives 256), any power of two from 128 B up (OpenCL's
+  // PoCL refuses alignments above 128 B). The SDK checks every pointer it is
+  // given and refuses a misaligned one loudly. What the SDK promises in
+  // turn: the data of every storage the caching pool hands out (so of every
+  // tensor at storage offset 0) is aligned to min(memory_alignment, 512) B,
+  // at least 128 B on every backend, 256 B on a runtime that keeps the
+  // default; PyTorch's CPU tensors get 64 B. The SDK itself relies on 128 B
+  // (Note [DataPtr context]).
+  //
+  // Note [Refusal and exhaustion]
+  // A driver's malloc answers nullptr both when the device is full and when
+  // it refuses the request for another reason (an alignment or size it does
+  // not serve, a limit of its own). The two call for different remedies, so
+  // the SDK tells them apart by the free memory the device reports
+  // (memory_info, or its default): nullptr while at least `bytes` are free is
+  // a refusal, a RuntimeError naming the backend, the size, the alignment
+  // and the free memory; nullptr with less free is exhaustion,
+  // torch.OutOfMemoryError, which the caching pool answers by returning its
+  // cache and trying again.
+
   // `bytes` of device memory straight from the driver. 0 bytes gives nullptr.
   // OutOfMemoryError when the request exceeds the device's maximum single
-  // allocation or the driver has no memory left.
+  // allocation or the driver has no memory left; RuntimeError when the
+  // driver refuses with memory free, or gives memory not aligned as the
+  // device declares (Note [Refusal and exhaustion], Note [Memory alignment]).
   void* raw_malloc(device_index device, std::size_t bytes) {
     int phys = physical(device);
     if (bytes == 0) return nullptr;
@@ -297,11 +322,30 @@ class Backend {
                             bytes, name, device, p.max_allocation, p.total_memory));
     void* ptr = runtime_.malloc(phys, bytes);
     auto& held = held_bytes_[static_cast<std::size_t>(device)];
-    if (ptr == nullptr)
+    if (ptr == nullptr) {
+      MemoryInfo info = memory_info(device);
+      if (info.free >= bytes)
+        throw RuntimeError(
+            name, fmt::format("the driver refused to allocate {} bytes aligned to {} B on {}:{} "
+                              "although {} bytes are free (capacity {} bytes): a refusal, not "
+                              "exhaustion (Note [Refusal and exhaustion])",
+                              bytes, p.memory_alignment, name, device, info.free,
+                              p.total_memory));
       throw OutOfMemoryError(
           name, fmt::format("out of memory allocating {} bytes on {}:{} (capacity {} bytes, {} "
-                            "bytes held from the driver by this process)",
-                            bytes, name, device, p.total_memory, held.load()));
+                            "bytes held from the driver by this process, {} bytes free)",
+                            bytes, name, device, p.total_memory, held.load(), info.free));
+    }
+    if (reinterpret_cast<std::uintptr_t>(ptr) % p.memory_alignment != 0) {
+      try {
+        runtime_.free(phys, ptr);
+      } catch (...) {
+        // The pointer is reported below either way.
+      }
+      throw RuntimeError(name, fmt::format("malloc({}, {}) returned {}, which is not aligned to "
+                                           "the {} B that {}:{} declares (memory_alignment)",
+                                           phys, bytes, ptr, p.memory_alignment, name, device));
+    }
     held.fetch_add(bytes);
     return ptr;
   }

@@ -28,6 +28,7 @@ inline void write_properties(JsonWriter& w, const DeviceProperties& p) {
       .field("runtime_version", p.runtime_version.to_string())
       .field("total_memory", p.total_memory)
       .field("max_allocation", p.max_allocation)
+      .field("memory_alignment", p.memory_alignment)
       .field("compute_units", p.compute_units)
       .field("subgroup_size", p.subgroup_size)
       .field("clock_rate_khz", p.clock_rate_khz)
@@ -129,8 +130,9 @@ std::string report_text(Backend<R>& backend) {
       MemoryInfo mem = backend.memory_info(d);
       line("  {}:{}  {} ({}, {}), uuid {}", Backend<R>::name, d, p.name, p.vendor,
            p.architecture, p.uuid);
-      line("      memory {:.0f} MiB total, {:.0f} MiB free, max allocation {:.0f} MiB; {}{}",
-           p.total_memory / mib, mem.free / mib, p.max_allocation / mib,
+      line("      memory {:.0f} MiB total, {:.0f} MiB free, max allocation {:.0f} MiB, aligned to "
+           "{} B; {}{}",
+           p.total_memory / mib, mem.free / mib, p.max_allocation / mib, p.memory_alignment,
            p.host_visible_memory ? "host-visible" : "not host-visible",
            p.unified_memory ? ", unified" : "");
       line("      {} compute units, subgroup {}, {} MHz, L2 {} KiB, {} copy engine{}",

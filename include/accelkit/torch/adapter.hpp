@@ -42,6 +42,7 @@
 #include <torch/library.h>
 
 #include <chrono>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -316,21 +317,24 @@ template <class R>
 struct DeviceAllocator final : c10::DeviceAllocator {
   static State<R>& st() { return State<R>::get(); }
 
-  // Note [DataPtr context]: device memory is at least 256-byte aligned
-  // (Runtime contract: malloc), so the context is the pointer with the
-  // device index in its low 8 bits; the deleter frees on the right device
-  // without searching.
+  // Note [DataPtr context]: device memory is at least 128-byte aligned
+  // (Note [Memory alignment]), so the context is the pointer with the
+  // device index (0..127, c10's DeviceIndex) in its low 7 bits; the deleter
+  // frees on the right device without searching.
   // A deleter cannot throw: a failure is reported (Note [Diagnostics]). In a
   // child forked after initialization the memory belongs to the parent's
   // device context, which the child does not have: it is left alone, as
   // CUDA leaves inherited device memory.
+  static constexpr std::uintptr_t kContextMask = 0x7F;
+  static_assert(std::numeric_limits<c10::DeviceIndex>::max() <= kContextMask,
+                "a device index must fit below the 128-byte alignment (Note [DataPtr context])");
   static void deleter(void* ctx) {
     auto v = reinterpret_cast<std::uintptr_t>(ctx);
     if (!v) return;
     if (Backend<R>::instance().in_bad_fork()) return;
-    auto d = static_cast<device_index>(v & 0xFF);
+    auto d = static_cast<device_index>(v & kContextMask);
     reporting_failures<R>([&] {
-      st().device_memory().device(d).deallocate(reinterpret_cast<void*>(v & ~std::uintptr_t{0xFF}));
+      st().device_memory().device(d).deallocate(reinterpret_cast<void*>(v & ~kContextMask));
     });
   }
 
