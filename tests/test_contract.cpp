@@ -24,7 +24,7 @@ struct Exact : Runtime<Exact> {
   void* host_malloc(std::size_t) { return nullptr; }
   void host_free(void*) {}
   void memcpy(device_index, void*, const void*, std::size_t, CopyKind) {}
-  void memcpy_async(device_index, void*, const void*, std::size_t, CopyKind, StreamHandle) {}
+  void memcpy_async(device_index, void*, const void*, std::size_t, CopyKind, StreamHandle, bool) {}
   void memset_async(device_index, void*, int, std::size_t, StreamHandle) {}
   StreamHandle stream_create(device_index, int) { return {}; }
   void stream_destroy(device_index, StreamHandle) {}

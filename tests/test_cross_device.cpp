@@ -48,8 +48,8 @@ struct NoPeerWait : Runtime<NoPeerWait> {
     sim.memcpy(d, dst, src, n, k);
   }
   void memcpy_async(device_index d, void* dst, const void* src, std::size_t n, CopyKind k,
-                    StreamHandle s) {
-    sim.memcpy_async(d, dst, src, n, k, s);
+                    StreamHandle s, bool pinned) {
+    sim.memcpy_async(d, dst, src, n, k, s, pinned);
   }
   void memset_async(device_index d, void* p, int v, std::size_t n, StreamHandle s) {
     sim.memset_async(d, p, v, n, s);
@@ -123,7 +123,7 @@ struct Pipeline {
   }
   // Device 1's work: queued on s1 after the wait.
   void consume() {
-    b.memcpy_async(1, out, mid, n, CopyKind::device_to_device, st.handle(s1));
+    b.memcpy_async(1, out, mid, n, CopyKind::device_to_device, st.handle(s1), false);
   }
   // Opens the gate from another thread after `ms`, setting `opened` first.
   std::thread open_later(std::atomic<bool>& opened, int ms) {

@@ -363,9 +363,9 @@ TEST_CASE("raw operations: a driver failure mid-copy is a DriverError and state 
   std::vector<char> host(1024, 'x'), back(1024, 0);
   void* d = b.raw_malloc(0, 1024);
   b.runtime().inject_fault("memcpy_async");
-  CHECK_THROWS_AS(b.memcpy_async(0, d, host.data(), 1024, CopyKind::host_to_device, s),
+  CHECK_THROWS_AS(b.memcpy_async(0, d, host.data(), 1024, CopyKind::host_to_device, s, false),
                   DriverError);
-  b.memcpy_async(0, d, host.data(), 1024, CopyKind::host_to_device, s);
+  b.memcpy_async(0, d, host.data(), 1024, CopyKind::host_to_device, s, false);
   b.stream_synchronize(0, s);
   b.memcpy(0, back.data(), d, 1024, CopyKind::device_to_host);
   CHECK(back == host);
@@ -430,8 +430,8 @@ struct NoTiming : Runtime<NoTiming> {
     sim.memcpy(d, dst, src, n, k);
   }
   void memcpy_async(device_index d, void* dst, const void* src, std::size_t n, CopyKind k,
-                    StreamHandle s) {
-    sim.memcpy_async(d, dst, src, n, k, s);
+                    StreamHandle s, bool pinned) {
+    sim.memcpy_async(d, dst, src, n, k, s, pinned);
   }
   void memset_async(device_index d, void* p, int v, std::size_t n, StreamHandle s) {
     sim.memset_async(d, p, v, n, s);

@@ -120,7 +120,7 @@ TEST_CASE("simdev: a device-to-host copy into pageable memory through the engine
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     gate->open();
   });
-  b.memcpy_async(0, out, dev, n, CopyKind::device_to_host, s);
+  b.memcpy_async(0, out, dev, n, CopyKind::device_to_host, s, false);
   opener.join();
   CHECK(out[-1] == 0);
   CHECK(out[0] == 7);
@@ -132,7 +132,7 @@ TEST_CASE("simdev: a device-to-host copy into pageable memory through the engine
   b.runtime().inject_fault("memset_async", 1, /*async=*/true);
   b.memset_async(0, dev, 9, n, s);
   try {
-    b.memcpy_async(0, out, dev, n, CopyKind::device_to_host, s);
+    b.memcpy_async(0, out, dev, n, CopyKind::device_to_host, s, false);
     b.stream_synchronize(0, s);
     FAIL("no asynchronous error");
   } catch (const DriverError& e) {
@@ -142,4 +142,59 @@ TEST_CASE("simdev: a device-to-host copy into pageable memory through the engine
   b.stream_synchronize(0, s);
   b.raw_free(0, dev, n);
   b.stream_destroy(0, s);
+}
+
+TEST_CASE("memcpy_async: the host side's pinning is the SDK's claim, and simdev checks it") {
+  simdev::Config c;
+  c.device_count = 1;
+  c.memory_bytes = {16 * kMiB};
+  Backend<simdev::SimRuntime> b(Environment::fixed({}), c);
+  StreamHandle s = b.stream_create(0, 0);
+  const std::size_t n = 4096;
+  void* dev = b.raw_malloc(0, n);
+  auto error_of = [&](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const DriverError& e) {
+      CHECK(e.code() == simdev::kInvalidValue);
+      return e.what();
+    }
+    return "no error";
+  };
+  // Pageable memory claimed pinned, and a claim on a copy without host side.
+  std::vector<char> pageable(n, 'p');
+  CHECK(error_of([&] {
+          b.memcpy_async(0, dev, pageable.data(), n, CopyKind::host_to_device, s, true);
+        }).find("is claimed pinned but is not memory from host_malloc") != std::string::npos);
+  CHECK(error_of([&] {
+          b.memcpy_async(0, dev, dev, n, CopyKind::device_to_device, s, true);
+        }).find("host_pinned is true for a device_to_device copy") != std::string::npos);
+
+  // A claimed copy is queued: it returns while the stream is held.
+  auto* pinned = static_cast<char*>(b.raw_host_malloc(n));
+  std::memset(pinned, 'q', n);
+  auto gate = b.runtime().hold(0, s);
+  b.memcpy_async(0, dev, pinned, n, CopyKind::host_to_device, s, true);
+  gate->open();
+  b.stream_synchronize(0, s);
+  std::vector<char> back(n, 0);
+  b.memcpy(0, back.data(), dev, n, CopyKind::device_to_host);
+  CHECK(back == std::vector<char>(n, 'q'));
+
+  // Pinned memory not claimed is pageable: consumed before the call returns,
+  // after the held stream's work.
+  std::memset(pinned, 'r', n);
+  gate = b.runtime().hold(0, s);
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    gate->open();
+  });
+  b.memcpy_async(0, dev, pinned, n, CopyKind::host_to_device, s, false);
+  std::memset(pinned, 'x', n);  // the copy has consumed it
+  opener.join();
+  b.stream_synchronize(0, s);
+  b.memcpy(0, back.data(), dev, n, CopyKind::device_to_host);
+  CHECK(back == std::vector<char>(n, 'r'));
+  b.raw_host_free(pinned);
+  b.raw_free(0, dev, n);
 }

@@ -89,7 +89,7 @@ TEST_CASE("simdev: a wait is released by the record it saw, not by a later recor
   b.event_record(0, e, a);
   b.stream_wait_event(0, w, e);
   b.event_record(0, e, c);  // c is idle: this record completes at once
-  b.memcpy_async(0, dst, src, 4096, CopyKind::device_to_device, w);
+  b.memcpy_async(0, dst, src, 4096, CopyKind::device_to_device, w, false);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   CHECK_FALSE(b.stream_query(0, w));  // still waiting for a's record
   gate->open();
@@ -109,14 +109,14 @@ TEST_CASE("simdev: memory still used by queued work cannot be freed, freed memor
   void* p = b.raw_malloc(0, 8192);
   void* q = b.raw_malloc(0, 8192);
   auto gate = b.runtime().hold(0, s);
-  b.memcpy_async(0, q, p, 8192, CopyKind::device_to_device, s);
+  b.memcpy_async(0, q, p, 8192, CopyKind::device_to_device, s, false);
   CHECK(driver_code([&] { b.raw_free(0, p, 8192); }) == simdev::kInvalidValue);
   CHECK(b.runtime().bytes_in_use(0) == 16384);  // refused: nothing changed
   gate->open();
   b.stream_synchronize(0, s);
   b.raw_free(0, p, 8192);
   // Freed: work naming it is refused at once.
-  CHECK(driver_code([&] { b.memcpy_async(0, q, p, 8192, CopyKind::device_to_device, s); }) ==
+  CHECK(driver_code([&] { b.memcpy_async(0, q, p, 8192, CopyKind::device_to_device, s, false); }) ==
         simdev::kIllegalAddress);
   CHECK(driver_code([&] { b.memset_async(0, p, 0, 8192, s); }) == simdev::kIllegalAddress);
   b.raw_free(0, q, 8192);
@@ -238,7 +238,7 @@ TEST_CASE("streams: wait_stream's pooled event cannot release the wait early") {
   st.wait_stream(c, c);  // takes a pooled event and records it on idle c
   Event<Sim> ev(st);
   ev.record(c);
-  b.memcpy_async(0, dst, src, 4096, CopyKind::device_to_device, st.handle(w));
+  b.memcpy_async(0, dst, src, 4096, CopyKind::device_to_device, st.handle(w), false);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   CHECK_FALSE(st.query(w));
   gate->open();
@@ -292,7 +292,7 @@ TEST_CASE("allocator: empty_cache returns a segment only after the work queued o
   b.memset_async(0, y, 4, n, s);
   {
     auto gate = b.runtime().hold(0, s);
-    b.memcpy_async(0, out, y, n, CopyKind::device_to_device, s);
+    b.memcpy_async(0, out, y, n, CopyKind::device_to_device, s, false);
     a.deallocate(y);  // stream-ordered: cached while the copy is queued
     OpenLater later(gate, 50);
     a.empty_cache();  // must wait for the copy before returning y's segment
@@ -348,7 +348,7 @@ TEST_CASE("allocator: without caching a refused free is reported, kept, and free
   b.memset_async(0, q, 1, 4096, s);
   {
     auto gate = b.runtime().hold(0, s);
-    b.memcpy_async(0, q, p, 4096, CopyKind::device_to_device, s);
+    b.memcpy_async(0, q, p, 4096, CopyKind::device_to_device, s, false);
     OpenLater later(gate, 30);
     a.deallocate(p);  // waits for the queued copy before the driver's free
   }
@@ -405,7 +405,7 @@ TEST_CASE("pinned allocator without caching: a block whose copy cannot be waited
   std::memset(pinned, 8, 4096);
   {
     auto gate = b.runtime().hold(0, s);
-    b.memcpy_async(0, dev, pinned, 4096, CopyKind::host_to_device, s);
+    b.memcpy_async(0, dev, pinned, 4096, CopyKind::host_to_device, s, /*host_pinned=*/true);
     h.record_stream(pinned, 0, s);
     b.runtime().inject_fault("event_synchronize");
     h.deallocate(pinned);  // cannot wait: not freed under the queued copy
@@ -565,13 +565,13 @@ TEST_CASE("stress: blocks written and read by queued work on many streams, the c
           b.stream_wait_event(0, other, e);
           order.release(e);
           auto* host = static_cast<char*>(h.allocate(size));
-          b.memcpy_async(0, host, p, size, CopyKind::device_to_host, other);
+          b.memcpy_async(0, host, p, size, CopyKind::device_to_host, other, /*host_pinned=*/true);
           h.record_stream(host, 0, other);
           a.record_stream(p, other);
           pending.push_back({other, host, size, value});
         }
         auto* mine = static_cast<char*>(h.allocate(size));
-        b.memcpy_async(0, mine, p, size, CopyKind::device_to_host, own);
+        b.memcpy_async(0, mine, p, size, CopyKind::device_to_host, own, /*host_pinned=*/true);
         h.record_stream(mine, 0, own);
         pending.push_back({own, mine, size, value});
         live.remove(p);

@@ -105,8 +105,8 @@ TEST_CASE("streams: work on one stream runs in order, off the calling thread") {
   buf.fill(1, 'x');
   buf.fill(2, 'y');
   auto gate = b.runtime().hold(0, st.handle(s));
-  b.memcpy_async(0, buf.ptrs[1], buf.ptrs[0], 4096, CopyKind::device_to_device, st.handle(s));
-  b.memcpy_async(0, buf.ptrs[2], buf.ptrs[1], 4096, CopyKind::device_to_device, st.handle(s));
+  b.memcpy_async(0, buf.ptrs[1], buf.ptrs[0], 4096, CopyKind::device_to_device, st.handle(s), false);
+  b.memcpy_async(0, buf.ptrs[2], buf.ptrs[1], 4096, CopyKind::device_to_device, st.handle(s), false);
   CHECK_FALSE(st.query(s));  // queued behind the gate
   CHECK(buf.first(2) == 'y');
   gate->open();
@@ -125,11 +125,11 @@ TEST_CASE("streams: an event orders work across streams") {
   buf.fill(1, 'x');
   buf.fill(2, 'y');
   auto gate = b.runtime().hold(0, st.handle(s1));
-  b.memcpy_async(0, buf.ptrs[1], buf.ptrs[0], 4096, CopyKind::device_to_device, st.handle(s1));
+  b.memcpy_async(0, buf.ptrs[1], buf.ptrs[0], 4096, CopyKind::device_to_device, st.handle(s1), false);
   SimEvent e(st);
   e.record(s1);
   e.block(s2);
-  b.memcpy_async(0, buf.ptrs[2], buf.ptrs[1], 4096, CopyKind::device_to_device, st.handle(s2));
+  b.memcpy_async(0, buf.ptrs[2], buf.ptrs[1], 4096, CopyKind::device_to_device, st.handle(s2), false);
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   CHECK_FALSE(e.query());
   CHECK_FALSE(st.query(s2));  // s2 waits for s1's event
@@ -151,7 +151,7 @@ TEST_CASE("streams: wait_stream orders one stream after another") {
   auto gate = b.runtime().hold(0, st.handle(s1));
   st.wait_stream(s2, s1);
   b.memcpy_async(0, buf.ptrs[1], buf.ptrs[0], 1 << 16, CopyKind::device_to_device,
-                 st.handle(s2));
+                 st.handle(s2), false);
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   CHECK(buf.first(1) == 'z');
   gate->open();

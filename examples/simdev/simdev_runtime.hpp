@@ -352,22 +352,34 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     w.fn();
   }
 
-  // Copies that touch pinned host memory, or only device memory, run on the
-  // stream; a copy from or to pageable host memory waits for the stream and
-  // runs at once, as CUDA's do.
+  // Copies whose host side the SDK says is pinned (`host_pinned`), or that
+  // touch only device memory, run on the stream; a copy from or to pageable
+  // host memory waits for the stream and runs at once, as CUDA's do. The
+  // claim is checked (Note [simdev strictness]): memory claimed pinned that
+  // is not from host_malloc, or a claim on a device-to-device copy, is a
+  // driver error; memory that is pinned but not claimed is treated as
+  // pageable.
   void memcpy_async(int device, void* dst, const void* src, std::size_t bytes,
-                    accelkit::CopyKind kind, accelkit::StreamHandle stream) {
+                    accelkit::CopyKind kind, accelkit::StreamHandle stream, bool host_pinned) {
     auto s = stream_of(device, stream, "memcpy_async");
     bool async_fault = fault("memcpy_async");
     report_async(device, "memcpy_async");
+    const void* host = kind == accelkit::CopyKind::host_to_device   ? src
+                       : kind == accelkit::CopyKind::device_to_host ? dst
+                                                                    : nullptr;
+    if (host_pinned && host == nullptr)
+      driver_error(kInvalidValue, "memcpy_async",
+                   "host_pinned is true for a device_to_device copy, which has no host side");
+    if (host_pinned && !is_pinned(host, bytes))
+      driver_error(kInvalidValue, "memcpy_async",
+                   fmt::format("host memory at {} ({} bytes) is claimed pinned but is not memory "
+                               "from host_malloc",
+                               host, bytes));
     copies_.fetch_add(1, std::memory_order_relaxed);
     Work w = copy_work(device, device, dst, src, bytes, kind);
     w.fail = async_fault;
     check_live(w, "memcpy_async");
-    const void* host = kind == accelkit::CopyKind::host_to_device   ? src
-                       : kind == accelkit::CopyKind::device_to_host ? dst
-                                                                    : nullptr;
-    if (host != nullptr && !is_pinned(host, bytes)) {
+    if (host != nullptr && !host_pinned) {
       s->synchronize();
       run(w);
       return;

@@ -26,7 +26,7 @@
 // | void* host_malloc(std::size_t bytes)                           | page-locked host memory usable by async copies; nullptr when out of memory |
 // | void host_free(void* ptr)                                      | release memory from host_malloc; as free, never called while queued work uses it |
 // | void memcpy(device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind) | synchronous copy: complete on return; not ordered with streams (the SDK synchronizes first where order matters) |
-// | void memcpy_async(device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind, StreamHandle stream) | enqueue the copy on `stream`; host memory not from host_malloc must be consumed before return |
+// | void memcpy_async(device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind, StreamHandle stream, bool host_pinned) | enqueue the copy on `stream`. `host_pinned` (always false for device_to_device): the host side is memory from host_malloc, which the SDK keeps alive and untouched until the stream has passed the copy, so the copy may run later; false: pageable host memory, consumed before return. The runtime needs no record of its host_malloc ranges (Note [Pinned copies]) |
 // | void memset_async(device_index device, void* ptr, int value, std::size_t bytes, StreamHandle stream) | enqueue: fill `bytes` bytes with (unsigned char)value |
 // | StreamHandle stream_create(device_index device, int priority)  | a new stream; `priority` in the driver's numbering, within properties().stream_priorities |
 // | void stream_destroy(device_index device, StreamHandle stream)  | release the stream once its queued work has completed (may return before) |

@@ -70,8 +70,8 @@ namespace detail {
     forward_nonempty, (device, dst, src, bytes, kind))                                        \
   X(memcpy_async, void,                                                                       \
     (device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind,       \
-     StreamHandle stream),                                                                    \
-    forward_nonempty, (device, dst, src, bytes, kind, stream))                                \
+     StreamHandle stream, bool host_pinned),                                                  \
+    forward_nonempty, (device, dst, src, bytes, kind, stream, host_pinned))                   \
   X(memset_async, void,                                                                       \
     (device_index device, void* ptr, int value, std::size_t bytes, StreamHandle stream),      \
     forward_nonempty, (device, ptr, value, bytes, stream))                                    \

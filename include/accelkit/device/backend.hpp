@@ -364,6 +364,18 @@ class Backend {
     return held_bytes_[static_cast<std::size_t>(device)].load();
   }
 
+  // Note [Pinned copies]
+  // memcpy_async's `host_pinned` tells the runtime what the SDK knows: the
+  // host side of the copy is memory from host_malloc (the pinned pool's),
+  // which the SDK keeps alive and does not touch until the stream has
+  // passed the copy (the pool records the stream: Note [Pinned host
+  // allocator]), so the runtime may leave the copy in flight and read or
+  // write that memory when the copy runs. Without the claim the host memory
+  // is pageable, and the copy must be done with it before memcpy_async
+  // returns. A runtime thus needs no record of its host_malloc ranges to
+  // tell the two apart (CUDA's driver looks the pointer up; OpenCL's SVM
+  // copies take no such hint); simdev checks every claim and refuses a
+  // false one.
   void* raw_host_malloc(std::size_t bytes) {
     lazy_init();
     if (bytes == 0) return nullptr;

@@ -378,7 +378,7 @@ struct DeviceAllocator final : c10::DeviceAllocator {
       device_index sd = device_holding<R>(src).value_or(dd);
       StreamHandle h = s.current_handle(sd);
       if (sd == dd) {
-        s.backend().memcpy_async(dd, dest, src, count, CopyKind::device_to_device, h);
+        s.backend().memcpy_async(dd, dest, src, count, CopyKind::device_to_device, h, false);
       } else {
         s.backend().memcpy_peer_async(dest, dd, src, sd, count, h);
       }

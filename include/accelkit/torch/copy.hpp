@@ -72,7 +72,7 @@ struct CopyOps : HostAccess<R> {
               return dst;
             }
             b.memcpy_async(dev(dst), dst.data_ptr(), self.data_ptr(), nbytes(dst),
-                           CopyKind::device_to_device, stream_of(dev(dst)));
+                           CopyKind::device_to_device, stream_of(dev(dst)), false);
             queued(dev(dst));
           } else {
             sync(dev(dst));  // earlier work on dst finishes before it is overwritten
@@ -98,7 +98,7 @@ struct CopyOps : HostAccess<R> {
         const at::Tensor& host = kind == CopyKind::host_to_device ? self : dst;
         bool in_flight = non_blocking && pinned;
         if (in_flight) st().host_memory().record_stream(host.storage().mutable_data(), d, stream_of(d));
-        b.memcpy_async(d, dst.data_ptr(), self.data_ptr(), nbytes(dst), kind, stream_of(d));
+        b.memcpy_async(d, dst.data_ptr(), self.data_ptr(), nbytes(dst), kind, stream_of(d), pinned);
         if (in_flight) queued(d);
         else sync(d);
         return dst;

@@ -54,7 +54,7 @@ struct HostAccess {
     const c10::Storage& s = t.storage();
     at::Tensor bytes = at::empty({static_cast<int64_t>(s.nbytes())}, at::TensorOptions().dtype(at::kByte));
     st().backend().memcpy_async(d, bytes.data_ptr(), s.data(), s.nbytes(), CopyKind::device_to_host,
-                                stream_of(d));
+                                stream_of(d), false);
     sync(d);
     at::Tensor view = at::from_blob(static_cast<char*>(bytes.data_ptr()) +
                                         t.storage_offset() * t.element_size(),
@@ -69,7 +69,7 @@ struct HostAccess {
     if (t.is_contiguous()) {
       at::Tensor out = at::empty(t.sizes(), t.options().device(at::kCPU));
       st().backend().memcpy_async(d, out.data_ptr(), t.data_ptr(), nbytes(t),
-                                  CopyKind::device_to_host, stream_of(d));
+                                  CopyKind::device_to_host, stream_of(d), false);
       sync(d);
       return out;
     }
@@ -85,7 +85,7 @@ struct HostAccess {
     tmp.copy_(src);
     if (dst.is_contiguous()) {
       st().backend().memcpy_async(d, dst.data_ptr(), tmp.data_ptr(), nbytes(dst),
-                                  CopyKind::host_to_device, stream_of(d));
+                                  CopyKind::host_to_device, stream_of(d), false);
       sync(d);
       return;
     }
@@ -97,7 +97,7 @@ struct HostAccess {
     view.copy_(tmp);
     const c10::Storage& s = dst.storage();
     st().backend().memcpy_async(d, s.mutable_data(), bytes.data_ptr(), s.nbytes(),
-                                CopyKind::host_to_device, stream_of(d));
+                                CopyKind::host_to_device, stream_of(d), false);
     sync(d);
   }
 };

@@ -31,7 +31,7 @@ struct StorageOps : HostAccess<R> {
     std::size_t keep = std::min(n, storage.nbytes());
     if (keep > 0) {
       st().backend().memcpy_async(d, fresh.get(), storage.data(), keep,
-                                  CopyKind::device_to_device, stream_of(d));
+                                  CopyKind::device_to_device, stream_of(d), false);
       queued(d);
     }
     const_cast<c10::Storage&>(storage).set_data_ptr_noswap(std::move(fresh));

@@ -36,7 +36,11 @@ class VendorRuntime : public accelkit::Runtime<VendorRuntime> {
   void host_free(void*) { todo("host_free"); }
 
   void memcpy(device_index, void*, const void*, std::size_t, CopyKind) { todo("memcpy"); }
-  void memcpy_async(device_index, void*, const void*, std::size_t, CopyKind, StreamHandle) {
+  // host_pinned: the host side is memory from host_malloc, kept untouched by
+  // the SDK until the stream passes the copy; otherwise consume it before
+  // returning.
+  void memcpy_async(device_index, void*, const void*, std::size_t, CopyKind, StreamHandle,
+                    bool /*host_pinned*/) {
     todo("memcpy_async");
   }
   void memset_async(device_index, void*, int, std::size_t, StreamHandle) {
