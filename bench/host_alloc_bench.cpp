@@ -67,9 +67,9 @@ class TorchHostAllocator final : public at::CachingHostAllocatorImpl<SimStream, 
 
  private:
   void allocate_host_memory(std::size_t size, void** ptr) override {
-    *ptr = b_.raw_host_malloc(size);
+    *ptr = b_.raw_host_malloc(0, size);
   }
-  void free_block(at::HostBlock<SimStream>* block) override { b_.raw_host_free(block->ptr_); }
+  void free_block(at::HostBlock<SimStream>* block) override { b_.raw_host_free(0, block->ptr_); }
   // Events are pooled, as CUDA's instance of this template does.
   void record_stream(std::optional<std::vector<SimEvent>>& events, SimStream s) override {
     SimEvent e{s.device, {}};
@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
   if (quick) sizes = {4096};
   int samples = quick ? 10 : 2000, batch = quick ? 4 : 64;
   for (std::size_t size : sizes) {
-    Latency a = measure([&] { ours.deallocate(ours.allocate(size)); }, samples, batch);
+    Latency a = measure([&] { ours.deallocate(ours.allocate(0, size)); }, samples, batch);
     Latency t = measure(
         [&] {
           auto [ptr, ctx] = torch_alloc.allocate(size);
@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
           torch_alloc.free(ctx);
         },
         samples, batch);
-    Latency r = measure([&] { backend.raw_host_free(backend.raw_host_malloc(size)); },
+    Latency r = measure([&] { backend.raw_host_free(0, backend.raw_host_malloc(0, size)); },
                         quick ? 4 : 200, quick ? 2 : 8);
     std::printf("%-9s %9.1f /%8.1f %14.1f /%9.1f %19.1f %11.2fx %11.0fx\n", human(size).c_str(),
                 a.p50, a.p99, t.p50, t.p99, r.p50, t.p50 / a.p50, r.p50 / a.p50);
@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
   std::puts("\n== pinned blocks used by a stream: allocate, record_stream, free (ns per round) ==");
   Latency a = measure(
       [&] {
-        void* p = ours.allocate(65536);
+        void* p = ours.allocate(0, 65536);
         ours.record_stream(p, 0, s);
         ours.deallocate(p);
       },

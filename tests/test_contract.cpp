@@ -21,8 +21,8 @@ struct Exact : Runtime<Exact> {
   void set_device(device_index) {}
   void* malloc(device_index, std::size_t) { return nullptr; }
   void free(device_index, void*) {}
-  void* host_malloc(std::size_t) { return nullptr; }
-  void host_free(void*) {}
+  void* host_malloc(device_index, std::size_t) { return nullptr; }
+  void host_free(device_index, void*) {}
   void memcpy(device_index, void*, const void*, std::size_t, CopyKind) {}
   void memcpy_async(device_index, void*, const void*, std::size_t, CopyKind, StreamHandle, bool) {}
   void memset_async(device_index, void*, int, std::size_t, StreamHandle) {}

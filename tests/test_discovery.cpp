@@ -424,8 +424,8 @@ struct NoTiming : Runtime<NoTiming> {
   void set_device(device_index d) { sim.set_device(d); }
   void* malloc(device_index d, std::size_t n) { return sim.malloc(d, n); }
   void free(device_index d, void* p) { sim.free(d, p); }
-  void* host_malloc(std::size_t n) { return sim.host_malloc(n); }
-  void host_free(void* p) { sim.host_free(p); }
+  void* host_malloc(device_index d, std::size_t n) { return sim.host_malloc(d, n); }
+  void host_free(device_index d, void* p) { sim.host_free(d, p); }
   void memcpy(device_index d, void* dst, const void* src, std::size_t n, CopyKind k) {
     sim.memcpy(d, dst, src, n, k);
   }

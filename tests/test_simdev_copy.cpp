@@ -171,7 +171,7 @@ TEST_CASE("memcpy_async: the host side's pinning is the SDK's claim, and simdev 
         }).find("host_pinned is true for a device_to_device copy") != std::string::npos);
 
   // A claimed copy is queued: it returns while the stream is held.
-  auto* pinned = static_cast<char*>(b.raw_host_malloc(n));
+  auto* pinned = static_cast<char*>(b.raw_host_malloc(0, n));
   std::memset(pinned, 'q', n);
   auto gate = b.runtime().hold(0, s);
   b.memcpy_async(0, dev, pinned, n, CopyKind::host_to_device, s, true);
@@ -195,6 +195,6 @@ TEST_CASE("memcpy_async: the host side's pinning is the SDK's claim, and simdev 
   b.stream_synchronize(0, s);
   b.memcpy(0, back.data(), dev, n, CopyKind::device_to_host);
   CHECK(back == std::vector<char>(n, 'r'));
-  b.raw_host_free(pinned);
+  b.raw_host_free(0, pinned);
   b.raw_free(0, dev, n);
 }

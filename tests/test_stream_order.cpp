@@ -401,7 +401,7 @@ TEST_CASE("pinned allocator without caching: a block whose copy cannot be waited
   HostAllocator<Sim> h(b, config);
   StreamHandle s = b.stream_create(0, 0);
   void* dev = b.raw_malloc(0, 4096);
-  void* pinned = h.allocate(4096);
+  void* pinned = h.allocate(0, 4096);
   std::memset(pinned, 8, 4096);
   {
     auto gate = b.runtime().hold(0, s);
@@ -434,7 +434,7 @@ TEST_CASE("both pools quarantine a block whose use can be neither recorded nor w
     Allocator a(b, 0, AllocatorConfig{}, st.events(0, EventFlags::none));
     HostAllocator<Sim> h(b, AllocatorConfig{});
     void* dev = a.allocate(4096, s1);
-    void* pinned = h.allocate(4096);
+    void* pinned = h.allocate(0, 4096);
     a.record_stream(dev, s2);
     h.record_stream(pinned, 0, s2);
     for (void* p : {dev, pinned}) {
@@ -451,7 +451,7 @@ TEST_CASE("both pools quarantine a block whose use can be neither recorded nor w
     CHECK(contains(reports()[3], "is kept out of the cache: its use on stream"));
     // Never reused.
     void* dev2 = a.allocate(4096, s1);
-    void* pinned2 = h.allocate(4096);
+    void* pinned2 = h.allocate(0, 4096);
     CHECK(dev2 != dev);
     CHECK(pinned2 != pinned);
     a.deallocate(dev2);
@@ -564,13 +564,13 @@ TEST_CASE("stress: blocks written and read by queued work on many streams, the c
           b.event_record(0, e, own);
           b.stream_wait_event(0, other, e);
           order.release(e);
-          auto* host = static_cast<char*>(h.allocate(size));
+          auto* host = static_cast<char*>(h.allocate(0, size));
           b.memcpy_async(0, host, p, size, CopyKind::device_to_host, other, /*host_pinned=*/true);
           h.record_stream(host, 0, other);
           a.record_stream(p, other);
           pending.push_back({other, host, size, value});
         }
-        auto* mine = static_cast<char*>(h.allocate(size));
+        auto* mine = static_cast<char*>(h.allocate(0, size));
         b.memcpy_async(0, mine, p, size, CopyKind::device_to_host, own, /*host_pinned=*/true);
         h.record_stream(mine, 0, own);
         pending.push_back({own, mine, size, value});

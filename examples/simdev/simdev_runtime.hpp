@@ -313,16 +313,22 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     d.used.fetch_sub(a.bytes);
   }
 
-  void* host_malloc(std::size_t bytes) {
+  // Pinned memory allocated in one device's context, freed through that
+  // device; copies of every device may use it (Note [Pinned memory per
+  // device]).
+  void* host_malloc(int device, std::size_t bytes) {
+    check(device, "host_malloc");
     fault("host_malloc");
+    context(device);
     std::size_t rounded = (bytes + kPage - 1) / kPage * kPage;
     void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return nullptr;
     std::lock_guard<std::mutex> lock(pinned_mutex_);
-    pinned_.emplace(static_cast<char*>(p), rounded);
+    pinned_.emplace(static_cast<char*>(p), Pinned{rounded, device});
     return p;
   }
-  void host_free(void* ptr) {
+  void host_free(int device, void* ptr) {
+    check(device, "host_free");
     fault("host_free");
     std::size_t bytes = 0;
     {
@@ -331,7 +337,11 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       if (it == pinned_.end())
         driver_error(kInvalidValue, "host_free",
                      fmt::format("pointer {} was not allocated by host_malloc", ptr));
-      bytes = it->second;
+      if (it->second.device != device)
+        driver_error(kInvalidValue, "host_free",
+                     fmt::format("pointer {} is pinned memory of device {}, freed as device {}'s",
+                                 ptr, it->second.device, device));
+      bytes = it->second.bytes;
     }
     refuse_if_queued("host_free", static_cast<char*>(ptr), bytes);
     {
@@ -1022,13 +1032,15 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     return it->second;
   }
 
-  bool is_pinned(const void* p, std::size_t bytes) {
+  bool is_pinned(const void* p, std::size_t bytes) { return pinned_device(p, bytes) >= 0; }
+  // The device whose host_malloc gave [p, p + bytes), or -1.
+  int pinned_device(const void* p, std::size_t bytes) {
     const char* c = static_cast<const char*>(p);
     std::lock_guard<std::mutex> lock(pinned_mutex_);
     auto it = pinned_.upper_bound(const_cast<char*>(c));
-    if (it == pinned_.begin()) return false;
+    if (it == pinned_.begin()) return -1;
     --it;
-    return c >= it->first && c + bytes <= it->first + it->second;
+    return c >= it->first && c + bytes <= it->first + it->second.bytes ? it->second.device : -1;
   }
 
   // Counts a call of `member`; throws when a fault is due at this call, or
@@ -1055,7 +1067,11 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   std::atomic<long> copies_{0};
   bool initialized_ = false;
   std::mutex pinned_mutex_;
-  std::map<char*, std::size_t> pinned_;
+  struct Pinned {
+    std::size_t bytes = 0;
+    int device = 0;  // whose host_malloc
+  };
+  std::map<char*, Pinned> pinned_;
   std::mutex events_mutex_;
   std::unordered_map<std::uintptr_t, std::shared_ptr<Event>> events_;
   std::mutex fault_mutex_;

@@ -63,8 +63,8 @@ namespace detail {
   X(set_device, void, (device_index device), sdk, (device))                                   \
   X(malloc, void*, (device_index device, std::size_t bytes), sdk, (device, bytes))            \
   X(free, void, (device_index device, void* ptr), sdk, (device, ptr))                         \
-  X(host_malloc, void*, (std::size_t bytes), sdk, (bytes))                                    \
-  X(host_free, void, (void* ptr), sdk, (ptr))                                                 \
+  X(host_malloc, void*, (device_index device, std::size_t bytes), sdk, (device, bytes))      \
+  X(host_free, void, (device_index device, void* ptr), sdk, (device, ptr))                   \
   X(memcpy, void,                                                                             \
     (device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind),      \
     forward_nonempty, (device, dst, src, bytes, kind))                                        \

@@ -376,19 +376,39 @@ class Backend {
   // tell the two apart (CUDA's driver looks the pointer up; OpenCL's SVM
   // copies take no such hint); simdev checks every claim and refuses a
   // false one.
-  void* raw_host_malloc(std::size_t bytes) {
-    lazy_init();
+  // Note [Pinned memory per device]
+  // Pinned host memory is allocated in a device's context (OpenCL's SVM is a
+  // context's: clSVMAlloc needs one), so host_malloc and host_free name the
+  // device, and the pinned pool (HostAllocator) keeps one cache per device
+  // and frees each block through the device that gave it. What a block may
+  // be used for is not per device: as CUDA's portable pinned memory, it
+  // serves async copies of every device (memcpy_async's host_pinned claims
+  // it for any of them), because programs written for CUDA hand one pinned
+  // buffer from a copy of one device to a copy of another, in stream order
+  // (a staging buffer between two devices); treating it as pageable there
+  // would make the second copy wait on the host for work queued after it.
+  // A runtime with one context per device makes its pinned memory usable
+  // by the others (OpenCL: one context for the platform's devices). Which
+  // device tensor.pin_memory() pins for, naming none: the calling thread's
+  // current device, as CUDA's pinned allocator allocates in the current
+  // device's context.
+
+  // `bytes` of pinned host memory for `device` straight from the driver.
+  void* raw_host_malloc(device_index device, std::size_t bytes) {
+    int phys = physical(device);
     if (bytes == 0) return nullptr;
-    void* ptr = runtime_.host_malloc(bytes);
+    void* ptr = runtime_.host_malloc(phys, bytes);
     if (ptr == nullptr)
-      throw OutOfMemoryError(name,
-                             fmt::format("out of pinned host memory allocating {} bytes", bytes));
+      throw OutOfMemoryError(name, fmt::format("out of pinned host memory allocating {} bytes "
+                                               "for {}:{}",
+                                               bytes, name, device));
     return ptr;
   }
-  void raw_host_free(void* ptr) {
+  // Returns memory from raw_host_malloc(device, ·).
+  void raw_host_free(device_index device, void* ptr) {
     if (ptr == nullptr) return;
-    lazy_init();
-    runtime_.host_free(ptr);
+    int phys = physical(device);
+    runtime_.host_free(phys, ptr);
   }
 
   // Copies between two devices, ordered on `stream` of `src_device`; staged
@@ -401,7 +421,8 @@ class Backend {
     if constexpr (detail::has_memcpy_peer_async<R>) {
       runtime_.memcpy_peer_async(dst, dst_phys, src, src_phys, bytes, stream);
     } else {
-      std::unique_ptr<void, HostDeleter> staging(raw_host_malloc(bytes), HostDeleter{this});
+      std::unique_ptr<void, HostDeleter> staging(raw_host_malloc(src_device, bytes),
+                                                 HostDeleter{this, src_device});
       runtime_.stream_synchronize(src_phys, stream);
       runtime_.memcpy(src_phys, staging.get(), src, bytes, CopyKind::device_to_host);
       runtime_.memcpy(dst_phys, dst, staging.get(), bytes, CopyKind::host_to_device);
@@ -489,7 +510,8 @@ class Backend {
 
   struct HostDeleter {
     Backend* backend;
-    void operator()(void* p) const { backend->raw_host_free(p); }
+    device_index device;
+    void operator()(void* p) const { backend->raw_host_free(device, p); }
   };
 
   // The thread's current device, tagged with the backend it belongs to so that

@@ -7,7 +7,11 @@
 // CachingHostAllocator does, sizes are rounded up to a power of two and
 // blocks are not split; each size class has its own lock, free list and
 // statistics (Note [Sharded statistics]), so threads that allocate different
-// sizes do not contend. A block that copies on some device's stream used
+// sizes do not contend. Pinned memory is allocated in a device's context
+// (Note [Pinned memory per device]): each device has its own size classes,
+// and a block goes back only to the device whose host_malloc gave it; any
+// device's copies may use it. A block that copies on some
+// device's stream used
 // (record_stream) is reused only after an event recorded on that stream at
 // free time completes; the events come from per-device EventPools.
 #pragma once
@@ -33,6 +37,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -95,7 +100,7 @@ class HostAllocator {
   // Returns every block to the driver, those still allocated and those
   // kept out of the cache included, as the device allocator does.
   ~HostAllocator() {
-    for (Bucket& bucket : buckets_) {
+    for_each_bucket([&](Bucket& bucket) {
       for (Pending& p : bucket.pending) {
         release_events(p);
         delete_block(p.block);
@@ -103,13 +108,15 @@ class HostAllocator {
       for (Block* b : bucket.free) delete_block(b);
       for (Block* b : bucket.quarantined) delete_block(b);
       for (Block* b : bucket.refused) delete_block(b);
-    }
+    });
     live_.for_each([&](Block* b) { delete_block(b); });
   }
 
-  // `bytes` of pinned host memory; nullptr for 0 bytes. OutOfMemoryError
+  // `bytes` of pinned host memory for copies of `device`; nullptr for 0
+  // bytes. IndexError for a device that is not visible; OutOfMemoryError
   // when the driver has none left even after the cache was returned.
-  void* allocate(std::size_t bytes) {
+  void* allocate(device_index device, std::size_t bytes) {
+    backend_.check_device(device);
     if (bytes == 0) return nullptr;
     if (bytes > kMaxBytes)
       throw OutOfMemoryError(Backend<R>::name,
@@ -118,7 +125,7 @@ class HostAllocator {
                                          detail::format_bytes(bytes), bytes,
                                          detail::format_bytes(kMaxBytes)));
     std::size_t cls = size_class(bytes);
-    Bucket& bucket = buckets_[cls];
+    Bucket& bucket = pool(device).buckets[cls];
     Block* b = nullptr;
     if (config_.caching) {
       std::lock_guard<detail::SpinLock> lock(bucket.lock);
@@ -131,7 +138,7 @@ class HostAllocator {
         bucket.stats.allocated_bytes.increase(static_cast<std::int64_t>(b->size));
       }
     }
-    if (!b) b = allocate_new(bucket, cls, bytes);
+    if (!b) b = allocate_new(bucket, device, cls, bytes);
     live_.insert(b->ptr, b);
     return b->ptr;
   }
@@ -146,7 +153,7 @@ class HostAllocator {
                          fmt::format("free of pinned host pointer {}: not a live allocation of "
                                      "this allocator (double free, or memory from elsewhere)",
                                      ptr));
-    Bucket& bucket = buckets_[b->cls];
+    Bucket& bucket = bucket_of(b);
     Pending pending{b, {}};
     bool safe = record_uses(pending);
     if (!config_.caching) {
@@ -183,7 +190,7 @@ class HostAllocator {
                          fmt::format("record_stream: pinned host pointer {} is not a live "
                                      "allocation",
                                      ptr));
-    std::lock_guard<detail::SpinLock> lock(buckets_[b->cls].lock);
+    std::lock_guard<detail::SpinLock> lock(bucket_of(b).lock);
     for (const auto& u : b->uses)
       if (u.first == device && u.second == stream) return;
     b->uses.emplace_back(device, stream);
@@ -192,10 +199,17 @@ class HostAllocator {
   // Whether `ptr` is a live allocation of this allocator.
   bool is_allocation(const void* ptr) { return live_.find(ptr) != nullptr; }
 
+  // The device whose host_malloc gave the live allocation at `ptr`, or
+  // nullopt for other memory.
+  std::optional<device_index> device_of(const void* ptr) {
+    if (Block* b = live_.find(ptr)) return b->device;
+    return std::nullopt;
+  }
+
   // Returns every cached block to the driver, after waiting for pending
   // uses, and tries again those the driver refused before.
   void empty_cache() {
-    for (Bucket& bucket : buckets_) {
+    for_each_bucket([&](Bucket& bucket) {
       std::vector<Block*> freed;
       {
         std::lock_guard<detail::SpinLock> lock(bucket.lock);
@@ -208,33 +222,34 @@ class HostAllocator {
         std::lock_guard<detail::SpinLock> lock(bucket.lock);
         free_to_driver(bucket, b);
       }
-    }
+    });
   }
 
+  // Over every device's pinned memory (torch.cuda's host_memory_stats).
   HostStats stats() {
     HostStats out;
-    for (Bucket& bucket : buckets_) {
+    for_each_bucket([&](Bucket& bucket) {
       std::lock_guard<detail::SpinLock> lock(bucket.lock);
       out.merge(bucket.stats);
-    }
+    });
     return out;
   }
   void reset_peak_stats() {
-    for (Bucket& bucket : buckets_) {
+    for_each_bucket([&](Bucket& bucket) {
       std::lock_guard<detail::SpinLock> lock(bucket.lock);
       for (Stat* s : {&bucket.stats.allocation, &bucket.stats.segment,
                       &bucket.stats.allocated_bytes, &bucket.stats.reserved_bytes})
         s->reset_peak();
-    }
+    });
   }
   void reset_accumulated_stats() {
-    for (Bucket& bucket : buckets_) {
+    for_each_bucket([&](Bucket& bucket) {
       std::lock_guard<detail::SpinLock> lock(bucket.lock);
       for (Stat* s : {&bucket.stats.allocation, &bucket.stats.segment,
                       &bucket.stats.allocated_bytes, &bucket.stats.reserved_bytes})
         s->reset_accumulated();
       bucket.stats.num_host_alloc = bucket.stats.num_host_free = 0;
-    }
+    });
   }
 
  private:
@@ -245,6 +260,7 @@ class HostAllocator {
   struct Block {
     void* ptr = nullptr;
     std::size_t size = 0;
+    device_index device = 0;  // whose host_malloc gave it
     std::size_t cls = 0;
     bool allocated = false;
     std::vector<std::pair<device_index, StreamHandle>> uses;
@@ -261,19 +277,36 @@ class HostAllocator {
     std::vector<Block*> refused;      // the driver refused to free them (free_to_driver)
     HostStats stats;
   };
+  // One device's size classes, made at its first pinned allocation.
+  struct DevicePool {
+    std::array<Bucket, kClasses> buckets;
+  };
+
+  DevicePool& pool(device_index device) {
+    return pools_.get(device, backend_.device_count(),
+                      [] { return std::make_unique<DevicePool>(); });
+  }
+  Bucket& bucket_of(const Block* b) { return pool(b->device).buckets[b->cls]; }
+  // f(bucket) for every bucket of every device's pool made so far.
+  template <class F>
+  void for_each_bucket(F&& f) {
+    pools_.for_each([&](device_index, DevicePool& p) {
+      for (Bucket& bucket : p.buckets) f(bucket);
+    });
+  }
 
   static std::size_t size_class(std::size_t bytes) noexcept {
     if (bytes <= (std::size_t{1} << kMinClass)) return kMinClass;
     return static_cast<std::size_t>(64 - __builtin_clzll(bytes - 1));
   }
 
-  Block* allocate_new(Bucket& bucket, std::size_t cls, std::size_t bytes) {
+  Block* allocate_new(Bucket& bucket, device_index device, std::size_t cls, std::size_t bytes) {
     std::size_t size = config_.caching ? std::size_t{1} << cls
                                        : (bytes + 511) / 512 * 512;
     void* p = nullptr;
     for (int attempt = 0; attempt < 2 && !p; ++attempt) {
       try {
-        p = backend_.raw_host_malloc(size);
+        p = backend_.raw_host_malloc(device, size);
       } catch (const OutOfMemoryError&) {
         if (attempt == 1 || !config_.caching)
           throw OutOfMemoryError(
@@ -290,6 +323,7 @@ class HostAllocator {
     auto* b = new Block();
     b->ptr = p;
     b->size = size;
+    b->device = device;
     b->cls = cls;
     b->allocated = true;
     std::lock_guard<detail::SpinLock> lock(bucket.lock);
@@ -313,7 +347,7 @@ class HostAllocator {
   // deleters.
   void free_to_driver(Bucket& bucket, Block* b) {
     try {
-      backend_.raw_host_free(b->ptr);
+      backend_.raw_host_free(b->device, b->ptr);
     } catch (const std::exception& e) {
       report(Severity::warning, Backend<R>::name,
              fmt::format("pinned host memory at {} ({} bytes) could not be returned to the "
@@ -330,7 +364,7 @@ class HostAllocator {
 
   void delete_block(Block* b) {
     try {
-      backend_.raw_host_free(b->ptr);
+      backend_.raw_host_free(b->device, b->ptr);
     } catch (...) {
       // The driver refused; nothing more can be done with the memory.
     }
@@ -396,7 +430,7 @@ class HostAllocator {
 
   Backend<R>& backend_;
   AllocatorConfig config_;
-  std::array<Bucket, kClasses> buckets_;
+  detail::PerDevice<DevicePool> pools_;
   detail::PointerMap<Block*> live_;
   detail::PerDevice<EventPool<R>> event_pools_;
 };

@@ -432,7 +432,9 @@ struct DeviceAllocator final : c10::DeviceAllocator {
   }
 };
 
-// Pinned host memory for pin_memory(): a CPU allocator over HostAllocator.
+// Pinned host memory for pin_memory(): a CPU allocator over HostAllocator,
+// pinning for the calling thread's current device (Note [Pinned memory per
+// device]: pin_memory() names no device).
 template <class R>
 struct PinnedAllocator final : c10::Allocator {
   static void deleter(void* ptr) {
@@ -441,7 +443,8 @@ struct PinnedAllocator final : c10::Allocator {
   }
   c10::DataPtr allocate(std::size_t n) override {
     return translated([&] {
-      void* p = State<R>::get().host_memory().allocate(n);
+      State<R>& s = State<R>::get();
+      void* p = s.host_memory().allocate(s.backend().current_device(), n);
       return c10::DataPtr(p, p, &deleter, c10::Device(c10::DeviceType::CPU));
     });
   }

@@ -89,13 +89,15 @@ struct CopyOps : HostAccess<R> {
         from_cpu(dst, to_cpu(self));
         return dst;
       }
-      // Between device d and host memory that is pinned or not: left in
-      // flight on d's stream only when asked to and the host side is pinned.
-      // A copy left in flight keeps its pinned block from reuse until the
-      // stream has passed it, should the tensor be freed first (as
-      // CUDA's pinned allocator records an event for it).
-      auto transfer = [&](device_index d, CopyKind kind, bool pinned) {
+      // Between device d and host memory that is pinned (for any device:
+      // Note [Pinned memory per device]) or not: left in flight on d's
+      // stream only when asked to and the host side is pinned (Note [Pinned
+      // copies]). A copy left in flight keeps its pinned block from reuse
+      // until the stream has passed it, should the tensor be freed first
+      // (as CUDA's pinned allocator records an event for it).
+      auto transfer = [&](device_index d, CopyKind kind) {
         const at::Tensor& host = kind == CopyKind::host_to_device ? self : dst;
+        bool pinned = st().host_memory().is_allocation(host.storage().data());
         bool in_flight = non_blocking && pinned;
         if (in_flight) st().host_memory().record_stream(host.storage().mutable_data(), d, stream_of(d));
         b.memcpy_async(d, dst.data_ptr(), self.data_ptr(), nbytes(dst), kind, stream_of(d), pinned);
@@ -105,13 +107,13 @@ struct CopyOps : HostAccess<R> {
       };
       if (src_dev) {  // device -> host
         if (same_layout(self, dst))
-          return transfer(dev(self), CopyKind::device_to_host, dst.is_pinned());
+          return transfer(dev(self), CopyKind::device_to_host);
         dst.copy_(to_cpu(self));
         return dst;
       }
       // host -> device
       if (same_layout(self, dst))
-        return transfer(dev(dst), CopyKind::host_to_device, self.is_pinned());
+        return transfer(dev(dst), CopyKind::host_to_device);
       from_cpu(dst, self);
       return dst;
     });

@@ -32,8 +32,9 @@ class VendorRuntime : public accelkit::Runtime<VendorRuntime> {
   // Return nullptr when the device is out of memory.
   void* malloc(device_index, std::size_t) { todo("malloc"); }
   void free(device_index, void*) { todo("free"); }
-  void* host_malloc(std::size_t) { todo("host_malloc"); }
-  void host_free(void*) { todo("host_free"); }
+  // Pinned host memory for copies of this device (a context's).
+  void* host_malloc(device_index, std::size_t) { todo("host_malloc"); }
+  void host_free(device_index, void*) { todo("host_free"); }
 
   void memcpy(device_index, void*, const void*, std::size_t, CopyKind) { todo("memcpy"); }
   // host_pinned: the host side is memory from host_malloc, kept untouched by
