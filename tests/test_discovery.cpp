@@ -275,6 +275,32 @@ TEST_CASE("capabilities: the typed query API answers from the validated schema")
   CHECK(nv.peer_access_matrix() == std::vector<std::vector<bool>>{{true, false}, {false, true}});
 }
 
+TEST_CASE("capabilities: unknown fields are reported unknown and the derived UUID selects devices") {
+  simdev::Config c = devices(2);
+  c.unknown_properties = true;
+  SimBackend b(env(), c);
+  const DeviceProperties& p0 = b.properties(0);
+  CHECK(p0.uuid_derived);
+  CHECK(p0.architecture.empty());
+  CHECK_FALSE(p0.async_copy_engines.has_value());
+  SimBackend again(env(), c);  // another backend (as another process) derives the same
+  CHECK(again.properties(0).uuid == p0.uuid);
+  CHECK(again.properties(1).uuid != p0.uuid);
+  std::string j = report_json(b);
+  CHECK(contains(j, "\"architecture\": null"));
+  CHECK(contains(j, "\"async_copy_engines\": null"));
+  CHECK(contains(j, "\"uuid_derived\": true"));
+  std::string t = report_text(b);
+  CHECK(contains(t, "architecture unknown"));
+  CHECK(contains(t, "unknown copy engines"));
+  CHECK(contains(t, "(derived by accelkit)"));
+  // The visibility variable matches the derived UUID.
+  std::string uuid1 = again.properties(1).uuid;
+  SimBackend by_uuid(Environment::fixed({{"SIMDEV_VISIBLE_DEVICES", uuid1.substr(0, 8)}}), c);
+  REQUIRE(by_uuid.device_count() == 1);
+  CHECK(by_uuid.visible_devices() == std::vector<int>{1});
+}
+
 TEST_CASE("capabilities: free memory is live") {
   SimBackend b(env(), devices(1));
   MemoryInfo before = b.memory_info(0);

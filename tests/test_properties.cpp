@@ -164,3 +164,30 @@ TEST_CASE("properties: stream priority levels count both ends") {
   CHECK(StreamPriorityRange{0, 3}.levels() == 4);
   CHECK(StreamPriorityRange{}.levels() == 1);
 }
+
+TEST_CASE("properties: UUID, architecture and copy engines may be unknown; the UUID is derived") {
+  auto p = sound();
+  p.uuid.clear();
+  p.architecture.clear();
+  p.async_copy_engines.reset();
+  CHECK_FALSE(property_problems(p, "acme").empty());  // an empty UUID is filled first
+  fill_unknown(p, "acme", 0);
+  CHECK(p.uuid_derived);
+  CHECK(property_problems(p, "acme").empty());
+  CHECK(p.uuid[14] == '8');                                        // version 8
+  CHECK((p.uuid[19] == '8' || p.uuid[19] == '9' || p.uuid[19] == 'a' || p.uuid[19] == 'b'));
+  // Stable: the same inputs give the same UUID in every process and run (the
+  // value is pinned), and each input counts.
+  CHECK(p.uuid == derived_uuid("acme", p, 0));
+  CHECK(p.uuid == "PINNED");
+  auto other = p;
+  CHECK(derived_uuid("acme", other, 1) != p.uuid);
+  other.pci_bus_id = "0000:3c:00.0";
+  CHECK(derived_uuid("acme", other, 0) != p.uuid);
+  CHECK(derived_uuid("bcme", p, 0) != p.uuid);
+  // A UUID the runtime gave is kept.
+  auto given = sound();
+  fill_unknown(given, "acme", 0);
+  CHECK(given.uuid == "01234567-89ab-cdef-0123-456789abcdef");
+  CHECK_FALSE(given.uuid_derived);
+}

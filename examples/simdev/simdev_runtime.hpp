@@ -30,6 +30,9 @@
 //                         free, as a driver refusing an alignment or size
 //   SIMDEV_EVENT_CREATE_NS what creating an event costs (default 2000 ns, as
 //                         real drivers' event creation does; busy-waited)
+//   SIMDEV_UNKNOWN_PROPERTIES 1 or 0 (default): properties() leaves the UUID,
+//                         the architecture and the copy engines unknown, as an
+//                         OpenCL driver does (Note [Derived UUID])
 //   SIMDEV_EVENT_TIMING   1 (default) or 0: whether properties() reports
 //                         event timing (0 plays a device without timestamps;
 //                         event_elapsed_time then refuses, as the SDK says)
@@ -97,6 +100,7 @@ struct Config {
   std::map<std::string, Fault> faults;  // member -> the fault to inject
   long event_create_ns = 2000;
   bool event_timing = true;
+  bool unknown_properties = false;  // SIMDEV_UNKNOWN_PROPERTIES
 
   std::uint64_t capacity(int device) const {
     return memory_bytes.size() == 1 ? memory_bytes[0]
@@ -152,6 +156,12 @@ struct Config {
       long long a = parse_int("SIMDEV_ALIGNMENT", *v, 128, 4096);
       if ((a & (a - 1)) != 0) throw bad("SIMDEV_ALIGNMENT", *v, "expected a power of two");
       c.alignment = static_cast<std::size_t>(a);
+    }
+    if (auto v = env.get("SIMDEV_UNKNOWN_PROPERTIES")) {
+      std::string_view t = accelkit::detail::trim(*v);
+      if (t == "1") c.unknown_properties = true;
+      else if (t == "0") c.unknown_properties = false;
+      else throw bad("SIMDEV_UNKNOWN_PROPERTIES", *v, "expected 0 or 1");
     }
     if (auto v = env.get("SIMDEV_EVENT_TIMING")) {
       std::string_view t = accelkit::detail::trim(*v);
@@ -246,6 +256,11 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     p.stream_priorities = {0, -2};  // CUDA-style: numerically lower is more urgent
     p.event_timing = config_.event_timing;
     p.async_copy_engines = 2;
+    if (config_.unknown_properties) {  // as OpenCL reports them
+      p.uuid.clear();
+      p.architecture.clear();
+      p.async_copy_engines.reset();
+    }
     p.extras.push_back({"simdev.host_memory_backed", true});
     p.extras.push_back({"simdev.injected_faults",
                         static_cast<std::int64_t>(config_.faults.size())});

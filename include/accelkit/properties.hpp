@@ -145,12 +145,18 @@ struct Extra {
 };
 
 // The schema. The runtime fills every field; the SDK overwrites the fields
-// marked "(SDK)" from the contract and live queries.
+// marked "(SDK)" from the contract and live queries. Fields marked "may be
+// unknown" are left empty by a runtime whose driver cannot tell (OpenCL
+// reports no UUID, no architecture, no copy engines): the report shows
+// "unknown" (JSON null) and the SDK fills what it can (Note [Derived UUID]).
 struct DeviceProperties {
   std::string name;          // marketing name, "Acme A1"
   std::string vendor;        // "Acme Corp"
-  std::string architecture;  // "acme-gen2"
-  std::string uuid;          // canonical 8-4-4-4-12 hex, unique per device
+  std::string architecture;  // "acme-gen2"; may be unknown (empty)
+  // Canonical 8-4-4-4-12 hex, unique per device. May be unknown (empty): the
+  // SDK then derives one (Note [Derived UUID]) and sets uuid_derived.
+  std::string uuid;
+  bool uuid_derived = false;  // (SDK) uuid was derived, not the driver's (version 2)
   std::string pci_bus_id;    // "dddd:bb:dd.f", or empty for a device not on PCI
   Version driver_version;
   Version runtime_version;
@@ -168,7 +174,7 @@ struct DeviceProperties {
   bool host_visible_memory = false;   // the host may read and write device pointers
   StreamPriorityRange stream_priorities;
   bool event_timing = false;          // (SDK) false unless the runtime has event_elapsed_time
-  int async_copy_engines = 0;         // copies that can overlap compute
+  std::optional<int> async_copy_engines;  // copies that can overlap compute; may be unknown
   std::vector<Extra> extras;
 
   // Typed lookup of a vendor extra: nullopt when absent; ValueError when the
@@ -253,7 +259,6 @@ inline std::vector<std::string> property_problems(const DeviceProperties& p,
   auto problem = [&out](const auto&... args) { out.push_back(detail::format_list(args...)); };
   if (p.name.empty()) problem("name is empty");
   if (p.vendor.empty()) problem("vendor is empty");
-  if (p.architecture.empty()) problem("architecture is empty");
   if (!detail::is_canonical_uuid(p.uuid))
     problem("uuid '{}' is not of the form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", p.uuid);
   if (!p.pci_bus_id.empty() && !detail::is_pci_bus_id(p.pci_bus_id))
@@ -282,8 +287,8 @@ inline std::vector<std::string> property_problems(const DeviceProperties& p,
               to_string(pr.real));
   if (p.unified_memory && !p.host_visible_memory)
     problem("unified_memory is true but host_visible_memory is false");
-  if (p.async_copy_engines < 0)
-    problem("async_copy_engines is {} (must not be negative)", p.async_copy_engines);
+  if (p.async_copy_engines && *p.async_copy_engines < 0)
+    problem("async_copy_engines is {} (must not be negative)", *p.async_copy_engines);
   for (std::size_t i = 0; i < p.extras.size(); ++i) {
     const std::string& key = p.extras[i].key;
     auto dot = key.find('.');
@@ -300,6 +305,50 @@ inline std::vector<std::string> property_problems(const DeviceProperties& p,
       if (p.extras[j].key == key) problem("extra key '{}' appears twice", key);
   }
   return out;
+}
+
+// Note [Derived UUID]
+// A device's UUID names it in <NAME>_VISIBLE_DEVICES and in reports, so it
+// must be the same in every process and every run. A runtime whose driver
+// gives none (OpenCL has no UUID query) leaves it empty, and the SDK derives
+// one from what identifies the device on this machine and does not change
+// between runs: the backend's name, the vendor, the device's name, its PCI
+// bus id when known, and its physical ordinal among the runtime's devices
+// (so identical devices differ). Not the driver version (an upgrade would
+// rename every device) nor anything of the process. Two FNV-1a 64-bit hashes
+// of those, with the version nibble 8 and the RFC 9562 variant, make the
+// UUID; properties().uuid_derived says it was derived. It stays stable as
+// long as the driver enumerates the devices in the same order.
+inline std::string derived_uuid(std::string_view backend, const DeviceProperties& p,
+                                int physical) {
+  auto fnv = [&](std::uint64_t h) {
+    auto mix = [&h](std::string_view s) {
+      for (unsigned char c : s) {
+        h ^= c;
+        h *= 0x100000001b3ull;
+      }
+      h ^= 0xff;  // field separator
+      h *= 0x100000001b3ull;
+    };
+    mix(backend);
+    mix(p.vendor);
+    mix(p.name);
+    mix(p.pci_bus_id);
+    mix(std::to_string(physical));
+    return h;
+  };
+  std::uint64_t hi = fnv(0xcbf29ce484222325ull), lo = fnv(0x84222325cbf29ce4ull);
+  hi = (hi & ~0xf000ull) | 0x8000ull;                              // version 8
+  lo = (lo & ~(0xc0ull << 56)) | (0x80ull << 56);                  // variant 10
+  return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", hi >> 32, (hi >> 16) & 0xffff,
+                     hi & 0xffff, lo >> 48, lo & 0xffffffffffffull);
+}
+
+// Fills the UUID of a runtime that gave none (Note [Derived UUID]).
+inline void fill_unknown(DeviceProperties& p, std::string_view backend, int physical) {
+  if (!p.uuid.empty()) return;
+  p.uuid = derived_uuid(backend, p, physical);
+  p.uuid_derived = true;
 }
 
 // Throws ValueError listing every inconsistency.

@@ -677,3 +677,16 @@ def test_fallen_back_operators_see_and_return_the_cpus_layouts():
         grads.append([g.cpu() for g in torch.autograd.grad(out, (xs, ts), go.to(device))])
     for want, got in zip(*grads):
         torch.testing.assert_close(got, want)
+
+
+def test_unknown_properties_show_as_none_and_the_derived_uuid_is_stable_across_processes():
+    code = """
+p = torch.simdev.get_device_properties(1)
+print('arch:', p.architecture, 'engines:', p.async_copy_engines, 'derived:', p.uuid_derived)
+print('uuid:', p.uuid)
+"""
+    runs = [_run(code, SIMDEV_UNKNOWN_PROPERTIES="1") for _ in range(2)]
+    for r in runs:
+        assert "arch: None engines: None derived: True" in r.stdout, r.stdout + r.stderr
+    uuids = [line for r in runs for line in r.stdout.splitlines() if line.startswith("uuid:")]
+    assert len(uuids) == 2 and uuids[0] == uuids[1], uuids

@@ -222,6 +222,7 @@ class Backend {
     int phys = physical(device);
     return properties_.get(device, device_count(), [&] {
       auto p = std::make_unique<DeviceProperties>(runtime_.properties(phys));
+      fill_unknown(*p, name, phys);
       validate_properties(*p, name, device);
       if constexpr (!detail::has_event_elapsed_time<R>) p->event_timing = false;
       return p;
@@ -541,7 +542,11 @@ class Backend {
       if (auto value = env_.get(variable)) {
         visible_variable_value_ = *value;
         visible_ = parse_visible_devices(name, variable, *value, physical_count_,
-                                         [this](int i) { return runtime_.properties(i).uuid; });
+                                         [this](int i) {
+                                           DeviceProperties p = runtime_.properties(i);
+                                           fill_unknown(p, name, i);
+                                           return p.uuid;
+                                         });
       } else {
         visible_.resize(static_cast<std::size_t>(physical_count_));
         for (int i = 0; i < physical_count_; ++i) visible_[static_cast<std::size_t>(i)] = i;

@@ -21,8 +21,10 @@ inline void write_extra_value(JsonWriter& w, const ExtraValue& v) {
 }
 
 inline void write_properties(JsonWriter& w, const DeviceProperties& p) {
-  w.field("name", p.name).field("vendor", p.vendor).field("architecture", p.architecture);
-  w.field("uuid", p.uuid).key("pci_bus_id");
+  // What the runtime could not tell is null (Note [Derived UUID]).
+  w.field("name", p.name).field("vendor", p.vendor).key("architecture");
+  if (p.architecture.empty()) w.null(); else w.value(p.architecture);
+  w.field("uuid", p.uuid).field("uuid_derived", p.uuid_derived).key("pci_bus_id");
   if (p.pci_bus_id.empty()) w.null(); else w.value(p.pci_bus_id);
   w.field("driver_version", p.driver_version.to_string())
       .field("runtime_version", p.runtime_version.to_string())
@@ -44,7 +46,8 @@ inline void write_properties(JsonWriter& w, const DeviceProperties& p) {
       .field("pytorch_default", 0)
       .field("pytorch_most_urgent", -(p.stream_priorities.levels() - 1))
       .end_object();
-  w.field("event_timing", p.event_timing).field("async_copy_engines", p.async_copy_engines);
+  w.field("event_timing", p.event_timing).key("async_copy_engines");
+  if (p.async_copy_engines) w.value(*p.async_copy_engines); else w.null();
   w.key("extras").begin_object();
   for (const Extra& e : p.extras) {
     w.key(e.key);
@@ -128,8 +131,9 @@ std::string report_text(Backend<R>& backend) {
     try {
       const DeviceProperties& p = backend.properties(d);
       MemoryInfo mem = backend.memory_info(d);
-      line("  {}:{}  {} ({}, {}), uuid {}", Backend<R>::name, d, p.name, p.vendor,
-           p.architecture, p.uuid);
+      line("  {}:{}  {} ({}, {}), uuid {}{}", Backend<R>::name, d, p.name, p.vendor,
+           p.architecture.empty() ? "architecture unknown" : p.architecture, p.uuid,
+           p.uuid_derived ? " (derived by accelkit)" : "");
       line("      memory {:.0f} MiB total, {:.0f} MiB free, max allocation {:.0f} MiB, aligned to "
            "{} B; {}{}",
            p.total_memory / mib, mem.free / mib, p.max_allocation / mib, p.memory_alignment,
@@ -137,7 +141,8 @@ std::string report_text(Backend<R>& backend) {
            p.unified_memory ? ", unified" : "");
       line("      {} compute units, subgroup {}, {} MHz, L2 {} KiB, {} copy engine{}",
            p.compute_units, p.subgroup_size, p.clock_rate_khz / 1000, p.l2_cache_bytes / 1024,
-           p.async_copy_engines, p.async_copy_engines == 1 ? "" : "s");
+           p.async_copy_engines ? std::to_string(*p.async_copy_engines) : "unknown",
+           p.async_copy_engines == 1 ? "" : "s");
       line("      driver {}, runtime {}, stream priorities {}..{} ({} levels), event timing {}",
            p.driver_version.to_string(), p.runtime_version.to_string(),
            p.stream_priorities.lowest, p.stream_priorities.highest, p.stream_priorities.levels(),
