@@ -96,6 +96,28 @@ TEST_CASE("streams: pools hand out 32 streams per priority round-robin") {
   CHECK(handles.count(st.handle(urgent).value) == 0);
 }
 
+TEST_CASE("streams: priorities given as levels map PyTorch's numbers as CUDA's do") {
+  simdev::Config c = sim();
+  c.priority_levels = 3;  // an OpenCL-like runtime: hints as levels 0 (default) .. 2
+  SimBackend b(Environment::fixed({}), c);
+  CHECK(b.properties(0).stream_priorities.lowest == 0);
+  CHECK(b.properties(0).stream_priorities.highest == 2);
+  SimStreams st(b);
+  CHECK(st.priority_range(0) == std::pair<int, int>{-2, 0});
+  auto level = [&](Stream s) { return b.runtime().stream_priority(0, st.handle(s)); };
+  CHECK(level(st.pool_stream(0)) == 0);
+  CHECK(level(st.pool_stream(0, -1)) == 1);
+  CHECK(level(st.pool_stream(0, -2)) == 2);
+  CHECK(level(st.pool_stream(0, -9)) == 2);  // clamped like torch.cuda
+  CHECK(level(st.pool_stream(0, 4)) == 0);
+  CHECK(level(st.create_stream(0, -1)) == 1);
+  // CUDA's style, for comparison: the same PyTorch numbers, the driver's own.
+  SimBackend cuda_like(Environment::fixed({}), sim());
+  SimStreams cs(cuda_like);
+  CHECK(cuda_like.runtime().stream_priority(0, cs.handle(cs.pool_stream(0, -1))) == -1);
+  CHECK(cuda_like.runtime().stream_priority(0, cs.handle(cs.pool_stream(0, -2))) == -2);
+}
+
 TEST_CASE("streams: work on one stream runs in order, off the calling thread") {
   SimBackend b(Environment::fixed({}), sim());
   SimStreams st(b);

@@ -33,6 +33,9 @@
 //   SIMDEV_UNKNOWN_PROPERTIES 1 or 0 (default): properties() leaves the UUID,
 //                         the architecture and the copy engines unknown, as an
 //                         OpenCL driver does (Note [Derived UUID])
+//   SIMDEV_PRIORITY_LEVELS n in 1..8: stream priorities given as levels
+//                         (StreamPriorityRange::from_levels(n), as an OpenCL
+//                         runtime gives its hints); unset, CUDA's style 0..-2
 //   SIMDEV_EVENT_TIMING   1 (default) or 0: whether properties() reports
 //                         event timing (0 plays a device without timestamps;
 //                         event_elapsed_time then refuses, as the SDK says)
@@ -91,6 +94,7 @@ struct Config {
   int device_count = 2;
   std::vector<std::uint64_t> memory_bytes{1024ull << 20};  // one entry, or one per device
   bool host_visible = true;
+  int priority_levels = 0;    // 0: CUDA-style 0..-2 (SIMDEV_PRIORITY_LEVELS)
   std::size_t alignment = 0;  // 0: 256 declared, pages given (SIMDEV_ALIGNMENT)
   struct Fault {
     int nth = 1;          // the call that fails
@@ -163,6 +167,8 @@ struct Config {
       else if (t == "0") c.unknown_properties = false;
       else throw bad("SIMDEV_UNKNOWN_PROPERTIES", *v, "expected 0 or 1");
     }
+    if (auto v = env.get("SIMDEV_PRIORITY_LEVELS"))
+      c.priority_levels = static_cast<int>(parse_int("SIMDEV_PRIORITY_LEVELS", *v, 1, 8));
     if (auto v = env.get("SIMDEV_EVENT_TIMING")) {
       std::string_view t = accelkit::detail::trim(*v);
       if (t == "1") c.event_timing = true;
@@ -253,7 +259,9 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     p.dtypes = accelkit::DTypeSet::all();
     p.host_visible_memory = config_.host_visible;
     p.unified_memory = false;
-    p.stream_priorities = {0, -2};  // CUDA-style: numerically lower is more urgent
+    p.stream_priorities = config_.priority_levels
+                              ? accelkit::StreamPriorityRange::from_levels(config_.priority_levels)
+                              : accelkit::StreamPriorityRange{0, -2};  // CUDA's: lower is more urgent
     p.event_timing = config_.event_timing;
     p.async_copy_engines = 2;
     if (config_.unknown_properties) {  // as OpenCL reports them
@@ -452,9 +460,11 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   accelkit::StreamHandle stream_create(int device, int priority) {
     check(device, "stream_create");
     fault("stream_create");
-    if (priority > 0 || priority < -2)
+    int least = 0, most = config_.priority_levels ? config_.priority_levels - 1 : -2;
+    if (priority < std::min(least, most) || priority > std::max(least, most))
       driver_error(kInvalidValue, "stream_create",
-                   fmt::format("priority {} is outside simdev's range 0..-2", priority));
+                   fmt::format("priority {} is outside simdev's range {}..{}", priority, least,
+                               most));
     Device& d = context(device);
     auto s = std::make_shared<Stream>(this, device, priority);
     accelkit::StreamHandle h = accelkit::StreamHandle::from_pointer(s.get());
@@ -692,6 +702,10 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
         n += static_cast<long>(streams_of(dev).size());
     return n;
   }
+  // The priority a stream was created with, in simdev's numbering.
+  int stream_priority(int device, accelkit::StreamHandle stream) {
+    return stream_of(device, stream, "stream_priority")->priority();
+  }
   // Whether an asynchronous error of `device` waits to be reported.
   bool async_error_pending(int device) {
     Device& d = context(device);
@@ -779,6 +793,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       std::lock_guard<std::mutex> lock(mutex_);
       return completed_ == enqueued_;
     }
+    int priority() const { return priority_; }
     // An event record: on an idle stream it completes at once, as on a
     // device; otherwise it completes when the stream reaches it.
     void record(const std::shared_ptr<Record>& r, bool fail) {

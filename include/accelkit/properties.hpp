@@ -128,9 +128,18 @@ struct Version {
 // either may be numerically larger. The SDK maps PyTorch's convention
 // (0 = default, negative = more urgent, down to -(levels() - 1)) onto this
 // range (Note [Stream priorities]); the report shows both.
+//
+// A driver whose priorities are named hints rather than numbers (OpenCL's
+// queue priorities low, medium and high) gives them as levels:
+// from_levels(n) is {0, n - 1}, and stream_create then receives the level, 0
+// (the default) up to n - 1 (the most urgent), which the runtime maps to its
+// hints. PyTorch has no priority below the default, as CUDA's range has none
+// below its default either, so OpenCL's `low` has no level: an OpenCL
+// runtime gives from_levels(2), 0 = medium, 1 = high.
 struct StreamPriorityRange {
   int lowest = 0;
   int highest = 0;
+  static constexpr StreamPriorityRange from_levels(int n) noexcept { return {0, n - 1}; }
   constexpr int levels() const noexcept {
     return (highest > lowest ? highest - lowest : lowest - highest) + 1;
   }

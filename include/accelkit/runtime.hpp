@@ -28,7 +28,7 @@
 // | void memcpy(device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind) | synchronous copy: complete on return; not ordered with streams (the SDK synchronizes first where order matters) |
 // | void memcpy_async(device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind, StreamHandle stream, bool host_pinned) | enqueue the copy on `stream`. `host_pinned` (always false for device_to_device): the host side is memory from host_malloc (of any device), which the SDK keeps alive and untouched until the stream has passed the copy, so the copy may run later; false: pageable host memory, consumed before return. The runtime needs no record of its host_malloc ranges (Note [Pinned copies]) |
 // | void memset_async(device_index device, void* ptr, int value, std::size_t bytes, StreamHandle stream) | enqueue: fill `bytes` bytes with (unsigned char)value |
-// | StreamHandle stream_create(device_index device, int priority)  | a new stream; `priority` in the driver's numbering, within properties().stream_priorities |
+// | StreamHandle stream_create(device_index device, int priority)  | a new stream; `priority` in the driver's numbering, within properties().stream_priorities (with StreamPriorityRange::from_levels(n): a level, 0 = default .. n-1 = most urgent) |
 // | void stream_destroy(device_index device, StreamHandle stream)  | release the stream once its queued work has completed (may return before) |
 // | bool stream_query(device_index device, StreamHandle stream)    | true iff all work queued so far has completed; never blocks |
 // | void stream_synchronize(device_index device, StreamHandle stream) | block until all work queued so far has completed |
