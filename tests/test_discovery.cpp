@@ -434,9 +434,14 @@ TEST_CASE("raw operations: events time work and elapsed time needs recorded timi
 
 namespace {
 // simdev without its optional members (event timing, peer access, peer
-// copies, initialize), and with a hook to alter the properties it reports.
-struct NoTiming : Runtime<NoTiming> {
+// copies, initialize), and with a hook to alter the properties it reports;
+// ForkSafe: its fork_safe_discovery.
+template <bool ForkSafe>
+struct NoTimingT : Runtime<NoTimingT<ForkSafe>> {
   static constexpr std::string_view name = "notiming";
+  static constexpr bool fork_safe_discovery = ForkSafe;
+  NoTimingT() = default;
+  explicit NoTimingT(simdev::Config c) : sim(std::move(c)) {}
   simdev::SimRuntime sim{devices(2)};
   std::function<void(DeviceProperties&)> tweak = [](DeviceProperties&) {};
   int device_count() { return sim.device_count(); }
@@ -476,6 +481,7 @@ struct NoTiming : Runtime<NoTiming> {
   void event_synchronize(device_index d, EventHandle e) { sim.event_synchronize(d, e); }
   void device_synchronize(device_index d) { sim.device_synchronize(d); }
 };
+using NoTiming = NoTimingT<true>;
 }  // namespace
 
 TEST_CASE("optional members: absent ones get their documented defaults") {
@@ -601,6 +607,60 @@ TEST_CASE("fork: streams whose device tables exist refuse use in a child too") {
   });
   CHECK(status == 0);
   CHECK_NOTHROW(streams.set_current_stream(s));  // the parent is unaffected
+}
+
+TEST_CASE("fork: a runtime whose discovery starts threads has a child forked after it refused") {
+  simdev::Config c = devices(2);
+  c.discovery_thread = true;  // as PoCL's first device query starts workers
+  Backend<NoTimingT<false>> b(env(), c);
+  CHECK(b.device_count() == 2);  // discovery only: no context
+  CHECK_FALSE(b.is_initialized());
+  int status = in_child([&] {
+    if (b.device_count() != 2) return 1;  // still answered from the cache
+    if (!b.in_bad_fork()) return 2;
+    try {
+      b.set_device(1);
+      return 3;  // device use must fail in the child, before the driver
+    } catch (const DriverError&) {
+      return 4;  // the driver was reached
+    } catch (const RuntimeError& e) {
+      if (std::string(e.what()).find("forked after notiming's device discovery") ==
+          std::string::npos)
+        return 5;
+    }
+    try {
+      b.properties(0);
+      return 6;
+    } catch (const DriverError&) {
+      return 7;
+    } catch (const RuntimeError&) {
+    }
+    return 0;
+  });
+  CHECK(status == 0);
+  CHECK_NOTHROW(b.set_device(1));  // the parent is unaffected
+  CHECK_FALSE(b.in_bad_fork());
+}
+
+TEST_CASE("fork: simdev's discovery thread makes a child that reaches the driver fail loudly") {
+  simdev::Config c = devices(2);
+  c.discovery_thread = true;
+  SimBackend b(env(), c);  // simdev declares its discovery fork-safe: the SDK lets it through
+  CHECK(b.device_count() == 2);
+  int status = in_child([&] {
+    try {
+      b.set_device(1);
+      return 1;
+    } catch (const DriverError& e) {
+      if (e.code() != simdev::kNotPermitted) return 2;
+      if (std::string(e.what()).find("does not exist in this process, forked since") ==
+          std::string::npos)
+        return 3;
+    }
+    return 0;
+  });
+  CHECK(status == 0);
+  CHECK_NOTHROW(b.set_device(1));
 }
 
 TEST_CASE("fork: a child of a process that only counted devices may initialize") {

@@ -36,6 +36,13 @@
 //   SIMDEV_PRIORITY_LEVELS n in 1..8: stream priorities given as levels
 //                         (StreamPriorityRange::from_levels(n), as an OpenCL
 //                         runtime gives its hints); unset, CUDA's style 0..-2
+//   SIMDEV_DISCOVERY_THREAD 1 or 0 (default): device_count() starts a driver
+//                         thread, as PoCL does at its first device query; a
+//                         process forked after that finds the thread gone,
+//                         and every driver call there fails loudly (a real
+//                         driver would hang). simdev still declares
+//                         fork_safe_discovery true, so the knob shows what a
+//                         runtime that starts threads must declare
 //   SIMDEV_EVENT_TIMING   1 (default) or 0: whether properties() reports
 //                         event timing (0 plays a device without timestamps;
 //                         event_elapsed_time then refuses, as the SDK says)
@@ -68,6 +75,7 @@
 #include <vector>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 namespace simdev {
 
@@ -79,6 +87,7 @@ enum ErrorCode : int {
   kNotReady = 600,
   kIllegalAddress = 700,
   kLaunchFailure = 719,
+  kNotPermitted = 800,
   kInjectedFault = 999,
 };
 
@@ -94,6 +103,7 @@ struct Config {
   int device_count = 2;
   std::vector<std::uint64_t> memory_bytes{1024ull << 20};  // one entry, or one per device
   bool host_visible = true;
+  bool discovery_thread = false;  // SIMDEV_DISCOVERY_THREAD
   int priority_levels = 0;    // 0: CUDA-style 0..-2 (SIMDEV_PRIORITY_LEVELS)
   std::size_t alignment = 0;  // 0: 256 declared, pages given (SIMDEV_ALIGNMENT)
   struct Fault {
@@ -169,6 +179,12 @@ struct Config {
     }
     if (auto v = env.get("SIMDEV_PRIORITY_LEVELS"))
       c.priority_levels = static_cast<int>(parse_int("SIMDEV_PRIORITY_LEVELS", *v, 1, 8));
+    if (auto v = env.get("SIMDEV_DISCOVERY_THREAD")) {
+      std::string_view t = accelkit::detail::trim(*v);
+      if (t == "1") c.discovery_thread = true;
+      else if (t == "0") c.discovery_thread = false;
+      else throw bad("SIMDEV_DISCOVERY_THREAD", *v, "expected 0 or 1");
+    }
     if (auto v = env.get("SIMDEV_EVENT_TIMING")) {
       std::string_view t = accelkit::detail::trim(*v);
       if (t == "1") c.event_timing = true;
@@ -224,6 +240,14 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   // Configured explicitly (tests).
   explicit SimRuntime(Config config) : config_(std::move(config)), configured_(true) {}
   ~SimRuntime() {
+    if (discovery_worker_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(discovery_mutex_);
+        discovery_stop_ = true;
+      }
+      discovery_cv_.notify_all();
+      discovery_worker_.join();
+    }
     std::lock_guard<std::mutex> lock(retired_mutex_);
     for (auto& [p, n] : retired_) ::munmap(p, n);
   }
@@ -233,6 +257,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   int device_count() {
     configure();
     fault("device_count");
+    if (config_.discovery_thread) start_discovery_thread();
     return config_.device_count;
   }
 
@@ -1026,7 +1051,30 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     if (!devices_) devices_ = std::make_unique<Device[]>(static_cast<std::size_t>(config_.device_count));
   }
 
+  // A driver thread started at discovery (SIMDEV_DISCOVERY_THREAD), as
+  // PoCL's first device query starts its workers; its process is remembered.
+  void start_discovery_thread() {
+    std::lock_guard<std::mutex> lock(discovery_mutex_);
+    if (discovery_pid_ != 0) return;
+    discovery_pid_ = ::getpid();
+    discovery_worker_ = std::thread([this] {
+      std::unique_lock<std::mutex> l(discovery_mutex_);
+      discovery_cv_.wait(l, [this] { return discovery_stop_; });
+    });
+  }
+  // In a process forked after the discovery thread started, the thread is
+  // gone: a real driver would hang at this call, simdev fails loudly.
+  void check_discovery_thread(const char* call) {
+    pid_t owner = discovery_pid_.load(std::memory_order_acquire);
+    if (owner != 0 && owner != ::getpid())
+      driver_error(kNotPermitted, call,
+                   fmt::format("the driver thread started at discovery (in pid {}) does not "
+                               "exist in this process, forked since: a real driver would hang",
+                               owner));
+  }
+
   void check(int device, const char* call) {
+    check_discovery_thread(call);
     if (device < 0 || device >= config_.device_count)
       driver_error(kInvalidDevice, call,
                    fmt::format("no device {} (simdev has {})", device, config_.device_count));
@@ -1089,6 +1137,11 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   }
 
   Config config_;
+  std::mutex discovery_mutex_;
+  std::condition_variable discovery_cv_;
+  bool discovery_stop_ = false;
+  std::atomic<pid_t> discovery_pid_{0};
+  std::thread discovery_worker_;
   bool configured_ = false;
   std::mutex config_mutex_;
   std::unique_ptr<Device[]> devices_;

@@ -17,7 +17,7 @@
 // | member                                                         | semantics |
 // |----------------------------------------------------------------|-----------|
 // | static constexpr std::string_view name                         | backend name: device type ("simdev:0"), variable prefix (SIMDEV_*), Python module; a lowercase identifier that is not a PyTorch device type |
-// | int device_count()                                             | physical devices; must not create a device context; may throw DriverError (the SDK then reports 0 devices and keeps the reason) |
+// | int device_count()                                             | physical devices; must not create a device context; may start driver threads only if fork_safe_discovery is false (Note [Fork safety]); may throw DriverError (the SDK then reports 0 devices and keeps the reason) |
 // | DeviceProperties properties(device_index device)               | fill the capability schema (properties.hpp); must not create a context; called once per device, then validated and cached |
 // | device_index get_device()                                      | the driver's current device of the calling thread |
 // | void set_device(device_index device)                           | make `device` current for the calling thread (may create its context) |
@@ -68,6 +68,7 @@
 // | float event_elapsed_time(device_index device, EventHandle start, EventHandle end) | milliseconds between two completed records of timing events | properties().event_timing is false; asking raises NotSupportedError naming the backend |
 // | void stream_wait_peer_event(device_index device, StreamHandle stream, device_index event_device, EventHandle event) | work queued on `stream` (of `device`) later waits, on the device, for the last record at this call of `event`, an event of `event_device` (never `device`); no wait if never recorded (Note [Cross-device waits]) | the SDK waits on the host: event_synchronize(event_device, event), then returns |
 // | static constexpr bool host_kernels                            | whether PyTorch's CPU kernels of the hottest operators (torch/host_kernels.hpp) run in place on host-visible device memory; false for a runtime that brings kernels of its own | true |
+// | static constexpr bool fork_safe_discovery                     | whether discovery (device_count, properties) leaves nothing that fork() breaks; false for a driver that starts threads at the first device query (PoCL): a child forked after discovery then refuses device use as after initialization (Note [Fork safety]) | true |
 #pragma once
 
 #include <accelkit/config.hpp>

@@ -70,6 +70,7 @@ constexpr std::string_view value_of_name = "cuda";
 constexpr std::string_view value_of_name = "fake";
 #endif
 constexpr bool value_of_host_kernels = false;
+constexpr bool value_of_fork_safe_discovery = true;
 }  // namespace fake
 ACCELKIT_REQUIRED_MEMBERS(FAKE_MEMBER_)
 ACCELKIT_OPTIONAL_MEMBERS(FAKE_MEMBER_)

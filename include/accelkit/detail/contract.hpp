@@ -111,7 +111,9 @@ namespace detail {
 // Constants: C(member, type, default). `static constexpr type member`; a
 // required one has no default.
 #define ACCELKIT_REQUIRED_CONSTANTS(C) C(name, std::string_view, )
-#define ACCELKIT_OPTIONAL_CONSTANTS(C) C(host_kernels, bool, true)
+#define ACCELKIT_OPTIONAL_CONSTANTS(C) \
+  C(host_kernels, bool, true)          \
+  C(fork_safe_discovery, bool, true)
 
 #define ACCELKIT_DETAIL_UNPAREN_(...) __VA_ARGS__
 #define ACCELKIT_DETAIL_FUNCTION_SIGNATURE_(member, Ret, params) #Ret " " #member #params

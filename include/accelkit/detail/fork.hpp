@@ -9,6 +9,15 @@
 // check is one relaxed atomic load: a pthread_atfork child handler bumps a
 // process-wide generation, and each backend remembers the generation at which
 // it initialized.
+//
+// Discovery must not create a context, but a driver may still start threads
+// at its first device query (PoCL does). A runtime whose discovery does so
+// declares `fork_safe_discovery = false`, and its backend then remembers the
+// generation at discovery too: a child forked after discovery is refused
+// device use as one forked after initialization is, while device_count()
+// still answers from the cache. Otherwise (the default, as CUDA's device
+// count through NVML) a child of a process that only counted devices may
+// initialize its own context.
 #pragma once
 
 #include <accelkit/config.hpp>

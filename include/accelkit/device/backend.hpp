@@ -100,8 +100,8 @@ class Backend {
   // True in a child forked after this backend was initialized (Note [Fork
   // safety]): device use there raises.
   bool in_bad_fork() const noexcept {
-    return is_initialized() &&
-           detail::fork_generation().load(std::memory_order_relaxed) != init_generation_;
+    unsigned now = detail::fork_generation().load(std::memory_order_relaxed);
+    return (is_initialized() && now != init_generation_) || forked_after_discovery(now);
   }
 
   // Initializes the backend on first call: discovery, then the runtime's
@@ -118,6 +118,14 @@ class Backend {
     std::lock_guard<std::mutex> lock(init_mutex_);
     if (initialized_.load(std::memory_order_relaxed)) return;
     discover();
+    if (forked_after_discovery(detail::fork_generation().load(std::memory_order_relaxed)))
+      throw RuntimeError(
+          name, fmt::format("cannot use {} in a process forked after {}'s device discovery (by "
+                            "pid {}): its driver starts threads at discovery, which do not "
+                            "survive fork() (fork_safe_discovery is false). Use the 'spawn' or "
+                            "'forkserver' multiprocessing start method, or query {} devices only "
+                            "in the child processes",
+                            name, name, discovery_pid_, name));
     if (discovery_error_) std::rethrow_exception(discovery_error_);
     if (visible_.empty())
       throw RuntimeError(name, fmt::format("no {} device is visible ({}){}", name,
@@ -529,10 +537,26 @@ class Backend {
     return next.fetch_add(1, std::memory_order_relaxed);
   }
 
+  // Whether this is a child forked after a discovery that started driver
+  // threads (Note [Fork safety]).
+  bool forked_after_discovery(unsigned generation) const noexcept {
+    if constexpr (detail::constant_fork_safe_discovery<R>) {
+      return false;
+    } else {
+      return discovered_.load(std::memory_order_acquire) && discovery_pid_ != 0 &&
+             generation != discovery_generation_;
+    }
+  }
+
   void discover() noexcept {
     if (discovered_.load(std::memory_order_acquire)) return;
     std::lock_guard<std::mutex> lock(discover_mutex_);
     if (discovered_.load(std::memory_order_relaxed)) return;
+    if constexpr (!detail::constant_fork_safe_discovery<R>) {
+      detail::install_fork_handler();  // before the driver may start its threads
+      discovery_generation_ = detail::fork_generation().load(std::memory_order_relaxed);
+      discovery_pid_ = ::getpid();
+    }
     try {
       physical_count_ = runtime_.device_count();
       if (physical_count_ < 0)
@@ -601,6 +625,9 @@ class Backend {
   std::string discovery_message_;
   detail::PerDevice<DeviceProperties> properties_;  // the schema, queried once
   std::unique_ptr<std::atomic<std::uint64_t>[]> held_bytes_;
+
+  unsigned discovery_generation_ = 0;  // (fork_safe_discovery false) at discovery
+  pid_t discovery_pid_ = 0;
 
   std::mutex init_mutex_;
   std::atomic<bool> initialized_{false};
