@@ -612,3 +612,29 @@ TEST_CASE("stress: blocks written and read by queued work on many streams, the c
   CHECK(b.runtime().pinned_blocks() == 0);
   for (StreamHandle s : streams) b.stream_destroy(0, s);
 }
+
+TEST_CASE("asynchronous errors: an event whose captured work failed reports it once from its query") {
+  SimBackend b(Environment::fixed({}), sim());
+  StreamHandle s = b.stream_create(0, 0);
+  void* p = b.raw_malloc(0, 4096);
+  EventHandle e = b.event_create(0, EventFlags::none);
+  b.runtime().inject_fault("memset_async", 1, /*async=*/true);
+  b.memset_async(0, p, 1, 4096, s);
+  b.event_record(0, e, s);
+  int errors = 0;
+  bool done = false;
+  for (int i = 0; i < 100000 && !done; ++i) {
+    try {
+      done = b.event_query(0, e);  // never "not complete" forever, never a silent success
+    } catch (const DriverError& err) {
+      CHECK(err.code() == simdev::kLaunchFailure);
+      ++errors;
+    }
+  }
+  CHECK(errors == 1);
+  CHECK(done);
+  CHECK_NOTHROW(b.event_synchronize(0, e));  // once: the error is not raised again
+  b.event_destroy(0, e);
+  b.raw_free(0, p, 4096);
+  b.stream_destroy(0, s);
+}

@@ -55,6 +55,15 @@
 // or, where nothing can throw (a tensor's deleter, a device guard's
 // destructor), through the diagnostics hook (Note [Diagnostics]); and the
 // next call works again, or fails with its own clear error.
+// A driver whose queued work reports failure only as a status of its events
+// (OpenCL: a negative execution status of a command's cl_event, the error
+// code itself) maps it here: event_query and event_synchronize of an event
+// whose captured work failed, and stream_query and stream_synchronize of a
+// stream whose work failed, throw DriverError with that status as the code,
+// once; an error seen only on a runtime-internal event (a marker behind a
+// copy) is kept and thrown by the next of those members, or the next
+// stream-ordered call, of its device. A failed status never reads as "not
+// complete yet" (a query answering false forever) nor as success.
 //
 // Optional members (absent: the default applies; present but mistyped: a
 // compile error naming it):
