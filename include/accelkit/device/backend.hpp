@@ -541,6 +541,7 @@ class Backend {
   // threads (Note [Fork safety]).
   bool forked_after_discovery(unsigned generation) const noexcept {
     if constexpr (detail::constant_fork_safe_discovery<R>) {
+      static_cast<void>(generation);
       return false;
     } else {
       return discovered_.load(std::memory_order_acquire) && discovery_pid_ != 0 &&
