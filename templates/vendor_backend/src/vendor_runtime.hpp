@@ -20,16 +20,24 @@ class VendorRuntime : public accelkit::Runtime<VendorRuntime> {
   using EventHandle = accelkit::EventHandle;
   using EventFlags = accelkit::EventFlags;
 
-  // Must not create a device context. Return the driver's count.
+  // Must not create a device context. Return the driver's count. A driver
+  // that starts threads here (at its first device query) also declares
+  //   static constexpr bool fork_safe_discovery = false;
   int device_count() { return 0; /* e.g. xxGetDeviceCount(&n) */ }
 
-  // Fill the capability schema; must not create a device context.
+  // Fill the capability schema; must not create a device context. Leave the
+  // uuid, architecture and async_copy_engines empty when the driver cannot
+  // tell (the SDK derives a stable UUID); set memory_alignment when malloc
+  // gives less than 256 B; give named priority hints as
+  // StreamPriorityRange::from_levels(n).
   accelkit::DeviceProperties properties(device_index) { todo("properties"); }
 
   device_index get_device() { todo("get_device"); }
   void set_device(device_index) { todo("set_device"); }
 
-  // Return nullptr when the device is out of memory.
+  // Return nullptr when the device is out of memory (or refuses: the SDK
+  // tells the two apart by the free memory). Aligned to at least
+  // properties().memory_alignment.
   void* malloc(device_index, std::size_t) { todo("malloc"); }
   void free(device_index, void*) { todo("free"); }
   // Pinned host memory for copies of this device (a context's).
