@@ -80,6 +80,9 @@ TEST_CASE("contract: optional constants take their default when absent") {
   STATIC_REQUIRE(detail::names_host_kernels<MistypedKernels>);
   STATIC_REQUIRE_FALSE(detail::has_host_kernels<MistypedKernels>);
   STATIC_REQUIRE(detail::constant_host_kernels<MistypedKernels>);
+  // fork_safe_discovery: true unless a runtime says otherwise.
+  STATIC_REQUIRE(detail::constant_fork_safe_discovery<Exact>);
+  STATIC_REQUIRE(detail::constant_fork_safe_discovery<simdev::SimRuntime>);
 }
 
 TEST_CASE("contract: the table lists each member once, with its signature") {
@@ -94,7 +97,7 @@ TEST_CASE("contract: the table lists each member once, with its signature") {
   std::sort(sorted.begin(), sorted.end());
   CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
   CHECK(required == 23);  // name and 22 functions
-  CHECK(names.size() == 30);
+  CHECK(names.size() == 31);
   CHECK(detail::contract_members[1].signature == "int device_count()");
   CHECK(detail::contract_members[9].signature ==
         "void memcpy(device_index device, void* dst, const void* src, std::size_t bytes, "
