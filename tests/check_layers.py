@@ -8,7 +8,8 @@ Layers, bottom up (a header may include its own layer and those below):
   3  stream/   (streams, events, the event pool)
   4  memory/   (the pools, over the streams' events)
   5  torch/    (the PyTorch adapters; the only headers that include torch)
-accelkit.hpp includes everything below torch/. Prints every arrow that runs
+accelkit.hpp includes everything below torch/; testing/ (the conformance
+kit) sits above it and below torch/. Prints every arrow that runs
 up or sideways, and fails if there is one."""
 import pathlib
 import re
@@ -20,6 +21,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "include"
 def layer(rel):
     if rel == "accelkit/accelkit.hpp":
         return 4.5
+    if rel.startswith("accelkit/testing/"):
+        return 4.6
     if rel in ("accelkit/runtime.hpp", "accelkit/detail/contract.hpp"):
         return 1
     for prefix, level in (("accelkit/device/", 2), ("accelkit/stream/", 3),

@@ -1,0 +1,274 @@
+// accelkit: a vendor's runtime under observation, for the conformance kit.
+//
+// Note [Observing a runtime]
+// Some rules are about what the SDK and the runtime do to each other, not
+// about what one call returns: memory must not go back to the driver while
+// queued work still uses it (OpenCL's clSVMFree takes it at once), and
+// discovery must not start a device context. Observed<R> wraps R (Note
+// [Wrapped runtimes]), counts every call by member, and after each queued
+// copy or fill records a marker event of its own on that stream, remembering
+// the device and pinned host ranges the work touches. A free (or host_free)
+// of a range whose markers have not all completed is a violation, kept with
+// the call that broke the rule. The markers cost an event record per queued
+// operation; the kit is a test, not a benchmark. A driver error that a
+// marker's query raises is thrown from the call that made the query, so no
+// asynchronous error is lost to the observer.
+#pragma once
+
+#include <accelkit/config.hpp>
+#include <accelkit/detail/contract.hpp>
+#include <accelkit/testing/wrap.hpp>
+#include <accelkit/types.hpp>
+
+#include <fmt/format.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace testing {
+
+// Every member of the contract, for call counts.
+enum class Member : std::size_t {
+#define ACCELKIT_DETAIL_MEMBER_ENUM_(member, ...) member,
+  ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_MEMBER_ENUM_)
+  ACCELKIT_OPTIONAL_MEMBERS(ACCELKIT_DETAIL_MEMBER_ENUM_)
+#undef ACCELKIT_DETAIL_MEMBER_ENUM_
+  count_
+};
+inline constexpr std::size_t member_count = static_cast<std::size_t>(Member::count_);
+inline constexpr std::string_view member_names[member_count] = {
+#define ACCELKIT_DETAIL_MEMBER_NAME_(member, ...) #member,
+    ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_MEMBER_NAME_)
+    ACCELKIT_OPTIONAL_MEMBERS(ACCELKIT_DETAIL_MEMBER_NAME_)
+#undef ACCELKIT_DETAIL_MEMBER_NAME_
+};
+
+// Calls by member, read as a whole.
+struct CallCounts {
+  std::array<std::uint64_t, member_count> n{};
+  std::uint64_t operator[](Member m) const noexcept { return n[static_cast<std::size_t>(m)]; }
+  friend CallCounts operator-(CallCounts a, const CallCounts& b) noexcept {
+    for (std::size_t i = 0; i < member_count; ++i) a.n[i] -= b.n[i];
+    return a;
+  }
+};
+
+template <class R>
+class Observed : public Wrap<Observed<R>, R> {
+  using Base = Wrap<Observed<R>, R>;
+
+ public:
+  using Base::Base;
+  ~Observed() {
+    for (const Marker& m : markers_) {
+      try {
+        this->inner().event_destroy(m.device, m.event);
+      } catch (...) {
+        // Teardown: nothing to report to.
+      }
+    }
+  }
+
+  CallCounts calls() const noexcept {
+    CallCounts c;
+    for (std::size_t i = 0; i < member_count; ++i) c.n[i] = calls_[i].load();
+    return c;
+  }
+  // The rules broken so far, one sentence each; taken (cleared) by the call.
+  std::vector<std::string> take_violations() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return std::exchange(violations_, {});
+  }
+
+  // ------------------------------------------------- the observed members
+  int device_count() {
+    note(Member::device_count);
+    return this->inner().device_count();
+  }
+  DeviceProperties properties(device_index device) {
+    note(Member::properties);
+    return this->inner().properties(device);
+  }
+  void set_device(device_index device) {
+    note(Member::set_device);
+    this->inner().set_device(device);
+  }
+  void* malloc(device_index device, std::size_t bytes) {
+    note(Member::malloc);
+    void* p = this->inner().malloc(device, bytes);
+    if (p) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      sizes_[{device, p}] = bytes;
+    }
+    return p;
+  }
+  void free(device_index device, void* ptr) {
+    note(Member::free);
+    check_release(device, ptr, false);
+    this->inner().free(device, ptr);
+  }
+  void* host_malloc(device_index device, std::size_t bytes) {
+    note(Member::host_malloc);
+    void* p = this->inner().host_malloc(device, bytes);
+    if (p) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      host_sizes_[p] = bytes;
+    }
+    return p;
+  }
+  void host_free(device_index device, void* ptr) {
+    note(Member::host_free);
+    check_release(device, ptr, true);
+    this->inner().host_free(device, ptr);
+  }
+  void memcpy_async(device_index device, void* dst, const void* src, std::size_t bytes,
+                    CopyKind kind, StreamHandle stream, bool host_pinned) {
+    note(Member::memcpy_async);
+    this->inner().memcpy_async(device, dst, src, bytes, kind, stream, host_pinned);
+    auto addr = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+    Marker m{device, {}, stream, "memcpy_async", {}};
+    switch (kind) {
+      case CopyKind::host_to_device:
+        m.ranges.push_back({addr(dst), bytes, false});
+        if (host_pinned) m.ranges.push_back({addr(src), bytes, true});
+        break;
+      case CopyKind::device_to_host:
+        m.ranges.push_back({addr(src), bytes, false});
+        if (host_pinned) m.ranges.push_back({addr(dst), bytes, true});
+        break;
+      case CopyKind::device_to_device:
+        m.ranges.push_back({addr(dst), bytes, false});
+        m.ranges.push_back({addr(src), bytes, false});
+        break;
+    }
+    mark(std::move(m));
+  }
+  void memset_async(device_index device, void* ptr, int value, std::size_t bytes,
+                    StreamHandle stream) {
+    note(Member::memset_async);
+    this->inner().memset_async(device, ptr, value, bytes, stream);
+    mark({device, {}, stream, "memset_async", {{reinterpret_cast<std::uintptr_t>(ptr), bytes, false}}});
+  }
+  StreamHandle stream_create(device_index device, int priority) {
+    note(Member::stream_create);
+    return this->inner().stream_create(device, priority);
+  }
+  bool stream_query(device_index device, StreamHandle stream) {
+    note(Member::stream_query);
+    return this->inner().stream_query(device, stream);
+  }
+  void stream_synchronize(device_index device, StreamHandle stream) {
+    note(Member::stream_synchronize);
+    this->inner().stream_synchronize(device, stream);
+  }
+  EventHandle event_create(device_index device, EventFlags flags) {
+    note(Member::event_create);
+    return this->inner().event_create(device, flags);
+  }
+  void event_record(device_index device, EventHandle event, StreamHandle stream) {
+    note(Member::event_record);
+    this->inner().event_record(device, event, stream);
+  }
+  bool event_query(device_index device, EventHandle event) {
+    note(Member::event_query);
+    return this->inner().event_query(device, event);
+  }
+  void device_synchronize(device_index device) {
+    note(Member::device_synchronize);
+    this->inner().device_synchronize(device);
+  }
+
+ private:
+  struct Range {
+    std::uintptr_t begin;
+    std::size_t bytes;
+    bool host;
+  };
+  struct Marker {
+    device_index device;
+    EventHandle event;
+    StreamHandle stream;
+    const char* what;
+    std::vector<Range> ranges;
+  };
+
+  void note(Member m) noexcept { calls_[static_cast<std::size_t>(m)].fetch_add(1); }
+
+  // After queued work: a marker on its stream, and the completed markers
+  // forgotten.
+  void mark(Marker m) {
+    m.event = this->inner().event_create(m.device, EventFlags::none);
+    try {
+      this->inner().event_record(m.device, m.event, m.stream);
+    } catch (...) {
+      this->inner().event_destroy(m.device, m.event);
+      throw;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    markers_.push_back(std::move(m));
+    if (markers_.size() >= 64) forget_completed();
+  }
+  // Under mutex_: drops the markers whose work completed.
+  void forget_completed() {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < markers_.size(); ++i) {
+      Marker& m = markers_[i];
+      if (this->inner().event_query(m.device, m.event)) {  // may throw: m stays
+        this->inner().event_destroy(m.device, m.event);
+        continue;
+      }
+      markers_[kept++] = std::move(m);
+    }
+    markers_.resize(kept);
+  }
+  // Before a free: every marker over the range must have completed.
+  void check_release(device_index device, void* ptr, bool host) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto begin = reinterpret_cast<std::uintptr_t>(ptr);
+    std::size_t bytes = 1;
+    if (host) {
+      auto it = host_sizes_.find(ptr);
+      if (it != host_sizes_.end()) {
+        bytes = it->second;
+        host_sizes_.erase(it);
+      }
+    } else {
+      auto it = sizes_.find({device, ptr});
+      if (it != sizes_.end()) {
+        bytes = it->second;
+        sizes_.erase(it);
+      }
+    }
+    for (const Marker& m : markers_) {
+      if (!host && m.device != device) continue;
+      for (const Range& r : m.ranges) {
+        if (r.host != host || r.begin >= begin + bytes || begin >= r.begin + r.bytes) continue;
+        if (this->inner().event_query(m.device, m.event)) continue;
+        violations_.push_back(fmt::format(
+            "{}({}, {}) ({} bytes) while queued work that uses that memory (a {} on stream "
+            "{:#x} of device {}) had not completed",
+            host ? "host_free" : "free", device, ptr, bytes, m.what, m.stream.value, m.device));
+        return;
+      }
+    }
+  }
+
+  std::array<std::atomic<std::uint64_t>, member_count> calls_{};
+  std::mutex mutex_;
+  std::vector<Marker> markers_;
+  std::map<std::pair<device_index, void*>, std::size_t> sizes_;
+  std::map<void*, std::size_t> host_sizes_;
+  std::vector<std::string> violations_;
+};
+
+}  // namespace testing
+ACCELKIT_END_NAMESPACE

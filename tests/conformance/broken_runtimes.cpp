@@ -1,0 +1,151 @@
+// The conformance kit catches what it claims to: runtimes that each break
+// one rule of the contract (simdev with one member replaced, Note [Wrapped
+// runtimes]) fail the check of that rule, naming it (ctest:
+// conformance.cpp.broken). The whole suite passes on the correct runtimes
+// (conformance.cpp.simdev, conformance.cpp.minimal).
+#include "../catch.hpp"
+
+#include <accelkit/testing/conformance.hpp>
+#include <simdev_runtime.hpp>
+
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
+
+namespace {
+
+using accelkit::CopyKind;
+using accelkit::DeviceProperties;
+using accelkit::EventFlags;
+using accelkit::EventHandle;
+using accelkit::StreamHandle;
+using accelkit::device_index;
+using accelkit::testing::CheckResult;
+using accelkit::testing::CheckStatus;
+using accelkit::testing::Wrap;
+using simdev::SimRuntime;
+
+bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
+// Checks that `r` failed with the rule it proves and a message naming what
+// broke it.
+void expect_failed(const CheckResult& r, const char* broke) {
+  INFO(r.group << "/" << r.name << ": " << r.message);
+  CHECK(r.status == CheckStatus::fail);
+  CHECK_FALSE(r.rule.empty());
+  CHECK(contains(r.message, broke));
+}
+
+// malloc returns memory 16 bytes past an aligned block.
+struct Misaligned : Wrap<Misaligned, SimRuntime> {
+  void* malloc(device_index device, std::size_t bytes) {
+    void* p = inner().malloc(device, bytes + 256);
+    return p ? static_cast<char*>(p) + 16 : nullptr;
+  }
+  void free(device_index device, void* ptr) { inner().free(device, static_cast<char*>(ptr) - 16); }
+};
+
+// An event never recorded queries false.
+struct EventNeverRecordedBusy : Wrap<EventNeverRecordedBusy, SimRuntime> {
+  std::mutex m;
+  std::set<std::uintptr_t> recorded;
+  void event_record(device_index device, EventHandle event, StreamHandle stream) {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      recorded.insert(event.value);
+    }
+    inner().event_record(device, event, stream);
+  }
+  bool event_query(device_index device, EventHandle event) {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      if (!recorded.count(event.value)) return false;
+    }
+    return inner().event_query(device, event);
+  }
+};
+
+// stream_query waits for the queued work.
+struct BlockingQuery : Wrap<BlockingQuery, SimRuntime> {
+  bool stream_query(device_index device, StreamHandle stream) {
+    inner().stream_synchronize(device, stream);
+    return true;
+  }
+};
+
+// properties() claims more than the device has.
+struct WrongProperties : Wrap<WrongProperties, SimRuntime> {
+  DeviceProperties properties(device_index device) {
+    DeviceProperties p = inner().properties(device);
+    p.max_allocation = p.total_memory * 2;
+    return p;
+  }
+};
+
+// A synchronous copy drops its last byte.
+struct TailDroppingCopy : Wrap<TailDroppingCopy, SimRuntime> {
+  void memcpy(device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind) {
+    inner().memcpy(device, dst, src, bytes > 1 ? bytes - 1 : bytes, kind);
+  }
+};
+
+// A wait released early: stream_wait_event does not wait.
+struct WaitIgnored : Wrap<WaitIgnored, SimRuntime> {
+  void stream_wait_event(device_index, StreamHandle, EventHandle) {}
+};
+
+// Recording an event again does not replace its first record.
+struct FirstRecordKept : Wrap<FirstRecordKept, SimRuntime> {
+  std::mutex m;
+  std::set<std::uintptr_t> recorded;
+  void event_record(device_index device, EventHandle event, StreamHandle stream) {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      if (!recorded.insert(event.value).second) return;
+    }
+    inner().event_record(device, event, stream);
+  }
+};
+
+// stream_synchronize returns before the work is done: the SDK then frees
+// memory that queued work still uses.
+struct EarlySynchronize : Wrap<EarlySynchronize, SimRuntime> {
+  void stream_synchronize(device_index, StreamHandle) {}
+  void device_synchronize(device_index) {}
+};
+
+// Discovery starts a driver thread (as PoCL's does), yet the runtime claims
+// fork-safe discovery.
+struct ThreadAtDiscovery : Wrap<ThreadAtDiscovery, SimRuntime> {
+  ThreadAtDiscovery() : Wrap(config()) {}
+  static simdev::Config config() {
+    simdev::Config c = simdev::Config::from_environment(accelkit::Environment::process());
+    c.discovery_thread = true;
+    return c;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("conformance kit: each broken rule is reported, with the rule named") {
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(Misaligned, memory, malloc_aligned), "not aligned");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(EventNeverRecordedBusy, events,
+                                              event_query_before_record),
+                "never recorded");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(BlockingQuery, streams, stream_query_never_blocks),
+                "waited for the work");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(WrongProperties, properties, properties_valid),
+                "max_allocation");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(TailDroppingCopy, copies, copies_every_direction),
+                "came back different");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(WaitIgnored, streams, cross_stream_wait),
+                "stream_wait_event");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(FirstRecordKept, events, event_rerecord_replaces),
+                "recorded again");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(EarlySynchronize, ordering,
+                                              no_free_under_queued_work),
+                "queued work");  // the observer's words, or simdev's own refusal
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(ThreadAtDiscovery, discovery, fork_after_discovery),
+                "could not use device 0");
+}
