@@ -54,11 +54,23 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 ACCELKIT_BEGIN_NAMESPACE
 namespace testing {
+
+// Whether R offers the kit's fault hook: `void inject_fault(const
+// std::string& member, int nth, bool async)` makes the nth call of `member`
+// from now on fail (with `async`: its queued work fails later). Not part of
+// the contract: a test hook, as simdev's, that the errors group needs.
+template <class R, class = void>
+inline constexpr bool has_fault_hook = false;
+template <class R>
+inline constexpr bool has_fault_hook<
+    R, std::void_t<decltype(std::declval<R&>().inject_fault(std::declval<const std::string&>(), 1,
+                                                            true))>> = true;
 
 // One check's verdict while it runs: the first broken rule fails it.
 class Verdict {
@@ -673,6 +685,99 @@ struct Checks {
                                       wrong.load()));
   }
 
+  // ---------------------------------------------------------------- errors
+  // Note [Asynchronous errors in the kit]: the contract lets a failure of
+  // queued work surface at the next synchronize, query or stream-ordered
+  // call on the device; the observer's marker records are such calls. So a
+  // check counts the DriverErrors of the whole sequence: exactly one, and
+  // then the device works again.
+  template <class F>
+  static int driver_errors(F&& f, std::string& what) {
+    try {
+      f();
+      return 0;
+    } catch (const DriverError& e) {
+      what = e.what();
+      return 1;
+    }
+  }
+  static bool no_fault_hook(Verdict& v) {
+    if constexpr (has_fault_hook<R>) {
+      (void)v;
+      return false;
+    } else {
+      v.skip("the runtime offers no fault hook (inject_fault(member, nth, async)): asynchronous "
+             "errors cannot be provoked");
+      return true;
+    }
+  }
+  template <class F>
+  static void error_surfaces_once(Kit& kit, Verdict& v, const char* member, const char* where,
+                                  F&& sequence) {
+    if (no_fault_hook(v) || no_device(kit, v)) return;
+    auto& b = kit.backend();
+    if constexpr (has_fault_hook<R>) {
+      StreamHandle s = b.stream_create(0, 0);
+      std::size_t n = 1 << 20;
+      void* a = b.raw_malloc(0, n);
+      b.runtime().inner().inject_fault(member, 1, true);
+      std::string what;
+      int errors = sequence(b, s, a, n, what);
+      v.require(errors == 1, fmt::format("a failure of queued {} surfaced {} time(s) {} (once is "
+                                         "the rule)",
+                                         member, errors, where));
+      if (errors >= 1)
+        v.require(what.find(std::string(R::name)) != std::string::npos,
+                  fmt::format("the error does not name the backend: {}", what));
+      // The device works again.
+      std::vector<unsigned char> in = pattern(n, 9), out(n, 0);
+      b.memcpy_async(0, a, in.data(), n, CopyKind::host_to_device, s, false);
+      b.memcpy_async(0, out.data(), a, n, CopyKind::device_to_host, s, false);
+      b.stream_synchronize(0, s);
+      v.require(in == out, "after an asynchronous error, a copy came back wrong");
+      b.raw_free(0, a, n);
+      b.stream_destroy(0, s);
+    }
+  }
+  static void error_at_synchronize(Kit& kit, Verdict& v) {
+    error_surfaces_once(kit, v, "memset_async", "by the call, its stream's synchronize, and a second synchronize",
+                        [](auto& b, StreamHandle s, void* a, std::size_t n, std::string& what) {
+                          int e = driver_errors([&] { b.memset_async(0, a, 1, n, s); }, what);
+                          e += driver_errors([&] { b.stream_synchronize(0, s); }, what);
+                          e += driver_errors([&] { b.stream_synchronize(0, s); }, what);
+                          return e;
+                        });
+  }
+  static void error_at_query(Kit& kit, Verdict& v) {
+    error_surfaces_once(kit, v, "memset_async", "while its stream was queried until idle",
+                        [](auto& b, StreamHandle s, void* a, std::size_t n, std::string& what) {
+                          int e = driver_errors([&] { b.memset_async(0, a, 2, n, s); }, what);
+                          auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+                          bool idle = false;
+                          while (!idle && std::chrono::steady_clock::now() < deadline)
+                            e += driver_errors([&] { idle = b.stream_query(0, s); }, what);
+                          e += driver_errors([&] { idle = b.stream_query(0, s); }, what);
+                          return idle ? e : -1;
+                        });
+  }
+  static void error_at_event(Kit& kit, Verdict& v) {
+    error_surfaces_once(kit, v, "memcpy_async", "by the copy, an event recorded after it, the event's synchronize and its query",
+                        [](auto& b, StreamHandle s, void* a, std::size_t n, std::string& what) {
+                          EventHandle ev = b.event_create(0, EventFlags::none);
+                          void* c = b.raw_malloc(0, n);
+                          int e = driver_errors(
+                              [&] { b.memcpy_async(0, c, a, n, CopyKind::device_to_device, s, false); },
+                              what);
+                          e += driver_errors([&] { b.event_record(0, ev, s); }, what);
+                          e += driver_errors([&] { b.event_synchronize(0, ev); }, what);
+                          e += driver_errors([&] { (void)b.event_query(0, ev); }, what);
+                          e += driver_errors([&] { b.device_synchronize(0); }, what);
+                          b.event_destroy(0, ev);
+                          b.raw_free(0, c, n);
+                          return e;
+                        });
+  }
+
   // ------------------------------------------- ordering, through the SDK
   static void no_free_under_queued_work(Kit& kit, Verdict& v) {
     if (no_device(kit, v)) return;
@@ -732,6 +837,12 @@ ACCELKIT_END_NAMESPACE
   X(events, event_rerecord_replaces, "recording an event again replaces its last record")       \
   X(device, device_synchronize_covers_streams, "device_synchronize waits for every stream")     \
   X(threads, threads_copy_independently, "streams, copies and pinned memory work from many threads") \
+  X(errors, error_at_synchronize,                                                                \
+    "a failure of queued work surfaces once, as a DriverError naming the backend, at the next "  \
+    "synchronize or stream-ordered call; the device then works")                                \
+  X(errors, error_at_query, "a failure of queued work surfaces once while its stream is queried") \
+  X(errors, error_at_event,                                                                      \
+    "a failure of queued work surfaces once through an event recorded after it")                \
   X(ordering, no_free_under_queued_work,                                                         \
     "no memory goes back to the driver while queued work still uses it")
 
