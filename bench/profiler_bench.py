@@ -14,7 +14,9 @@ timing events per operator, Note [Profiler device times]); and both under
 torch.profiler.profile, the CPU's with ProfilerActivity.CPU, simdev's with
 PrivateUse1 too (Note [Kineto device activities]). A profiled figure is the
 whole `with` block, per operator, then again including the post-processing
-that reads the device times (key_averages()). Rows give
+that reads the device times (key_averages()); for torch.profiler the two
+parts are also given apart (the `with` block, whose exit collects the trace,
+and key_averages(), PyTorch's Python pass over every event). Rows give
 the median over rounds with the interquartile range, and the per-round
 ratio simdev/CPU.
 """
@@ -77,8 +79,10 @@ def main():
             return (time.perf_counter() - t0) / ops * 1e6
         return run
 
-    def traced(dev):
-        """torch.profiler (Kineto): CPU activity, plus the device's for simdev."""
+    def traced(dev, parts):
+        """torch.profiler (Kineto): CPU activity, plus the device's for simdev.
+        The whole, and its two parts (the `with` block, key_averages()) into
+        `parts`, a list of pairs."""
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.PrivateUse1] if dev == "simdev" else [])
 
         def run():
@@ -87,18 +91,25 @@ def main():
             with kineto_profile(activities=acts) as prof:
                 loop(xs[dev], ops)
                 sync(dev)
+            t1 = time.perf_counter()
             prof.key_averages()
-            return (time.perf_counter() - t0) / ops * 1e6
+            t2 = time.perf_counter()
+            parts.append(((t1 - t0) / ops * 1e6, (t2 - t1) / ops * 1e6))
+            return (t2 - t0) / ops * 1e6
         return run
 
     # Warm pools and caches (the event pool grows to two events per
     # operator at the first profiled loop).
+    parts = {"cpu": [], "simdev": []}
     for dev in ("cpu", "simdev"):
         profiled(dev, True)()
-        traced(dev)()
+        traced(dev, [])()
     fns = [plain("simdev"), plain("cpu"), profiled("simdev", False), profiled("cpu", False),
-           profiled("simdev", True), profiled("cpu", True), traced("simdev"), traced("cpu")]
+           profiled("simdev", True), profiled("cpu", True), traced("simdev", parts["simdev"]),
+           traced("cpu", parts["cpu"])]
     s = rounds_of(fns, rounds, lambda fn: fn())
+    # rounds_of's warm-up run comes first in each list; pair the rest by round.
+    part = {dev: p[-rounds:] for dev, p in parts.items()}
     header()
     row("loop, unprofiled (per operator)", s[0], s[1], "us")
     row("loop under the profiler (per operator)", s[2], s[3], "us")
@@ -106,9 +117,13 @@ def main():
     row("profiler's added cost (per operator)", [p - q for p, q in zip(s[2], s[0])],
         [p - q for p, q in zip(s[3], s[1])], "us")
     row("torch.profiler, + reading the results", s[6], s[7], "us")
+    row("  the with block (its exit collects the trace)", [p[0] for p in part["simdev"]],
+        [p[0] for p in part["cpu"]], "us")
+    row("  key_averages()", [p[1] for p in part["simdev"]], [p[1] for p in part["cpu"]], "us")
     print("\nrows 2-4: torch.autograd.profiler.profile, use_device='simdev' (device times from "
           "timing events) against no use_device (CPU times only);\nrow 5: torch.profiler.profile "
-          "with activities CPU and PrivateUse1 (device activities) against CPU only")
+          "with activities CPU and PrivateUse1 (device activities) against CPU only, whole and "
+          "in its two parts (rows 6-7)")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ TORCH_LIBRARY(simdev_driver, m) {
       accelkit::StreamHandle h = st.streams().handle(st.from_c10(s));
       auto& backend = accelkit::Backend<Sim>::instance();
       std::shared_ptr<Sim::Gate> gate = backend.runtime().hold(backend.physical(s.device_index()), h);
+      // Queued through the runtime, which the SDK does not see: said for the
+      // profiler (Note [Device work of an operator]).
+      accelkit::torch_adapter::note_device_work();
       std::lock_guard<std::mutex> lock(gates_mutex);
       gates.emplace(next_gate, std::move(gate));
       return next_gate++;

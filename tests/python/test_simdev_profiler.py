@@ -163,3 +163,49 @@ def test_use_device_with_use_kineto_traces_the_devices_activity_too():
     assert len(ops) == 1 and len(device) == 1
     assert 0 < device[0].device_time_total <= ops[0].device_time_total
     assert torch.equal(y.cpu(), (x.cpu() * 2).relu())
+
+
+def test_operators_that_did_no_device_work_get_no_device_activity(tmp_path):
+    """Note [Device work of an operator]: views, allocations, dtype queries
+    and conversions of CPU scalars do nothing on the device, so they get no
+    device activity (as a CUDA operator that launched no kernel gets none),
+    while the operators that worked keep theirs, their device time in the
+    tables and their row in the Chrome trace."""
+    import json
+    from torch.profiler import ProfilerActivity, profile as kineto_profile
+    x = torch.randn(4, 64, device="simdev")
+    torch.simdev.synchronize()
+    with kineto_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.SIMDEV]) as prof:
+        v = x.view(-1)                            # a view
+        buf = torch.empty(64, device="simdev")    # an allocation
+        t = x.t()                                 # a view
+        y = v * 2.5                               # device work (and a CPU scalar's conversion)
+        z = torch.zeros(8, device="simdev")       # an allocation, then a fill: device work
+        torch.simdev.synchronize()
+    pu1, cpu = torch.autograd.DeviceType.PrivateUse1, torch.autograd.DeviceType.CPU
+    device = [e for e in prof.events() if e.device_type == pu1]
+    names = {e.name for e in prof.events() if e.device_type == cpu}
+    assert {"aten::view", "aten::empty", "aten::t", "aten::mul", "aten::zero_"} <= names, names
+    # Every device activity is the work of an operator that did some: the
+    # multiplication (through the fallback's copies, _copy_from, without
+    # host-visible memory) and the fill.
+    worked = {"aten::mul", "aten::_copy_from", "aten::zero_"}
+    assert {e.name for e in device} <= worked, [e.name for e in device]
+    assert "aten::zero_" in {e.name for e in device}
+    (mul,) = [e for e in _events(prof, "aten::mul") if e.device_type == cpu]
+    assert mul.device_time_total > 0
+    for name in ("aten::view", "aten::empty", "aten::t"):
+        assert all(e.device_time_total == 0 for e in _events(prof, name)), name
+    avg = {a.key: a for a in prof.key_averages()}
+    assert avg["aten::mul"].self_device_time_total > 0
+    assert avg["aten::view"].device_time_total == 0
+    table = prof.key_averages().table(sort_by="device_time_total")
+    assert "Self SIMDEV" in table and "SIMDEV total" in table
+    # The Chrome trace: the worked operators' activities, as kernels.
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    kernels = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "kernel"]
+    assert sorted(k["name"] for k in kernels) == sorted(e.name for e in device), kernels
+    assert all(k["dur"] >= 0 for k in kernels)
+    assert torch.equal(y.cpu(), x.cpu().view(-1) * 2.5) and buf.shape == (64,) and t.shape == (64, 4)
+    assert torch.equal(z.cpu(), torch.zeros(8))

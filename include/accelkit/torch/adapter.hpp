@@ -42,6 +42,7 @@
 #include <torch/library.h>
 
 #include <chrono>
+#include <cstdint>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -282,6 +283,21 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
 // machine with idle cores is tens of microseconds for a memset of a few
 // bytes.
 inline thread_local int host_kernel_depth = 0;
+
+// Note [Device work of an operator]: a count, per thread, of the device
+// work the thread has done or queued through the SDK: each wait of a host
+// access for the current stream before the host works on device memory or
+// after queueing work on it (HostAccess: copies, fills, storage moves, the
+// host kernels, the fallback's views), and each operator run through the
+// CPU fallback or as a host kernel. The Kineto session (Note [Kineto device
+// activities]) compares it at every mark, so that an operator that did no
+// device work (a view, an allocation, a dtype query, an operator on CPU
+// tensors) gets no device activity, as a CUDA operator that launched no
+// kernel gets none. Work the SDK does not see (a vendor kernel launched
+// through the runtime's own API) is reported with note_device_work().
+inline thread_local std::uint64_t device_work = 0;
+inline void note_device_work() noexcept { ++device_work; }
+
 struct HostKernelScope {
   HostKernelScope() noexcept { ++host_kernel_depth; }
   ~HostKernelScope() { --host_kernel_depth; }
@@ -382,6 +398,7 @@ struct DeviceAllocator final : c10::DeviceAllocator {
       } else {
         s.backend().memcpy_peer_async(dest, dd, src, sd, count, h);
       }
+      note_device_work();
       s.backend().stream_synchronize(sd, h);
     });
   }

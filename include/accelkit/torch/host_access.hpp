@@ -25,9 +25,15 @@ struct HostAccess {
     return static_cast<std::size_t>(t.numel()) * t.element_size();
   }
   static StreamHandle stream_of(device_index d) { return st().current_handle(d); }
-  static void sync(device_index d) { st().backend().stream_synchronize(d, stream_of(d)); }
+  // Before the host works on d's memory or after work was queued on d's
+  // stream: counted as device work (Note [Device work of an operator]).
+  static void sync(device_index d) {
+    note_device_work();
+    st().backend().stream_synchronize(d, stream_of(d));
+  }
   // After queueing work on d's current stream (Note [Device work inside host kernels]).
   static void queued(device_index d) {
+    note_device_work();
     if (host_kernel_depth > 0) sync(d);
   }
   // Whether the host may work on d's memory now: it is host-visible, and

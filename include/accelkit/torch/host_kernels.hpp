@@ -61,6 +61,7 @@
 #include <ATen/ops/nll_loss_backward_ops.h>
 #include <ATen/ops/nll_loss_forward_ops.h>
 #include <ATen/ops/relu_ops.h>
+#include <ATen/ops/result_type_native.h>
 #include <ATen/ops/sub_native.h>
 #include <ATen/ops/sub_ops.h>
 #include <ATen/ops/sum_ops.h>
@@ -228,7 +229,9 @@ std::optional<HostPlace> host_device(Args&&... args) {  // forwarding: sees whic
     at::ScalarType d = *dtype;
     bool exact = at::isComplexType(d) || at::isIntegralType(d, /*includeBool=*/false) ||
                  (at::isFloatingType(d) && d != at::kHalf && d != at::kBFloat16);
-    if (!exact || at::result_type(*first, *cpu) != d) return std::nullopt;
+    // The native function, not the operator: no trip through the dispatcher
+    // (nor an event of its own under the profiler) for a dtype query.
+    if (!exact || at::native::result_type(*first, *cpu) != d) return std::nullopt;
   }
   if (!host_ready<R, wait>(device->index())) return std::nullopt;
   return HostPlace{*device, *dtype};

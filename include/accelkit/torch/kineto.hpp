@@ -15,14 +15,20 @@
 // The session marks the stream at every push and pop (ProfilerMark: a
 // timing event on the thread's current stream, Note [Profiler device
 // times]), so the marks of one thread cut its stream's time into intervals,
-// each belonging to the innermost operator running then. Each operator
-// becomes one device activity (a kernel, in Kineto's words) of its device,
-// linked to the operator, lasting the device time of its own intervals (its
-// children's are theirs: PyTorch adds the children's device time into a
-// parent's total, as for CUDA kernels launched by nested operators). What
-// the marks cannot say is when the device started the work: the activity is
-// placed at the operator's start on the host. Operators with no device time
-// (before the backend is initialized, across devices) get no activity.
+// each belonging to the innermost operator running then. An interval in
+// which the thread did no device work (Note [Device work of an operator]:
+// the count did not move between its marks) is dropped, and an operator
+// all of whose own intervals were dropped gets no activity: a view, an
+// allocation, a dtype conversion of a CPU scalar has no kernel to show, as
+// on CUDA, and each activity costs PyTorch's Python post-processing as much
+// as an operator does. Each other operator becomes one device activity (a
+// kernel, in Kineto's words) of its device, linked to the operator, lasting
+// the device time of its own intervals with work (its children's are
+// theirs: PyTorch adds the children's device time into a parent's total, as
+// for CUDA kernels launched by nested operators). What the marks cannot say
+// is when the device started the work: the activity is placed at the
+// operator's start on the host. Operators with no device time (before the
+// backend is initialized, across devices) get no activity either.
 #pragma once
 
 #include <accelkit/torch/profiler.hpp>
@@ -75,7 +81,7 @@ class KinetoSession final : public libkineto::IActivityProfilerSession {
     if (!recording_.load(std::memory_order_relaxed)) return;
     Thread& t = thread();
     std::shared_ptr<Mark> m = cut(t);
-    t.stack.push_back(Frame{id, m->device, m->unix_ns, {}});
+    t.stack.push_back(Frame{id, m->device, m->unix_ns, false, {}});
   }
   void popCorrelationId() override {
     Thread& t = thread();
@@ -83,6 +89,7 @@ class KinetoSession final : public libkineto::IActivityProfilerSession {
     cut(t);
     Frame f = std::move(t.stack.back());
     t.stack.pop_back();
+    if (!f.worked || f.device < 0) return;  // no activity to show
     std::lock_guard<std::mutex> lock(mutex_);
     done_.push_back(std::move(f));
   }
@@ -99,7 +106,6 @@ class KinetoSession final : public libkineto::IActivityProfilerSession {
       frames.swap(done_);
     }
     for (Frame& f : frames) {
-      if (f.device < 0) continue;
       double us = 0;
       for (auto& [a, z] : f.intervals) us += Mark::elapsed_us(a.get(), z.get());
       const libkineto::ITraceActivity* op =
@@ -125,6 +131,7 @@ class KinetoSession final : public libkineto::IActivityProfilerSession {
     uint64_t correlation;
     device_index device;  // of its first mark; -1: no device time
     int64_t start_ns;     // c10::getTime() at its start
+    bool worked;          // some interval of its own had device work
     std::vector<std::pair<std::shared_ptr<Mark>, std::shared_ptr<Mark>>> intervals;
   };
   // A thread's operators in flight and its last mark, for one session.
@@ -132,6 +139,7 @@ class KinetoSession final : public libkineto::IActivityProfilerSession {
     uint64_t session = 0;
     std::vector<Frame> stack;
     std::shared_ptr<Mark> last;
+    std::uint64_t work = 0;  // device_work at the last mark
   };
 
   static uint64_t next_id() {
@@ -140,15 +148,19 @@ class KinetoSession final : public libkineto::IActivityProfilerSession {
   }
   Thread& thread() {
     static thread_local Thread t;
-    if (t.session != id_) t = Thread{id_, {}, nullptr};
+    if (t.session != id_) t = Thread{id_, {}, nullptr, device_work};
     return t;
   }
   // A new mark: the interval since the thread's last one is the innermost
-  // operator's.
+  // operator's, if the thread did device work in it.
   std::shared_ptr<Mark> cut(Thread& t) {
     std::shared_ptr<Mark> m = Mark::now();
-    if (!t.stack.empty() && t.last && t.stack.back().device == m->device)
+    if (device_work != t.work && !t.stack.empty() && t.last &&
+        t.stack.back().device == m->device) {
       t.stack.back().intervals.emplace_back(t.last, m);
+      t.stack.back().worked = true;
+    }
+    t.work = device_work;
     t.last = m;
     return m;
   }
