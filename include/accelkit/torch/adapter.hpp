@@ -294,7 +294,11 @@ inline thread_local int host_kernel_depth = 0;
 // device work (a view, an allocation, a dtype query, an operator on CPU
 // tensors) gets no device activity, as a CUDA operator that launched no
 // kernel gets none. Work the SDK does not see (a vendor kernel launched
-// through the runtime's own API) is reported with note_device_work().
+// through the runtime's own API) is reported with note_device_work(). A
+// count cannot tell an operator's own work from its children's where both
+// fall in its own time: a host kernel waits for the stream (counted) and
+// then runs a CPU kernel that may call another operator of the device
+// (relu calling clamp_min), so both show work.
 inline thread_local std::uint64_t device_work = 0;
 inline void note_device_work() noexcept { ++device_work; }
 

@@ -136,7 +136,9 @@ class Fallback {
     std::atomic<std::int64_t> ns{0};
     std::atomic<bool> warned{false};
     void add(std::int64_t elapsed) {
-      note_device_work();  // the operator's kernel ran on device data (Note [Device work of an operator])
+      // The operator's kernel ran on device data (Note [Device work of an
+      // operator]).
+      note_device_work();
       count.fetch_add(1, std::memory_order_relaxed);
       ns.fetch_add(elapsed, std::memory_order_relaxed);
     }
