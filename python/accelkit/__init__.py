@@ -10,7 +10,9 @@ copy of this package that the backend carries as torch_acme._accelkit)::
 
 after which ``torch.device("acme:1")``, ``tensor.to("acme")``,
 ``tensor.acme()``, ``torch.acme`` (torch.cuda's names: accelkit.device),
-``torch.autocast("acme")`` and ``torch.Generator(device="acme")`` work.
+``torch.autocast("acme")``, ``torch.Generator(device="acme")`` and
+``torch.distributed.init_process_group("cpu:gloo,acme:acme")``
+(accelkit.distributed) work.
 """
 import os
 import sys
@@ -71,4 +73,6 @@ def install(name: str, library=None):
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
     _sharing.register()
+    from . import distributed
+    distributed.register(name)  # torch.distributed's backend `name`
     return device

@@ -1,0 +1,455 @@
+"""torch.distributed for the installed backend: a c10d process group named
+after the device (``init_process_group("cpu:gloo,simdev:simdev")``, or
+``init_process_group()`` on a machine whose accelerator is the device) that
+runs every collective on an inner gloo group.
+
+Note [Collectives on gloo]
+~~~~~~~~~~~~~~~~~~~~~~~~~~
+The group is a Python ``torch.distributed.ProcessGroup`` (PyTorch calls its
+methods from Python and, for DDP's reducer, from C++ through its Python
+trampoline), registered with ``Backend.register_backend(name, ...,
+devices=[name])`` by ``accelkit.install``. Each collective over device
+tensors runs on a gloo group of its own (built on the same store), over CPU
+tensors that are
+
+- views of the device memory itself when the device's memory is
+  host-visible and the tensor is contiguous (zero-copy: gloo reads and
+  writes the device memory in place), taken once the work queued on the
+  device's current stream is done (the caller's thread waits for that
+  stream: ``stream.synchronize()``);
+- otherwise, blocks of the backend's pinned pool, filled from the device by
+  a copy on the current stream (which the caller's thread waits for), and
+  copied back to the device tensors when gloo is done.
+
+The collective is then running on gloo's threads and the call returns; the
+returned work's ``wait()`` (and ``async_op=False``) blocks the calling
+thread until gloo is done and the results are in device memory, so the work
+the caller queues afterwards on any stream sees them. This differs from
+CUDA's NCCL, where neither the start nor ``wait()`` blocks the host: a
+backend's runtime has no member that makes a stream wait for the host, so
+the stream cannot be made to wait for gloo. With ``async_op=True``, device
+work queued on the tensors between the call and ``wait()`` races with the
+collective (on CUDA it would run after it). The work's future (DDP's
+communication hooks) completes when the results are in device memory.
+
+CPU tensors go to the inner gloo group unchanged, so the group also serves
+``cpu:`` when it is the only one (``init_process_group("simdev")``).
+Reductions: SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR on gloo, AVG as a SUM
+divided by the group's size (integers truncated, as NCCL does); PREMUL_SUM
+is refused, as are bitwise reductions of floating-point tensors.
+"""
+import ctypes
+import datetime
+import threading
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+from . import _backend
+
+__all__ = ["ProcessGroup", "register"]
+
+_C10D = torch._C._distributed_c10d
+
+_REDUCE_NAMES = {ReduceOp.SUM: "SUM", ReduceOp.PRODUCT: "PRODUCT", ReduceOp.MIN: "MIN",
+                 ReduceOp.MAX: "MAX", ReduceOp.BAND: "BAND", ReduceOp.BOR: "BOR",
+                 ReduceOp.BXOR: "BXOR", ReduceOp.AVG: "AVG", ReduceOp.PREMUL_SUM: "PREMUL_SUM"}
+_BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+
+
+def _op_name(op) -> str:
+    for kind, name in _REDUCE_NAMES.items():
+        if op == kind:
+            return name
+    return repr(op)
+
+
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+           torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
+
+
+def _dtype_code(dtype) -> int:
+    return _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES)
+
+
+class _Host:
+    """The CPU tensors one collective hands gloo for its device tensors, and
+    the copies back to the device once gloo is done (Note [Collectives on
+    gloo]). Keeps the device tensors alive until then."""
+
+    def __init__(self, pg, tensors):
+        self.pg = pg
+        self.keep = list(tensors)
+        self.back = []  # (device tensor, CPU tensor) to copy back
+        devices = {t.device for t in tensors}
+        if len(devices) > 1:
+            raise ValueError(f"{pg.name}: a collective's tensors must be on one device, got "
+                             f"tensors on {', '.join(sorted(str(d) for d in devices))}")
+        self.device = devices.pop() if devices else torch.device("cpu")
+        self.on_device = self.device.type == pg.name
+        self.visible = False
+        if self.on_device:
+            self.visible = pg.host_visible(self.device.index)
+            if self.visible:
+                # Gloo reads the memory in place: wait for the work queued on it.
+                torch.accelerator.current_stream(self.device).synchronize()
+
+    def _view(self, t):
+        n = t.numel() * t.element_size()
+        if n == 0:
+            return torch.empty(t.shape, dtype=t.dtype)
+        raw = (ctypes.c_char * n).from_address(t.data_ptr())
+        return torch.frombuffer(raw, dtype=torch.uint8).view(t.dtype).view(t.shape)
+
+    def _staged(self, t, fill):
+        buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        if fill:
+            buf.copy_(t)  # on the current stream, which this thread waits for
+        return buf
+
+    def get(self, t, read=True, write=True):
+        """The CPU tensor gloo uses for `t`: `read` if gloo reads it, `write`
+        if it writes the result there."""
+        if not self.on_device:
+            return t
+        if self.visible and t.is_contiguous():
+            return self._view(t)
+        buf = self._staged(t, read)
+        if write:
+            self.back.append((t, buf))
+        return buf
+
+    def finish(self):
+        """After gloo: the results into device memory (blocking copies)."""
+        for t, buf in self.back:
+            t.copy_(buf)
+        self.back = []
+
+
+class _Work(_C10D.Work):
+    """A collective in flight: `wait()` blocks the calling thread until its
+    results are in device memory and raises its error (gloo's, naming the
+    peer, for a rank that died); `get_future()` completes then, with the
+    output tensors. (PyTorch's future-wrapping work drops the error.)"""
+
+    def __init__(self, fut):
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout=None):
+        self._fut.wait()  # raises the collective's error
+        return True
+
+    def get_future(self):
+        return self._fut
+
+    def is_completed(self):
+        return self._fut.done()
+
+    def is_success(self):
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.value()
+        except Exception:
+            return False
+        return True
+
+    def exception(self):
+        if not self._fut.done():
+            return None
+        try:
+            self._fut.value()
+        except Exception as e:
+            return e
+        return None
+
+
+def _run_async(work, finish, result):
+    """A work whose future completes with `result` once gloo's `work` is done
+    and `finish` ran (on the thread that completes gloo's future)."""
+    try:
+        fut = work.get_future()
+    except RuntimeError:
+        fut = None
+    if fut is not None:
+        def done(f):
+            f.value()  # raises gloo's error
+            finish()
+            return result
+        return _Work(fut.then(done))
+    # Send and receive have no future in gloo: a thread waits for them.
+    out = torch.futures.Future()
+
+    def waiter():
+        try:
+            work.wait()
+            finish()
+            out.set_result(result)
+        except Exception as e:  # handed to the waiter of the work
+            out.set_exception(e)
+    threading.Thread(target=waiter, daemon=True, name="accelkit-p2p").start()
+    return _Work(out)
+
+
+class ProcessGroup(dist.ProcessGroup):
+    """The backend's c10d process group (Note [Collectives on gloo])."""
+
+    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta):
+        super().__init__(rank, size)
+        self.name = _backend.name
+        self._rank, self._size = rank, size
+        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("accelkit-gloo/", store), rank, size,
+                                          timeout)
+        self._visible = {}
+        self.check_agreement = True  # _agree
+
+    # -- identity
+    def getBackendName(self) -> str:
+        return self.name
+
+    def _get_backend_name(self) -> str:
+        return self.name
+
+    def host_visible(self, index: int) -> bool:
+        if index not in self._visible:
+            props = torch.get_device_module(self.name).get_device_properties(index)
+            self._visible[index] = bool(props.host_visible_memory)
+        return self._visible[index]
+
+    # -- checks
+    def _reduce_op(self, op, tensors):
+        if op == ReduceOp.PREMUL_SUM:
+            raise ValueError(f"{self.name}: ReduceOp.PREMUL_SUM is not supported by this "
+                             "process group (it runs on gloo)")
+        known = any(op == kind for kind in _REDUCE_NAMES)
+        if not known:
+            raise ValueError(f"{self.name}: unsupported reduce op {op!r}")
+        if any(op == b for b in _BITWISE):
+            for t in tensors:
+                if t.is_floating_point() or t.is_complex():
+                    raise ValueError(f"{self.name}: ReduceOp.{_op_name(op)} needs integer or "
+                                     f"bool tensors, got {t.dtype}")
+        if op == ReduceOp.AVG:
+            opts_op = ReduceOp.SUM
+        else:
+            opts_op = op
+        return opts_op
+
+    def _avg(self, cpu_tensors):
+        def run():
+            for t in cpu_tensors:
+                if t.is_floating_point() or t.is_complex():
+                    t.div_(self._size)
+                else:
+                    t.div_(self._size, rounding_mode="trunc")
+        return run
+
+    @staticmethod
+    def _chain(*steps):
+        def run():
+            for s in steps:
+                s()
+        return run
+
+    def _agree(self, what: str, tensor, numel=None):
+        """Refuses a collective whose ranks disagree on the tensor's dtype or
+        element count (gloo itself aborts the process on such a mismatch):
+        a small allgather of each rank's (dtype, count) first, so every rank
+        raises the same ValueError, naming the collective and the values.
+        Off when `check_agreement` is False."""
+        if not self.check_agreement or self._size == 1:
+            return
+        numel = tensor.numel() if numel is None else numel
+        mine = torch.tensor([_dtype_code(tensor.dtype), numel], dtype=torch.int64)
+        every = torch.empty(2 * self._size, dtype=torch.int64)
+        self.gloo._allgather_base(every, mine).wait()
+        rows = every.view(self._size, 2).tolist()
+        if any(r != rows[0] for r in rows):
+            def desc(r):
+                dt = _DTYPES[r[0]] if r[0] < len(_DTYPES) else "another dtype"
+                return f"{dt} x {r[1]}"
+            raise ValueError(f"{self.name}: {what}: the ranks' tensors disagree: "
+                             + ", ".join(f"rank {i} has {desc(r)}" for i, r in enumerate(rows)))
+
+    # -- collectives
+    def allreduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        host = _Host(self, tensors)
+        for t in tensors:
+            self._agree("all_reduce", t)
+        op = opts.reduceOp
+        gloo_op = self._reduce_op(op, tensors)
+        cpu = [host.get(t) for t in tensors]
+        o = dist.AllreduceOptions()
+        o.reduceOp = gloo_op
+        o.timeout = opts.timeout
+        work = self.gloo.allreduce(cpu, o)
+        post = self._avg(cpu) if op == ReduceOp.AVG else (lambda: None)
+        return _run_async(work, self._chain(post, host.finish), tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        works = [self.allreduce([t], _allreduce_opts(opts)) for t in tensors]
+        return _all_of(works, tensors)
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        host = _Host(self, tensors)
+        for t in tensors:
+            self._agree("broadcast", t)
+        root = opts.rootRank == self._rank
+        cpu = [host.get(t, read=root, write=not root) for t in tensors]
+        work = self.gloo.broadcast(cpu, opts)
+        return _run_async(work, host.finish, tensors)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.ReduceOptions()
+        host = _Host(self, tensors)
+        op = opts.reduceOp
+        gloo_op = self._reduce_op(op, tensors)
+        for t in tensors:
+            self._agree("reduce", t)
+        root = opts.rootRank == self._rank
+        cpu = [host.get(t, write=root) for t in tensors]
+        o = dist.ReduceOptions()
+        o.reduceOp, o.rootRank, o.rootTensor, o.timeout = gloo_op, opts.rootRank, opts.rootTensor, opts.timeout
+        work = self.gloo.reduce(cpu, o)
+        post = self._avg(cpu) if op == ReduceOp.AVG and root else (lambda: None)
+        return _run_async(work, self._chain(post, host.finish), tensors)
+
+    def allgather(self, output_lists, inputs, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        host = _Host(self, list(inputs) + [t for ts in output_lists for t in ts])
+        for t in inputs:
+            self._agree("all_gather", t)
+        cpu_in = [host.get(t, write=False) for t in inputs]
+        cpu_out = [[host.get(t, read=False) for t in ts] for ts in output_lists]
+        work = self.gloo.allgather(cpu_out, cpu_in, opts)
+        return _run_async(work, host.finish, output_lists)
+
+    def _allgather_base(self, output, input, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        if output.numel() != input.numel() * self._size:
+            raise ValueError(f"{self.name}: all_gather_into_tensor: the output has "
+                             f"{output.numel()} elements, expected {input.numel()} x "
+                             f"{self._size} ranks")
+        host = _Host(self, [output, input])
+        self._agree("all_gather_into_tensor", input)
+        cpu_in = host.get(input, write=False)
+        cpu_out = host.get(output, read=False)
+        work = self.gloo._allgather_base(cpu_out, cpu_in, opts)
+        return _run_async(work, host.finish, [output])
+
+    all_gather_single = _allgather_base
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        host = _Host(self, list(outputs) + [t for ts in input_lists for t in ts])
+        op = opts.reduceOp
+        gloo_op = self._reduce_op(op, list(outputs))
+        cpu_out = [host.get(t, read=False) for t in outputs]
+        cpu_in = [[host.get(t, write=False) for t in ts] for ts in input_lists]
+        o = dist.ReduceScatterOptions()
+        o.reduceOp, o.timeout = gloo_op, opts.timeout
+        work = self.gloo.reduce_scatter(cpu_out, cpu_in, o)
+        post = self._avg(cpu_out) if op == ReduceOp.AVG else (lambda: None)
+        return _run_async(work, self._chain(post, host.finish), outputs)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        if input.numel() != output.numel() * self._size:
+            raise ValueError(f"{self.name}: reduce_scatter_tensor: the input has "
+                             f"{input.numel()} elements, expected {output.numel()} x "
+                             f"{self._size} ranks")
+        host = _Host(self, [output, input])
+        op = opts.reduceOp
+        gloo_op = self._reduce_op(op, [output])
+        self._agree("reduce_scatter_tensor", input)
+        cpu_out = host.get(output, read=False)
+        cpu_in = host.get(input, write=False)
+        o = dist.ReduceScatterOptions()
+        o.reduceOp, o.timeout = gloo_op, opts.timeout
+        work = self.gloo._reduce_scatter_base(cpu_out, cpu_in, o)
+        post = self._avg([cpu_out]) if op == ReduceOp.AVG else (lambda: None)
+        return _run_async(work, self._chain(post, host.finish), [output])
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        host = _Host(self, [output, input])
+        self._agree("all_to_all_single", input, numel=0)  # the dtype
+        cpu_out = host.get(output, read=False)
+        cpu_in = host.get(input, write=False)
+        work = self.gloo.alltoall_base(cpu_out, cpu_in, list(output_split_sizes),
+                                       list(input_split_sizes), opts)
+        return _run_async(work, host.finish, [output])
+
+    all_to_all_single = alltoall_base
+
+    def gather(self, output_lists, inputs, opts=None):
+        opts = opts if opts is not None else dist.GatherOptions()
+        host = _Host(self, list(inputs) + [t for ts in output_lists for t in ts])
+        cpu_in = [host.get(t, write=False) for t in inputs]
+        cpu_out = [[host.get(t, read=False) for t in ts] for ts in output_lists]
+        work = self.gloo.gather(cpu_out, cpu_in, opts)
+        return _run_async(work, host.finish, output_lists)
+
+    def scatter(self, outputs, input_lists, opts=None):
+        opts = opts if opts is not None else dist.ScatterOptions()
+        host = _Host(self, list(outputs) + [t for ts in input_lists for t in ts])
+        cpu_out = [host.get(t, read=False) for t in outputs]
+        cpu_in = [[host.get(t, write=False) for t in ts] for ts in input_lists]
+        work = self.gloo.scatter(cpu_out, cpu_in, opts)
+        return _run_async(work, host.finish, outputs)
+
+    def send(self, tensors, dst: int, tag: int = 0):
+        host = _Host(self, tensors)
+        cpu = [host.get(t, write=False) for t in tensors]
+        work = self.gloo.send(cpu, dst, tag)
+        return _run_async(work, host.finish, tensors)
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        host = _Host(self, tensors)
+        cpu = [host.get(t, read=False) for t in tensors]
+        work = self.gloo.recv(cpu, src, tag)
+        return _run_async(work, host.finish, tensors)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        host = _Host(self, tensors)
+        cpu = [host.get(t, read=False) for t in tensors]
+        work = self.gloo.recv_anysource(cpu, tag)
+        return _run_async(work, host.finish, tensors)
+
+    def barrier(self, opts=None):
+        return self.gloo.barrier(opts if opts is not None else dist.BarrierOptions())
+
+
+def _allreduce_opts(coalesced):
+    o = dist.AllreduceOptions()
+    if coalesced is not None:
+        o.reduceOp, o.timeout = coalesced.reduceOp, coalesced.timeout
+    return o
+
+
+def _all_of(works, result):
+    futs = [w.get_future() for w in works]
+
+    def done(f):
+        for g in f.value():
+            g.value()
+        return result
+    return _Work(torch.futures.collect_all(futs).then(done))
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroup(store, rank, size, timeout)
+
+
+def register(name: str) -> None:
+    """Registers the process group as torch.distributed's backend `name`
+    for the device type `name` (accelkit.install calls it)."""
+    if not dist.is_available() or name.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(name, _create, devices=[name])

@@ -1,0 +1,324 @@
+"""torch.distributed on simdev tensors (accelkit.distributed: Note [Collectives
+on gloo]): every collective between two processes against expected values,
+stream order, async work, the errors, and a rank that dies mid-collective.
+Runs in the memory mode of the environment (SIMDEV_HOST_VISIBLE; ctest runs
+both). Each process uses simdev:<rank>."""
+import datetime
+import multiprocessing
+import os
+import sys
+import time
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+import torch_simdev  # noqa: F401
+
+WORLD = 2
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+
+
+def _init(store_path, rank, world=WORLD, timeout_s=20, backend="cpu:gloo,simdev:simdev"):
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _entry(fn, rank, store_path, queue, args):
+    try:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        torch.simdev.set_device(rank % torch.simdev.device_count())
+        out = fn(rank, store_path, *args)
+        queue.put((rank, "ok", out))
+    except BaseException:  # reported to the test, which fails naming it
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+
+
+def _spawn(fn, tmp_path, args=(), timeout=90, world=WORLD):
+    """Runs fn(rank, store_path, *args) in `world` fresh processes; returns
+    {rank: result}, failing with each process's traceback."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    store_path = str(tmp_path / "store")
+    procs = [ctx.Process(target=_entry, args=(fn, r, store_path, queue, args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results, errors = {}, []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) + len(errors) < world:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"distributed workers did not finish in {timeout} s "
+                                     f"(results from ranks {sorted(results)})")
+            try:
+                rank, status, out = queue.get(timeout=min(left, 1.0))
+            except Exception:
+                if all(not p.is_alive() for p in procs) and queue.empty():
+                    codes = [p.exitcode for p in procs]
+                    raise AssertionError(f"workers exited without a result: {codes}") from None
+                continue
+            if status == "ok":
+                results[rank] = out
+            else:
+                errors.append(f"rank {rank}:\n{out}")
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    assert not errors, "\n".join(errors)
+    return results
+
+
+# ---------------------------------------------------------------- collectives
+def _collectives(rank, store_path):
+    _init(store_path, rank)
+    dev = torch.device("simdev", rank)
+    n = 1000
+    base = torch.arange(n, dtype=torch.float32)
+
+    def on(t):
+        return t.to(dev)
+
+    # all_reduce, every op (float and integer)
+    vals = [base + 1, base * 2 + 1]  # rank 0, rank 1
+    expect = {ReduceOp.SUM: vals[0] + vals[1], ReduceOp.PRODUCT: vals[0] * vals[1],
+              ReduceOp.MIN: torch.minimum(*vals), ReduceOp.MAX: torch.maximum(*vals),
+              ReduceOp.AVG: (vals[0] + vals[1]) / 2}
+    for op, want in expect.items():
+        x = on(vals[rank])
+        dist.all_reduce(x, op=op)
+        assert x.device == dev
+        torch.testing.assert_close(x.cpu(), want, msg=f"all_reduce {op}")
+    ints = [torch.tensor([0b1100, 7, 5], dtype=torch.int64), torch.tensor([0b1010, 2, -5], dtype=torch.int64)]
+    for op, want in {ReduceOp.BAND: ints[0] & ints[1], ReduceOp.BOR: ints[0] | ints[1],
+                     ReduceOp.BXOR: ints[0] ^ ints[1],
+                     ReduceOp.AVG: torch.div(ints[0] + ints[1], 2, rounding_mode="trunc")}.items():
+        x = on(ints[rank])
+        dist.all_reduce(x, op=op)
+        assert torch.equal(x.cpu(), want), (op, x.cpu(), want)
+    # bool MAX (logical or)
+    x = on(torch.tensor([rank == 0, False, True]))
+    dist.all_reduce(x, op=ReduceOp.MAX)
+    assert x.cpu().tolist() == [True, False, True]
+
+    # a non-contiguous tensor (staged even on host-visible memory)
+    m = on(torch.arange(12, dtype=torch.float32).reshape(3, 4) * (rank + 1))
+    col = m[:, 1]
+    dist.all_reduce(col)
+    assert col.cpu().tolist() == [3.0 * v for v in (1, 5, 9)]
+    assert m.cpu()[:, 0].tolist() == [(rank + 1) * v for v in (0, 4, 8)]  # untouched
+
+    # broadcast from rank 1
+    x = on(base * 3) if rank == 1 else torch.zeros(n, device=dev)
+    dist.broadcast(x, src=1)
+    torch.testing.assert_close(x.cpu(), base * 3)
+
+    # reduce to rank 1
+    x = on(vals[rank])
+    dist.reduce(x, dst=1, op=ReduceOp.SUM)
+    if rank == 1:
+        torch.testing.assert_close(x.cpu(), vals[0] + vals[1])
+
+    # all_gather (list) and all_gather_into_tensor
+    mine = on(torch.full((5,), float(rank + 1)))
+    outs = [torch.empty(5, device=dev) for _ in range(WORLD)]
+    dist.all_gather(outs, mine)
+    assert [o.cpu().tolist() for o in outs] == [[1.0] * 5, [2.0] * 5]
+    flat = torch.empty(10, device=dev)
+    dist.all_gather_into_tensor(flat, mine)
+    assert flat.cpu().tolist() == [1.0] * 5 + [2.0] * 5
+
+    # reduce_scatter_tensor (SUM and AVG)
+    inp = on(torch.arange(8, dtype=torch.float32) * (rank + 1))
+    out = torch.empty(4, device=dev)
+    dist.reduce_scatter_tensor(out, inp)
+    assert out.cpu().tolist() == [3.0 * v for v in range(rank * 4, rank * 4 + 4)]
+    dist.reduce_scatter_tensor(out, inp, op=ReduceOp.AVG)
+    assert out.cpu().tolist() == [1.5 * v for v in range(rank * 4, rank * 4 + 4)]
+
+    # all_to_all_single, even and uneven splits
+    inp = on(torch.arange(4, dtype=torch.float32) + 10 * rank)
+    out = torch.empty(4, device=dev)
+    dist.all_to_all_single(out, inp)
+    assert out.cpu().tolist() == ([0.0, 1.0, 10.0, 11.0] if rank == 0 else [2.0, 3.0, 12.0, 13.0])
+    in_splits = [1, 3] if rank == 0 else [2, 2]
+    out_splits = [1, 2] if rank == 0 else [3, 2]
+    out = torch.empty(sum(out_splits), device=dev)
+    dist.all_to_all_single(out, inp, out_splits, in_splits)
+    want = [0.0, 10.0, 11.0] if rank == 0 else [1.0, 2.0, 3.0, 12.0, 13.0]
+    assert out.cpu().tolist() == want
+
+    # send / recv (and isend / irecv)
+    if rank == 0:
+        dist.send(on(base + 7), dst=1)
+        got = torch.empty(n, device=dev)
+        dist.recv(got, src=1)
+        torch.testing.assert_close(got.cpu(), base - 7)
+    else:
+        got = torch.empty(n, device=dev)
+        dist.recv(got, src=0)
+        torch.testing.assert_close(got.cpu(), base + 7)
+        dist.send(on(base - 7), dst=0)
+    peer = 1 - rank
+    ops = [dist.P2POp(dist.isend, on(torch.full((3,), float(rank))), peer),
+           dist.P2POp(dist.irecv, torch.empty(3, device=dev), peer)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert ops[1].tensor.cpu().tolist() == [float(peer)] * 3
+
+    # async_op work objects: wait, is_completed, the future's value
+    x = on(vals[rank])
+    work = dist.all_reduce(x, async_op=True)
+    work.wait()
+    assert work.is_completed()
+    torch.testing.assert_close(x.cpu(), vals[0] + vals[1])
+    y = on(vals[rank])
+    fut = dist.all_reduce(y, async_op=True).get_future()
+    res = fut.wait()
+    torch.testing.assert_close(res[0].cpu(), vals[0] + vals[1])
+
+    # CPU tensors through the same group
+    c = torch.full((4,), float(rank + 1))
+    dist.all_reduce(c)
+    assert c.tolist() == [3.0] * 4
+    dist.barrier()
+    return "done"
+
+
+def test_collectives_two_ranks(tmp_path):
+    assert _spawn(_collectives, tmp_path) == {0: "done", 1: "done"}
+
+
+# --------------------------------------------------------------- stream order
+def _stream_order(rank, store_path):
+    """The collective starts after the work queued on the current stream:
+    hold a side stream, queue a write on it, release it later; the
+    all_reduce must see the write."""
+    _init(store_path, rank)
+    dev = torch.device("simdev", rank)
+    s = torch.simdev.Stream(dev)
+    x = torch.zeros(1 << 16, device=dev)
+    src = torch.full((1 << 16,), float(rank + 1)).pin_memory()
+    torch.accelerator.synchronize(dev)
+    with torch.simdev.stream(s):
+        gate = torch.ops.simdev_driver.hold(s)
+        x.copy_(src, non_blocking=True)  # queued behind the gate
+        assert not s.query()
+        torch.ops.simdev_driver.release_later(gate, 300)
+        dist.all_reduce(x)
+        x.mul_(2)  # after the collective, on the same stream
+    torch.accelerator.synchronize(dev)
+    assert x.cpu().unique().tolist() == [6.0], x.cpu().unique()
+    return "done"
+
+
+def test_collective_after_queued_work(tmp_path):
+    assert _spawn(_stream_order, tmp_path) == {0: "done", 1: "done"}
+
+
+# ---------------------------------------------------------------------- errors
+def _bad_inputs(rank, store_path):
+    _init(store_path, rank, world=1)
+    errs = {}
+    a = torch.ones(4, device="simdev:0")
+    b = torch.ones(4, device="simdev:1")
+    for what, call in {
+        "two devices": lambda: dist.all_gather([torch.empty(4, device="simdev:0"), b], a),
+        "device and cpu": lambda: dist.all_gather_into_tensor(torch.empty(4), a),
+        "premul": lambda: dist.all_reduce(a, op=dist._make_nccl_premul_sum(2.0)),
+        "bitwise float": lambda: dist.all_reduce(a, op=ReduceOp.BAND),
+        "gather size": lambda: dist.all_gather_into_tensor(torch.empty(3, device="simdev:0"), a),
+    }.items():
+        try:
+            call()
+        except (ValueError, RuntimeError) as e:
+            errs[what] = f"{type(e).__name__}: {e}"
+        else:
+            errs[what] = None
+    # the group stays usable
+    dist.all_reduce(a)
+    assert a.cpu().tolist() == [1.0] * 4
+    return errs
+
+
+def test_bad_inputs_are_clear_errors(tmp_path):
+    errs = _spawn(_bad_inputs, tmp_path, world=1)[0]
+    assert "simdev" in errs["two devices"] and "simdev:0" in errs["two devices"] \
+        and "simdev:1" in errs["two devices"], errs
+    assert "cpu" in errs["device and cpu"] and "simdev:0" in errs["device and cpu"], errs
+    assert "PREMUL_SUM" in errs["premul"] and errs["premul"].startswith("ValueError"), errs
+    assert "BAND" in errs["bitwise float"] and "torch.float32" in errs["bitwise float"], errs
+    assert "all_gather_into_tensor" in errs["gather size"], errs
+
+
+def _mismatch(rank, store_path, kind):
+    _init(store_path, rank, timeout_s=5)
+    dev = torch.device("simdev", rank)
+    if kind == "size":
+        x = torch.ones(100 if rank == 0 else 50, device=dev)
+    else:
+        x = torch.ones(100, device=dev, dtype=torch.float32 if rank == 0 else torch.float64)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x)
+    except Exception as e:  # noqa: BLE001  the error is the result
+        return (f"{type(e).__name__}: {e}", time.monotonic() - t0)
+    return (None, time.monotonic() - t0)
+
+
+@pytest.mark.parametrize("kind", ["size", "dtype"])
+def test_mismatch_across_ranks_is_an_error(tmp_path, kind):
+    res = _spawn(_mismatch, tmp_path, args=(kind,), timeout=60)
+    for rank, (err, took) in res.items():
+        assert err is not None, f"rank {rank}: a {kind} mismatch went through"
+        assert took < 30, (rank, took, err)
+
+
+def _dead_rank(rank, store_path, check):
+    _init(store_path, rank, timeout_s=5)
+    dist.distributed_c10d._get_default_group().check_agreement = check
+    dev = torch.device("simdev", rank)
+    x = torch.ones(1 << 22, device=dev)
+    dist.all_reduce(x)  # both alive
+    if rank == 1:
+        dist.all_reduce(x, async_op=True)  # starts the next one, and dies in it
+        os._exit(3)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x)
+        dist.all_reduce(x)
+    except Exception as e:  # noqa: BLE001  the error is the result
+        return (f"{type(e).__name__}: {e}", time.monotonic() - t0)
+    return (None, time.monotonic() - t0)
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["checked", "unchecked"])
+def test_dead_rank_fails_within_timeout(tmp_path, check):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    store_path = str(tmp_path / "store")
+    procs = [ctx.Process(target=_entry, args=(_dead_rank, r, store_path, queue, (check,))) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        rank, status, out = queue.get(timeout=90)
+    finally:
+        for p in procs:
+            p.join(timeout=20)
+            if p.is_alive():
+                p.kill()
+    assert (rank, status) == (0, "ok"), out
+    err, took = out
+    assert err is not None and took < 20, out
+    assert procs[1].exitcode == 3
