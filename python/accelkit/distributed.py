@@ -79,7 +79,9 @@ class _Host:
     gloo]). Keeps the device tensors alive until then."""
 
     def __init__(self, pg, tensors):
-        self.pg = pg
+        # Holds no reference to the group: the last one must not go on a
+        # gloo thread, whose destructor would join itself (Note [No group
+        # in the callbacks]).
         self.keep = list(tensors)
         self.back = []  # (device tensor, CPU tensor) to copy back
         devices = {t.device for t in tensors}
@@ -168,7 +170,17 @@ class _Work(_C10D.Work):
 
 def _run_async(work, finish, result):
     """A work whose future completes with `result` once gloo's `work` is done
-    and `finish` ran (on the thread that completes gloo's future)."""
+    and `finish` ran (on the thread that completes gloo's future).
+
+    Note [No group in the callbacks]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    `finish` runs on one of gloo's threads and is dropped there. Were it to
+    hold the process group (and through it the gloo group), the last
+    reference could go on that thread when the program drops the group
+    first (destroy_process_group while a work is in flight or just done),
+    and gloo's destructor, joining its threads, would join itself: the
+    process aborts ("Resource deadlock avoided"). So callbacks capture
+    values, never the group."""
     try:
         fut = work.get_future()
     except RuntimeError:
@@ -238,12 +250,14 @@ class ProcessGroup(dist.ProcessGroup):
         return opts_op
 
     def _avg(self, cpu_tensors):
+        size = self._size  # not self: Note [No group in the callbacks]
+
         def run():
             for t in cpu_tensors:
                 if t.is_floating_point() or t.is_complex():
-                    t.div_(self._size)
+                    t.div_(size)
                 else:
-                    t.div_(self._size, rounding_mode="trunc")
+                    t.div_(size, rounding_mode="trunc")
         return run
 
     @staticmethod
