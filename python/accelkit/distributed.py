@@ -216,6 +216,7 @@ class ProcessGroup(dist.ProcessGroup):
                                           timeout)
         self._visible = {}
         self.check_agreement = True  # _agree
+        self._group_name, self._group_desc = "", ""
 
     # -- identity
     def getBackendName(self) -> str:
@@ -223,6 +224,20 @@ class ProcessGroup(dist.ProcessGroup):
 
     def _get_backend_name(self) -> str:
         return self.name
+
+    # PyTorch keeps a group's name and description in its registered C++
+    # backends, which this group has none of: kept here.
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
 
     def host_visible(self, index: int) -> bool:
         if index not in self._visible:

@@ -336,3 +336,49 @@ def test_dead_rank_fails_within_timeout(tmp_path, check):
     err, took = out
     assert err is not None and took < 20, out
     assert procs[1].exitcode == 3
+
+
+# ----------------------------------------------------------------------- FSDP2
+def _fsdp2(rank, store_path):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import ddp_train
+    _init(store_path, rank)
+    dev = torch.device("simdev", rank)
+    mesh = init_device_mesh("simdev", (WORLD,))
+    net = ddp_train.model().to(dev)
+    for layer in net:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    ddp_train.train(net, dev, WORLD, rank)
+    # The parameters whole: each rank's shard (dim 0, even here), gathered
+    # through the group (DTensor.full_tensor() goes through the functional
+    # collectives, which this group does not serve: README).
+    full = {}
+    for k, v in net.state_dict().items():
+        local = v.to_local().contiguous()
+        parts = [torch.empty_like(local) for _ in range(WORLD)]
+        dist.all_gather(parts, local)
+        full[k] = torch.cat(parts).cpu().tolist()  # plain data through the queue
+    try:
+        net.state_dict()["0.bias"].full_tensor()
+        functional = None
+    except Exception as e:  # noqa: BLE001  reported to the test
+        functional = f"{type(e).__name__}: {str(e)[:300]}"
+    return (full, functional) if rank == 0 else None
+
+
+def test_fsdp2_trains_like_one_cpu_process(tmp_path):
+    """fully_shard over the two ranks (all_gather_into_tensor and
+    reduce_scatter_tensor through the group) trains to the parameters of
+    the same training on one CPU process."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    import ddp_train
+    got, functional = _spawn(_fsdp2, tmp_path, timeout=120)[0]
+    print("full_tensor():", functional)
+    want = ddp_train.train(ddp_train.model(), "cpu").state_dict()
+    assert got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(torch.tensor(got[k]), want[k], rtol=1e-5, atol=1e-6, msg=k)
