@@ -18,7 +18,10 @@ TORCH_VERSION=2.13.0
 log() { printf '[accelkit setup] %s\n' "$*" >&2; }
 
 install_debian_packages() {
-  local wanted=(cmake g++ ninja-build ccache libfmt-dev catch2 python3) missing=()
+  # OpenCL (examples/opencl, tested on PoCL): the headers, the ICD loader and
+  # PoCL's CPU device.
+  local wanted=(cmake g++ ninja-build ccache libfmt-dev catch2 python3
+                opencl-headers ocl-icd-opencl-dev pocl-opencl-icd) missing=()
   for pkg in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
       || missing+=("$pkg")
