@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-import torch_simdev  # noqa: F401  registers the simdev device
+from backend import MOD  # imports torch_<backend> (ACCELKIT_TEST_BACKEND), registering it
 
 
 @pytest.fixture(autouse=True)
 def _reset_device():
     yield
-    torch.simdev.set_device(0)
+    MOD.set_device(0)
     torch.accelerator.synchronize(0)

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from backend import DEV, MOD
+
 EXACT = dict(rtol=0, atol=0)  # the kernels are the CPU's
 
 
@@ -18,22 +20,22 @@ def _linear_model(device):
 
 
 def test_amp_supported_dtypes_come_from_the_capability_schema():
-    assert torch.simdev.get_amp_supported_dtype() == [torch.float16, torch.bfloat16]
-    assert torch.amp.is_autocast_available("simdev")
+    assert MOD.get_amp_supported_dtype() == [torch.float16, torch.bfloat16]
+    assert torch.amp.is_autocast_available(DEV)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_autocast_runs_matrix_products_low_and_losses_in_float32_as_cuda(dtype):
     a = torch.randn(4, 8)
     b = torch.randn(8, 3)
-    with torch.autocast("simdev", dtype=dtype):
-        assert torch.is_autocast_enabled("simdev")
-        mm = a.to("simdev") @ b.to("simdev")  # lower precision
-        lin = F.linear(a.to("simdev"), b.t().to("simdev"))
+    with torch.autocast(DEV, dtype=dtype):
+        assert torch.is_autocast_enabled(DEV)
+        mm = a.to(DEV) @ b.to(DEV)  # lower precision
+        lin = F.linear(a.to(DEV), b.t().to(DEV))
         soft = torch.softmax(mm, dim=1)  # float32 (fp32_set_opt_dtype)
         loss = F.mse_loss(mm, torch.zeros_like(mm))  # float32
-        added = a.to("simdev") + 1  # not listed: its input dtype
-        mixed = torch.addcmul(torch.zeros(4, 3, device="simdev"), mm, mm)  # promote: the widest
+        added = a.to(DEV) + 1  # not listed: its input dtype
+        mixed = torch.addcmul(torch.zeros(4, 3, device=DEV), mm, mm)  # promote: the widest
     assert (mm.dtype, lin.dtype) == (dtype, dtype)
     assert (soft.dtype, loss.dtype, added.dtype, mixed.dtype) == (torch.float32,) * 4
     with torch.autocast("cpu", dtype=dtype):  # the CPU's policy agrees on these
@@ -51,7 +53,7 @@ def test_autocast_forward_and_backward_match_the_cpu():
     x = torch.randn(32, 8)
     y = torch.randn(32, 4)
     grads = {}
-    for device in ("cpu", "simdev"):
+    for device in ("cpu", DEV):
         model = _linear_model(device)
         with torch.autocast(device, dtype=torch.bfloat16):
             out = model(x.to(device))
@@ -59,35 +61,35 @@ def test_autocast_forward_and_backward_match_the_cpu():
         assert out.dtype == torch.bfloat16 and loss.dtype == torch.float32
         loss.backward()
         grads[device] = [p.grad.cpu() for p in model.parameters()]
-    for g_sim, g_cpu in zip(grads["simdev"], grads["cpu"]):
+    for g_sim, g_cpu in zip(grads[DEV], grads["cpu"]):
         assert g_sim.dtype == torch.float32
         torch.testing.assert_close(g_sim, g_cpu, **EXACT)
 
 
 def test_torch_simdev_amp_autocast_is_the_device_autocast():
-    x = torch.randn(2, 2, device="simdev")
-    with torch.simdev.amp.autocast():
+    x = torch.randn(2, 2, device=DEV)
+    with MOD.amp.autocast():
         assert (x @ x).dtype == torch.float16
-    with torch.simdev.amp.autocast(dtype=torch.bfloat16):
+    with MOD.amp.autocast(dtype=torch.bfloat16):
         assert (x @ x).dtype == torch.bfloat16
-    with torch.simdev.amp.autocast(enabled=False):
+    with MOD.amp.autocast(enabled=False):
         assert (x @ x).dtype == torch.float32
 
 
 def test_autocast_to_a_dtype_the_schema_does_not_report():
-    with pytest.raises(ValueError, match=r"simdev: autocast to torch.float64 is not supported.*"
+    with pytest.raises(ValueError, match=rf"{DEV}: autocast to torch.float64 is not supported.*"
                                          r"torch.float16, torch.bfloat16"):
-        torch.simdev.amp.autocast(dtype=torch.float64)
+        MOD.amp.autocast(dtype=torch.float64)
     # torch.autocast itself (PyTorch's code) warns, naming the backend, and stays off.
-    x = torch.randn(2, 2, device="simdev")
-    with pytest.warns(UserWarning, match="In simdev autocast, but the target dtype is not supported"):
-        with torch.autocast("simdev", dtype=torch.float64):
+    x = torch.randn(2, 2, device=DEV)
+    with pytest.warns(UserWarning, match=f"In {DEV} autocast, but the target dtype is not supported"):
+        with torch.autocast(DEV, dtype=torch.float64):
             assert (x @ x).dtype == torch.float32
 
 
 def test_binary_cross_entropy_is_refused_under_autocast_as_on_cuda():
-    p = torch.rand(4, device="simdev")
-    with torch.autocast("simdev"):
+    p = torch.rand(4, device=DEV)
+    with torch.autocast(DEV):
         with pytest.raises(RuntimeError, match="binary_cross_entropy.*refused under autocast"):
             F.binary_cross_entropy(p, torch.ones_like(p))
         loss = F.binary_cross_entropy_with_logits(p, torch.ones_like(p))
@@ -118,7 +120,7 @@ def _scaled_training(device, steps, poison_step=None):
 
 def test_grad_scaler_unscales_skips_non_finite_steps_and_matches_the_cpu():
     cpu = _scaled_training("cpu", 6, poison_step=3)
-    sim = _scaled_training("simdev", 6, poison_step=3)
+    sim = _scaled_training(DEV, 6, poison_step=3)
     # Growth every 2 finite steps, halved at the step with an inf gradient.
     assert sim[0] == [256.0, 512.0, 512.0, 256.0, 256.0, 512.0]
     assert sim[0] == cpu[0]
@@ -128,9 +130,9 @@ def test_grad_scaler_unscales_skips_non_finite_steps_and_matches_the_cpu():
 
 
 def test_grad_scaler_of_the_device_module():
-    scaler = torch.simdev.amp.GradScaler(init_scale=4.0)
-    assert scaler._device == "simdev" and scaler.get_scale() == 4.0
-    w = torch.ones(2, device="simdev", requires_grad=True)
+    scaler = MOD.amp.GradScaler(init_scale=4.0)
+    assert scaler._device == DEV and scaler.get_scale() == 4.0
+    w = torch.ones(2, device=DEV, requires_grad=True)
     scaler.scale((w * 3).sum()).backward()
     assert w.grad.tolist() == [12.0, 12.0]
     opt = torch.optim.SGD([w], lr=1.0)
@@ -162,12 +164,12 @@ def _grads(device, mode, autocast=False):
 @pytest.mark.parametrize("use_reentrant", [True, False])
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "autocast"])
 def test_checkpoint_with_dropout_gives_the_gradients_of_the_plain_forward(use_reentrant, autocast):
-    torch.simdev.init()  # as after any device use: checkpoint then saves the device RNG state
-    assert torch.simdev._initialized
-    plain = _grads("simdev", None, autocast)
+    MOD.init()  # as after any device use: checkpoint then saves the device RNG state
+    assert MOD._initialized
+    plain = _grads(DEV, None, autocast)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "None of the inputs have requires_grad" or the like
-        checkpointed = _grads("simdev", use_reentrant, autocast)
+        checkpointed = _grads(DEV, use_reentrant, autocast)
     for a, b in zip(checkpointed, plain):
         torch.testing.assert_close(a, b, **EXACT)
     cpu = _grads("cpu", use_reentrant, autocast)  # the same draws as on the CPU

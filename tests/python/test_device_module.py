@@ -1,6 +1,7 @@
 """torch.simdev, the device module accelkit builds for any backend
 (python/accelkit): torch.cuda's names with torch.cuda's semantics, the
 devices' generators, and the package's installation."""
+import importlib
 import inspect
 import os
 import subprocess
@@ -13,7 +14,9 @@ import torch.nn.functional as F
 
 import accelkit
 
-# torch.cuda's public names that torch.simdev does not have, and why: each is
+from backend import DEV, MOD, OPS, renamed, two_devices
+
+# torch.cuda's public names that MOD does not have, and why: each is
 # CUDA's own (its toolkit, libraries, graphs or NVIDIA's management library)
 # or a deprecated CUDA tensor type.
 CUDA_ONLY = {
@@ -63,8 +66,8 @@ CUDA_ONLY = {
 
 def _python(code: str, **env) -> str:
     """Runs `code` in a fresh interpreter with torch_simdev imported; its stdout."""
-    full = dict(os.environ, **env)
-    out = subprocess.run([sys.executable, "-c", "import torch, torch_simdev\n" + code],
+    full = dict(os.environ, **{renamed(k): v for k, v in env.items()})  # SIMDEV_X: <ENV>X
+    out = subprocess.run([sys.executable, "-c", renamed("import torch, torch_simdev\n" + code)],
                          env=full, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout
@@ -73,11 +76,11 @@ def _python(code: str, **env) -> str:
 # ------------------------------------------------------------------ parity
 
 def test_every_public_name_of_torch_cuda_is_in_torch_simdev_or_justified():
-    missing = [n for n in torch.cuda.__all__ if not hasattr(torch.simdev, n) and n not in CUDA_ONLY]
+    missing = [n for n in torch.cuda.__all__ if not hasattr(MOD, n) and n not in CUDA_ONLY]
     assert missing == []
     # The justified list holds no name that torch.cuda dropped or that simdev has.
     assert sorted(n for n in CUDA_ONLY if n not in torch.cuda.__all__) == []
-    assert sorted(n for n in CUDA_ONLY if hasattr(torch.simdev, n)) == []
+    assert sorted(n for n in CUDA_ONLY if hasattr(MOD, n)) == []
 
 
 def _parameters(f):
@@ -93,7 +96,7 @@ def test_functions_and_classes_take_torch_cuda_parameters():
     # initial_seed also takes an optional device.
     differ = {}
     for n in torch.cuda.__all__:
-        ours, theirs = getattr(torch.simdev, n, None), getattr(torch.cuda, n)
+        ours, theirs = getattr(MOD, n, None), getattr(torch.cuda, n)
         if ours is None or inspect.ismodule(ours) or not callable(ours) or n == "initial_seed":
             continue
         try:
@@ -103,19 +106,19 @@ def test_functions_and_classes_take_torch_cuda_parameters():
         if _parameters(ours) != expected:
             differ[n] = (_parameters(ours), expected)
     assert differ == {}
-    assert _parameters(torch.simdev.initial_seed) == [("device", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    assert _parameters(MOD.initial_seed) == [("device", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
 
 
 def test_submodules_are_importable_by_their_torch_names():
-    import torch.simdev.amp as amp
-    import torch.simdev.random as rnd
-    assert amp is torch.simdev.amp and rnd is torch.simdev.random
-    assert issubclass(torch.simdev.amp.autocast, torch.amp.autocast)
+    amp = importlib.import_module(f"torch.{DEV}.amp")
+    rnd = importlib.import_module(f"torch.{DEV}.random")  # import torch.<name>.random
+    assert amp is MOD.amp and rnd is MOD.random
+    assert issubclass(MOD.amp.autocast, torch.amp.autocast)
 
 
 def test_install_again_returns_the_module_and_another_name_is_refused():
-    assert accelkit.install("simdev") is torch.simdev
-    with pytest.raises(RuntimeError, match="'simdev' already.*one (such )?slot"):
+    assert accelkit.install(DEV) is MOD
+    with pytest.raises(RuntimeError, match=f"'{DEV}' already.*one (such )?slot"):
         accelkit.install("other")
     with pytest.raises(ValueError, match="lower-case identifier, got 'Bad-Name'"):
         accelkit.install("Bad-Name")
@@ -131,191 +134,202 @@ def test_a_library_that_does_not_register_the_name_is_refused(tmp_path):
 
 
 def test_init_initializes_and_initialized_follows_it():
-    out = _python("m = torch.simdev\n"
+    out = _python(f"m = torch.{DEV}\n"
                   "print(m._initialized, m.is_initialized())\n"
                   "m.init()\n"
                   "print(m._initialized, m.is_initialized())")
     assert out.split() == ["False", "False", "True", "True"]
 
 
+@two_devices
 def test_device_of_default_stream_and_stream_context():
-    x = torch.ones(2, device="simdev:1")
-    with torch.simdev.device_of(x):
-        assert torch.simdev.current_device() == 1
-    assert torch.simdev.current_device() == 0
-    with torch.simdev.device_of(torch.ones(2)):  # a CPU tensor changes nothing
-        assert torch.simdev.current_device() == 0
-    d = torch.simdev.default_stream(1)
-    assert isinstance(d, torch.simdev.Stream) and d.device == torch.device("simdev:1")
-    assert torch.simdev.current_stream(1) == d
-    s = torch.simdev.Stream(1)
+    x = torch.ones(2, device=f"{DEV}:1")
+    with MOD.device_of(x):
+        assert MOD.current_device() == 1
+    assert MOD.current_device() == 0
+    with MOD.device_of(torch.ones(2)):  # a CPU tensor changes nothing
+        assert MOD.current_device() == 0
+    d = MOD.default_stream(1)
+    assert isinstance(d, MOD.Stream) and d.device == torch.device(f"{DEV}:1")
+    assert MOD.current_stream(1) == d
+    s = MOD.Stream(1)
     assert isinstance(s, torch.Stream) and s != d
-    with torch.simdev.StreamContext(s):
-        assert torch.simdev.current_stream(1) == s
-        assert torch.simdev.current_stream(0) == torch.simdev.default_stream(0)
-    assert torch.simdev.current_stream(1) == d
-    with torch.simdev.stream(None):
-        assert torch.simdev.current_stream() == torch.simdev.default_stream()
-    with pytest.raises(IndexError, match="simdev.*7"):
-        torch.simdev.default_stream(7)
-    e = torch.simdev.Event(enable_timing=True)
+    with MOD.StreamContext(s):
+        assert MOD.current_stream(1) == s
+        assert MOD.current_stream(0) == MOD.default_stream(0)
+    assert MOD.current_stream(1) == d
+    with MOD.stream(None):
+        assert MOD.current_stream() == MOD.default_stream()
+    with pytest.raises(IndexError, match=f"{DEV}.*7"):
+        MOD.default_stream(7)
+    e = MOD.Event(enable_timing=True)
     e.record(s)
     e.synchronize()
     assert e.query()
-    with pytest.raises(ValueError, match="simdev.*interprocess=True"):
-        torch.simdev.Event(interprocess=True)
+    with pytest.raises(ValueError, match=f"{DEV}.*interprocess=True"):
+        MOD.Event(interprocess=True)
 
 
 def test_memory_functions_of_torch_cuda():
-    torch.simdev.empty_cache()
-    torch.simdev.reset_peak_memory_stats(0)
-    x = torch.empty(3 << 20, dtype=torch.uint8, device="simdev:0")
-    assert torch.simdev.max_memory_reserved(0) >= torch.simdev.memory_reserved(0) >= 3 << 20
-    assert torch.simdev.memory_allocated(0) >= 3 << 20
-    nested = torch.simdev.memory_stats_as_nested_dict(0)
-    assert nested["allocated_bytes"]["all"]["current"] == torch.simdev.memory_stats(0)[
+    MOD.empty_cache()
+    MOD.reset_peak_memory_stats(0)
+    x = torch.empty(3 << 20, dtype=torch.uint8, device=f"{DEV}:0")
+    assert MOD.max_memory_reserved(0) >= MOD.memory_reserved(0) >= 3 << 20
+    assert MOD.memory_allocated(0) >= 3 << 20
+    nested = MOD.memory_stats_as_nested_dict(0)
+    assert nested["allocated_bytes"]["all"]["current"] == MOD.memory_stats(0)[
         "allocated_bytes.all.current"]
-    summary = torch.simdev.memory_summary(0)
-    assert "simdev memory summary, device ID 0" in summary
+    summary = MOD.memory_summary(0)
+    assert f"{DEV} memory summary, device ID 0" in summary
     assert "  3072 KiB" in summary  # the allocation, in the "Allocated memory" row
-    assert len(torch.simdev.memory_summary(0, abbreviated=True)) < len(summary)
-    segments = torch.simdev.memory_snapshot()
+    assert len(MOD.memory_summary(0, abbreviated=True)) < len(summary)
+    segments = MOD.memory_snapshot()
     assert any(s["device"] == 0 and s["total_size"] >= 3 << 20 for s in segments)
-    with pytest.raises(ValueError, match="simdev.*mempool_id=5"):
-        torch.simdev.memory_snapshot(mempool_id=5)
-    free, total = torch.simdev.mem_get_info(0)
-    assert torch.simdev.device_memory_used(0) == total - free > 0
-    assert f"process {os.getpid():>10d}" in torch.simdev.list_gpu_processes(0)
+    with pytest.raises(ValueError, match=f"{DEV}.*mempool_id=5"):
+        MOD.memory_snapshot(mempool_id=5)
+    free, total = MOD.mem_get_info(0)
+    assert MOD.device_memory_used(0) == total - free > 0
+    assert f"process {os.getpid():>10d}" in MOD.list_gpu_processes(0)
     with pytest.warns(FutureWarning):
-        assert torch.simdev.memory_cached(0) == torch.simdev.memory_reserved(0)
+        assert MOD.memory_cached(0) == MOD.memory_reserved(0)
     del x
 
 
+@two_devices
 def test_device_capability_and_peer_access():
-    cap = torch.simdev.get_device_capability(1)
+    cap = MOD.get_device_capability(1)
     assert torch.float16 in cap["supported_dtypes"]
-    assert torch.simdev.can_device_access_peer(0, 0)
-    assert isinstance(torch.simdev.can_device_access_peer(0, 1), bool)
-    with pytest.raises(IndexError, match="simdev.*9"):
-        torch.simdev.can_device_access_peer(0, 9)
+    assert MOD.can_device_access_peer(0, 0)
+    assert isinstance(MOD.can_device_access_peer(0, 1), bool)
+    with pytest.raises(IndexError, match=f"{DEV}.*9"):
+        MOD.can_device_access_peer(0, 9)
 
 
 # ------------------------------------------------------------- generators
 
+@two_devices
 def test_generators_are_typed_by_device():
-    assert torch.Generator(device="simdev:1").device == torch.device("simdev:1")
-    assert torch.Generator(device="simdev").device == torch.device("simdev:0")
-    gens = torch.simdev.default_generators
-    assert [g.device for g in gens] == [torch.device("simdev:0"), torch.device("simdev:1")]
-    assert torch.Generator(device="simdev:1").clone_state().device == torch.device("simdev:1")
-    with pytest.raises(IndexError, match="simdev.*5"):
-        torch.Generator(device="simdev:5")
+    assert torch.Generator(device=f"{DEV}:1").device == torch.device(f"{DEV}:1")
+    assert torch.Generator(device=DEV).device == torch.device(f"{DEV}:0")
+    gens = MOD.default_generators
+    assert [g.device for g in gens] == [torch.device(f"{DEV}:0"), torch.device(f"{DEV}:1")]
+    assert torch.Generator(device=f"{DEV}:1").clone_state().device == torch.device(f"{DEV}:1")
+    with pytest.raises(IndexError, match=f"{DEV}.*5"):
+        torch.Generator(device=f"{DEV}:5")
 
 
 def test_a_generator_of_another_device_type_is_refused_as_on_cuda():
-    with pytest.raises(RuntimeError, match="Expected a 'simdev' device type for generator but found 'cpu'"):
-        torch.randn(3, device="simdev", generator=torch.Generator())
-    x = torch.empty(4, device="simdev")
-    with pytest.raises(RuntimeError, match="Expected a 'simdev' device type for generator but found 'cpu'"):
+    with pytest.raises(RuntimeError, match=f"Expected a '{DEV}' device type for generator but found 'cpu'"):
+        torch.randn(3, device=DEV, generator=torch.Generator())
+    x = torch.empty(4, device=DEV)
+    with pytest.raises(RuntimeError, match=f"Expected a '{DEV}' device type for generator but found 'cpu'"):
         x.uniform_(generator=torch.Generator())
 
 
+@two_devices
 def test_a_device_generator_draws_as_the_cpu_generator_of_the_same_seed():
-    g = torch.Generator(device="simdev:1").manual_seed(5)
+    g = torch.Generator(device=f"{DEV}:1").manual_seed(5)
     c = torch.Generator().manual_seed(5)
     for _ in range(2):  # the device generator advances as the CPU's does
-        torch.testing.assert_close(torch.randn(6, device="simdev:1", generator=g).cpu(),
+        torch.testing.assert_close(torch.randn(6, device=f"{DEV}:1", generator=g).cpu(),
                                    torch.randn(6, generator=c), rtol=0, atol=0)
-    torch.testing.assert_close(torch.rand(3, device="simdev:1", generator=g).cpu(),
+    torch.testing.assert_close(torch.rand(3, device=f"{DEV}:1", generator=g).cpu(),
                                torch.rand(3, generator=c), rtol=0, atol=0)
     # A generator of device 1 serves a tensor of device 0 too (CUDA checks the type only).
-    torch.testing.assert_close(torch.rand(3, device="simdev:0", generator=g).cpu(),
+    torch.testing.assert_close(torch.rand(3, device=f"{DEV}:0", generator=g).cpu(),
                                torch.rand(3, generator=c), rtol=0, atol=0)
     assert g.initial_seed() == 5
 
 
+@two_devices
 def test_default_generators_are_per_device_and_seeded_by_torch_manual_seed():
     torch.manual_seed(11)
-    a0 = torch.rand(4, device="simdev:0").cpu()
-    a1 = torch.rand(4, device="simdev:1").cpu()
+    a0 = torch.rand(4, device=f"{DEV}:0").cpu()
+    a1 = torch.rand(4, device=f"{DEV}:1").cpu()
     torch.testing.assert_close(a0, a1, rtol=0, atol=0)  # same seed, separate generators
-    torch.simdev.manual_seed_all(11)
-    torch.simdev.set_device(1)
-    torch.simdev.manual_seed(12)  # the current device only
-    assert torch.simdev.initial_seed() == 12 and torch.simdev.initial_seed(0) == 11
-    torch.testing.assert_close(torch.rand(4, device="simdev:0").cpu(), a0, rtol=0, atol=0)
+    MOD.manual_seed_all(11)
+    MOD.set_device(1)
+    MOD.manual_seed(12)  # the current device only
+    assert MOD.initial_seed() == 12 and MOD.initial_seed(0) == 11
+    torch.testing.assert_close(torch.rand(4, device=f"{DEV}:0").cpu(), a0, rtol=0, atol=0)
 
 
+@two_devices
 def test_seeds_reproduce_across_runs_and_start_where_cuda_starts():
-    code = ("print(torch.simdev.initial_seed(0), torch.randn(3, device='simdev:1').tolist())\n"
-            "torch.manual_seed(3); print(torch.randn(3, device='simdev:0').tolist())")
+    code = (f"print(torch.{DEV}.initial_seed(0), torch.randn(3, device='{DEV}:1').tolist())\n"
+            f"torch.manual_seed(3); print(torch.randn(3, device='{DEV}:0').tolist())")
     first, second = _python(code), _python(code)
     assert first == second
     assert first.split()[0] == "67280421310721"  # PyTorch's default seed, as CUDA's and the CPU's
 
 
+@two_devices
 def test_seed_and_seed_all_seed_with_a_random_number():
-    torch.simdev.seed_all()
-    seeds = [torch.simdev.initial_seed(i) for i in range(2)]
+    MOD.seed_all()
+    seeds = [MOD.initial_seed(i) for i in range(2)]
     assert seeds[0] == seeds[1]
-    torch.simdev.seed()
-    assert torch.simdev.initial_seed(0) != seeds[0]  # 1 in 2**64 to fail
+    MOD.seed()
+    assert MOD.initial_seed(0) != seeds[0]  # 1 in 2**64 to fail
 
 
+@two_devices
 def test_rng_states_per_device_round_trip():
-    torch.simdev.manual_seed_all(1)
-    states = torch.simdev.get_rng_state_all()
+    MOD.manual_seed_all(1)
+    states = MOD.get_rng_state_all()
     assert len(states) == 2 and all(s.dtype == torch.uint8 for s in states)
-    a = [torch.rand(3, device=f"simdev:{i}").cpu() for i in range(2)]
-    torch.simdev.set_rng_state_all(states)
+    a = [torch.rand(3, device=f"{DEV}:{i}").cpu() for i in range(2)]
+    MOD.set_rng_state_all(states)
     for i in range(2):
-        torch.testing.assert_close(torch.rand(3, device=f"simdev:{i}").cpu(), a[i], rtol=0, atol=0)
-    torch.simdev.set_rng_state(states[0], "simdev:1")
-    torch.testing.assert_close(torch.rand(3, device="simdev:1").cpu(), a[0], rtol=0, atol=0)
-    assert torch.equal(torch.simdev.get_rng_state(torch.device("simdev", 1)),
-                       torch.simdev.get_rng_state(1))
+        torch.testing.assert_close(torch.rand(3, device=f"{DEV}:{i}").cpu(), a[i], rtol=0, atol=0)
+    MOD.set_rng_state(states[0], f"{DEV}:1")
+    torch.testing.assert_close(torch.rand(3, device=f"{DEV}:1").cpu(), a[0], rtol=0, atol=0)
+    assert torch.equal(MOD.get_rng_state(torch.device(DEV, 1)),
+                       MOD.get_rng_state(1))
 
 
+@two_devices
 def test_fork_rng_restores_the_device_states():
-    torch.simdev.manual_seed_all(2)
-    with torch.random.fork_rng(device_type="simdev", devices=[0, 1]):
-        inside = [torch.rand(3, device=f"simdev:{i}").cpu() for i in range(2)]
-    after = [torch.rand(3, device=f"simdev:{i}").cpu() for i in range(2)]
+    MOD.manual_seed_all(2)
+    with torch.random.fork_rng(device_type=DEV, devices=[0, 1]):
+        inside = [torch.rand(3, device=f"{DEV}:{i}").cpu() for i in range(2)]
+    after = [torch.rand(3, device=f"{DEV}:{i}").cpu() for i in range(2)]
     for a, b in zip(inside, after):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     with warnings.catch_warnings():  # "initialize every device": both are, here
         warnings.simplefilter("ignore")
-        with torch.random.fork_rng(device_type="simdev"):
-            torch.rand(3, device="simdev:1")
-    torch.testing.assert_close(torch.rand(3, device="simdev:1").cpu(),
-                               torch.rand(3, device="simdev:0").cpu(), rtol=0, atol=0)
+        with torch.random.fork_rng(device_type=DEV):
+            torch.rand(3, device=f"{DEV}:1")
+    torch.testing.assert_close(torch.rand(3, device=f"{DEV}:1").cpu(),
+                               torch.rand(3, device=f"{DEV}:0").cpu(), rtol=0, atol=0)
 
 
+@two_devices
 def test_rng_functions_refuse_a_device_out_of_range():
-    for call in (lambda: torch.simdev.get_rng_state(2), lambda: torch.simdev.get_rng_state("simdev:3"),
-                 lambda: torch.simdev.set_rng_state(torch.get_rng_state(), 2),
-                 lambda: torch.simdev.initial_seed(-5)):
-        with pytest.raises(IndexError, match=r"simdev: invalid device index (2|3|-5): simdev has 2 "):
+    for call in (lambda: MOD.get_rng_state(2), lambda: MOD.get_rng_state(f"{DEV}:3"),
+                 lambda: MOD.set_rng_state(torch.get_rng_state(), 2),
+                 lambda: MOD.initial_seed(-5)):
+        with pytest.raises(IndexError, match=rf"{DEV}: invalid device index (2|3|-5): {DEV} has 2 "):
             call()
-    with pytest.raises(ValueError, match="expected a simdev device, got cpu"):
-        torch.simdev.get_rng_state("cpu")
+    with pytest.raises(ValueError, match=f"expected a {DEV} device, got cpu"):
+        MOD.get_rng_state("cpu")
 
 
+@two_devices
 def test_malformed_rng_states_are_refused_clearly():
-    good = torch.simdev.get_rng_state(0)
-    with pytest.raises(TypeError, match="simdev: the RNG state of simdev:0 must be a CPU ByteTensor.*got a float tensor on cpu"):
-        torch.simdev.set_rng_state(good.float(), 0)
-    with pytest.raises(RuntimeError, match=f"simdev: the RNG state of simdev:1 must be a contiguous ByteTensor of {good.numel()} bytes.*got 10 bytes"):
-        torch.simdev.set_rng_state(good[:10], 1)
-    with pytest.raises(TypeError, match="simdev.*CPU ByteTensor"):
-        torch.simdev.set_rng_state(good.to("simdev"), 0)
-    torch.simdev.set_rng_state(good, 0)  # the generator is unharmed
-    assert torch.equal(torch.simdev.get_rng_state(0), good)
+    good = MOD.get_rng_state(0)
+    with pytest.raises(TypeError, match=f"{DEV}: the RNG state of {DEV}:0 must be a CPU ByteTensor.*got a float tensor on cpu"):
+        MOD.set_rng_state(good.float(), 0)
+    with pytest.raises(RuntimeError, match=f"{DEV}: the RNG state of {DEV}:1 must be a contiguous ByteTensor of {good.numel()} bytes.*got 10 bytes"):
+        MOD.set_rng_state(good[:10], 1)
+    with pytest.raises(TypeError, match=f"{DEV}.*CPU ByteTensor"):
+        MOD.set_rng_state(good.to(DEV), 0)
+    MOD.set_rng_state(good, 0)  # the generator is unharmed
+    assert torch.equal(MOD.get_rng_state(0), good)
 
 
 def test_dropout_draws_from_the_device_generator():
     torch.manual_seed(4)
-    x = torch.ones(64, device="simdev")
+    x = torch.ones(64, device=DEV)
     a = F.dropout(x, 0.5).cpu()
     torch.manual_seed(4)
     b = F.dropout(x, 0.5).cpu()
@@ -326,63 +340,64 @@ def test_dropout_draws_from_the_device_generator():
 def test_events_of_the_device_module_time_each_other():
     # torch.Event.elapsed_time takes only an exact torch.Event as its
     # argument; the device module's Event class times itself.
-    start = torch.simdev.Event(enable_timing=True)
-    end = torch.simdev.Event(enable_timing=True)
+    start = MOD.Event(enable_timing=True)
+    end = MOD.Event(enable_timing=True)
     start.record()
-    (torch.ones(1 << 16, device="simdev") * 2).sum()
+    (torch.ones(1 << 16, device=DEV) * 2).sum()
     end.record()
     end.synchronize()
     assert start.elapsed_time(end) > 0
-    plain = torch.Event("simdev", enable_timing=True)
+    plain = torch.Event(DEV, enable_timing=True)
     plain.record()
     plain.synchronize()
     assert start.elapsed_time(plain) > 0
-    with pytest.raises(ValueError, match="simdev.*recorded"):
-        start.elapsed_time(torch.simdev.Event(enable_timing=True))  # never recorded
-    with pytest.raises(ValueError, match="simdev.*cpu"):
+    with pytest.raises(ValueError, match=f"{DEV}.*recorded"):
+        start.elapsed_time(MOD.Event(enable_timing=True))  # never recorded
+    with pytest.raises(ValueError, match=f"{DEV}.*cpu"):
         start.elapsed_time(torch.Event("cpu"))
-    with pytest.raises(TypeError, match="simdev"):
+    with pytest.raises(TypeError, match=DEV):
         start.elapsed_time(3)
 
 
+@two_devices
 def test_per_process_memory_fraction_reads_back_what_was_set():
-    assert torch.simdev.get_per_process_memory_fraction(0) == 1.0
-    torch.simdev.set_per_process_memory_fraction(0.5, 1)
+    assert MOD.get_per_process_memory_fraction(0) == 1.0
+    MOD.set_per_process_memory_fraction(0.5, 1)
     try:
-        assert torch.simdev.get_per_process_memory_fraction(1) == 0.5
-        assert torch.simdev.get_per_process_memory_fraction(0) == 1.0
-        with pytest.raises(ValueError, match="simdev.*1.5"):
-            torch.simdev.set_per_process_memory_fraction(1.5, 1)
-        assert torch.simdev.get_per_process_memory_fraction(1) == 0.5  # unchanged
-        with pytest.raises(IndexError, match="simdev"):
-            torch.simdev.get_per_process_memory_fraction(7)
+        assert MOD.get_per_process_memory_fraction(1) == 0.5
+        assert MOD.get_per_process_memory_fraction(0) == 1.0
+        with pytest.raises(ValueError, match=f"{DEV}.*1.5"):
+            MOD.set_per_process_memory_fraction(1.5, 1)
+        assert MOD.get_per_process_memory_fraction(1) == 0.5  # unchanged
+        with pytest.raises(IndexError, match=DEV):
+            MOD.get_per_process_memory_fraction(7)
     finally:
-        torch.simdev.set_per_process_memory_fraction(1.0, 1)
+        MOD.set_per_process_memory_fraction(1.0, 1)
 
 
 def test_host_memory_stats_count_the_pinned_pool_as_cuda_names_them():
-    torch.simdev.synchronize()
-    torch.simdev.empty_cache()  # device caches
-    torch.ops.simdev.host_empty_cache()
-    torch.simdev.reset_peak_host_memory_stats()
-    torch.simdev.reset_accumulated_host_memory_stats()
-    before = torch.simdev.host_memory_stats()
+    MOD.synchronize()
+    MOD.empty_cache()  # device caches
+    OPS.host_empty_cache()
+    MOD.reset_peak_host_memory_stats()
+    MOD.reset_accumulated_host_memory_stats()
+    before = MOD.host_memory_stats()
     pinned = [torch.empty(1 << 20, dtype=torch.uint8).pin_memory() for _ in range(3)]
-    during = torch.simdev.host_memory_stats()
+    during = MOD.host_memory_stats()
     assert during["active_requests.current"] == before["active_requests.current"] + 3
     assert during["active_bytes.current"] >= before["active_bytes.current"] + 3 * (1 << 20)
     assert during["allocations.current"] >= during["active_requests.current"]
     assert during["allocated_bytes.current"] >= during["active_bytes.current"]
     assert during["active_requests.allocated"] >= 3
     del pinned
-    after = torch.simdev.host_memory_stats()
+    after = MOD.host_memory_stats()
     assert after["active_requests.current"] == before["active_requests.current"]
     assert after["active_requests.peak"] >= before["active_requests.current"] + 3
     assert after["active_requests.freed"] >= 3
-    nested = torch.simdev.host_memory_stats_as_nested_dict()
+    nested = MOD.host_memory_stats_as_nested_dict()
     assert nested["active_requests"]["current"] == after["active_requests.current"]
     assert list(after) == sorted(after)
-    torch.simdev.reset_peak_host_memory_stats()
-    assert torch.simdev.host_memory_stats()["active_requests.peak"] == after["active_requests.current"]
-    torch.simdev.reset_accumulated_host_memory_stats()
-    assert torch.simdev.host_memory_stats()["active_requests.freed"] == 0
+    MOD.reset_peak_host_memory_stats()
+    assert MOD.host_memory_stats()["active_requests.peak"] == after["active_requests.current"]
+    MOD.reset_accumulated_host_memory_stats()
+    assert MOD.host_memory_stats()["active_requests.freed"] == 0

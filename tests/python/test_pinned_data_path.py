@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from backend import DEV, MOD, simdev_only
+
 N = 8      # batches
 B = 4096   # floats per batch
 
@@ -44,8 +46,10 @@ class _held:
         self.release()
 
 
+@simdev_only
+@simdev_only
 def test_pin_memory_takes_a_block_of_the_backends_pinned_pool():
-    torch.simdev.synchronize()
+    MOD.synchronize()
     x = torch.randn(1000)
     p = x.pin_memory()
     assert not x.is_pinned() and p.is_pinned()
@@ -58,18 +62,18 @@ def test_pin_memory_takes_a_block_of_the_backends_pinned_pool():
 def test_pin_memory_with_the_device_named():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # PyTorch's, for `device`
-        p = torch.ones(10).pin_memory("simdev")
-        assert p.is_pinned("simdev")
+        p = torch.ones(10).pin_memory(DEV)
+        assert p.is_pinned(DEV)
     assert p.is_pinned() and torch.equal(p, torch.ones(10))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_pinning_dataloader_feeds_non_blocking_copies(workers):
     loader = DataLoader(_dataset(), batch_size=1, pin_memory=True, num_workers=workers)
-    total = torch.zeros(B, device="simdev")
+    total = torch.zeros(B, device=DEV)
     for i, (batch,) in enumerate(loader):
         assert batch.is_pinned()
-        x = batch.to("simdev", non_blocking=True)
+        x = batch.to(DEV, non_blocking=True)
         total += x[0]
     expected = torch.arange(N * B, dtype=torch.float32).reshape(N, B).sum(0)
     assert torch.equal(total.cpu(), expected)
@@ -78,7 +82,7 @@ def test_a_pinning_dataloader_feeds_non_blocking_copies(workers):
 def test_pin_memory_device_names_the_backend():
     # PyTorch 2.13 deprecates pin_memory_device (it warns and pins for the
     # current accelerator, simdev here): the batches are pinned all the same.
-    loader = DataLoader(_dataset(), batch_size=2, pin_memory=True, pin_memory_device="simdev")
+    loader = DataLoader(_dataset(), batch_size=2, pin_memory=True, pin_memory_device=DEV)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         batches = [b for (b,) in loader]
@@ -86,12 +90,13 @@ def test_pin_memory_device_names_the_backend():
     assert torch.equal(torch.cat(batches), _dataset().tensors[0])
 
 
+@simdev_only
 def test_copies_of_pinned_batches_are_in_flight_on_the_held_stream_and_land_in_order():
     stream = torch.accelerator.current_stream(0)
     loader = DataLoader(_dataset(), batch_size=1, pin_memory=True)
-    out = torch.empty(N, B, device="simdev")
+    out = torch.empty(N, B, device=DEV)
     back = torch.zeros(N, B).pin_memory()
-    torch.simdev.synchronize()
+    MOD.synchronize()
     with _held(stream) as held:
         for i, (batch,) in enumerate(loader):
             out[i].copy_(batch[0], non_blocking=True)   # host -> device, queued
@@ -101,7 +106,7 @@ def test_copies_of_pinned_batches_are_in_flight_on_the_held_stream_and_land_in_o
         assert not stream.query()
         assert torch.count_nonzero(back) == 0
         assert not held.open
-    torch.simdev.synchronize()
+    MOD.synchronize()
     assert torch.equal(back, _dataset().tensors[0])
 
 

@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+from backend import DEV, MOD
+
 # Seeding, a DataLoader with pinned memory, non-blocking copies on a side
 # stream, events with timing, AMP with a GradScaler, checkpointing (with
 # dropout), the profiler, and save/load with map_location: what a CUDA
@@ -66,7 +68,7 @@ CUDA_SCRIPT = textwrap.dedent(
 
 def run_ported(tmp_path, inputs, targets):
     namespace = {"inputs": inputs, "targets": targets, "tmp": str(tmp_path)}
-    exec(compile(CUDA_SCRIPT.replace("cuda", "simdev"), "ported_script", "exec"), namespace)
+    exec(compile(CUDA_SCRIPT.replace("cuda", DEV), "ported_script", "exec"), namespace)
     return namespace
 
 
@@ -121,12 +123,12 @@ def test_a_cuda_training_script_runs_unchanged_on_simdev_and_matches_the_cpu(tmp
         assert math.isfinite(got)
         assert got == pytest.approx(want, rel=1e-3)
     for (name, p), q in zip(ns["model"].state_dict().items(), cpu_model.state_dict().values()):
-        assert p.device.type == "simdev"
+        assert p.device.type == DEV
         torch.testing.assert_close(p.cpu(), q, rtol=1e-3, atol=1e-4, msg=name)
     # The second epoch's losses are lower: the script trained.
     assert sum(ns["losses"][4:]) < sum(ns["losses"][:4])
     # Saved and loaded onto another device, unchanged.
-    want_device = "simdev:1" if torch.simdev.device_count() > 1 else "simdev:0"
+    want_device = f"{DEV}:1" if MOD.device_count() > 1 else f"{DEV}:0"
     for name, t in ns["restored"].items():
         assert str(t.device) == want_device
         torch.testing.assert_close(t.cpu(), ns["model"].state_dict()[name].cpu(), rtol=0, atol=0)

@@ -12,17 +12,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-HOST_VISIBLE = os.environ.get("SIMDEV_HOST_VISIBLE", "1") != "0"
+from backend import DEV, ENV, MOD, renamed, simdev_only
+
+HOST_VISIBLE = os.environ.get(f"{ENV}HOST_VISIBLE", "1") != "0"
 
 
 def _sim(x):
-    return x.to("simdev") if isinstance(x, torch.Tensor) else x
+    return x.to(DEV) if isinstance(x, torch.Tensor) else x
 
 
 def _same(fn, *args):
     want = fn(*args)
     got = fn(*[_sim(a) for a in args])
-    assert got.device.type == "simdev"
+    assert got.device.type == DEV
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
 
 
@@ -139,8 +141,8 @@ def test_elementwise_operators_have_host_kernels():
 
 
 def test_out_variant_resizes_a_wrong_sized_output():
-    out = torch.empty(3, device="simdev")
-    torch.add(A.to("simdev"), B.to("simdev"), out=out)
+    out = torch.empty(3, device=DEV)
+    torch.add(A.to(DEV), B.to(DEV), out=out)
     assert out.shape == A.shape
     torch.testing.assert_close(out.cpu(), A + B, rtol=0, atol=0)
 
@@ -156,7 +158,7 @@ def test_backward_of_every_kernel_matches_the_cpu():
         loss.backward()
         return loss.detach().cpu(), w.grad.cpu(), a.grad.cpu()
 
-    for want, got in zip(grads("cpu"), grads("simdev")):
+    for want, got in zip(grads("cpu"), grads(DEV)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
@@ -166,7 +168,7 @@ def test_convolution_backward_matches_the_cpu():
         F.conv2d(x, w, b, padding=1).square().sum().backward()
         return x.grad.cpu(), w.grad.cpu(), b.grad.cpu()
 
-    for want, got in zip(grads("cpu"), grads("simdev")):
+    for want, got in zip(grads("cpu"), grads(DEV)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
@@ -178,19 +180,19 @@ def test_device_work_queued_inside_a_kernel_is_waited_for():
     target = torch.randint(0, 10, (256,), generator=g)
     want = torch.autograd.grad(F.cross_entropy(logits.requires_grad_(), target), logits)[0]
     for _ in range(20):
-        x = logits.detach().to("simdev").requires_grad_()
-        junk = torch.full((256, 10), 7.0, device="simdev")  # fills the cache with non-zeros
+        x = logits.detach().to(DEV).requires_grad_()
+        junk = torch.full((256, 10), 7.0, device=DEV)  # fills the cache with non-zeros
         del junk
-        got = torch.autograd.grad(F.cross_entropy(x, target.to("simdev")), x)[0]
+        got = torch.autograd.grad(F.cross_entropy(x, target.to(DEV)), x)[0]
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
 
 
 def test_kernels_order_after_work_queued_on_the_current_stream():
-    side = torch.Stream(device="simdev")  # no index: the current device
-    assert side.device_index == torch.simdev.current_device()
+    side = torch.Stream(device=DEV)  # no index: the current device
+    assert side.device_index == MOD.current_device()
     src = torch.arange(1 << 20, dtype=torch.float32).pin_memory()
-    with torch.simdev.stream(side):
-        dst = torch.empty(1 << 20, device="simdev")
+    with MOD.stream(side):
+        dst = torch.empty(1 << 20, device=DEV)
         dst.copy_(src, non_blocking=True)
         total = (dst + 1).sum()
     torch.accelerator.synchronize()
@@ -198,11 +200,11 @@ def test_kernels_order_after_work_queued_on_the_current_stream():
 
 
 def test_host_kernels_count_in_the_fallback_report():
-    torch.simdev.reset_fallback_report()
-    a = A.to("simdev")
+    MOD.reset_fallback_report()
+    a = A.to(DEV)
     for _ in range(3):
         a + a
-    report = {op: count for op, count, _ in torch.simdev.fallback_report()}
+    report = {op: count for op, count, _ in MOD.fallback_report()}
     assert report.get("aten::add.Tensor", 0) == 3, report
 
 
@@ -216,12 +218,14 @@ try:
 except NotImplementedError as e:
     print('refused:', e)
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env=dict(os.environ, SIMDEV_FALLBACK="error"), timeout=120)
-    assert "refused: The operator 'aten::add.Tensor' is not implemented for simdev" in r.stdout, \
+    r = subprocess.run([sys.executable, "-c", renamed(code)], capture_output=True, text=True,
+                       env=dict(os.environ, **{ENV + "FALLBACK": "error"}), timeout=120)
+    assert f"refused: The operator 'aten::add.Tensor' is not implemented for {DEV}" in r.stdout, \
         r.stdout + r.stderr
 
 
+@simdev_only
+@simdev_only
 def test_a_driver_fault_while_ordering_a_kernel_is_a_runtime_error_and_nothing_is_lost():
     # The kernel waits for the current stream first; the driver fails that wait once.
     code = """
@@ -236,10 +240,10 @@ for i in range(3):
 del b
 print('allocated', torch.simdev.memory_allocated())
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    r = subprocess.run([sys.executable, "-c", renamed(code)], capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, SIMDEV_INJECT_FAULT="stream_synchronize@2"))
     lines = r.stdout.splitlines()
-    assert any(l.startswith("error: simdev: driver error 999 in stream_synchronize")
+    assert any(l.startswith(f"error: {DEV}: driver error 999 in stream_synchronize")
                for l in lines), r.stdout + r.stderr
     assert lines.count("ok [3.0, 3.0, 3.0, 3.0]") == 2, r.stdout + r.stderr
     assert lines[-1] == "allocated 512", r.stdout + r.stderr  # only `a` (one 512-byte block)

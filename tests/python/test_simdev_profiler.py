@@ -14,12 +14,14 @@ import pytest
 import torch
 from torch.autograd.profiler import profile
 
+from backend import DEV, MOD, renamed, simdev_only
+
 driver = torch.ops.simdev_driver
 
 
 def _run(code, **env):
-    full = {**os.environ, **env}
-    return subprocess.run([sys.executable, "-c", "import torch, torch_simdev\n" + textwrap.dedent(code)],
+    full = {**os.environ, **{renamed(k): v for k, v in env.items()}}  # SIMDEV_X: <ENV>X
+    return subprocess.run([sys.executable, "-c", renamed("import torch, torch_simdev\n" + textwrap.dedent(code))],
                           capture_output=True, text=True, env=full, timeout=120)
 
 
@@ -37,14 +39,14 @@ def _events(prof, name):
 
 
 def test_profiling_operators_gives_device_times_and_writes_nothing(capfd):
-    x = torch.randn(256, device="simdev")
-    torch.simdev.synchronize()
+    x = torch.randn(256, device=DEV)
+    MOD.synchronize()
     capfd.readouterr()
     t0 = time.perf_counter()
-    with profile(use_device="simdev") as prof:
+    with profile(use_device=DEV) as prof:
         for _ in range(10):
             y = (x * 2).relu()
-        torch.simdev.synchronize()
+        MOD.synchronize()
     wall_us = (time.perf_counter() - t0) * 1e6
     out, err = capfd.readouterr()
     assert out == "" and _not_kineto(err) == []         # nothing per operator
@@ -59,14 +61,16 @@ def test_profiling_operators_gives_device_times_and_writes_nothing(capfd):
     assert "aten::mul" in table
 
 
+@simdev_only
+@simdev_only
 def test_a_held_stream_shows_in_the_device_time_of_the_operator_that_held_it():
     s = torch.accelerator.current_stream()
-    torch.simdev.synchronize()
+    MOD.synchronize()
     t0 = time.perf_counter()
-    with profile(use_device="simdev") as prof:
+    with profile(use_device=DEV) as prof:
         gate = driver.hold(s)             # the stream stops here...
         driver.release_later(gate, 50)    # ...for 50 ms from now
-        torch.simdev.synchronize()
+        MOD.synchronize()
     wall_us = (time.perf_counter() - t0) * 1e6
     (held,) = _events(prof, "simdev_driver::hold")
     # From the mark before the gate to the one behind it: at least the 50 ms
@@ -91,6 +95,8 @@ def test_profiling_before_the_device_is_used_creates_no_context_and_times_nothin
     assert _not_kineto(r.stderr) == []
 
 
+@simdev_only
+@simdev_only
 def test_a_device_without_event_timing_gets_host_times_and_says_so_once():
     r = _run("""
         import warnings
@@ -114,18 +120,19 @@ def test_a_device_without_event_timing_gets_host_times_and_says_so_once():
 
 # ------------------------------------- torch.profiler (Kineto): device activities
 
+@simdev_only
 def test_torch_profiler_records_the_devices_activity_linked_to_each_operator():
     from torch.profiler import ProfilerActivity, profile as kineto_profile
-    assert ProfilerActivity.SIMDEV == ProfilerActivity.PrivateUse1   # the Python rename
-    x = torch.randn(256, device="simdev")
+    assert getattr(ProfilerActivity, DEV.upper()) == ProfilerActivity.PrivateUse1   # the Python rename
+    x = torch.randn(256, device=DEV)
     s = torch.accelerator.current_stream()
-    torch.simdev.synchronize()
+    MOD.synchronize()
     t0 = time.perf_counter()
-    with kineto_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.SIMDEV]) as prof:
+    with kineto_profile(activities=[ProfilerActivity.CPU, getattr(ProfilerActivity, DEV.upper())]) as prof:
         gate = driver.hold(s)
         driver.release_later(gate, 50)
         y = (x * 2).relu()                # waits for the gate (host kernels) or queues behind it
-        torch.simdev.synchronize()
+        MOD.synchronize()
     wall_us = (time.perf_counter() - t0) * 1e6
     device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1]
     assert device, "no device activity recorded"
@@ -143,20 +150,20 @@ def test_torch_profiler_records_the_devices_activity_linked_to_each_operator():
 
 def test_cpu_only_tracing_records_no_device_activity():
     from torch.profiler import ProfilerActivity, profile as kineto_profile
-    x = torch.randn(256, device="simdev")
+    x = torch.randn(256, device=DEV)
     with kineto_profile(activities=[ProfilerActivity.CPU]) as prof:
         (x * 2).relu()
-        torch.simdev.synchronize()
+        MOD.synchronize()
     assert not [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1]
     assert _events(prof, "aten::mul")
 
 
 def test_use_device_with_use_kineto_traces_the_devices_activity_too():
-    x = torch.randn(256, device="simdev")
-    torch.simdev.synchronize()
-    with profile(use_device="simdev", use_kineto=True) as prof:
+    x = torch.randn(256, device=DEV)
+    MOD.synchronize()
+    with profile(use_device=DEV, use_kineto=True) as prof:
         y = (x * 2).relu()
-        torch.simdev.synchronize()
+        MOD.synchronize()
     pu1 = torch.autograd.DeviceType.PrivateUse1
     ops = [e for e in _events(prof, "aten::mul") if e.device_type != pu1]
     device = [e for e in _events(prof, "aten::mul") if e.device_type == pu1]

@@ -12,12 +12,14 @@ import threading
 import pytest
 import torch
 
-HOST_VISIBLE = os.environ.get("SIMDEV_HOST_VISIBLE", "1") == "1"
+from backend import DEV, ENV, MOD, OPS, renamed, simdev_only, two_devices
+
+HOST_VISIBLE = os.environ.get(f"{ENV}HOST_VISIBLE", "1") == "1"
 
 
 def _run(code, timeout=120, **env):
-    full = {**os.environ, **env}
-    return subprocess.run([sys.executable, "-c", "import torch, torch_simdev\n" + textwrap.dedent(code)],
+    full = {**os.environ, **{renamed(k): v for k, v in env.items()}}  # SIMDEV_X: <ENV>X
+    return subprocess.run([sys.executable, "-c", renamed("import torch, torch_simdev\n" + textwrap.dedent(code))],
                           capture_output=True, text=True, env=full, timeout=timeout)
 
 
@@ -37,23 +39,25 @@ class _held:
 
 # ------------------------------------------------ 1. pooled events released early
 
+@simdev_only
+@simdev_only
 def test_a_pooled_event_recorded_elsewhere_does_not_release_an_earlier_wait():
-    a = torch.Stream(device="simdev:0")
-    b = torch.Stream(device="simdev:0")
-    c = torch.Stream(device="simdev:0")
+    a = torch.Stream(device=f"{DEV}:0")
+    b = torch.Stream(device=f"{DEV}:0")
+    c = torch.Stream(device=f"{DEV}:0")
     src = torch.arange(1 << 16, dtype=torch.float32).pin_memory()
-    x = torch.zeros(1 << 16, device="simdev")
-    y = torch.full((1 << 16,), -1.0, device="simdev")
-    torch.simdev.synchronize()
+    x = torch.zeros(1 << 16, device=DEV)
+    y = torch.full((1 << 16,), -1.0, device=DEV)
+    MOD.synchronize()
     with _held(a):
-        with torch.simdev.stream(a):
+        with MOD.stream(a):
             x.copy_(src, non_blocking=True)
         b.wait_stream(a)
         e = torch.Event()
         e.record(c)  # an idle stream: completes at once
-        with torch.simdev.stream(b):
+        with MOD.stream(b):
             y.copy_(x)
-    torch.simdev.synchronize()
+    MOD.synchronize()
     assert torch.equal(y.cpu(), src)
 
 
@@ -65,9 +69,9 @@ def test_host_kernels_of_threads_sharing_a_stream_never_write_a_block_still_bein
     wrong = []
 
     def work(i):
-        out = torch.empty(n, device="simdev")
+        out = torch.empty(n, device=DEV)
         for _ in range(iters):
-            x = pinned[i].to("simdev", non_blocking=True)
+            x = pinned[i].to(DEV, non_blocking=True)
             out.copy_(x * 2)
             if out[0].item() != 2.0 * (i + 1) or out[-1].item() != 2.0 * (i + 1):
                 wrong.append(i)
@@ -82,6 +86,8 @@ def test_host_kernels_of_threads_sharing_a_stream_never_write_a_block_still_bein
 
 # ------------------------------------------------- 3. empty_cache under queued work
 
+@simdev_only
+@simdev_only
 def test_empty_cache_while_the_stream_is_held_returns_memory_after_the_copy():
     r = _run("""
 s = torch.accelerator.current_stream(0)
@@ -102,6 +108,7 @@ print('ok', torch.equal(out, torch.full((3 << 20,), 7.0)), torch.simdev.memory_r
 
 # ------------------------------------------- 4-6. failures without caching, fork
 
+@simdev_only
 def test_without_caching_a_refused_free_in_a_deleter_is_a_warning_not_a_crash():
     r = _run("""
 x = torch.ones(1024, device='simdev')
@@ -115,13 +122,14 @@ print('works', torch.ones(4, device='simdev').sum().item())
     assert r.returncode == 0, r.stderr
     # A deleter runs outside any Python call: the warning goes to PyTorch's
     # warning handler (stderr), not to Python's warnings.
-    assert "simdev: device 0: the free of" in r.stderr, r.stderr
-    assert "waits for a later empty_cache: simdev: driver error 999 in free: injected fault" in r.stderr
+    assert f"{DEV}: device 0: the free of" in r.stderr, r.stderr
+    assert f"waits for a later empty_cache: {DEV}: driver error 999 in free: injected fault" in r.stderr
     assert "held 4096" in r.stdout
     assert "after 0 0" in r.stdout
     assert "works 4.0" in r.stdout
 
 
+@simdev_only
 def test_without_caching_a_pinned_buffer_outlives_its_queued_copy_when_waiting_fails():
     r = _run("""
 import threading
@@ -165,6 +173,7 @@ print('child', os.waitstatus_to_exitcode(status))
 
 # ------------------------------------------------------ 7, 9. device switches
 
+@simdev_only
 def test_a_refused_device_switch_on_the_autograd_engine_thread_does_not_abort():
     # The main thread's device is set first, so that the first driver
     # set_device after the injection is an engine device thread's, at its start.
@@ -195,6 +204,9 @@ os._exit(0)
     assert "again True" in r.stdout
 
 
+@simdev_only
+@two_devices
+@simdev_only
 def test_a_refused_switch_back_leaves_the_right_current_device_and_a_warning():
     # A device guard (here: an explicit index) switches to simdev:1 and back;
     # the driver refuses the switch back.
@@ -222,7 +234,7 @@ def test_a_stream_id_that_names_no_stream_is_a_value_error():
     for level in (3, 8, 15):
         sid = (1 << 36) | (level << 32)
         s = torch.Stream(stream_id=sid, device_index=0, device_type=20)  # PrivateUse1
-        with pytest.raises(ValueError, match=f"simdev: stream id .* priority level {level}"):
+        with pytest.raises(ValueError, match=f"{DEV}: stream id .* priority level {level}"):
             s.query()
     sid = (1 << 36) | 40
     s = torch.Stream(stream_id=sid, device_index=0, device_type=20)
@@ -232,6 +244,8 @@ def test_a_stream_id_that_names_no_stream_is_a_value_error():
 
 # ------------------------------------------------- 10. free failures, stream pools
 
+@simdev_only
+@simdev_only
 def test_a_free_refused_during_empty_cache_keeps_the_books_true():
     r = _run("""
 x = torch.empty(3 << 20, device='simdev')
@@ -256,12 +270,13 @@ print('after', torch.simdev.memory_reserved(0), torch.ops.simdev_driver.bytes_in
 
 # -------------------------------------------------------------- 11. seeding
 
+@two_devices
 def test_manual_seed_takes_every_64_bit_seed_as_pytorch_does():
     for seed in (2**63, 2**64 - 1, -1, 0, 12345):
         torch.manual_seed(seed)
         assert torch.initial_seed() == seed % 2**64
-        assert torch.simdev.initial_seed(0) == seed % 2**64
-        assert torch.simdev.initial_seed(1) == seed % 2**64
+        assert MOD.initial_seed(0) == seed % 2**64
+        assert MOD.initial_seed(1) == seed % 2**64
 
 
 def test_manual_seed_above_2_63_seeds_the_cpu_generator():
@@ -270,17 +285,17 @@ def test_manual_seed_above_2_63_seeds_the_cpu_generator():
     torch.manual_seed(2**63 + 5)
     b = torch.randn(4)
     assert torch.equal(a, b)
-    torch.simdev.manual_seed(2**63 + 5)
-    c = torch.randn(4, device="simdev").cpu()
-    torch.simdev.manual_seed(2**63 + 5)
-    d = torch.randn(4, device="simdev").cpu()
+    MOD.manual_seed(2**63 + 5)
+    c = torch.randn(4, device=DEV).cpu()
+    MOD.manual_seed(2**63 + 5)
+    d = torch.randn(4, device=DEV).cpu()
     assert torch.equal(c, d)
 
 
 # ------------------------------------------------------- 12. CPU tensors mixed in
 
 def test_a_device_tensor_with_a_cpu_tensor_that_is_not_a_scalar_is_refused():
-    x = torch.ones(3, device="simdev")
+    x = torch.ones(3, device=DEV)
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device.*cpu"):
         torch.atan2(x, torch.ones(3))
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device.*cpu"):
@@ -293,8 +308,9 @@ def test_a_device_tensor_with_a_cpu_tensor_that_is_not_a_scalar_is_refused():
 
 # ------------------------------------------------------------- 13. small things
 
+@simdev_only
 def test_small_devices_work_and_one_too_small_for_any_tensor_is_refused_clearly():
-    r = _run("print('sum', torch.ones(16, device='simdev').sum().item())", SIMDEV_MEMORY_MB="2")
+    r = _run(f"print('sum', torch.ones(16, device='{DEV}').sum().item())", SIMDEV_MEMORY_MB="2")
     assert "sum 16.0" in r.stdout, r.stderr
     r = _run("""
 print('count', torch.simdev.device_count())
@@ -304,7 +320,7 @@ except ValueError as e:
     print('ValueError', e)
 """, SIMDEV_MEMORY_MB="1")
     assert "count 0" in r.stdout, r.stderr
-    assert "ValueError simdev: SIMDEV_MEMORY_MB='1': entry '1' is not a capacity in MiB (2.." in r.stdout
+    assert f"ValueError {DEV}: {ENV}MEMORY_MB='1': entry '1' is not a capacity in MiB (2.." in r.stdout
 
 
 def test_a_key_given_twice_in_the_allocator_config_is_a_value_error():
@@ -320,14 +336,14 @@ except ValueError as e:
 
 @pytest.mark.parametrize("index", [2**32, 2**31, -5])
 def test_memory_functions_refuse_device_indices_out_of_range(index):
-    ops = torch.ops.simdev
-    for call in (lambda: torch.simdev.memory_stats(index),
-                 lambda: torch.simdev.set_per_process_memory_fraction(0.5, index),
-                 lambda: torch.simdev.memory_allocated(index),
+    ops = OPS
+    for call in (lambda: MOD.memory_stats(index),
+                 lambda: MOD.set_per_process_memory_fraction(0.5, index),
+                 lambda: MOD.memory_allocated(index),
                  lambda: ops.memory_stats_json(index),          # the operators themselves,
                  lambda: ops.memory_snapshot_json(index),       # which narrowed 2**32 to 0
                  lambda: ops.set_memory_fraction(0.5, index)):
-        with pytest.raises(IndexError, match=f"simdev: .*{index}"):
+        with pytest.raises(IndexError, match=f"{DEV}: .*{index}"):
             call()
 
 
@@ -348,6 +364,8 @@ print('child', os.waitstatus_to_exitcode(status))
     assert "child 0" in r.stdout, r.stdout + r.stderr
 
 
+@simdev_only
+@simdev_only
 def test_driver_errors_name_the_backend_once():
     r = _run("""
 torch.ops.simdev_driver.inject_fault('memcpy_async', 1)
@@ -357,7 +375,7 @@ except RuntimeError as e:
     print('message', str(e).splitlines()[0])
 """)
     line = [l for l in r.stdout.splitlines() if l.startswith("message")][0]
-    assert line.count("simdev") == 1, line
+    assert line.count(DEV) == 1, line
 
 
 # ------------------------------------------------------------ 14. processes
@@ -376,6 +394,6 @@ except RuntimeError as e:
 q.put(torch.ones(3))
 print('cpu', q.get(timeout=30).tolist())
 """, timeout=90)
-    assert "error simdev: a simdev tensor (simdev:0" in r.stdout, r.stdout + r.stderr
+    assert f"error {DEV}: a {DEV} tensor ({DEV}:0" in r.stdout, r.stdout + r.stderr
     assert "cannot be shared between processes" in r.stdout
     assert "cpu [1.0, 1.0, 1.0]" in r.stdout

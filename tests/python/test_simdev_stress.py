@@ -11,9 +11,13 @@ import time
 
 import torch
 
+from backend import DEV, ENV, MOD, two_devices, simdev_only
+
 SECONDS = float(os.environ.get("ACCELKIT_STRESS_SECONDS", "6"))
 
 
+@two_devices
+@simdev_only
 def test_threads_on_both_devices_and_many_streams_compute_right_results():
     threads, deadline = 6, time.monotonic() + SECONDS
     counts = {"ops": 0, "wrong": 0, "errors": 0, "empty_cache": 0}
@@ -22,7 +26,7 @@ def test_threads_on_both_devices_and_many_streams_compute_right_results():
 
     def work(i):
         rng = random.Random(i)
-        dev = f"simdev:{i % 2}"
+        dev = f"{DEV}:{i % 2}"
         index = i % 2
         side = torch.Stream(device=dev)
         main = torch.accelerator.current_stream(index)
@@ -35,19 +39,19 @@ def test_threads_on_both_devices_and_many_streams_compute_right_results():
                 pinned = a.pin_memory()
                 # Produced on a side stream, consumed on the main stream.
                 side.wait_stream(main)
-                with torch.simdev.stream(side):
+                with MOD.stream(side):
                     x = pinned.to(dev, non_blocking=True)          # host -> device, in flight
                     y = x * 2 + 1                                  # host kernels
                 main.wait_stream(side)
                 y.record_stream(main)
                 x.record_stream(main)
-                with torch.simdev.stream(main):
+                with MOD.stream(main):
                     z = torch.atan2(y, x.abs() + 1)                # fallback operator
                     out = torch.empty(n).pin_memory()
                     out.copy_(z, non_blocking=True)                # device -> host, in flight
                 del x, y, z                                        # freed in stream order
                 if rng.random() < 0.05:
-                    torch.simdev.empty_cache()
+                    MOD.empty_cache()
                     empties += 1
                 main.synchronize()
                 n_ops += 1
@@ -65,9 +69,9 @@ def test_threads_on_both_devices_and_many_streams_compute_right_results():
         t.start()
     for t in ts:
         t.join()
-    torch.simdev.synchronize(0)
-    torch.simdev.synchronize(1)
-    mode = "host-visible" if os.environ.get("SIMDEV_HOST_VISIBLE", "1") == "1" else "hidden"
+    MOD.synchronize(0)
+    MOD.synchronize(1)
+    mode = "host-visible" if os.environ.get(f"{ENV}HOST_VISIBLE", "1") == "1" else "hidden"
     print(f"\nstress ({mode} memory, {threads} threads, {SECONDS:.0f} s): {counts['ops']} iterations "
           f"of 6 device operations, {counts['empty_cache']} empty_cache, {counts['wrong']} wrong, "
           f"{len(errors)} errors")
@@ -75,8 +79,8 @@ def test_threads_on_both_devices_and_many_streams_compute_right_results():
     assert counts["wrong"] == 0
     assert counts["ops"] > threads
     for d in range(2):
-        assert torch.simdev.memory_allocated(d) == 0
-    torch.simdev.empty_cache()
+        assert MOD.memory_allocated(d) == 0
+    MOD.empty_cache()
     for d in range(2):
-        assert torch.simdev.memory_reserved(d) == 0
+        assert MOD.memory_reserved(d) == 0
         assert torch.ops.simdev_driver.bytes_in_use(d) == 0

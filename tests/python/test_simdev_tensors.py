@@ -7,37 +7,42 @@ import sys
 import pytest
 import torch
 
+from backend import DEV, ENV, MOD, OPS, renamed, simdev_capacity, simdev_only, two_devices
 
+
+@simdev_only
 def test_devices_are_named_and_counted():
-    assert torch.simdev.is_available()
-    assert torch.simdev.device_count() == 2
+    assert MOD.is_available()
+    assert MOD.device_count() == 2
     assert torch.accelerator.device_count() == 2
-    assert torch.device("simdev:1").type == "simdev"
-    assert torch.simdev.get_device_name(1) == "SimDev S1"
-    props = torch.simdev.get_device_properties(0)
+    assert torch.device(f"{DEV}:1").type == DEV
+    assert MOD.get_device_name(1) == "SimDev S1"
+    props = MOD.get_device_properties(0)
     assert props["total_memory"] == 256 << 20
-    torch.simdev.set_device(1)
-    assert torch.simdev.current_device() == 1
-    assert torch.empty(3, device="simdev").device == torch.device("simdev:1")
+    MOD.set_device(1)
+    assert MOD.current_device() == 1
+    assert torch.empty(3, device=DEV).device == torch.device(f"{DEV}:1")
 
 
+@two_devices
 def test_device_index_out_of_range_is_an_index_error():
-    with pytest.raises(IndexError, match=r"simdev: invalid device index 7: simdev has 2"):
-        torch.simdev.set_device(7)
+    with pytest.raises(IndexError, match=rf"{DEV}: invalid device index 7: {DEV} has 2"):
+        MOD.set_device(7)
     with pytest.raises(IndexError, match="invalid device index 5"):
-        torch.empty(2, device="simdev:5")
-    assert torch.simdev.current_device() == 0  # unchanged
+        torch.empty(2, device=f"{DEV}:5")
+    assert MOD.current_device() == 0  # unchanged
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
                                    torch.int64, torch.int8, torch.bool, torch.complex64])
 def test_host_device_round_trip_keeps_values(dtype):
     x = (torch.randn(17, 5) * 10).to(dtype)
-    y = x.to("simdev")
-    assert y.device.type == "simdev" and y.dtype == dtype
+    y = x.to(DEV)
+    assert y.device.type == DEV and y.dtype == dtype
     assert torch.equal(y.cpu(), x)
 
 
+@two_devices
 def test_large_copies_land_whole_at_every_offset_into_a_page():
     # Pageable memory at several offsets into a page from page-aligned device
     # memory and back. (simdev's copy engine, which copies the largest of
@@ -45,7 +50,7 @@ def test_large_copies_land_whole_at_every_offset_into_a_page():
     # tests/test_simdev_copy.cpp: Note [Copy direction and 4K aliasing].)
     n = (8 << 20) + 4096 + 100
     src = torch.randint(0, 256, (n,), dtype=torch.uint8)
-    dev = src.to("simdev")
+    dev = src.to(DEV)
     base = torch.full((n + 8192,), 5, dtype=torch.uint8)
     for offset in (0, 1, 64, 100, 2047, 2048, 4032):
         out = base[offset:offset + n]
@@ -53,26 +58,27 @@ def test_large_copies_land_whole_at_every_offset_into_a_page():
         assert torch.equal(out, src)
         assert base[:offset].eq(5).all() and base[offset + n:].eq(5).all()  # nothing outside
         base.fill_(5)
-        back = torch.zeros(n - 4096, dtype=torch.uint8, device="simdev")
+        back = torch.zeros(n - 4096, dtype=torch.uint8, device=DEV)
         back.copy_(src[offset:offset + n - 4096])  # host-to-device from the same offsets
         assert torch.equal(back.cpu(), src[offset:offset + n - 4096])
-    peer = dev.to("simdev:1")
+    peer = dev.to(f"{DEV}:1")
     assert torch.equal(peer.cpu(), src)
 
 
+@two_devices
 def test_copies_of_views_with_conversion_across_devices():
     x = torch.arange(60, dtype=torch.float32).reshape(6, 10)
-    d0 = x.to("simdev:0")
+    d0 = x.to(f"{DEV}:0")
     t = d0.t()                                   # non-contiguous view on the device
     assert not t.is_contiguous()
     assert torch.equal(t.cpu(), x.t())
-    d1 = t.to("simdev:1")                        # across devices, non-contiguous
-    assert d1.device == torch.device("simdev:1")
+    d1 = t.to(f"{DEV}:1")                        # across devices, non-contiguous
+    assert d1.device == torch.device(f"{DEV}:1")
     assert torch.equal(d1.cpu(), x.t())
-    half = torch.empty(10, 6, dtype=torch.float16, device="simdev:1")
+    half = torch.empty(10, 6, dtype=torch.float16, device=f"{DEV}:1")
     half.copy_(t)                                # dtype conversion, device to device
     assert torch.equal(half.cpu(), x.t().half())
-    dst = torch.zeros(10, 12, device="simdev:0")[:, ::2]   # strided destination
+    dst = torch.zeros(10, 12, device=f"{DEV}:0")[:, ::2]   # strided destination
     dst.copy_(x.t())                                        # host to strided device view
     assert torch.equal(dst.cpu(), x.t())
     col = d0[:, 3]
@@ -81,47 +87,49 @@ def test_copies_of_views_with_conversion_across_devices():
 
 
 def test_views_resize_and_set_work_natively():
-    x = torch.arange(12.0, device="simdev")
+    x = torch.arange(12.0, device=DEV)
     v = x.view(3, 4)
     assert v.data_ptr() == x.data_ptr()
     v[1].fill_(-1)
     assert x.cpu()[4:8].tolist() == [-1.0] * 4
-    y = torch.empty(0, device="simdev")
+    y = torch.empty(0, device=DEV)
     y.resize_(100)
     assert y.numel() == 100
     y.zero_()
     assert y.sum().item() == 0.0
-    z = torch.empty(0, device="simdev").set_(x)
+    z = torch.empty(0, device=DEV).set_(x)
     assert z.data_ptr() == x.data_ptr()
 
 
 def test_operators_without_kernels_fall_back_to_the_cpu_and_are_reported():
-    torch.simdev.reset_fallback_report()
+    MOD.reset_fallback_report()
     a = torch.randn(8, 8)
     b = torch.randn(8, 8)
-    got = (a.to("simdev") @ b.to("simdev")).relu().cpu()
+    got = (a.to(DEV) @ b.to(DEV)).relu().cpu()
     assert torch.allclose(got, (a @ b).relu())
-    ops = {op for op, _, _ in torch.simdev.fallback_report()}
+    ops = {op for op, _, _ in MOD.fallback_report()}
     assert any(op.startswith("aten::mm") for op in ops)
-    assert all(count > 0 for _, count, _ in torch.simdev.fallback_report())
+    assert all(count > 0 for _, count, _ in MOD.fallback_report())
 
 
+@two_devices
 def test_tensors_on_two_devices_in_one_op_are_an_error():
-    a = torch.ones(3, device="simdev:0")
-    b = torch.ones(3, device="simdev:1")
-    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device.*simdev:0.*simdev:1"):
+    a = torch.ones(3, device=f"{DEV}:0")
+    b = torch.ones(3, device=f"{DEV}:1")
+    with pytest.raises(RuntimeError, match=f"Expected all tensors to be on the same device.*{DEV}:0.*{DEV}:1"):
         a + b
 
 
+@two_devices
 def test_convolution_checks_devices_and_follows_the_fallback_policy():
-    x = torch.randn(1, 2, 5, 5, device="simdev:0")
-    w1 = torch.randn(3, 2, 3, 3, device="simdev:1")
+    x = torch.randn(1, 2, 5, 5, device=f"{DEV}:0")
+    w1 = torch.randn(3, 2, 3, 3, device=f"{DEV}:1")
     with pytest.raises(RuntimeError, match="same device, but found at least two devices, "
-                                           "simdev:0 and simdev:1"):
+                                           f"{DEV}:0 and {DEV}:1"):
         torch.nn.functional.conv2d(x, w1)
     with pytest.raises(RuntimeError):  # PyTorch's own check: input and weight types differ
         torch.nn.functional.conv2d(x, w1.cpu())
-    out = torch.nn.functional.conv2d(x, w1.to("simdev:0"))  # still usable
+    out = torch.nn.functional.conv2d(x, w1.to(f"{DEV}:0"))  # still usable
     torch.testing.assert_close(out.cpu(), torch.nn.functional.conv2d(x.cpu(), w1.cpu()))
 
     r = _run("""
@@ -134,63 +142,66 @@ except NotImplementedError as e:
     print('refused:', e)
 """, SIMDEV_FALLBACK_BLOCKLIST="convolution_overrideable")
     assert "refused: The operator 'aten::convolution_overrideable' is not implemented for " \
-           "simdev and its CPU fallback is blocked (SIMDEV_FALLBACK_BLOCKLIST)" in r.stdout, \
+           f"{DEV} and its CPU fallback is blocked ({ENV}FALLBACK_BLOCKLIST)" in r.stdout, \
         r.stdout + r.stderr
 
 
+@two_devices
 def test_random_operators_draw_from_the_device_generator():
-    torch.simdev.manual_seed(7)
-    assert torch.simdev.initial_seed() == 7
+    MOD.manual_seed(7)
+    assert MOD.initial_seed() == 7
     cpu_state = torch.get_rng_state()
-    a = torch.randn(64, device="simdev")
-    d = torch.nn.functional.dropout(torch.ones(64, device="simdev"), 0.5)
+    a = torch.randn(64, device=DEV)
+    d = torch.nn.functional.dropout(torch.ones(64, device=DEV), 0.5)
     assert torch.equal(torch.get_rng_state(), cpu_state)  # the CPU generator is untouched
-    torch.simdev.manual_seed(7)
-    assert torch.equal(torch.randn(64, device="simdev").cpu(), a.cpu())
-    assert torch.equal(torch.nn.functional.dropout(torch.ones(64, device="simdev"), 0.5).cpu(),
+    MOD.manual_seed(7)
+    assert torch.equal(torch.randn(64, device=DEV).cpu(), a.cpu())
+    assert torch.equal(torch.nn.functional.dropout(torch.ones(64, device=DEV), 0.5).cpu(),
                        d.cpu())
     # Each device has its own generator; a state saved is a state restored.
-    torch.simdev.manual_seed_all(3)
-    state = torch.simdev.get_rng_state("simdev:1")
-    with torch.simdev.device(1):
-        b = torch.randn(8, device="simdev")
-    c = torch.randn(8, device="simdev:0")
+    MOD.manual_seed_all(3)
+    state = MOD.get_rng_state(f"{DEV}:1")
+    with MOD.device(1):
+        b = torch.randn(8, device=DEV)
+    c = torch.randn(8, device=f"{DEV}:0")
     assert torch.equal(b.cpu(), c.cpu())  # same seed, separate generators
-    torch.simdev.set_rng_state(state, "simdev:1")
-    assert torch.equal(torch.randn(8, device="simdev:1").cpu(), b.cpu())
+    MOD.set_rng_state(state, f"{DEV}:1")
+    assert torch.equal(torch.randn(8, device=f"{DEV}:1").cpu(), b.cpu())
     torch.manual_seed(11)  # seeds simdev's generators too, as it does CUDA's
-    assert torch.simdev.initial_seed(1) == 11
+    assert MOD.initial_seed(1) == 11
     # An explicit generator is used as given; it must be a simdev one, as on CUDA.
-    g1, g2 = torch.Generator("simdev").manual_seed(5), torch.Generator().manual_seed(5)
-    assert torch.equal(torch.randn(8, device="simdev", generator=g1).cpu(),
+    g1, g2 = torch.Generator(DEV).manual_seed(5), torch.Generator().manual_seed(5)
+    assert torch.equal(torch.randn(8, device=DEV, generator=g1).cpu(),
                        torch.randn(8, generator=g2))
-    with pytest.raises(RuntimeError, match="Expected a 'simdev' device type for generator"):
-        torch.randn(8, device="simdev", generator=g2)
-    with pytest.raises(IndexError, match="simdev: invalid device index 7"):
-        torch.simdev.get_rng_state(7)
-    with pytest.raises(IndexError, match="simdev: invalid device index 256"):
-        torch.ops.simdev.get_rng_state(256)  # not narrowed to a valid index
-    with pytest.raises(TypeError, match="simdev: the RNG state of simdev:0 must be a CPU ByteTensor"):
-        torch.simdev.set_rng_state(torch.zeros(4))
+    with pytest.raises(RuntimeError, match=f"Expected a '{DEV}' device type for generator"):
+        torch.randn(8, device=DEV, generator=g2)
+    with pytest.raises(IndexError, match=f"{DEV}: invalid device index 7"):
+        MOD.get_rng_state(7)
+    with pytest.raises(IndexError, match=f"{DEV}: invalid device index 256"):
+        OPS.get_rng_state(256)  # not narrowed to a valid index
+    with pytest.raises(TypeError, match=f"{DEV}: the RNG state of {DEV}:0 must be a CPU ByteTensor"):
+        MOD.set_rng_state(torch.zeros(4))
 
 
+@two_devices
 def test_device_properties_read_as_attributes_and_bad_indices_are_errors():
-    props = torch.simdev.get_device_properties("simdev:1")
+    props = MOD.get_device_properties(f"{DEV}:1")
     assert props.total_memory == props["total_memory"] == 256 << 20
-    assert props.name == torch.simdev.get_device_name(1)
-    expected = os.environ.get("SIMDEV_HOST_VISIBLE", "1") != "0"
+    assert props.name == MOD.get_device_name(1)
+    expected = os.environ.get(f"{ENV}HOST_VISIBLE", "1") != "0"
     assert props.host_visible_memory is expected  # the tests run both ways
     with pytest.raises(AttributeError, match="no 'warp_size'"):
         props.warp_size
-    for bad in (2, -1, "simdev:9"):
-        with pytest.raises(IndexError, match=f"simdev: invalid device index {bad if isinstance(bad, int) else 9}: simdev has 2"):
-            torch.simdev.get_device_properties(bad)
-    with pytest.raises(ValueError, match="simdev: expected a simdev device, got cpu"):
-        torch.simdev.get_device_properties("cpu")
-    with torch.simdev.device(-1):  # changes nothing, as torch.cuda.device(-1)
-        assert torch.simdev.current_device() == 0
+    for bad in (2, -1, f"{DEV}:9"):
+        with pytest.raises(IndexError, match=f"{DEV}: invalid device index {bad if isinstance(bad, int) else 9}: {DEV} has 2"):
+            MOD.get_device_properties(bad)
+    with pytest.raises(ValueError, match=f"{DEV}: expected a {DEV} device, got cpu"):
+        MOD.get_device_properties("cpu")
+    with MOD.device(-1):  # changes nothing, as torch.cuda.device(-1)
+        assert MOD.current_device() == 0
 
 
+@two_devices
 def test_availability_and_seeding_create_no_context():
     r = _run("""
 torch.manual_seed(0)  # seeds every simdev device's generator too
@@ -202,71 +213,76 @@ print(torch.simdev.is_initialized())
     assert r.stdout.split() == ["True", "2", "False", "True"], r.stdout + r.stderr
 
 
+@simdev_capacity
 def test_peak_statistics_reset_and_the_memory_fraction_caps_allocations():
-    torch.simdev.empty_cache()
-    x = torch.empty(8 << 20, dtype=torch.uint8, device="simdev")
+    MOD.empty_cache()
+    x = torch.empty(8 << 20, dtype=torch.uint8, device=DEV)
     del x
-    assert torch.simdev.max_memory_allocated(0) >= 8 << 20
-    torch.simdev.reset_peak_memory_stats(0)
-    assert torch.simdev.max_memory_allocated(0) == torch.simdev.memory_allocated(0)
-    torch.simdev.set_per_process_memory_fraction(0.25, 0)  # 64 of 256 MiB
+    assert MOD.max_memory_allocated(0) >= 8 << 20
+    MOD.reset_peak_memory_stats(0)
+    assert MOD.max_memory_allocated(0) == MOD.memory_allocated(0)
+    MOD.set_per_process_memory_fraction(0.25, 0)  # 64 of 256 MiB
     try:
-        with pytest.raises(torch.OutOfMemoryError, match="simdev"):
-            torch.empty(96 << 20, dtype=torch.uint8, device="simdev")
-        y = torch.empty(32 << 20, dtype=torch.uint8, device="simdev")  # within the cap
+        with pytest.raises(torch.OutOfMemoryError, match=DEV):
+            torch.empty(96 << 20, dtype=torch.uint8, device=DEV)
+        y = torch.empty(32 << 20, dtype=torch.uint8, device=DEV)  # within the cap
         del y
     finally:
-        torch.simdev.set_per_process_memory_fraction(1.0, 0)
-    z = torch.empty(96 << 20, dtype=torch.uint8, device="simdev")  # the cap is lifted
+        MOD.set_per_process_memory_fraction(1.0, 0)
+    z = torch.empty(96 << 20, dtype=torch.uint8, device=DEV)  # the cap is lifted
     del z
-    with pytest.raises(ValueError, match="simdev"):
-        torch.simdev.set_per_process_memory_fraction(1.5, 0)
+    with pytest.raises(ValueError, match=DEV):
+        MOD.set_per_process_memory_fraction(1.5, 0)
 
 
+@two_devices
+@simdev_only
 def test_record_stream_keeps_memory_from_reuse_until_the_stream_passes():
-    side = torch.Stream(device="simdev:0")
-    x = torch.empty(1 << 20, dtype=torch.uint8, device="simdev")
+    side = torch.Stream(device=f"{DEV}:0")
+    x = torch.empty(1 << 20, dtype=torch.uint8, device=DEV)
     ptr = x.data_ptr()
-    with pytest.raises(RuntimeError, match="simdev: record_stream: the stream is on simdev:1 "
-                                           "but the tensor is on simdev:0"):
-        x.record_stream(torch.Stream(device="simdev:1"))
+    with pytest.raises(RuntimeError, match=f"{DEV}: record_stream: the stream is on {DEV}:1 "
+                                           f"but the tensor is on {DEV}:0"):
+        x.record_stream(torch.Stream(device=f"{DEV}:1"))
     x.record_stream(side)
     with _held(side):
         del x
-        y = torch.empty(1 << 20, dtype=torch.uint8, device="simdev")
+        y = torch.empty(1 << 20, dtype=torch.uint8, device=DEV)
         assert y.data_ptr() != ptr  # the side stream has not passed the free
-    torch.simdev.synchronize()
+    MOD.synchronize()
     del y
-    torch.simdev.empty_cache()  # nothing is left pending or lost
-    assert torch.simdev.memory_reserved(0) == 0
+    MOD.empty_cache()  # nothing is left pending or lost
+    assert MOD.memory_reserved(0) == 0
 
 
+@simdev_capacity
 def test_out_of_memory_raises_and_the_next_allocation_succeeds():
-    a = torch.empty(160 << 20, dtype=torch.uint8, device="simdev")
+    a = torch.empty(160 << 20, dtype=torch.uint8, device=DEV)
     with pytest.raises(torch.OutOfMemoryError,
-                       match=r"simdev: out of memory on simdev:0: tried to allocate 160.00 MiB"):
-        torch.empty(160 << 20, dtype=torch.uint8, device="simdev")
+                       match=rf"{DEV}: out of memory on {DEV}:0: tried to allocate 160.00 MiB"):
+        torch.empty(160 << 20, dtype=torch.uint8, device=DEV)
     with pytest.raises(torch.OutOfMemoryError, match="larger than the device's largest single"):
-        torch.empty(1 << 40, dtype=torch.uint8, device="simdev")
+        torch.empty(1 << 40, dtype=torch.uint8, device=DEV)
     del a
-    b = torch.empty(160 << 20, dtype=torch.uint8, device="simdev")  # usable again
+    b = torch.empty(160 << 20, dtype=torch.uint8, device=DEV)  # usable again
     assert b.numel() == 160 << 20
     del b
-    torch.simdev.empty_cache()
-    assert torch.simdev.memory_reserved(0) == 0
+    MOD.empty_cache()
+    assert MOD.memory_reserved(0) == 0
 
 
+@simdev_capacity
 def test_memory_statistics_follow_allocations():
-    torch.simdev.empty_cache()
-    base = torch.simdev.memory_allocated(0)
-    x = torch.empty(1 << 20, dtype=torch.uint8, device="simdev")
-    assert torch.simdev.memory_allocated(0) == base + (1 << 20)
-    assert torch.simdev.max_memory_allocated(0) >= base + (1 << 20)
-    stats = torch.simdev.memory_stats(0)
+    MOD.empty_cache()
+    base = MOD.memory_allocated(0)
+    x = torch.empty(1 << 20, dtype=torch.uint8, device=DEV)
+    assert MOD.memory_allocated(0) == base + (1 << 20)
+    assert MOD.max_memory_allocated(0) >= base + (1 << 20)
+    stats = MOD.memory_stats(0)
     assert stats["allocation.all.current"] >= 1
     del x
-    assert torch.simdev.memory_allocated(0) == base
-    free, total = torch.simdev.mem_get_info(0)
+    assert MOD.memory_allocated(0) == base
+    free, total = MOD.mem_get_info(0)
     assert total == 256 << 20 and 0 < free <= total
 
 
@@ -281,15 +297,17 @@ def _held(stream):
     return Held()
 
 
+@simdev_only
+@simdev_only
 def test_non_blocking_copy_on_a_side_stream_joined_with_an_event():
     src = torch.randn(1 << 16).pin_memory()
     assert src.is_pinned()
-    side = torch.Stream(device="simdev:0")
+    side = torch.Stream(device=f"{DEV}:0")
     main = torch.accelerator.current_stream(0)
     with _held(side):
         torch.accelerator.set_stream(side)
         try:
-            dev = src.to("simdev", non_blocking=True)
+            dev = src.to(DEV, non_blocking=True)
             done = torch.Event()
             done.record(side)
         finally:
@@ -301,32 +319,33 @@ def test_non_blocking_copy_on_a_side_stream_joined_with_an_event():
     assert done.query()
 
 
+@simdev_only
 def test_pinned_memory_of_a_copy_in_flight_is_not_reused_before_the_copy_lands():
     # With the stream held, the copies stay in flight while their pinned
     # buffers are freed, pinned again (the same size class) and written: the
     # new owner must not see the copy's bytes, nor the copy the new owner's.
     n = 1 << 16
-    ones = torch.ones(n, device="simdev")
+    ones = torch.ones(n, device=DEV)
     for _ in range(3):
         with _held(torch.accelerator.current_stream(0)):
             src = torch.full((n,), 5.0).pin_memory()
-            to_device = torch.empty(n, device="simdev")
+            to_device = torch.empty(n, device=DEV)
             to_device.copy_(src, non_blocking=True)       # host -> device, in flight
             to_host = torch.empty(n).pin_memory()
             to_host.copy_(ones, non_blocking=True)        # device -> host, in flight
             del src, to_host
             reused = [torch.empty(n).pin_memory().fill_(2.0) for _ in range(2)]
-        torch.simdev.synchronize()
+        MOD.synchronize()
         assert torch.equal(to_device.cpu(), torch.full((n,), 5.0))
         for r in reused:
             assert torch.equal(r, torch.full((n,), 2.0))
 
 
 def test_events_time_work():
-    start = torch.Event(device="simdev", enable_timing=True)
-    end = torch.Event(device="simdev", enable_timing=True)
+    start = torch.Event(device=DEV, enable_timing=True)
+    end = torch.Event(device=DEV, enable_timing=True)
     start.record()
-    x = torch.randn(256, 256, device="simdev")
+    x = torch.randn(256, 256, device=DEV)
     for _ in range(3):
         x = x @ x
     end.record()
@@ -335,11 +354,12 @@ def test_events_time_work():
 
 
 def _run(code, **env):
-    full = {**os.environ, **env}
-    return subprocess.run([sys.executable, "-c", "import torch, torch_simdev\n" + code],
+    full = {**os.environ, **{renamed(k): v for k, v in env.items()}}  # SIMDEV_X: <ENV>X
+    return subprocess.run([sys.executable, "-c", renamed("import torch, torch_simdev\n" + code)],
                           capture_output=True, text=True, env=full, timeout=120)
 
 
+@simdev_only
 def test_a_driver_refusal_with_memory_free_is_a_runtime_error_not_out_of_memory():
     r = _run("""
 try:
@@ -356,6 +376,7 @@ print('after:', torch.ones(4, device='simdev').sum().item())
     assert "after: 4.0" in r.stdout
 
 
+@simdev_only
 def test_tensors_are_aligned_as_the_device_declares_and_work_at_128_bytes():
     r = _run("""
 xs = [torch.randn(n, device='simdev') for n in (1, 33, 1000, 1 << 18)]
@@ -371,6 +392,8 @@ print('declared:', torch.simdev.get_device_properties(0).memory_alignment)
     assert "declared: 128" in r.stdout
 
 
+@simdev_only
+@simdev_only
 def test_a_driver_fault_mid_copy_is_a_clear_error_and_the_next_copy_works():
     r = _run("""
 x = torch.arange(4.0)
@@ -381,10 +404,11 @@ except RuntimeError as e:
     print('error:', e)
 print('after:', x.to('simdev').cpu().tolist())
 """, SIMDEV_INJECT_FAULT="memcpy_async@1")
-    assert "error: simdev: driver error 999 in memcpy_async: injected fault" in r.stdout, r.stderr
+    assert f"error: {DEV}: driver error 999 in memcpy_async: injected fault" in r.stdout, r.stderr
     assert "after: [0.0, 1.0, 2.0, 3.0]" in r.stdout
 
 
+@simdev_only
 def test_a_driver_fault_in_the_middle_of_a_copy_leaves_destination_and_memory_as_they_were():
     # On a device the host may not touch, writing into a strided view reads the
     # storage back, changes it on the host, and writes it again: the fault hits
@@ -413,7 +437,7 @@ print('leaked:', torch.simdev.memory_allocated() - before)
 print('pinned after:', src.to('simdev', non_blocking=True)[:2].cpu().tolist())
 """, SIMDEV_HOST_VISIBLE="0")
     lines = r.stdout.splitlines()
-    fault = "simdev: driver error 999 in memcpy_async: injected fault"
+    fault = f"{DEV}: driver error 999 in memcpy_async: injected fault"
     assert lines == ["error: " + fault, "unchanged: True", "leaked: 0",
                      "after: [-1.0, 1.0, -1.0, 3.0]", "pinned error: " + fault, "leaked: 0",
                      "pinned after: [1.0, 1.0]"], r.stdout + r.stderr
@@ -429,27 +453,30 @@ except ValueError as e:
     print('ValueError', e)
 """, SIMDEV_VISIBLE_DEVICES="0,x")
     assert "count 0 False" in r.stdout, r.stderr
-    assert "SIMDEV_VISIBLE_DEVICES='0,x': entry 'x'" in r.stdout
-    assert "ValueError simdev: SIMDEV_VISIBLE_DEVICES='0,x'" in r.stdout
+    assert f"{ENV}VISIBLE_DEVICES='0,x': entry 'x'" in r.stdout
+    assert f"ValueError {DEV}: {ENV}VISIBLE_DEVICES='0,x'" in r.stdout
 
 
+@two_devices
 def test_report_is_json_with_every_device():
-    report = json.loads(torch.ops.simdev.report_json())
+    report = json.loads(OPS.report_json())
     assert report["device_count"] == 2
     assert [d["index"] for d in report["devices"]] == [0, 1]
 
 
+@simdev_only
+@simdev_only
 def test_the_fallback_runs_on_device_memory_when_the_host_may_touch_it():
     # cos_ has no kernel: on host-visible memory the CPU kernel runs in place on
     # the device's memory (no driver copy); otherwise the tensor goes to the CPU
     # and back.
-    a = torch.linspace(0, 1, 1000, device="simdev")
+    a = torch.linspace(0, 1, 1000, device=DEV)
     want = torch.linspace(0, 1, 1000).cos()
-    torch.simdev.synchronize()
+    MOD.synchronize()
     before = torch.ops.simdev_driver.copies()
     a.cos_()
     copies = torch.ops.simdev_driver.copies() - before
-    if torch.simdev.get_device_properties(0).host_visible_memory:
+    if MOD.get_device_properties(0).host_visible_memory:
         assert copies == 0
     else:
         assert copies >= 2
@@ -465,8 +492,8 @@ try:
 except NotImplementedError as e:
     print('refused:', e)
 """, SIMDEV_FALLBACK="error")
-    assert "refused: The operator 'aten::mul.Tensor' is not implemented for simdev and its CPU " \
-           "fallback is disabled (SIMDEV_FALLBACK=error)" in r.stdout, r.stdout + r.stderr
+    assert f"refused: The operator 'aten::mul.Tensor' is not implemented for {DEV} and its CPU " \
+           f"fallback is disabled ({ENV}FALLBACK=error)" in r.stdout, r.stdout + r.stderr
 
     r = _run("""
 a = torch.ones(4, 4, device='simdev')
@@ -490,13 +517,13 @@ print('warnings', sorted({str(x.message).split("'")[1] for x in w}), len(w))
 """, SIMDEV_FALLBACK="warn")
     assert "warnings ['aten::mul.Tensor', 'aten::sub.Tensor'] 2" in r.stdout, r.stdout + r.stderr
 
-    r = _run("torch.ones(1, device='simdev') * 2", SIMDEV_FALLBACK="sometimes")
-    assert "ValueError: simdev: SIMDEV_FALLBACK='sometimes': expected allow, warn or error" \
+    r = _run(f"torch.ones(1, device='{DEV}') * 2", SIMDEV_FALLBACK="sometimes")
+    assert f"ValueError: {DEV}: {ENV}FALLBACK='sometimes': expected allow, warn or error" \
         in r.stderr, r.stderr
 
 
 def test_untyped_storage_resizes_both_ways_keeping_the_prefix():
-    x = torch.arange(8, dtype=torch.uint8, device="simdev")
+    x = torch.arange(8, dtype=torch.uint8, device=DEV)
     s = x.untyped_storage()
     s.resize_(16)
     assert s.nbytes() == 16
@@ -507,25 +534,26 @@ def test_untyped_storage_resizes_both_ways_keeping_the_prefix():
     assert torch.tensor([], dtype=torch.uint8).set_(s.cpu()).tolist() == [0, 1, 2, 3]
 
 
+@two_devices
 def test_device_and_stream_context_managers_restore_what_was_current():
-    with torch.simdev.device(1):
-        assert torch.simdev.current_device() == 1
-        assert torch.empty(1, device="simdev").device == torch.device("simdev:1")
-    assert torch.simdev.current_device() == 0
+    with MOD.device(1):
+        assert MOD.current_device() == 1
+        assert torch.empty(1, device=DEV).device == torch.device(f"{DEV}:1")
+    assert MOD.current_device() == 0
     with pytest.raises(IndexError):
-        with torch.simdev.device(9):
+        with MOD.device(9):
             pass
-    assert torch.simdev.current_device() == 0
-    default = torch.simdev.current_stream(0)
-    s = torch.simdev.Stream(0, priority=-1)
-    with torch.simdev.stream(s):
-        assert torch.simdev.current_stream(0) == s
-    assert torch.simdev.current_stream(0) == default
-    e = torch.simdev.Event(enable_timing=True)
+    assert MOD.current_device() == 0
+    default = MOD.current_stream(0)
+    s = MOD.Stream(0, priority=-1)
+    with MOD.stream(s):
+        assert MOD.current_stream(0) == s
+    assert MOD.current_stream(0) == default
+    e = MOD.Event(enable_timing=True)
     e.record()
     e.synchronize()
-    assert torch.simdev.is_bf16_supported()
-    assert "float8_e4m3fn" in torch.simdev.supported_dtypes(0)
+    assert MOD.is_bf16_supported()
+    assert "float8_e4m3fn" in MOD.supported_dtypes(0)
 
 
 def test_every_view_operator_has_a_kernel_for_the_device():
@@ -558,7 +586,7 @@ def test_every_view_operator_has_a_kernel_for_the_device():
 
 def test_complex_views_and_conjugate_copies_on_the_device():
     c = torch.randn(3, 4, dtype=torch.complex64)
-    x = c.to("simdev")
+    x = c.to(DEV)
     assert torch.equal(torch.view_as_real(x).cpu(), torch.view_as_real(c))
     assert torch.equal(torch.view_as_complex(torch.view_as_real(x)).cpu(), c)
     assert torch.equal(x.real.cpu(), c.real) and torch.equal(x.imag.cpu(), c.imag)
@@ -569,19 +597,19 @@ def test_complex_views_and_conjugate_copies_on_the_device():
     z = torch.zeros_like(x).conj()
     z.copy_(x)                                                       # into a conjugated view
     assert torch.equal(z.cpu(), c) and torch.equal(z.resolve_conj().cpu(), c)
-    w = torch.zeros(3, 4, dtype=torch.complex64, device="simdev")
+    w = torch.zeros(3, 4, dtype=torch.complex64, device=DEV)
     w.conj().copy_(c)                                                # host -> conjugated view
     assert torch.equal(w.cpu(), c.conj())
     r = torch.randn(4, 3)
-    assert torch.equal(torch._neg_view(r.to("simdev")).cpu(), -r)    # negative bit
+    assert torch.equal(torch._neg_view(r.to(DEV)).cpu(), -r)    # negative bit
     assert torch.allclose(torch.fft.hfft(x).cpu(), torch.fft.hfft(c), atol=1e-5)  # recursed before
     assert torch.allclose((x.conj() * x).cpu(), c.conj() * c)
     t = torch.arange(10.0)
-    assert torch.equal(t.to("simdev").unfold(0, 3, 2).cpu(), t.unfold(0, 3, 2))
+    assert torch.equal(t.to(DEV).unfold(0, 3, 2).cpu(), t.unfold(0, 3, 2))
 
 
 def test_zero_size_tensors_keep_their_shapes_through_kernels_and_the_fallback():
-    x = torch.zeros(1, 0, 3, device="simdev")
+    x = torch.zeros(1, 0, 3, device=DEV)
     ops = [torch.logical_not, torch.isfinite, torch.nn.functional.softsign, torch.exp,
            torch.sin, lambda t: t.sum(1), lambda t: t + 1, lambda t: torch.atan2(t, t),
            lambda t: torch.cumsum(t, 2), lambda t: t.cpu()]
@@ -591,17 +619,17 @@ def test_zero_size_tensors_keep_their_shapes_through_kernels_and_the_fallback():
 
 
 def test_sparse_layouts_are_a_clear_error_naming_the_backend():
-    x = torch.randn(3, 3, device="simdev")
+    x = torch.randn(3, 3, device=DEV)
     attempts = [lambda: x.to_sparse(),
-                lambda: torch.randn(3, 3).to_sparse().to("simdev"),
+                lambda: torch.randn(3, 3).to_sparse().to(DEV),
                 lambda: torch.sparse_coo_tensor(torch.tensor([[0], [1]]), torch.tensor([1.0]),
-                                                (2, 2), device="simdev"),
+                                                (2, 2), device=DEV),
                 lambda: x.to_sparse_csr() @ x,
                 lambda: x.to_sparse_csr(),  # made by the fallback: refused, not half usable
                 lambda: x.to_sparse_csc(),
                 lambda: x.to_sparse_bsr((1, 1))]
     for f in attempts:
-        with pytest.raises(NotImplementedError, match="simdev: sparse tensors are not supported on simdev"):
+        with pytest.raises(NotImplementedError, match=f"{DEV}: sparse tensors are not supported on {DEV}"):
             f()
     assert torch.equal(x.cpu().to_sparse().to_dense(), x.cpu())     # the CPU's still work
 
@@ -611,7 +639,7 @@ def test_operators_that_take_conjugated_inputs_as_they_are_read_their_bits():
     # through for them); the CPU kernel run on device memory must see the bit.
     a = torch.randn(5, dtype=torch.complex64)
     b = torch.randn(5, dtype=torch.complex64)
-    da, db = a.to("simdev"), b.to("simdev")
+    da, db = a.to(DEV), b.to(DEV)
     assert torch.allclose(torch.vdot(da, db).cpu(), torch.vdot(a, b))
     assert torch.allclose(torch.dot(da.conj(), db).cpu(), torch.dot(a.conj(), b))
     assert torch.allclose(torch.dot(da, db.conj()).cpu(), torch.dot(a, b.conj()))
@@ -625,13 +653,13 @@ def test_layer_and_group_norm_compute_with_the_cpus_kernels_bit_for_bit(dtype):
     torch.manual_seed(0)
     x = torch.randn(4, 6, 5).to(dtype)
     w, b = torch.randn(6, 5).to(dtype), torch.randn(6, 5).to(dtype)
-    got = torch.nn.functional.layer_norm(x.to("simdev"), (6, 5), w.to("simdev"), b.to("simdev"), eps=0.5)
+    got = torch.nn.functional.layer_norm(x.to(DEV), (6, 5), w.to(DEV), b.to(DEV), eps=0.5)
     assert torch.equal(got.cpu(), torch.nn.functional.layer_norm(x, (6, 5), w, b, eps=0.5))
     gw, gb = torch.randn(6).to(dtype), torch.randn(6).to(dtype)
-    got = torch.nn.functional.group_norm(x.to("simdev"), 3, gw.to("simdev"), gb.to("simdev"))
+    got = torch.nn.functional.group_norm(x.to(DEV), 3, gw.to(DEV), gb.to(DEV))
     assert torch.equal(got.cpu(), torch.nn.functional.group_norm(x, 3, gw, gb))
     # and their gradients, through the same autograd formulas as the CPU's
-    xs, xc = x.to("simdev").requires_grad_(), x.clone().requires_grad_()
+    xs, xc = x.to(DEV).requires_grad_(), x.clone().requires_grad_()
     torch.nn.functional.layer_norm(xs, (6, 5)).sum().backward()
     torch.nn.functional.layer_norm(xc, (6, 5)).sum().backward()
     assert torch.equal(xs.grad.cpu(), xc.grad)
@@ -647,10 +675,10 @@ def test_a_kernel_that_conjugates_its_output_by_the_bit_is_followed_on_the_devic
     b = torch.randn(3, 4, dtype=torch.complex64) if left else torch.randn(4, 3, dtype=torch.complex64)
     lu, piv = torch.linalg.lu_factor(a)
     want = torch.linalg.lu_solve(lu, piv, b, left=left)
-    got = torch.linalg.lu_solve(lu.to("simdev"), piv.to("simdev"), b.to("simdev"), left=left)
+    got = torch.linalg.lu_solve(lu.to(DEV), piv.to(DEV), b.to(DEV), left=left)
     assert torch.allclose(got.cpu(), want, atol=1e-5)
-    out = torch.empty(want.shape, dtype=want.dtype, device="simdev")
-    torch.linalg.lu_solve(lu.to("simdev"), piv.to("simdev"), b.to("simdev"), left=left, out=out)
+    out = torch.empty(want.shape, dtype=want.dtype, device=DEV)
+    torch.linalg.lu_solve(lu.to(DEV), piv.to(DEV), b.to(DEV), left=left, out=out)
     assert torch.allclose(out.cpu(), want, atol=1e-5)
 
 
@@ -665,13 +693,13 @@ def test_fallen_back_operators_see_and_return_the_cpus_layouts():
     torch.manual_seed(0)
     a, b = torch.randn(4, 3, dtype=torch.complex64), torch.randn(4, 3, dtype=torch.complex64)
     want = torch.linalg.lstsq(a, b).solution
-    got = torch.linalg.lstsq(a.to("simdev"), b.to("simdev")).solution
+    got = torch.linalg.lstsq(a.to(DEV), b.to(DEV)).solution
     assert got.stride() == want.stride()
     torch.testing.assert_close(got.cpu(), want)
     x, tau = torch.randn(5, 5, dtype=torch.complex64), torch.randn(5, dtype=torch.complex64)
     go = torch.randn(5, 5, dtype=torch.complex64)
     grads = []
-    for device in ("cpu", "simdev"):
+    for device in ("cpu", DEV):
         xs, ts = x.to(device).requires_grad_(), tau.to(device).requires_grad_()
         out = torch.linalg.householder_product(xs, ts)
         grads.append([g.cpu() for g in torch.autograd.grad(out, (xs, ts), go.to(device))])

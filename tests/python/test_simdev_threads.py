@@ -6,6 +6,8 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from backend import DEV, MOD
+
 THREADS = 4
 ROUNDS = 60
 
@@ -37,19 +39,19 @@ def _work(x, w):
 
 
 def test_operators_from_many_threads_match_the_cpu():
-    before = [torch.simdev.memory_allocated(d) for d in range(torch.simdev.device_count())]
-    torch.simdev.reset_fallback_report()
+    before = [MOD.memory_allocated(d) for d in range(MOD.device_count())]
+    MOD.reset_fallback_report()
 
     def body(i):
         g = torch.Generator().manual_seed(i)
-        device = f"simdev:{i % torch.simdev.device_count()}"
+        device = f"{DEV}:{i % MOD.device_count()}"
         side = torch.Stream(device=device) if i % 2 else None
         for r in range(ROUNDS):
             x = torch.randn(17, 33, generator=g)
             w = torch.randn(9, 33, generator=g)
             want = _work(x, w)
             if side is not None:
-                with torch.simdev.stream(side):
+                with MOD.stream(side):
                     got = _work(x.to(device), w.to(device))
                 side.synchronize()
             else:
@@ -60,10 +62,10 @@ def test_operators_from_many_threads_match_the_cpu():
 
     _run_threads(body)
     torch.accelerator.synchronize()
-    report = {op: count for op, count, _ in torch.simdev.fallback_report()}
+    report = {op: count for op, count, _ in MOD.fallback_report()}
     # Every call was counted, none lost to a race: each round runs one cumsum.
     assert report.get("aten::cumsum.out", 0) + report.get("aten::cumsum", 0) == THREADS * ROUNDS, report
-    after = [torch.simdev.memory_allocated(d) for d in range(torch.simdev.device_count())]
+    after = [MOD.memory_allocated(d) for d in range(MOD.device_count())]
     assert after == before
 
 
@@ -94,7 +96,7 @@ def test_training_from_many_threads_matches_the_cpu():
     got = [None] * THREADS
 
     def body(i):
-        got[i] = _train(f"simdev:{i % torch.simdev.device_count()}", i, init_lock)
+        got[i] = _train(f"{DEV}:{i % MOD.device_count()}", i, init_lock)
 
     _run_threads(body)
     for i in range(THREADS):

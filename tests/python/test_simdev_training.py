@@ -3,6 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from backend import DEV, two_devices
+
 TOL = dict(rtol=1e-5, atol=1e-6)  # the kernels are the CPU's: results match closely
 
 
@@ -45,22 +47,23 @@ def _train(make, device, optimizer, steps, data_shape):
 @pytest.mark.parametrize("make,shape", [(_mlp, (16,)), (_cnn, (1, 8, 8))], ids=["mlp", "cnn"])
 def test_training_matches_cpu(make, shape, optimizer):
     cpu_losses, cpu_params = _train(make, "cpu", optimizer, 30, shape)
-    sim_losses, sim_params = _train(make, "simdev", optimizer, 30, shape)
+    sim_losses, sim_params = _train(make, DEV, optimizer, 30, shape)
     assert sim_losses[-1] < sim_losses[0]  # it learns
     torch.testing.assert_close(torch.tensor(sim_losses), torch.tensor(cpu_losses), **TOL)
     for a, b in zip(sim_params, cpu_params):
         torch.testing.assert_close(a, b, **TOL)
 
 
+@two_devices
 def test_model_on_device_one_with_data_moved_across_devices():
     torch.manual_seed(0)
-    model = _mlp().to("simdev:1")
+    model = _mlp().to(f"{DEV}:1")
     ref = _mlp()
     ref.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
-    x, y = _data("simdev:0")
-    out = model(x.to("simdev:1"))
-    assert out.device == torch.device("simdev:1")
+    x, y = _data(f"{DEV}:0")
+    out = model(x.to(f"{DEV}:1"))
+    assert out.device == torch.device(f"{DEV}:1")
     torch.testing.assert_close(out.cpu(), ref(x.cpu()), **TOL)
-    loss = F.cross_entropy(out, y.to("simdev:1"))
+    loss = F.cross_entropy(out, y.to(f"{DEV}:1"))
     loss.backward()
-    assert all(p.grad.device == torch.device("simdev:1") for p in model.parameters())
+    assert all(p.grad.device == torch.device(f"{DEV}:1") for p in model.parameters())
