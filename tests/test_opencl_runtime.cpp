@@ -107,7 +107,7 @@ TEST_CASE("ocl: memory is 256-byte aligned, copies and fills land, in both SVM k
   }
 }
 
-TEST_CASE("ocl: an idle queue is idle; a busy one is busy until its work completes", "[ocl]") {
+TEST_CASE("ocl: an idle queue is idle, and a busy one busy until its work completes", "[ocl]") {
   ocl::OpenCLRuntime rt;
   REQUIRE(rt.device_count() >= 1);
   auto s = rt.stream_create(0, 0);

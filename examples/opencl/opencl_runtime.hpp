@@ -257,7 +257,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
           "memcpy", "clEnqueueSVMMemcpy");
   }
 
-  // Blocking when a host side is pageable (the contract: consumed before
+  // Waited for when a host side is pageable (the contract: consumed before
   // return), asynchronous otherwise.
   void memcpy_async(int device, void* dst, const void* src, std::size_t bytes,
                     accelkit::CopyKind kind, accelkit::StreamHandle stream) {
@@ -268,9 +268,9 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     const void* host = kind == accelkit::CopyKind::host_to_device   ? src
                        : kind == accelkit::CopyKind::device_to_host ? dst
                                                                     : nullptr;
-    cl_bool blocking = host != nullptr && !is_pinned(host, bytes) ? CL_TRUE : CL_FALSE;
-    s.enqueue("memcpy_async", "clEnqueueSVMMemcpy", blocking, [&](cl_event* e) {
-      return clEnqueueSVMMemcpy(s.queue, blocking, dst, src, bytes, 0, nullptr, e);
+    bool pageable = host != nullptr && !is_pinned(host, bytes);
+    s.enqueue("memcpy_async", "clEnqueueSVMMemcpy", pageable, [&](cl_event* e) {
+      return clEnqueueSVMMemcpy(s.queue, CL_FALSE, dst, src, bytes, 0, nullptr, e);
     });
   }
 
@@ -279,7 +279,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     auto sp = stream_ptr(device, stream, "memset_async");
     Stream& s = *sp;
     auto pattern = static_cast<unsigned char>(value);
-    s.enqueue("memset_async", "clEnqueueSVMMemFill", CL_FALSE, [&](cl_event* e) {
+    s.enqueue("memset_async", "clEnqueueSVMMemFill", false, [&](cl_event* e) {
       return clEnqueueSVMMemFill(s.queue, ptr, &pattern, 1, bytes, 0, nullptr, e);
     });
   }
@@ -354,7 +354,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     cl_int status = CL_COMPLETE;
     clGetEventInfo(r, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
     if (status != CL_COMPLETE)  // a failed record makes the waiting command fail too
-      s.enqueue("stream_wait_event", "clEnqueueBarrierWithWaitList", CL_FALSE, [&](cl_event* out) {
+      s.enqueue("stream_wait_event", "clEnqueueBarrierWithWaitList", false, [&](cl_event* out) {
         return clEnqueueBarrierWithWaitList(s.queue, 1, &r, out);
       });
     clReleaseEvent(r);
@@ -400,7 +400,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
       e.set(s.last());  // nullptr: the queue is idle, the record complete
       return;
     }
-    s.enqueue("event_record", "clEnqueueMarkerWithWaitList", CL_FALSE, [&](cl_event* out) {
+    s.enqueue("event_record", "clEnqueueMarkerWithWaitList", false, [&](cl_event* out) {
       return clEnqueueMarkerWithWaitList(s.queue, 0, nullptr, out);
     });
     e.set(s.last());
@@ -491,7 +491,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   void enqueue_on(int device, accelkit::StreamHandle stream, const char* call, Enqueue&& enqueue) {
     auto sp = stream_ptr(device, stream, call);
     Stream& s = *sp;
-    s.enqueue(call, call, CL_FALSE, [&](cl_event* e) { return enqueue(s.queue, e); });
+    s.enqueue(call, call, false, [&](cl_event* e) { return enqueue(s.queue, e); });
   }
 
  private:
@@ -526,14 +526,27 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
         last_ = nullptr;
       }
     }
+    // Enqueues without blocking under the lock (so that the last event
+    // follows the queue's order), then, for `wait`, waits outside it: a
+    // query from another thread never waits for a copy.
     template <class F>
-    void enqueue(const char* call, const char* fn, cl_bool blocking, F&& f) {
-      std::lock_guard<std::mutex> lock(mutex);  // the queue's order is the last event's
+    void enqueue(const char* call, const char* fn, bool wait, F&& f) {
       cl_event e = nullptr;
-      rt->check(f(&e), call, fn);
-      if (last_) clReleaseEvent(last_);
-      last_ = e;
-      if (!blocking) clFlush(queue);  // so that the queue runs without a later wait
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        rt->check(f(&e), call, fn);
+        if (last_) clReleaseEvent(last_);
+        last_ = e;
+        clFlush(queue);  // so that the queue runs without a later wait
+        if (wait) clRetainEvent(e);
+      }
+      if (!wait) return;
+      clWaitForEvents(1, &e);  // a failed command: its status says which, below
+      struct Release {
+        cl_event e;
+        ~Release() { clReleaseEvent(e); }
+      } release{e};
+      rt->completed(device, e, call);
     }
     void release() {
       if (last_) clReleaseEvent(last_);
