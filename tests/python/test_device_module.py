@@ -303,12 +303,11 @@ def test_fork_rng_restores_the_device_states():
                                torch.rand(3, device=f"{DEV}:0").cpu(), rtol=0, atol=0)
 
 
-@two_devices
 def test_rng_functions_refuse_a_device_out_of_range():
     for call in (lambda: MOD.get_rng_state(2), lambda: MOD.get_rng_state(f"{DEV}:3"),
                  lambda: MOD.set_rng_state(torch.get_rng_state(), 2),
                  lambda: MOD.initial_seed(-5)):
-        with pytest.raises(IndexError, match=rf"{DEV}: invalid device index (2|3|-5): {DEV} has 2 "):
+        with pytest.raises(IndexError, match=rf"{DEV}: invalid device index (2|3|-5): {DEV} has {MOD.device_count()} "):
             call()
     with pytest.raises(ValueError, match=f"expected a {DEV} device, got cpu"):
         MOD.get_rng_state("cpu")

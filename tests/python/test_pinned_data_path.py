@@ -47,7 +47,6 @@ class _held:
 
 
 @simdev_only
-@simdev_only
 def test_pin_memory_takes_a_block_of_the_backends_pinned_pool():
     MOD.synchronize()
     x = torch.randn(1000)

@@ -225,7 +225,6 @@ except NotImplementedError as e:
 
 
 @simdev_only
-@simdev_only
 def test_a_driver_fault_while_ordering_a_kernel_is_a_runtime_error_and_nothing_is_lost():
     # The kernel waits for the current stream first; the driver fails that wait once.
     code = """

@@ -62,7 +62,6 @@ def test_profiling_operators_gives_device_times_and_writes_nothing(capfd):
 
 
 @simdev_only
-@simdev_only
 def test_a_held_stream_shows_in_the_device_time_of_the_operator_that_held_it():
     s = torch.accelerator.current_stream()
     MOD.synchronize()
@@ -95,7 +94,6 @@ def test_profiling_before_the_device_is_used_creates_no_context_and_times_nothin
     assert _not_kineto(r.stderr) == []
 
 
-@simdev_only
 @simdev_only
 def test_a_device_without_event_timing_gets_host_times_and_says_so_once():
     r = _run("""

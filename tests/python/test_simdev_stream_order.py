@@ -40,7 +40,6 @@ class _held:
 # ------------------------------------------------ 1. pooled events released early
 
 @simdev_only
-@simdev_only
 def test_a_pooled_event_recorded_elsewhere_does_not_release_an_earlier_wait():
     a = torch.Stream(device=f"{DEV}:0")
     b = torch.Stream(device=f"{DEV}:0")
@@ -86,7 +85,6 @@ def test_host_kernels_of_threads_sharing_a_stream_never_write_a_block_still_bein
 
 # ------------------------------------------------- 3. empty_cache under queued work
 
-@simdev_only
 @simdev_only
 def test_empty_cache_while_the_stream_is_held_returns_memory_after_the_copy():
     r = _run("""
@@ -245,7 +243,6 @@ def test_a_stream_id_that_names_no_stream_is_a_value_error():
 # ------------------------------------------------- 10. free failures, stream pools
 
 @simdev_only
-@simdev_only
 def test_a_free_refused_during_empty_cache_keeps_the_books_true():
     r = _run("""
 x = torch.empty(3 << 20, device='simdev')
@@ -364,7 +361,6 @@ print('child', os.waitstatus_to_exitcode(status))
     assert "child 0" in r.stdout, r.stdout + r.stderr
 
 
-@simdev_only
 @simdev_only
 def test_driver_errors_name_the_backend_once():
     r = _run("""

@@ -24,9 +24,8 @@ def test_devices_are_named_and_counted():
     assert torch.empty(3, device=DEV).device == torch.device(f"{DEV}:1")
 
 
-@two_devices
 def test_device_index_out_of_range_is_an_index_error():
-    with pytest.raises(IndexError, match=rf"{DEV}: invalid device index 7: {DEV} has 2"):
+    with pytest.raises(IndexError, match=rf"{DEV}: invalid device index 7: {DEV} has {MOD.device_count()} "):
         MOD.set_device(7)
     with pytest.raises(IndexError, match="invalid device index 5"):
         torch.empty(2, device=f"{DEV}:5")
@@ -201,7 +200,6 @@ def test_device_properties_read_as_attributes_and_bad_indices_are_errors():
         assert MOD.current_device() == 0
 
 
-@two_devices
 def test_availability_and_seeding_create_no_context():
     r = _run("""
 torch.manual_seed(0)  # seeds every simdev device's generator too
@@ -210,7 +208,8 @@ print(torch.simdev.is_available(), torch.simdev.device_count(), torch.simdev.is_
 torch.empty(1, device='simdev')
 print(torch.simdev.is_initialized())
 """)
-    assert r.stdout.split() == ["True", "2", "False", "True"], r.stdout + r.stderr
+    assert r.stdout.split() == ["True", str(MOD.device_count()), "False", "True"], \
+        r.stdout + r.stderr
 
 
 @simdev_capacity
@@ -297,7 +296,6 @@ def _held(stream):
     return Held()
 
 
-@simdev_only
 @simdev_only
 def test_non_blocking_copy_on_a_side_stream_joined_with_an_event():
     src = torch.randn(1 << 16).pin_memory()
@@ -393,7 +391,6 @@ print('declared:', torch.simdev.get_device_properties(0).memory_alignment)
 
 
 @simdev_only
-@simdev_only
 def test_a_driver_fault_mid_copy_is_a_clear_error_and_the_next_copy_works():
     r = _run("""
 x = torch.arange(4.0)
@@ -457,14 +454,12 @@ except ValueError as e:
     assert f"ValueError {DEV}: {ENV}VISIBLE_DEVICES='0,x'" in r.stdout
 
 
-@two_devices
 def test_report_is_json_with_every_device():
     report = json.loads(OPS.report_json())
-    assert report["device_count"] == 2
-    assert [d["index"] for d in report["devices"]] == [0, 1]
+    assert report["device_count"] == MOD.device_count() >= 1
+    assert [d["index"] for d in report["devices"]] == list(range(MOD.device_count()))
 
 
-@simdev_only
 @simdev_only
 def test_the_fallback_runs_on_device_memory_when_the_host_may_touch_it():
     # cos_ has no kernel: on host-visible memory the CPU kernel runs in place on
