@@ -123,6 +123,11 @@ TEST_CASE("ocl: an idle queue is idle, and a busy one busy until its work comple
   rt.event_record(0, e, s);
   CHECK_FALSE(rt.stream_query(0, s));
   CHECK_FALSE(rt.event_query(0, e));
+  // free does not wait for the device: memory no queued work uses is
+  // released while a queue is held (a synchronizing free would hang here).
+  void* other = rt.malloc(0, 1 << 20);
+  rt.free(0, other);
+  CHECK_FALSE(rt.stream_query(0, s));
   clSetUserEventStatus(user, CL_COMPLETE);
   CHECK(eventually([&] { return rt.stream_query(0, s); }));
   CHECK(rt.event_query(0, e));
