@@ -50,7 +50,7 @@ def child(quick):
 
     steps = {"ocl": make_step("ocl"), "cpu": make_step("cpu")}
     sync = {"ocl": torch.ocl.synchronize, "cpu": lambda: None}
-    rounds, per_block = (3, 5) if quick else (15, 40)
+    rounds, per_block = (2, 2) if quick else (15, 40)
     samples = {"ocl": [], "cpu": []}
     gc.collect()
     gc.disable()
