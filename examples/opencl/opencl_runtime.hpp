@@ -56,16 +56,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 namespace ocl {
@@ -404,7 +402,6 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
       return clEnqueueMarkerWithWaitList(s.queue, 0, nullptr, out);
     });
     e.set(s.last());
-    e.timed = true;
   }
 
   bool event_query(int, accelkit::EventHandle event) {
@@ -558,7 +555,6 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   struct Event {
     int device = 0;
     bool timing = false;
-    bool timed = false;
     std::mutex mutex;
     cl_event record = nullptr;  // the last record (nullptr: none, or complete when taken)
     cl_event last() {
