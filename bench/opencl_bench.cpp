@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
           [&] { return ns_per_call(n, [&] { pool.deallocate(pool.allocate(bytes, h)); }); },
           [&] {
             return ns_per_call(n, [&] {
-              void* p = clSVMAlloc(ctx, svm_flags, bytes, 128);
+              void* p = clSVMAlloc(ctx, svm_flags, bytes, 128);  // the alignment ocl declares
               sink = sink + (p != nullptr);
               clSVMFree(ctx, p);
             });
@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
     header("copy bandwidth, 256 MiB", "GB/s");
     std::size_t bytes = quick ? (std::size_t{4} << 20) : (std::size_t{256} << 20);
     void* d = rt.malloc(0, bytes);
-    void* pinned = rt.host_malloc(bytes);
+    void* pinned = rt.host_malloc(0, bytes);
     std::vector<unsigned char> pageable(bytes, 1);
     std::memset(pinned, 1, bytes);
     auto gbps = [&](auto&& f) {
@@ -185,7 +185,7 @@ int main(int argc, char** argv) {
           rounds,
           [&] {
             return 1.0 / gbps([&] {
-              backend.memcpy_async(0, dst, src, bytes, c.kind, h);
+              backend.memcpy_async(0, dst, src, bytes, c.kind, h, c.host == pinned);
               backend.stream_synchronize(0, h);
             });
           },
@@ -199,7 +199,7 @@ int main(int argc, char** argv) {
       auto inv = [](bench::Spread x) { return bench::Spread{1 / x.median, 1 / x.p75, 1 / x.p25}; };
       print(c.what, inv(a), inv(b), r, 2);
     }
-    rt.host_free(pinned);
+    rt.host_free(0, pinned);
     rt.free(0, d);
   }
   std::puts("\n(raw/ocl: above 1 the backend is faster for times; for bandwidth the ratio is "

@@ -58,12 +58,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace ocl {
@@ -114,6 +114,9 @@ struct Config {
 class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
  public:
   static constexpr std::string_view name = "ocl";
+  // PoCL starts its worker threads at the first platform query, and an
+  // OpenCL driver may: a child forked after discovery refuses device use.
+  static constexpr bool fork_safe_discovery = false;
 
   OpenCLRuntime() = default;
   explicit OpenCLRuntime(Config config) : config_(std::move(config)), configured_(true) {}
@@ -148,12 +151,11 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     p.vendor = info_string(id, CL_DEVICE_VENDOR);
     std::string version = info_string(id, CL_DEVICE_VERSION);
     std::string driver = info_string(id, CL_DRIVER_VERSION);
-    // Workaround until contract: OpenCL has no architecture; the device's
-    // version string names what it is built for (PoCL: its target triple).
-    p.architecture = version;
-    // Workaround until contract: a UUID from cl_khr_device_uuid where the
-    // device has it, otherwise one hashed from what identifies the device.
-    p.uuid = uuid_of(d, driver);
+    // OpenCL has no architecture (unknown: empty); the device's version
+    // string, which names what PoCL builds for, is an extra. The UUID is
+    // cl_khr_device_uuid's where the device has it, else unknown: the SDK
+    // derives a stable one.
+    p.uuid = uuid_of(d);
     p.pci_bus_id = pci_bus_id_of(d);
     p.driver_version = parse_version(driver);
     if (p.driver_version == accelkit::Version{}) p.driver_version = {0, 0, 1};
@@ -162,8 +164,8 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     p.max_allocation = std::min<std::uint64_t>(info<cl_ulong>(id, CL_DEVICE_MAX_MEM_ALLOC_SIZE),
                                                p.total_memory);
     p.compute_units = static_cast<int>(info<cl_uint>(id, CL_DEVICE_MAX_COMPUTE_UNITS));
-    // Workaround until contract: a subgroup's width depends on the kernel in
-    // OpenCL; the device's preferred work-group multiple stands in.
+    // A subgroup's width depends on the kernel in OpenCL; the device's
+    // preferred work-group multiple stands in.
     std::size_t multiple = 0;
     if (clGetDeviceInfo(id, CL_DEVICE_PREFERRED_WORK_GROUP_SIZE_MULTIPLE, sizeof multiple,
                         &multiple, nullptr) != CL_SUCCESS || multiple == 0 ||
@@ -177,15 +179,14 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     p.dtypes = accelkit::DTypeSet::all();  // every dtype through the SDK's fallback
     p.host_visible_memory = svm_ == Svm::fine;
     p.unified_memory = false;
-    p.stream_priorities = d.priority_hints ? accelkit::StreamPriorityRange{0, -1}
-                                           : accelkit::StreamPriorityRange{0, 0};
+    // cl_khr_priority_hints: normal (MED) and HIGH; one level without it.
+    p.stream_priorities = accelkit::StreamPriorityRange::from_levels(d.priority_hints ? 2 : 1);
+    p.memory_alignment = kSvmAlign;
     p.event_timing = true;
-    // Workaround until contract: OpenCL does not say how many copy engines
-    // a device has; 0 claims none.
-    p.async_copy_engines = 0;
+    // OpenCL does not say how many copy engines a device has: unknown.
     p.extras.push_back({"ocl.svm", std::string(svm_ == Svm::fine ? "fine" : "coarse")});
     p.extras.push_back({"ocl.platform", platform_string(d.platform, CL_PLATFORM_NAME)});
-    p.extras.push_back({"ocl.device_version", version});
+    p.extras.push_back({"ocl.device_version", version});  // PoCL: its target
     p.extras.push_back({"ocl.driver_version", driver});
     return p;
   }
@@ -196,57 +197,54 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     current_device_ = device;
   }
 
-  // Workaround until contract: the contract asks for 256-byte alignment and
-  // PoCL refuses SVM alignments above 128 bytes (clSVMAlloc returns NULL),
-  // so each block is over-allocated by 128 bytes at 128-byte alignment and
-  // the 256-aligned pointer inside it handed out, its base kept for free.
+  // PoCL refuses SVM alignments above 128 bytes, so 128 is the alignment
+  // declared (properties().memory_alignment) and asked for. A NULL from
+  // clSVMAlloc is exhaustion or refusal alike; the SDK tells them apart.
   void* malloc(int device, std::size_t bytes) {
     Device& d = context(device, "malloc");
-    if (bytes > d.max_alloc - kSlack) return nullptr;
-    void* base = clSVMAlloc(d.context, svm_flags(), bytes + kSlack, kSvmAlign);
-    if (base == nullptr) return nullptr;  // exhaustion and refusal look the same in OpenCL
-    auto addr = reinterpret_cast<std::uintptr_t>(base);
-    void* p = reinterpret_cast<void*>((addr + 255) & ~std::uintptr_t{255});
+    if (bytes > d.max_alloc) return nullptr;
+    void* p = clSVMAlloc(d.context, svm_flags(), bytes, kSvmAlign);
+    if (p == nullptr) return nullptr;
     std::lock_guard<std::mutex> lock(d.mutex);
-    d.blocks.emplace(p, base);
+    d.blocks.insert(p);
     return p;
   }
 
   // No synchronize: the SDK never frees memory that queued work still uses.
   void free(int device, void* ptr) {
     Device& d = context(device, "free");
-    void* base = nullptr;
     {
       std::lock_guard<std::mutex> lock(d.mutex);
-      auto it = d.blocks.find(ptr);
-      if (it == d.blocks.end())
+      if (d.blocks.erase(ptr) == 0)
         driver_error(CL_INVALID_VALUE, "free",
                      fmt::format("pointer {} was not allocated on device {}", ptr, device));
-      base = it->second;
-      d.blocks.erase(it);
     }
-    clSVMFree(d.context, base);
+    clSVMFree(d.context, ptr);
   }
 
-  // Workaround until contract: host_malloc has no device, so no context's
-  // memory can be used; page-aligned host memory, its ranges tracked so that
-  // memcpy_async can tell it from pageable memory.
-  void* host_malloc(std::size_t bytes) {
-    std::size_t rounded = (bytes + kPage - 1) / kPage * kPage;
-    void* p = std::aligned_alloc(kPage, rounded);
+  // Pinned memory in the device's context: fine-grained SVM where the device
+  // has it (host memory the device reaches directly), page-aligned host
+  // memory otherwise (clEnqueueSVMMemcpy takes any host pointer).
+  void* host_malloc(int device, std::size_t bytes) {
+    Device& d = context(device, "host_malloc");
+    void* p = d.fine_grain
+                  ? clSVMAlloc(d.context, CL_MEM_READ_WRITE | CL_MEM_SVM_FINE_GRAIN_BUFFER, bytes, 0)
+                  : std::aligned_alloc(kPage, (bytes + kPage - 1) / kPage * kPage);
     if (p == nullptr) return nullptr;
-    std::lock_guard<std::mutex> lock(pinned_mutex_);
-    pinned_.emplace(static_cast<char*>(p), rounded);
+    std::lock_guard<std::mutex> lock(d.mutex);
+    d.pinned.insert(p);
     return p;
   }
-  void host_free(void* ptr) {
+  void host_free(int device, void* ptr) {
+    Device& d = context(device, "host_free");
     {
-      std::lock_guard<std::mutex> lock(pinned_mutex_);
-      if (pinned_.erase(static_cast<char*>(ptr)) == 0)
+      std::lock_guard<std::mutex> lock(d.mutex);
+      if (d.pinned.erase(ptr) == 0)
         driver_error(CL_INVALID_VALUE, "host_free",
-                     fmt::format("pointer {} was not allocated by host_malloc", ptr));
+                     fmt::format("pointer {} was not allocated by host_malloc({}, ·)", ptr, device));
     }
-    std::free(ptr);
+    if (d.fine_grain) clSVMFree(d.context, ptr);
+    else std::free(ptr);
   }
 
   void memcpy(int device, void* dst, const void* src, std::size_t bytes, accelkit::CopyKind) {
@@ -258,15 +256,10 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   // Waited for when a host side is pageable (the contract: consumed before
   // return), asynchronous otherwise.
   void memcpy_async(int device, void* dst, const void* src, std::size_t bytes,
-                    accelkit::CopyKind kind, accelkit::StreamHandle stream) {
+                    accelkit::CopyKind kind, accelkit::StreamHandle stream, bool host_pinned) {
     auto sp = stream_ptr(device, stream, "memcpy_async");
     Stream& s = *sp;
-    // Workaround until contract: whether the host side is pinned is not
-    // passed, so host_malloc's ranges are looked up.
-    const void* host = kind == accelkit::CopyKind::host_to_device   ? src
-                       : kind == accelkit::CopyKind::device_to_host ? dst
-                                                                    : nullptr;
-    bool pageable = host != nullptr && !is_pinned(host, bytes);
+    bool pageable = kind != accelkit::CopyKind::device_to_device && !host_pinned;
     s.enqueue("memcpy_async", "clEnqueueSVMMemcpy", pageable, [&](cl_event* e) {
       return clEnqueueSVMMemcpy(s.queue, CL_FALSE, dst, src, bytes, 0, nullptr, e);
     });
@@ -286,11 +279,11 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   // without the extension has the one level 0.
   accelkit::StreamHandle stream_create(int device, int priority) {
     Device& d = context(device, "stream_create");
-    int lowest_level = d.priority_hints ? -1 : 0;
-    if (priority > 0 || priority < lowest_level)
+    int highest = d.priority_hints ? 1 : 0;
+    if (priority < 0 || priority > highest)
       driver_error(CL_INVALID_VALUE, "stream_create",
                    fmt::format("priority {} is outside this device's range 0..{}", priority,
-                               lowest_level));
+                               highest));
     auto s = std::make_shared<Stream>(this, device, create_queue(d, priority));
     accelkit::StreamHandle h = accelkit::StreamHandle::from_pointer(s.get());
     std::lock_guard<std::mutex> lock(d.mutex);
@@ -494,7 +487,6 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
  private:
   static constexpr std::size_t kPage = 4096;
   static constexpr std::size_t kSvmAlign = 128;
-  static constexpr std::size_t kSlack = 128;
 
   void check(cl_int err, const char* call, const char* fn) {
     if (err != CL_SUCCESS)
@@ -582,7 +574,9 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     cl_context context = nullptr;
     cl_command_queue sync_queue = nullptr;  // memcpy's: not ordered with streams
     std::mutex mutex;
-    std::unordered_map<void*, void*> blocks;  // handed-out pointer -> clSVMAlloc's base
+    bool fine_grain = false;  // the device has fine-grained SVM buffers
+    std::unordered_set<void*> blocks;  // from malloc
+    std::unordered_set<void*> pinned;  // from host_malloc
     std::unordered_map<std::uintptr_t, std::shared_ptr<Stream>> streams;
     std::vector<cl_event> failed;  // failures already reported (Note [ocl asynchronous errors])
   };
@@ -652,7 +646,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     }
     return {};
   }
-  std::string uuid_of(const Device& d, const std::string& driver) {
+  static std::string uuid_of(const Device& d) {
 #ifdef CL_DEVICE_UUID_KHR
     if (has_extension(d.id, "cl_khr_device_uuid")) {
       unsigned char u[CL_UUID_SIZE_KHR] = {};
@@ -660,23 +654,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
         return format_uuid(u);
     }
 #endif
-    // FNV-1a over the platform, the device's name and driver, and its place
-    // among the platform's devices: stable across runs on one machine.
-    std::string key = fmt::format("{}|{}|{}|{}", platform_string(d.platform, CL_PLATFORM_NAME),
-                                  info_string(d.id, CL_DEVICE_NAME), driver, index_in_platform(d));
-    unsigned char u[16];
-    std::uint64_t h1 = 1469598103934665603ull, h2 = 1099511628211ull * 31;
-    for (unsigned char c : key) {
-      h1 = (h1 ^ c) * 1099511628211ull;
-      h2 = (h2 ^ c) * 1469598103934665603ull + 7;
-    }
-    for (int i = 0; i < 8; ++i) {
-      u[i] = static_cast<unsigned char>(h1 >> (8 * i));
-      u[8 + i] = static_cast<unsigned char>(h2 >> (8 * i));
-    }
-    u[6] = static_cast<unsigned char>((u[6] & 0x0f) | 0x50);  // a name-based UUID
-    u[8] = static_cast<unsigned char>((u[8] & 0x3f) | 0x80);
-    return format_uuid(u);
+    return {};
   }
   static std::string format_uuid(const unsigned char* u) {
     std::string s;
@@ -685,14 +663,6 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
       s += fmt::format("{:02x}", u[i]);
     }
     return s;
-  }
-  int index_in_platform(const Device& d) {
-    int i = 0;
-    for (auto& other : devices_) {
-      if (other.get() == &d) return i;
-      if (other->platform == d.platform) ++i;
-    }
-    return i;
   }
   static std::string pci_bus_id_of(const Device& d) {
 #ifdef CL_DEVICE_PCI_BUS_INFO_KHR
@@ -741,6 +711,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
           d->platform = pl;
           d->id = id;
           d->priority_hints = has_extension(id, "cl_khr_priority_hints");
+          d->fine_grain = (caps & CL_DEVICE_SVM_FINE_GRAIN_BUFFER) != 0;
           d->max_alloc = info<cl_ulong>(id, CL_DEVICE_MAX_MEM_ALLOC_SIZE);
           found.push_back(std::move(d));
         }
@@ -783,7 +754,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
 #ifdef CL_QUEUE_PRIORITY_KHR
     if (d.priority_hints) {
       props.push_back(CL_QUEUE_PRIORITY_KHR);
-      props.push_back(priority < 0 ? CL_QUEUE_PRIORITY_HIGH_KHR : CL_QUEUE_PRIORITY_MED_KHR);
+      props.push_back(priority > 0 ? CL_QUEUE_PRIORITY_HIGH_KHR : CL_QUEUE_PRIORITY_MED_KHR);
     }
 #else
     (void)priority;
@@ -817,22 +788,11 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     return it->second;
   }
 
-  bool is_pinned(const void* p, std::size_t bytes) {
-    const char* c = static_cast<const char*>(p);
-    std::lock_guard<std::mutex> lock(pinned_mutex_);
-    auto it = pinned_.upper_bound(const_cast<char*>(c));
-    if (it == pinned_.begin()) return false;
-    --it;
-    return c >= it->first && c + bytes <= it->first + it->second;
-  }
-
   Config config_;
   bool configured_ = false;
   std::once_flag discovered_;
   Svm svm_ = Svm::fine;
   std::vector<std::unique_ptr<Device>> devices_;
-  std::mutex pinned_mutex_;
-  std::map<char*, std::size_t> pinned_;
   std::mutex events_mutex_;
   std::unordered_map<std::uintptr_t, std::shared_ptr<Event>> events_;
   static inline thread_local int current_device_ = 0;
