@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from backend import DEV, MOD, simdev_only
+from backend import DEV, MOD, simdev_only, two_devices
 
 N = 8      # batches
 B = 4096   # floats per batch
@@ -109,31 +109,31 @@ def test_copies_of_pinned_batches_are_in_flight_on_the_held_stream_and_land_in_o
     assert torch.equal(back, _dataset().tensors[0])
 
 
-@pytest.mark.skipif(torch.simdev.device_count() < 2, reason="needs two devices")
+@two_devices
 def test_memory_pinned_while_device_1_is_current_serves_non_blocking_copies_of_both_devices():
     # pin_memory() allocates in the current device's context and the block
     # goes back through it (Note [Pinned memory per device]); copies of every
     # device use it as pinned memory, left in flight (simdev frees through
     # the wrong device, or a claim on memory not from host_malloc, loudly).
-    torch.simdev.set_device(1)
+    MOD.set_device(1)
     try:
         p = torch.arange(float(B)).pin_memory()
     finally:
-        torch.simdev.set_device(0)
+        MOD.set_device(0)
     assert p.is_pinned()
-    d0 = torch.empty(B, device="simdev:0")
-    d1 = torch.empty(B, device="simdev:1")
-    torch.simdev.synchronize(0)
-    torch.simdev.synchronize(1)
-    s0, s1 = torch.simdev.current_stream(0), torch.simdev.current_stream(1)
+    d0 = torch.empty(B, device=f"{DEV}:0")
+    d1 = torch.empty(B, device=f"{DEV}:1")
+    MOD.synchronize(0)
+    MOD.synchronize(1)
+    s0, s1 = MOD.current_stream(0), MOD.current_stream(1)
     with _held(s0) as h0, _held(s1) as h1:
         d0.copy_(p, non_blocking=True)
         d1.copy_(p, non_blocking=True)
         assert not s0.query() and not s1.query()  # both queued behind the held points
         assert not h0.open and not h1.open
-    torch.simdev.synchronize(0)
-    torch.simdev.synchronize(1)
+    MOD.synchronize(0)
+    MOD.synchronize(1)
     assert torch.equal(d0.cpu(), torch.arange(float(B)))
     assert torch.equal(d1.cpu(), torch.arange(float(B)))
     del p  # back to device 1's pool, freed through device 1 at empty_cache
-    torch.simdev.empty_cache()
+    MOD.empty_cache()

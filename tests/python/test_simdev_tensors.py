@@ -702,6 +702,7 @@ def test_fallen_back_operators_see_and_return_the_cpus_layouts():
         torch.testing.assert_close(got, want)
 
 
+@simdev_only
 def test_unknown_properties_show_as_none_and_the_derived_uuid_is_stable_across_processes():
     code = """
 p = torch.simdev.get_device_properties(1)
