@@ -38,7 +38,8 @@ std::shared_ptr<Sim::Gate> take_gate(int64_t id, const char* op) {
 //   not yet fired;
 // - bytes_in_use(device) and pinned_blocks() say what the driver holds;
 // - torch.ops.simdev_driver.copies() counts the driver's memcpy and
-//   memcpy_async calls so far;
+//   memcpy_async calls so far, launches() its kernel launches
+//   (simdev_kernels.cpp);
 // - gate = torch.ops.simdev_driver.hold(stream) stops `stream` at this point
 //   of its queue until torch.ops.simdev_driver.release(gate), so that a test
 //   can see work that is still in flight.
@@ -59,6 +60,9 @@ TORCH_LIBRARY(simdev_driver, m) {
   });
   m.def("copies() -> int", [] {
     return static_cast<int64_t>(accelkit::Backend<Sim>::instance().runtime().copies());
+  });
+  m.def("launches() -> int", [] {
+    return static_cast<int64_t>(accelkit::Backend<Sim>::instance().runtime().launches());
   });
   m.def("release(int gate) -> ()", [](int64_t id) { take_gate(id, "release")->open(); });
   // Opens the gate after `ms` milliseconds, from a thread of its own: for a

@@ -61,6 +61,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -72,6 +73,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include <sys/mman.h>
@@ -674,6 +676,36 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     return gate;
   }
 
+  // ------------------------------------------------------- kernels
+
+  // simdev's kernel launch (what a vendor's kernels call; examples/simdev/
+  // simdev_kernels.cpp): `fn` runs on `stream`'s worker, in order with the
+  // stream's other work, as a device kernel would. `uses` names the device
+  // memory it reads or writes (at most kMaxTouches ranges), checked as a
+  // queued copy's is: memory not allocated is a driver error now, and
+  // freeing it while the kernel is queued is refused (Note [simdev
+  // strictness]).
+  void launch(int device, accelkit::StreamHandle stream, const char* what,
+              std::function<void()> fn,
+              std::initializer_list<std::pair<const void*, std::size_t>> uses) {
+    auto s = stream_of(device, stream, "launch");
+    report_async(device, "launch");
+    if (uses.size() > kMaxTouches)
+      driver_error(kInvalidValue, "launch",
+                   fmt::format("{} names {} memory ranges, at most {}", what, uses.size(),
+                               kMaxTouches));
+    Work w;
+    w.device = device;
+    w.what = what;
+    w.fn = std::move(fn);
+    std::size_t i = 0;
+    for (auto [p, n] : uses)
+      w.touches[i++] = {device, static_cast<char*>(const_cast<void*>(p)), n};
+    check_live(w, "launch");
+    launches_.fetch_add(1, std::memory_order_relaxed);
+    s->enqueue(std::move(w));
+  }
+
   // ------------------------------------------------ simulator inspection
 
   // Devices whose context exists (set_device, malloc, streams... create one;
@@ -682,6 +714,8 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   long events_created() const { return events_created_.load(); }
   // memcpy and memcpy_async calls so far (tests tell copying paths apart).
   long copies() const { return copies_.load(); }
+  // Kernels launched so far.
+  long launches() const { return launches_.load(); }
   bool initialized() const { return initialized_; }
   std::uint64_t bytes_in_use(int device) { return context(device).used.load(); }
   long pinned_blocks() {
@@ -746,6 +780,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   static constexpr std::size_t kRetiredBytes = std::size_t{256} << 20;
   static constexpr std::size_t kRetiredRanges = 1024;
 
+  static constexpr std::size_t kMaxTouches = 3;  // memory ranges one piece of work uses
   struct Range {
     int device = -1;  // -1: host memory (pinned)
     char* ptr = nullptr;
@@ -761,7 +796,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     int device = 0;               // whose asynchronous error a failure is
     const char* what = "";
     std::function<void()> fn;
-    std::array<Range, 2> touches{};
+    std::array<Range, kMaxTouches> touches{};
     bool fail = false;            // an injected asynchronous fault
     bool essential = false;       // a record or wait: done in order even when failing
     bool live(SimRuntime& rt) const {
@@ -884,7 +919,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::mutex mutex_;
     std::condition_variable cv_;
     std::deque<Work> queue_;
-    std::array<Range, 2> running_{};
+    std::array<Range, kMaxTouches> running_{};
     std::uint64_t enqueued_ = 0;
     std::uint64_t completed_ = 0;
     bool stopping_ = false;
@@ -1148,6 +1183,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   std::atomic<int> contexts_{0};
   std::atomic<long> events_created_{0};
   std::atomic<long> copies_{0};
+  std::atomic<long> launches_{0};
   bool initialized_ = false;
   std::mutex pinned_mutex_;
   struct Pinned {

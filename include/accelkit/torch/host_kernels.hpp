@@ -30,8 +30,10 @@
 // TensorIterator does, except for Half and BFloat16, whose CPU kernels
 // compute with the scalar's original precision. Device work issued inside a
 // host kernel (zeroing an output) is done in order, on the host (Note
-// [Device work inside host kernels]). A runtime that brings its own kernels
-// for these operators declares `static constexpr bool host_kernels = false;`.
+// [Device work inside host kernels]). A runtime's own kernels
+// (ACCELKIT_KERNELS, torch/kernels.hpp) replace these operator by operator,
+// as does its per-operator opt-out (KernelLibrary::fallback); a runtime
+// declares `static constexpr bool host_kernels = false;` to turn them all off.
 #pragma once
 
 #include <accelkit/torch/adapter.hpp>
@@ -404,8 +406,8 @@ struct Sum {
 // arithmetic and functions. Those
 // whose CPU kernel calls a TensorIterator stub need the stub entries, which
 // are known for x86-64 builds of PyTorch only (Note [CPU kernel stubs]).
-template <class R>
-void register_host_kernels(torch::Library& m) {
+template <class R, class M>
+void register_host_kernels(M& m) {
   // A runtime opts out with `static constexpr bool host_kernels = false;`
   // (an optional constant of the contract, default true).
   if constexpr (::accelkit::detail::constant_host_kernels<R>) {

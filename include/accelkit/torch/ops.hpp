@@ -49,8 +49,9 @@ inline void register_math_bit_fallthroughs(torch::Library& m) {
   m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
-template <class R>
-void register_aten_ops(torch::Library& m) {
+// M: the registration table (KernelTable<R>, Note [Vendor kernel registration]).
+template <class R, class M>
+void register_aten_ops(M& m) {
   using O = Ops<R>;
   m.impl("empty.memory_format", TORCH_FN(O::empty_memory_format));
   m.impl("empty_strided", TORCH_FN(O::empty_strided));
@@ -111,11 +112,10 @@ void register_aten_ops(torch::Library& m) {
 // for every other operator it lacks, and autograd treats them as on the
 // CPU. The set is read from the dispatcher at registration (it differs
 // between PyTorch versions: 14 operators in 2.13); an operator that already
-// has a kernel for the backend keeps it, so register the vendor's kernels
-// before ACCELKIT_REGISTER_BACKEND or they override these with PyTorch's
-// warning.
-template <class R>
-void register_cpu_kernels_over_composites(torch::Library& m) {
+// has a kernel for the backend keeps it (a vendor's kernel registered later
+// replaces these: Note [Vendor kernel registration]).
+template <class R, class M>
+void register_cpu_kernels_over_composites(M& m) {
   using c10::DispatchKey;
   auto& dispatcher = c10::Dispatcher::singleton();
   const std::string prefix = "aten::";

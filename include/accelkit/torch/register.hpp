@@ -6,6 +6,7 @@
 #include <accelkit/torch/autocast.hpp>
 #include <accelkit/torch/fallback.hpp>
 #include <accelkit/torch/host_kernels.hpp>
+#include <accelkit/torch/kernels.hpp>
 #include <accelkit/torch/kineto.hpp>
 #include <accelkit/torch/ops.hpp>
 #include <accelkit/torch/sparse.hpp>
@@ -36,6 +37,16 @@ device_index device_arg(int64_t d) {
                         d <= std::numeric_limits<device_index>::max(),
                     R::name, ": invalid device index ", d);
   return static_cast<device_index>(d);
+}
+
+// The SDK's ATen kernels for the backend, through the table that vendor
+// kernels share (Note [Vendor kernel registration]).
+template <class R>
+void register_kernels() {
+  KernelTable<R>& table = KernelTable<R>::get();
+  register_aten_ops<R>(table);
+  register_host_kernels<R>(table);
+  register_cpu_kernels_over_composites<R>(table);
 }
 
 template <class R>
@@ -187,7 +198,7 @@ ACCELKIT_END_NAMESPACE
 // once, at namespace scope, in one .cpp file of the vendor's extension.
 #define ACCELKIT_REGISTER_BACKEND(R)                                                            \
   C10_REGISTER_GUARD_IMPL(PrivateUse1, ::accelkit::torch_adapter::GuardImpl<R>);              \
-  TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { ::accelkit::torch_adapter::register_aten_ops<R>(m); ::accelkit::torch_adapter::register_host_kernels<R>(m); ::accelkit::torch_adapter::register_cpu_kernels_over_composites<R>(m); } \
+  TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { (void)m; ::accelkit::torch_adapter::register_kernels<R>(); } \
   TORCH_LIBRARY_IMPL(aten, Conjugate, m) { ::accelkit::torch_adapter::register_math_bit_fallthroughs(m); } \
   TORCH_LIBRARY_IMPL(aten, Negative, m) { ::accelkit::torch_adapter::register_math_bit_fallthroughs(m); } \
   TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {                                               \
