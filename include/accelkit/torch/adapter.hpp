@@ -293,8 +293,9 @@ inline thread_local int host_kernel_depth = 0;
 // activities]) compares it at every mark, so that an operator that did no
 // device work (a view, an allocation, a dtype query, an operator on CPU
 // tensors) gets no device activity, as a CUDA operator that launched no
-// kernel gets none. Work the SDK does not see (a vendor kernel launched
-// through the runtime's own API) is reported with note_device_work(). A
+// kernel gets none. A vendor kernel reports its launch with
+// Kernels<R>::enqueued() (torch/kernels.hpp), which counts it; other work
+// the SDK does not see is reported with note_device_work(). A
 // count cannot tell an operator's own work from its children's where both
 // fall in its own time: a host kernel waits for the stream (counted) and
 // then runs a CPU kernel that may call another operator of the device

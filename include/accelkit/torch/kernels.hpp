@@ -167,11 +167,14 @@ struct Kernels {
     });
   }
 
-  // Reports work just enqueued on `s`. Call it after every launch: where
-  // the SDK runs the kernel as part of host work (inside a host kernel or
-  // the CPU fallback, Note [Device work inside host kernels]) it waits for
-  // the work here, so the host code after it sees the result.
+  // Reports work just enqueued on `s`. Call it after every launch: the
+  // profiler then gives the operator a device activity (Note [Device work
+  // of an operator]), and where the SDK runs the kernel as part of host
+  // work (inside a host kernel or the CPU fallback, Note [Device work
+  // inside host kernels]) it waits for the work here, so the host code
+  // after it sees the result.
   static void enqueued(const KernelStream& s) {
+    torch_adapter::note_device_work();
     if (torch_adapter::host_kernel_depth > 0)
       torch_adapter::translated(
           [&] { Backend<R>::instance().stream_synchronize(s.stream.device_index(), s.handle); });
