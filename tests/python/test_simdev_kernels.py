@@ -12,6 +12,9 @@ import textwrap
 
 import pytest
 
+if os.environ.get("ACCELKIT_TEST_BACKEND", "simdev") != "simdev":
+    pytest.skip("simdev's native kernels (SIMDEV_NATIVE_KERNELS)", allow_module_level=True)
+
 HOST_VISIBLE = os.environ.get("SIMDEV_HOST_VISIBLE", "1") != "0"
 OVERRIDE_WARNING = "Overriding a previously registered kernel"
 
@@ -139,3 +142,20 @@ def test_mul_opts_out_of_its_host_kernel_alone():
     assert mul >= 1, r.stdout
     if HOST_VISIBLE:
         assert sub == 0, r.stdout
+
+
+def test_an_operator_served_by_a_native_kernel_keeps_its_device_activity():
+    # Kernels<R>::enqueued() counts the launch (Note [Device work of an
+    # operator]): torch.profiler shows the operator's device activity.
+    r = _run("""
+        from torch.profiler import ProfilerActivity, profile
+        a = torch.randn(4096, device='simdev')
+        torch.simdev.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.SIMDEV]) as prof:
+            b = torch.relu(a)
+            torch.simdev.synchronize()
+        pu1 = torch.autograd.DeviceType.PrivateUse1
+        print('activities', sorted({e.name for e in prof.events() if e.device_type == pu1}))
+        print('launches', torch.ops.simdev_driver.launches())
+    """)
+    assert "'aten::relu'" in r.stdout and "launches 1" in r.stdout, r.stdout + r.stderr
