@@ -17,7 +17,6 @@ It asserts nothing about times (Note: benchmarks print figures). Run it on a
 machine as quiet as can be: it runs one compiler at a time."""
 import argparse
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -25,17 +24,8 @@ import sys
 import sysconfig
 import tempfile
 import time
+from benchlib import cpu_model
 
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def registration_commands(build: str, target: str):

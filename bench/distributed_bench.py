@@ -26,18 +26,8 @@ import statistics
 import sys
 import tempfile
 import time
+from benchlib import cpu_model
 
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
-                    return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 SIZES = [(4 << 10, "4 KiB", 200), (1 << 20, "1 MiB", 20), (64 << 20, "64 MiB", 2)]

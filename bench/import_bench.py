@@ -20,21 +20,9 @@ import subprocess
 import sys
 import time
 
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from benchlib import cpu_model, quartiles
 
 
-def quartiles(xs):
-    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
-    return q[0], q[2]
 
 
 def main() -> None:
@@ -85,11 +73,11 @@ def main() -> None:
     base = statistics.median(times[next(iter(cases))])
     for case, xs in times.items():
         med = statistics.median(xs)
-        q1, q3 = quartiles(xs)
+        q1, q3 = quartiles(xs, method="exclusive")
         print(f"  {case:<44} median {med * 1e3:7.1f} ms  min-max {min(xs) * 1e3:7.1f}-{max(xs) * 1e3:7.1f}"
               f"  IQR {q1 * 1e3:7.1f}-{q3 * 1e3:7.1f}  ({med / base:.3f}x)")
     med = statistics.median(inner)
-    q1, q3 = quartiles(inner)
+    q1, q3 = quartiles(inner, method="exclusive")
     print(f"  {'import ' + package + ' after torch, in-process':<44} median {med * 1e3:7.1f} ms"
           f"  min-max {min(inner) * 1e3:7.1f}-{max(inner) * 1e3:7.1f}  IQR {q1 * 1e3:7.1f}-{q3 * 1e3:7.1f}"
           f"  ({med / base:.1%} of the baseline's median)")

@@ -16,11 +16,10 @@ import argparse
 import gc
 import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import time
+from benchlib import machine_line, spread
 
 def child(quick):
     import torch
@@ -65,25 +64,6 @@ def child(quick):
     print(json.dumps({"samples": samples}))
 
 
-def machine_line():
-    """The CPU model (/proc/cpuinfo), usable CPUs, C library and torch, as simdev_bench's."""
-    model = platform.processor() or platform.machine() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.partition(":")[2].strip() for line in f
-                          if line.partition(":")[0].strip() == "model name"), model)
-    except OSError:
-        pass
-    import torch
-    libc = " ".join(platform.libc_ver()).strip() or "unknown C library"
-    return (f"cpu: {model}, {len(os.sched_getaffinity(0))} usable CPUs; {libc}; "
-            f"torch {torch.__version__}")
-
-
-def spread(xs):
-    m = statistics.median(xs)
-    q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else (m, m, m)
-    return f"{m:.3f} [{q1:.3f}-{q3:.3f}]"
 
 
 def main():
@@ -94,6 +74,7 @@ def main():
     if args.child:
         child(args.quick)
         return
+    import torch  # noqa: F401  (its version in the machine line)
     print(machine_line())
     print(f"ocl benchmark{' (quick smoke run: figures not meaningful)' if args.quick else ''}:"
           " the MLP training step on the OpenCL device vs the CPU\n")
@@ -110,8 +91,8 @@ def main():
         s = out["samples"]
         ratios = [a / b for a, b in zip(s["ocl"], s["cpu"])]
         name = f"MLP training step, {svm} SVM"
-        print(f"{name:40s} {spread(s['ocl']):>24s} {spread(s['cpu']):>24s} {'ms':4s} "
-              f"{spread(ratios) + 'x':>22s}")
+        print(f"{name:40s} {spread(s['ocl'], 3):>24s} {spread(s['cpu'], 3):>24s} {'ms':4s} "
+              f"{spread(ratios, 3) + 'x':>22s}")
 
 
 if __name__ == "__main__":

@@ -38,9 +38,7 @@ import argparse
 import gc
 import json
 import os
-import platform
 import queue
-import statistics
 import subprocess
 import sys
 import threading
@@ -58,24 +56,9 @@ import torch.nn.functional as F  # noqa: E402
 
 import torch_simdev  # noqa: F401
 
-
-def cpu_model():
-    """The CPU's model name from /proc/cpuinfo, else what platform knows."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
-                    return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+from benchlib import machine_line, spread  # noqa: E402
 
 
-def machine_line():
-    libc = " ".join(platform.libc_ver()).strip() or "unknown C library"
-    return (f"cpu: {cpu_model()}, {len(os.sched_getaffinity(0))} usable CPUs; {libc}; "
-            f"torch {torch.__version__}")
 
 
 def per_call_us(fn, calls):
@@ -103,14 +86,6 @@ def rounds_of(fns, rounds, measure):
         gc.enable()
     return samples
 
-
-def spread(xs):
-    """The median and interquartile range of xs, as 'median [q1-q3]'."""
-    m = statistics.median(xs)
-    if len(xs) < 2:
-        return f"{m:.2f} [{m:.2f}-{m:.2f}]"
-    q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
-    return f"{m:.2f} [{q1:.2f}-{q3:.2f}]"
 
 
 def header():

@@ -1,0 +1,43 @@
+"""What the Python benchmarks share: the machine they ran on, and a median with its spread.
+
+Torch-free, so that the benchmarks that time `import torch` or the compiler can use it."""
+import os
+import platform
+import statistics
+import sys
+
+
+def cpu_model():
+    """The CPU's model name from /proc/cpuinfo, else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_line():
+    """The CPU model, usable CPUs and C library, and torch's version where torch is imported."""
+    libc = " ".join(platform.libc_ver()).strip() or "unknown C library"
+    line = f"cpu: {cpu_model()}, {len(os.sched_getaffinity(0))} usable CPUs; {libc}"
+    torch = sys.modules.get("torch")
+    return line + (f"; torch {torch.__version__}" if torch is not None else "")
+
+
+def quartiles(xs, method="inclusive"):
+    """The first and third quartiles of xs (statistics.quantiles' method)."""
+    if len(xs) < 2:
+        return xs[0], xs[0]
+    q1, _, q3 = statistics.quantiles(xs, n=4, method=method)
+    return q1, q3
+
+
+def spread(xs, digits=2):
+    """The median and interquartile range of xs, as 'median [q1-q3]'."""
+    m = statistics.median(xs)
+    q1, q3 = quartiles(xs)
+    return f"{m:.{digits}f} [{q1:.{digits}f}-{q3:.{digits}f}]"
