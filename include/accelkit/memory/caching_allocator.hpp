@@ -163,7 +163,9 @@ class DeviceCachingAllocator {
     detail::Pool& pool = pool_for(stream);
     Allocation t;
     if (!config_.caching) {
-      t = allocation_of(allocate_uncached(pool, bytes));
+      detail::Block* b = allocate_uncached(pool, bytes);
+      std::lock_guard<detail::SpinLock> lock(pool.lock);  // allocation_of marks it
+      t = allocation_of(b);
     } else {
       std::size_t size = config_.round_size(bytes);
       {
@@ -213,7 +215,10 @@ class DeviceCachingAllocator {
         free_block(pool, b);  // parked, it stays mapped
         return;
       }
-      // Its free now waits for other streams, or goes to the driver.
+      // Its free now waits for other streams, or goes to the driver. No
+      // longer allocated from here on: a second free racing this one is
+      // refused above, by whichever of the two takes the lock second.
+      b->allocated = false;
       unmap_block(b);
     }
     if (!config_.caching) {
@@ -223,7 +228,6 @@ class DeviceCachingAllocator {
     std::vector<std::pair<device_index, EventHandle>> events;
     bool safe = record_uses(b->ptr, uses, events);
     std::lock_guard<detail::SpinLock> lock(pool.lock);
-    b->allocated = false;
     count_free(pool, b);
     if (!safe) return;  // quarantined: see record_uses
     cache_or_queue(pool, {b, nullptr, b->ptr, std::move(events)});
