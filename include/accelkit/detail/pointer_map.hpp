@@ -23,9 +23,11 @@
 // Each shard is a sequence lock: a writer makes its counter odd, changes the
 // table, and makes it even again; a reader reads the counter, the slots, and
 // the counter again, and retries when a writer came between. Every slot word
-// is an atomic read and written with relaxed order (plain moves on x86-64),
-// so a reader racing a writer reads words that may not belong together but
-// never a torn word, and throws them away. A table that grows is replaced,
+// is an atomic, written with release and read with acquire order (plain
+// moves on x86-64, and no fences, which ThreadSanitizer does not model): a
+// reader that reads a word a writer wrote then also sees the writer's odd
+// counter, so a reader racing a writer reads words that may not belong
+// together, but never a torn word, and throws them away. A table that grows is replaced,
 // not freed: the slot arrays a reader may still be reading stay allocated
 // until the map is destroyed (at most as many bytes as the current ones, as
 // each is twice the last).
@@ -77,8 +79,7 @@ class PointerMap {
         cpu_relax();
         continue;
       }
-      V v = s.table.find(k);
-      std::atomic_thread_fence(std::memory_order_acquire);
+      V v = s.table.find(k);  // acquire loads: the counter is read after them
       if (s.seq.load(std::memory_order_relaxed) == before) return v;
     }
   }
@@ -160,9 +161,9 @@ class PointerMap {
   // Marks a write in progress for lock-free readers, for one scope.
   class Writing {
    public:
+    // Odd: the slot words' release stores that follow publish it.
     explicit Writing(std::atomic<std::uint32_t>& seq) noexcept : seq_(seq) {
       seq_.store(seq_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_release);
     }
     ~Writing() { seq_.store(seq_.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
     Writing(const Writing&) = delete;
@@ -231,7 +232,7 @@ class PointerMap {
       if (!t) return V{};
       std::size_t i = index(*t, key);
       for (std::size_t n = 0; n <= t->mask; ++n, i = (i + 1) & t->mask) {
-        std::uintptr_t k = t->slot[i].key.load(std::memory_order_relaxed);
+        std::uintptr_t k = t->slot[i].key.load(std::memory_order_acquire);
         if (k == key) return t->slot[i].value();
         if (k == kEmpty) break;
       }
@@ -268,7 +269,7 @@ class PointerMap {
       std::atomic<std::uint64_t> word[kWords] = {};
       V value() const noexcept {
         std::uint64_t w[kWords];
-        for (std::size_t i = 0; i < kWords; ++i) w[i] = word[i].load(std::memory_order_relaxed);
+        for (std::size_t i = 0; i < kWords; ++i) w[i] = word[i].load(std::memory_order_acquire);
         V v;
         std::memcpy(&v, w, sizeof(V));
         return v;
@@ -276,8 +277,8 @@ class PointerMap {
       void put(std::uintptr_t k, const V& v) noexcept {
         std::uint64_t w[kWords] = {};
         std::memcpy(w, &v, sizeof(V));
-        key.store(k, std::memory_order_relaxed);
-        for (std::size_t i = 0; i < kWords; ++i) word[i].store(w[i], std::memory_order_relaxed);
+        key.store(k, std::memory_order_release);
+        for (std::size_t i = 0; i < kWords; ++i) word[i].store(w[i], std::memory_order_release);
       }
     };
     // One table's slots; replaced, never changed in size.
