@@ -818,7 +818,8 @@ ACCELKIT_END_NAMESPACE
   X(discovery, device_count_stable,                                                              \
     "device_count fails only with DriverError, and the SDK's count is stable")       \
   X(discovery, discovery_starts_no_context,                                                      \
-    "device_count and properties create no device context")                                     \
+    "discovery through the SDK calls no member that makes a context (set_device, malloc, "       \
+    "streams, events, copies, initialize)")                                                      \
   X(properties, properties_valid, "properties are complete and consistent (the schema's rules)") \
   X(properties, max_allocation_allocates, "max_allocation bytes can be allocated")              \
   X(properties, host_visible_memory_is_visible,                                                  \

@@ -10,7 +10,9 @@
 // applies the same defaults), and the optional constants as R declares them.
 // A derived class hides any member with one of its own of the same
 // signature. The name is R's: the wrapped runtime reads the same
-// environment variables (<NAME>_VISIBLE_DEVICES) as R.
+// environment variables (<NAME>_VISIBLE_DEVICES) as R. Every forwarded call
+// first tells Self::note(Member) which member it is (a no-op unless Self
+// hides note(): Observed counts the calls so).
 #pragma once
 
 #include <accelkit/config.hpp>
@@ -23,6 +25,23 @@
 
 ACCELKIT_BEGIN_NAMESPACE
 namespace testing {
+
+// Every member of the contract, for call counts.
+enum class Member : std::size_t {
+#define ACCELKIT_DETAIL_MEMBER_ENUM_(member, ...) member,
+  ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_MEMBER_ENUM_)
+  ACCELKIT_OPTIONAL_MEMBERS(ACCELKIT_DETAIL_MEMBER_ENUM_)
+#undef ACCELKIT_DETAIL_MEMBER_ENUM_
+  count_
+};
+inline constexpr std::size_t member_count = static_cast<std::size_t>(Member::count_);
+inline constexpr std::string_view member_names[member_count] = {
+#define ACCELKIT_DETAIL_MEMBER_NAME_(member, ...) #member,
+    ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_MEMBER_NAME_)
+    ACCELKIT_OPTIONAL_MEMBERS(ACCELKIT_DETAIL_MEMBER_NAME_)
+#undef ACCELKIT_DETAIL_MEMBER_NAME_
+};
+
 namespace detail {
 
 // One base per optional member: forwards it when R has it, else is empty.
@@ -31,7 +50,11 @@ namespace detail {
   struct wrap_##member {};                                               \
   template <class Self, class R>                                         \
   struct wrap_##member<Self, R, true> {                                  \
-    Ret member params { return static_cast<Self&>(*this).inner().member args; } \
+    Ret member params {                                                  \
+      Self& self = static_cast<Self&>(*this);                            \
+      self.note(Member::member);                                         \
+      return self.inner().member args;                                   \
+    }                                                                    \
   };
 ACCELKIT_OPTIONAL_MEMBERS(ACCELKIT_DETAIL_WRAP_OPTIONAL_)
 #undef ACCELKIT_DETAIL_WRAP_OPTIONAL_
@@ -54,9 +77,14 @@ class Wrap : public Runtime<Self> ACCELKIT_OPTIONAL_MEMBERS(ACCELKIT_DETAIL_WRAP
 
   R& inner() noexcept { return inner_; }
   const R& inner() const noexcept { return inner_; }
+  // Told of every forwarded call (see the Note); hidden by Self to act on it.
+  void note(Member) noexcept {}
 
 #define ACCELKIT_DETAIL_WRAP_REQUIRED_(member, Ret, params, kind, args) \
-  Ret member params { return inner_.member args; }
+  Ret member params {                                                   \
+    static_cast<Self&>(*this).note(Member::member);                     \
+    return inner_.member args;                                          \
+  }
   ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_WRAP_REQUIRED_)
 #undef ACCELKIT_DETAIL_WRAP_REQUIRED_
 
