@@ -93,9 +93,11 @@ class _Host:
         self.visible = False
         if self.on_device:
             self.visible = pg.host_visible(self.device.index)
-            if self.visible:
-                # Gloo reads the memory in place: wait for the work queued on it.
-                torch.accelerator.current_stream(self.device).synchronize()
+            # The collective comes after the work queued on the current stream:
+            # gloo reads host-visible memory in place, and the results of a
+            # staged collective are copied back on a gloo thread, on another
+            # stream.
+            torch.accelerator.current_stream(self.device).synchronize()
 
     def _view(self, t):
         n = t.numel() * t.element_size()
@@ -282,19 +284,26 @@ class ProcessGroup(dist.ProcessGroup):
                 s()
         return run
 
-    def _agree(self, what: str, tensor, numel=None):
+    def _agree(self, what: str, tensor, numel=None, failed=False):
         """Refuses a collective whose ranks disagree on the tensor's dtype or
         element count (gloo itself aborts the process on such a mismatch):
         a small allgather of each rank's (dtype, count) first, so every rank
-        raises the same ValueError, naming the collective and the values.
-        Off when `check_agreement` is False."""
+        raises the same ValueError, naming the collective and the values. A
+        rank whose own checks `failed` takes part too, and the others raise
+        naming it (it raises its own error). Off when `check_agreement` is
+        False."""
         if not self.check_agreement or self._size == 1:
             return
         numel = tensor.numel() if numel is None else numel
-        mine = torch.tensor([_dtype_code(tensor.dtype), numel], dtype=torch.int64)
-        every = torch.empty(2 * self._size, dtype=torch.int64)
+        mine = torch.tensor([_dtype_code(tensor.dtype), numel, int(failed)], dtype=torch.int64)
+        every = torch.empty(3 * self._size, dtype=torch.int64)
         self.gloo._allgather_base(every, mine).wait()
-        rows = every.view(self._size, 2).tolist()
+        rows = every.view(self._size, 3).tolist()
+        refused = [i for i, r in enumerate(rows) if r[2]]
+        if refused and not failed:
+            raise ValueError(f"{self.name}: {what}: rank(s) {', '.join(map(str, refused))} "
+                             "refused the collective (their own error says why)")
+        rows = [r[:2] for r in rows]
         if any(r != rows[0] for r in rows):
             def desc(r):
                 dt = _DTYPES[r[0]] if r[0] < len(_DTYPES) else "another dtype"
@@ -302,14 +311,28 @@ class ProcessGroup(dist.ProcessGroup):
             raise ValueError(f"{self.name}: {what}: the ranks' tensors disagree: "
                              + ", ".join(f"rank {i} has {desc(r)}" for i, r in enumerate(rows)))
 
+    def _checked(self, what: str, tensor, check, numel=None):
+        """Runs this rank's own checks (`check()`, which raises ValueError
+        and returns what the collective needs), then the ranks' agreement
+        (_agree), which a rank whose check failed joins too, so that no rank
+        is left waiting for it: every rank raises."""
+        try:
+            result, failed = check(), None
+        except ValueError as e:
+            result, failed = None, e
+        self._agree(what, tensor, numel, failed=failed is not None)
+        if failed is not None:
+            raise failed
+        return result
+
     # -- collectives
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
-        host = _Host(self, tensors)
-        for t in tensors:
-            self._agree("all_reduce", t)
         op = opts.reduceOp
-        gloo_op = self._reduce_op(op, tensors)
+        host, gloo_op = self._checked("all_reduce", tensors[0], lambda: (
+            _Host(self, tensors), self._reduce_op(op, tensors)))
+        for t in tensors[1:]:
+            self._agree("all_reduce", t)
         cpu = [host.get(t) for t in tensors]
         o = dist.AllreduceOptions()
         o.reduceOp = gloo_op
@@ -324,8 +347,8 @@ class ProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else dist.BroadcastOptions()
-        host = _Host(self, tensors)
-        for t in tensors:
+        host = self._checked("broadcast", tensors[0], lambda: _Host(self, tensors))
+        for t in tensors[1:]:
             self._agree("broadcast", t)
         root = opts.rootRank == self._rank
         cpu = [host.get(t, read=root, write=not root) for t in tensors]
@@ -334,10 +357,10 @@ class ProcessGroup(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
-        host = _Host(self, tensors)
         op = opts.reduceOp
-        gloo_op = self._reduce_op(op, tensors)
-        for t in tensors:
+        host, gloo_op = self._checked("reduce", tensors[0], lambda: (
+            _Host(self, tensors), self._reduce_op(op, tensors)))
+        for t in tensors[1:]:
             self._agree("reduce", t)
         root = opts.rootRank == self._rank
         cpu = [host.get(t, write=root) for t in tensors]
@@ -349,8 +372,9 @@ class ProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
-        host = _Host(self, list(inputs) + [t for ts in output_lists for t in ts])
-        for t in inputs:
+        host = self._checked("all_gather", inputs[0], lambda: _Host(
+            self, list(inputs) + [t for ts in output_lists for t in ts]))
+        for t in inputs[1:]:
             self._agree("all_gather", t)
         cpu_in = [host.get(t, write=False) for t in inputs]
         cpu_out = [[host.get(t, read=False) for t in ts] for ts in output_lists]
@@ -359,12 +383,14 @@ class ProcessGroup(dist.ProcessGroup):
 
     def _allgather_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
-        if output.numel() != input.numel() * self._size:
-            raise ValueError(f"{self.name}: all_gather_into_tensor: the output has "
-                             f"{output.numel()} elements, expected {input.numel()} x "
-                             f"{self._size} ranks")
-        host = _Host(self, [output, input])
-        self._agree("all_gather_into_tensor", input)
+
+        def check():
+            if output.numel() != input.numel() * self._size:
+                raise ValueError(f"{self.name}: all_gather_into_tensor: the output has "
+                                 f"{output.numel()} elements, expected {input.numel()} x "
+                                 f"{self._size} ranks")
+            return _Host(self, [output, input])
+        host = self._checked("all_gather_into_tensor", input, check)
         cpu_in = host.get(input, write=False)
         cpu_out = host.get(output, read=False)
         work = self.gloo._allgather_base(cpu_out, cpu_in, opts)
@@ -374,9 +400,10 @@ class ProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        host = _Host(self, list(outputs) + [t for ts in input_lists for t in ts])
         op = opts.reduceOp
-        gloo_op = self._reduce_op(op, list(outputs))
+        host, gloo_op = self._checked("reduce_scatter", outputs[0], lambda: (
+            _Host(self, list(outputs) + [t for ts in input_lists for t in ts]),
+            self._reduce_op(op, list(outputs))))
         cpu_out = [host.get(t, read=False) for t in outputs]
         cpu_in = [[host.get(t, write=False) for t in ts] for ts in input_lists]
         o = dist.ReduceScatterOptions()
@@ -387,14 +414,15 @@ class ProcessGroup(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        if input.numel() != output.numel() * self._size:
-            raise ValueError(f"{self.name}: reduce_scatter_tensor: the input has "
-                             f"{input.numel()} elements, expected {output.numel()} x "
-                             f"{self._size} ranks")
-        host = _Host(self, [output, input])
         op = opts.reduceOp
-        gloo_op = self._reduce_op(op, [output])
-        self._agree("reduce_scatter_tensor", input)
+
+        def check():
+            if input.numel() != output.numel() * self._size:
+                raise ValueError(f"{self.name}: reduce_scatter_tensor: the input has "
+                                 f"{input.numel()} elements, expected {output.numel()} x "
+                                 f"{self._size} ranks")
+            return _Host(self, [output, input]), self._reduce_op(op, [output])
+        host, gloo_op = self._checked("reduce_scatter_tensor", input, check)
         cpu_out = host.get(output, read=False)
         cpu_in = host.get(input, write=False)
         o = dist.ReduceScatterOptions()
@@ -407,8 +435,8 @@ class ProcessGroup(dist.ProcessGroup):
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         opts = opts if opts is not None else dist.AllToAllOptions()
-        host = _Host(self, [output, input])
-        self._agree("all_to_all_single", input, numel=0)  # the dtype
+        host = self._checked("all_to_all_single", input, lambda: _Host(self, [output, input]),
+                             numel=0)  # the dtype
         cpu_out = host.get(output, read=False)
         cpu_in = host.get(input, write=False)
         work = self.gloo.alltoall_base(cpu_out, cpu_in, list(output_split_sizes),

@@ -276,6 +276,13 @@ def _mismatch(rank, store_path):
                                                    else torch.float64), src=0),
         "gather": lambda: dist.all_gather_into_tensor(
             torch.empty(2 * (4 + rank), device=dev), torch.ones(4 + rank, device=dev)),
+        # One rank's own check fails (a bitwise op on floats, a wrong output
+        # size): it still joins the agreement, so the other raises too
+        # instead of waiting for it.
+        "own check": lambda: dist.reduce(torch.ones(8, device=dev, dtype=torch.float32 if rank == 0
+                                                    else torch.int32), dst=0, op=dist.ReduceOp.BAND),
+        "one rank's size": lambda: dist.all_gather_into_tensor(
+            torch.empty(8 + rank, device=dev), torch.ones(4, device=dev)),
     }
     out = {}
     for kind, call in cases.items():
@@ -299,6 +306,12 @@ def test_mismatch_across_ranks_is_an_error(tmp_path):
             and "rank 1 has torch.float32 x 50" in out["size"], (rank, out)
         assert "broadcast" in out["dtype"] and "torch.float64 x 100" in out["dtype"], (rank, out)
         assert out["gather"] is not None and "all_gather_into_tensor" in out["gather"], (rank, out)
+        assert out["own check"].startswith("ValueError") and "reduce" in out["own check"], (rank, out)
+        assert ("needs integer or bool tensors" if rank == 0 else "rank(s) 0 refused") \
+            in out["own check"], (rank, out)
+        assert out["one rank's size"].startswith("ValueError"), (rank, out)
+        assert ("the output has 9 elements" if rank == 1 else "rank(s) 1 refused") \
+            in out["one rank's size"], (rank, out)
         assert out["after"] == [2.0] * 10
 
 
