@@ -125,7 +125,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   ~OpenCLRuntime() {
     for (auto& d : devices_) {
       std::lock_guard<std::mutex> lock(d->mutex);
-      for (auto& kv : d->streams) kv.second->release();
+      d->streams.clear();  // each queue goes with its stream's last reference
       for (cl_event e : d->failed) clReleaseEvent(e);
       if (d->sync_queue) clReleaseCommandQueue(d->sync_queue);
       if (d->context) clReleaseContext(d->context);
@@ -306,17 +306,17 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
       d.streams.erase(it);
     }
     clFlush(s->queue);
-    s->release();
+    // The queue goes with the last reference: another thread that found
+    // the stream before it was erased may still use it (stream_ptr).
   }
 
   bool stream_query(int device, accelkit::StreamHandle stream) {
     auto sp = stream_ptr(device, stream, "stream_query");
     Stream& s = *sp;
-    cl_event last = s.last();
-    if (last == nullptr) return true;
-    bool done = completed(device, last, "stream_query");
-    if (done) s.forget(last);
-    clReleaseEvent(last);
+    EventRef last(s.last());
+    if (last.e == nullptr) return true;
+    bool done = completed(device, last.e, "stream_query");
+    if (done) s.forget(last.e);
     return done;
   }
 
@@ -324,11 +324,9 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     auto sp = stream_ptr(device, stream, "stream_synchronize");
     Stream& s = *sp;
     check(clFinish(s.queue), "stream_synchronize", "clFinish");
-    cl_event last = s.last();
-    if (last == nullptr) return;
-    s.forget(last);
-    completed(device, last, "stream_synchronize");
-    clReleaseEvent(last);
+    EventRef last(s.last());  // may be a command enqueued since clFinish
+    if (last.e == nullptr) return;
+    if (completed(device, last.e, "stream_synchronize")) s.forget(last.e);
   }
 
   void stream_wait_event(int device, accelkit::StreamHandle stream, accelkit::EventHandle event) {
@@ -340,15 +338,17 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
       driver_error(CL_INVALID_EVENT, "stream_wait_event",
                    fmt::format("event of device {} waited for on a stream of device {}", e.device,
                                device));
-    cl_event r = e.last();
-    if (r == nullptr) return;
+    EventRef r(e.last());
+    if (r.e == nullptr) return;
     cl_int status = CL_COMPLETE;
-    clGetEventInfo(r, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
-    if (status != CL_COMPLETE)  // a failed record makes the waiting command fail too
+    clGetEventInfo(r.e, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
+    // Only a record still to run is waited for: a failed one would make the
+    // barrier fail too, and report its error a second time (Note [ocl
+    // asynchronous errors]).
+    if (status > CL_COMPLETE)
       s.enqueue("stream_wait_event", "clEnqueueBarrierWithWaitList", false, [&](cl_event* out) {
-        return clEnqueueBarrierWithWaitList(s.queue, 1, &r, out);
+        return clEnqueueBarrierWithWaitList(s.queue, 1, &r.e, out);
       });
-    clReleaseEvent(r);
   }
 
   accelkit::EventHandle event_create(int device, accelkit::EventFlags flags) {
@@ -391,30 +391,28 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
       e.set(s.last());  // nullptr: the queue is idle, the record complete
       return;
     }
+    cl_event marker = nullptr;  // the marker itself, not a command enqueued after it
     s.enqueue("event_record", "clEnqueueMarkerWithWaitList", false, [&](cl_event* out) {
       return clEnqueueMarkerWithWaitList(s.queue, 0, nullptr, out);
-    });
-    e.set(s.last());
+    }, &marker);
+    e.set(marker);
   }
 
   bool event_query(int, accelkit::EventHandle event) {
     auto ep = event_ptr(event, "event_query");
     Event& e = *ep;
-    cl_event r = e.last();
-    if (r == nullptr) return true;
-    bool done = completed(e.device, r, "event_query");
-    clReleaseEvent(r);
-    return done;
+    EventRef r(e.last());
+    if (r.e == nullptr) return true;
+    return completed(e.device, r.e, "event_query");
   }
 
   void event_synchronize(int, accelkit::EventHandle event) {
     auto ep = event_ptr(event, "event_synchronize");
     Event& e = *ep;
-    cl_event r = e.last();
-    if (r == nullptr) return;
-    clWaitForEvents(1, &r);  // a failed event returns an error here; its status says which
-    completed(e.device, r, "event_synchronize");
-    clReleaseEvent(r);
+    EventRef r(e.last());
+    if (r.e == nullptr) return;
+    clWaitForEvents(1, &r.e);  // a failed event returns an error here; its status says which
+    completed(e.device, r.e, "event_synchronize");
   }
 
   float event_elapsed_time(int, accelkit::EventHandle start, accelkit::EventHandle end) {
@@ -454,11 +452,9 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     }
     for (auto& s : streams) check(clFinish(s->queue), "device_synchronize", "clFinish");
     for (auto& s : streams) {
-      cl_event last = s->last();
-      if (last == nullptr) continue;
-      s->forget(last);
-      completed(device, last, "device_synchronize");
-      clReleaseEvent(last);
+      EventRef last(s->last());  // may be a command enqueued since clFinish
+      if (last.e == nullptr) continue;
+      if (completed(device, last.e, "device_synchronize")) s->forget(last.e);
     }
   }
 
@@ -487,6 +483,18 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
  private:
   static constexpr std::size_t kPage = 4096;
   static constexpr std::size_t kSvmAlign = 128;
+
+  // One retain of a cl_event, released however the scope ends (a status
+  // reported as a DriverError included).
+  struct EventRef {
+    cl_event e;
+    explicit EventRef(cl_event x) noexcept : e(x) {}
+    EventRef(const EventRef&) = delete;
+    EventRef& operator=(const EventRef&) = delete;
+    ~EventRef() {
+      if (e) clReleaseEvent(e);
+    }
+  };
 
   void check(cl_int err, const char* call, const char* fn) {
     if (err != CL_SUCCESS)
@@ -518,14 +526,19 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     // Enqueues without blocking under the lock (so that the last event
     // follows the queue's order), then, for `wait`, waits outside it: a
     // query from another thread never waits for a copy.
+    // With `keep`, the new command's event is also retained into *keep.
     template <class F>
-    void enqueue(const char* call, const char* fn, bool wait, F&& f) {
+    void enqueue(const char* call, const char* fn, bool wait, F&& f, cl_event* keep = nullptr) {
       cl_event e = nullptr;
       {
         std::lock_guard<std::mutex> lock(mutex);
         rt->check(f(&e), call, fn);
         if (last_) clReleaseEvent(last_);
         last_ = e;
+        if (keep) {
+          clRetainEvent(e);
+          *keep = e;
+        }
         clFlush(queue);  // so that the queue runs without a later wait
         if (wait) clRetainEvent(e);
       }
@@ -537,9 +550,10 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
       } release{e};
       rt->completed(device, e, call);
     }
-    void release() {
+    Stream(const Stream&) = delete;
+    Stream& operator=(const Stream&) = delete;
+    ~Stream() {
       if (last_) clReleaseEvent(last_);
-      last_ = nullptr;
       clReleaseCommandQueue(queue);
     }
   };
@@ -766,8 +780,8 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     return q;
   }
 
-  // Shared: a stream or event destroyed by another thread stays alive for a
-  // call that found it.
+  // Shared: a stream or event destroyed by another thread stays alive, its
+  // queue or cl_event included, for a call that found it.
   std::shared_ptr<Stream> stream_ptr(int device, accelkit::StreamHandle stream, const char* call) {
     Device& d = context(device, call);
     std::lock_guard<std::mutex> lock(d.mutex);
