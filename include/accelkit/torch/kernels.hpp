@@ -30,8 +30,11 @@
 // deregisters it) before the vendor's is registered. Either way the
 // dispatcher never sees two kernels for one operator and key, so PyTorch
 // does not warn, and the vendor's kernel wins whatever the order of static
-// initialization (the link order). Two vendor kernels for one operator are a
-// RuntimeError naming both places. A vendor kernel registered with PyTorch's
+// initialization (the link order). Of two vendor kernels for one operator
+// the first stays; the second is refused with an error naming both places,
+// reported through the diagnostics hook (a PyTorch warning), since a static
+// initializer has no caller to throw to (an exception leaving it would end
+// the process). A vendor kernel registered with PyTorch's
 // own TORCH_LIBRARY_IMPL bypasses the table and is not covered.
 #pragma once
 
@@ -231,8 +234,13 @@ ACCELKIT_END_NAMESPACE
 #define ACCELKIT_KERNELS(R, lib)                                                              \
   static void ACCELKIT_KERNELS_CAT_(accelkit_kernels_, __LINE__)(::accelkit::KernelLibrary<R>&); \
   static const bool ACCELKIT_KERNELS_CAT_(accelkit_kernels_registered_, __LINE__) = [] {      \
-    ::accelkit::KernelLibrary<R> l(__FILE__, __LINE__);                                        \
-    ACCELKIT_KERNELS_CAT_(accelkit_kernels_, __LINE__)(l);                                    \
-    return true;                                                                               \
+    try {                                                                                      \
+      ::accelkit::KernelLibrary<R> l(__FILE__, __LINE__);                                      \
+      ACCELKIT_KERNELS_CAT_(accelkit_kernels_, __LINE__)(l);                                  \
+      return true;                                                                             \
+    } catch (const std::exception& e) { /* Note [Vendor kernel registration] */               \
+      ::accelkit::report(::accelkit::Severity::error, R::name, e.what());                      \
+      return false;                                                                            \
+    }                                                                                          \
   }();                                                                                         \
   static void ACCELKIT_KERNELS_CAT_(accelkit_kernels_, __LINE__)(::accelkit::KernelLibrary<R>& lib)
