@@ -299,8 +299,10 @@ class ProcessGroup(dist.ProcessGroup):
         every = torch.empty(3 * self._size, dtype=torch.int64)
         self.gloo._allgather_base(every, mine).wait()
         rows = every.view(self._size, 3).tolist()
+        if failed:
+            return  # the caller raises this rank's own error
         refused = [i for i, r in enumerate(rows) if r[2]]
-        if refused and not failed:
+        if refused:
             raise ValueError(f"{self.name}: {what}: rank(s) {', '.join(map(str, refused))} "
                              "refused the collective (their own error says why)")
         rows = [r[:2] for r in rows]
