@@ -28,14 +28,7 @@ using Clock = std::chrono::steady_clock;
 using OclBackend = Backend<ocl::OpenCLRuntime>;
 
 namespace {
-template <class F>
-double ns_per_call(long n, F&& f) {
-  for (long i = 0; i < n / 10 + 1; ++i) f();
-  auto t0 = Clock::now();
-  for (long i = 0; i < n; ++i) f();
-  return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() /
-         static_cast<double>(n);
-}
+using bench::ns_per_call;
 volatile std::int64_t sink = 0;
 
 void ok(cl_int err, const char* what) {

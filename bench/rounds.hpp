@@ -5,12 +5,23 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 namespace bench {
+
+// Nanoseconds per call of f, over n calls after n/10 + 1 calls to warm up.
+template <class F>
+double ns_per_call(long n, F&& f) {
+  for (long i = 0; i < n / 10 + 1; ++i) f();
+  auto t0 = std::chrono::steady_clock::now();
+  for (long i = 0; i < n; ++i) f();
+  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+         static_cast<double>(n);
+}
 
 struct Spread {
   double median = 0, p25 = 0, p75 = 0;

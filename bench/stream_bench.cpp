@@ -23,17 +23,9 @@
 #include <thread>
 
 using namespace accelkit;
-using Clock = std::chrono::steady_clock;
 
 namespace {
-template <class F>
-double ns_per_call(long n, F&& f) {
-  for (long i = 0; i < n / 10 + 1; ++i) f();
-  auto t0 = Clock::now();
-  for (long i = 0; i < n; ++i) f();
-  return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() /
-         static_cast<double>(n);
-}
+using bench::ns_per_call;
 
 // What a backend without accelkit often does: a map from thread to current
 // stream, under one mutex.
