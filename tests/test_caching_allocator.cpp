@@ -420,6 +420,18 @@ TEST_CASE("allocator: a double free is a RuntimeError and changes nothing") {
   CHECK(a.allocate(4096, s) == p);
 }
 
+// After a test has freed everything and emptied the cache: nothing
+// allocated or active, nothing reserved, the invariants hold.
+namespace {
+void check_all_freed(Allocator& a) {
+  DeviceStats st = a.stats();
+  CHECK(st.allocation[all].current == 0);
+  CHECK(st.active[all].current == 0);
+  CHECK(a.reserved_bytes() == 0);
+  check_invariants(a);
+}
+}  // namespace
+
 // Note [Mapped blocks]: a freed large block stays in the pointer map while
 // it is parked; what the map says is checked under the pool's lock.
 TEST_CASE("allocator: a parked large block is not live: a second free, record_stream and owns refuse it") {
@@ -464,11 +476,7 @@ TEST_CASE("allocator: a parked large block is not live: a second free, record_st
     a.empty_cache();
     CHECK_THROWS_AS(a.deallocate(q), RuntimeError);
     CHECK_FALSE(a.owns(q));
-    DeviceStats st = a.stats();
-    CHECK(st.allocation[all].current == 0);
-    CHECK(st.active[all].current == 0);
-    CHECK(a.reserved_bytes() == 0);
-    check_invariants(a);
+    check_all_freed(a);
   }
 }
 
@@ -508,11 +516,7 @@ TEST_CASE("allocator: a large block freed twice at once is freed once") {
     CHECK(neither == 0);
     b.stream_synchronize(0, other);
     a.empty_cache();
-    DeviceStats st = a.stats();
-    CHECK(st.allocation[all].current == 0);
-    CHECK(st.active[all].current == 0);
-    CHECK(a.reserved_bytes() == 0);
-    check_invariants(a);
+    check_all_freed(a);
   }
 }
 
