@@ -515,8 +515,11 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   bool stream_query(int device, accelkit::StreamHandle stream) {
     auto s = stream_of(device, stream, "stream_query");
     fault("stream_query");
+    // The state first, then the errors: work that failed before the stream
+    // went idle has set its error by then, so an idle answer never hides it.
+    bool idle = s->idle();
     report_async(device, "stream_query");
-    return s->idle();
+    return idle;
   }
 
   void stream_synchronize(int device, accelkit::StreamHandle stream) {
@@ -609,9 +612,12 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   bool event_query(int, accelkit::EventHandle event) {
     auto e = event_of(event, "event_query");
     fault("event_query");
-    report_async(e->device, "event_query");
+    // The state first, then the errors (as stream_query): a record complete
+    // means the failed work it captured has set its error.
     std::shared_ptr<Record> r = e->last();
-    return !r || r->done();
+    bool done = !r || r->done();
+    report_async(e->device, "event_query");
+    return done;
   }
 
   void event_synchronize(int, accelkit::EventHandle event) {
