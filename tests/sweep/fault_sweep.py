@@ -10,7 +10,10 @@ allocator's statistics and the driver's memory back at their baseline.
 Each case is a process of its own (a crash or a hang is that case's
 failure, not the sweep's), with SIMDEV_INJECT_FAULT=member@n[:async] from
 its start, so that the calls that set the backend up (discovery, streams,
-pools) are swept too. It runs the workload (tensors on two devices, copies
+pools) are swept too. The cases are forked from this process once it has
+imported torch (without the backend: autoloading is off, and the child
+imports torch_simdev itself), so that each pays for loading the backend,
+not for importing torch: that import was most of a case's time. It runs the workload (tensors on two devices, copies
 both ways including non-blocking pinned ones, operators on a side stream,
 streams and events, a wait across devices, a training step, empty_cache), compares every result
 with the same workload on the CPU, runs it again with the fault gone, then
@@ -21,11 +24,12 @@ fault. The members come from the contract's own list
 failure.
 """
 import argparse
-import concurrent.futures
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 CHILD = r'''
@@ -157,23 +161,85 @@ def members(env):
     return out.stdout.split()
 
 
-def run_child(member, fault, visible, timeout, env):
-    """One process: the workload with `fault` injected from the start (None:
-    the reference run), then again without it. Returns its row."""
-    child_env = dict(env, SIMDEV_HOST_VISIBLE=visible)
-    if fault:
-        child_env["SIMDEV_INJECT_FAULT"] = fault
-    try:
-        p = subprocess.run([sys.executable, "-c", CHILD, member], capture_output=True, text=True,
-                           env=child_env, timeout=timeout)
-        rows = [json.loads(l[4:]) for l in p.stdout.splitlines() if l.startswith("ROW ")]
-        if p.returncode == 0 and rows:
+# What every case's process sees, set in this process before torch is
+# imported (torch reads some of them at import).
+CASE_ENV = {"SIMDEV_DEVICE_COUNT": "2", "SIMDEV_MEMORY_MB": "256", "OMP_NUM_THREADS": "1",
+            "PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR",
+            "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+CASE_UNSET = ("SIMDEV_INJECT_FAULT", "SIMDEV_VISIBLE_DEVICES", "SIMDEV_ALLOC_CONF",
+              "SIMDEV_NO_MEMORY_CACHING")
+
+
+class Case:
+    """One case's process, forked from this one: the workload with `fault`
+    injected from the start (None: the reference run), then again without it."""
+
+    def __init__(self, key, member, fault, visible, timeout, folder):
+        self.key, self.timeout = key, timeout
+        self.out = os.path.join(folder, f"{len(os.listdir(folder))}.out")
+        fd = os.open(self.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.start = time.monotonic()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the case: never returns
+            try:
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.environ["SIMDEV_HOST_VISIBLE"] = visible
+                if fault:
+                    os.environ["SIMDEV_INJECT_FAULT"] = fault
+                import warnings
+                warnings.simplefilter("ignore")
+                sys.argv = ["case", member]
+                exec(compile(CHILD, "<fault sweep case>", "exec"), {"__name__": "__main__"})
+                os._exit(0)
+            except BaseException:  # noqa: BLE001
+                import traceback
+                traceback.print_exc()
+                sys.stderr.flush()
+                os._exit(1)
+        os.close(fd)
+
+    def poll(self):
+        """The case's row once its process has ended (killed past its
+        timeout: a hang), else None."""
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        if pid == 0:
+            if time.monotonic() - self.start < self.timeout:
+                return None
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            return {"outcome": "hang", "message": f"no result in {self.timeout:.0f} s",
+                    "recovered": False, "level": None}
+        with open(self.out) as f:
+            text = f.read()
+        rows = [json.loads(l[4:]) for l in text.splitlines() if l.startswith("ROW ")]
+        code = os.waitstatus_to_exitcode(status)
+        if code == 0 and rows:
             return rows[-1]
-        last = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+        lines = [l for l in text.splitlines() if not l.startswith("ROW ")]
+        last = (lines or [f"exit status {code}"])[-1].strip()
         return {"outcome": "crash", "message": last[:200], "recovered": False, "level": None}
-    except subprocess.TimeoutExpired:
-        return {"outcome": "hang", "message": f"no result in {timeout:.0f} s", "recovered": False,
-                "level": None}
+
+
+def run_cases(cases, jobs, timeout):
+    """Runs `cases` ((key, member, fault, visible) each), `jobs` at a time,
+    from this one thread (forking from one thread only is safe). Returns
+    {key: row}."""
+    results, running, todo = {}, [], list(cases)
+    with tempfile.TemporaryDirectory(prefix="fault_sweep_") as folder:
+        while todo or running:
+            while todo and len(running) < jobs:
+                key, member, fault, visible = todo.pop(0)
+                running.append(Case(key, member, fault, visible, timeout, folder))
+            for c in list(running):
+                row = c.poll()
+                if row is not None:
+                    results[c.key] = row
+                    running.remove(c)
+            time.sleep(0.01)
+    return results
 
 
 def main():
@@ -185,25 +251,24 @@ def main():
                     help="device memory the host may touch (host kernels, zero-copy fallback), "
                          "or not (copying paths)")
     args = ap.parse_args()
-    env = {**os.environ, "SIMDEV_DEVICE_COUNT": "2", "SIMDEV_MEMORY_MB": "256",
-           "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR"}
-    for k in ("SIMDEV_INJECT_FAULT", "SIMDEV_VISIBLE_DEVICES", "SIMDEV_ALLOC_CONF",
-              "SIMDEV_NO_MEMORY_CACHING"):
+    env = {**os.environ, **CASE_ENV}
+    for k in CASE_UNSET:
         env.pop(k, None)
     names = members(env)
+    os.environ.update(CASE_ENV)
+    for k in CASE_UNSET:
+        os.environ.pop(k, None)
+    import torch  # noqa: F401  (for the cases: see run_cases)
     modes = {"both": ["1", "0"], "visible": ["1"], "hidden": ["0"]}[args.memory]
     kinds = [(m, False) for m in names] + [(m, True) for m in names if m in ASYNC]
+    cases = [(("reference", v), "", None, v) for v in modes]
+    for v in modes:
+        for m, a in kinds:
+            for n in range(1, args.calls + 1):
+                cases.append(((v, a, m, n), m, f"{m}@{n}" + (":async" if a else ""), v))
     t0 = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        reference = {v: pool.submit(run_child, "", None, v, args.timeout, env) for v in modes}
-        futures = {}
-        for v in modes:
-            for m, a in kinds:
-                for n in range(1, args.calls + 1):
-                    fault = f"{m}@{n}" + (":async" if a else "")
-                    futures[(v, a, m, n)] = pool.submit(run_child, m, fault, v, args.timeout, env)
-        reference = {v: f.result() for v, f in reference.items()}
-        results = {k: f.result() for k, f in futures.items()}
+    results = run_cases(cases, args.jobs, args.timeout)
+    reference = {v: results.pop(("reference", v)) for v in modes}
 
     failures = []
     for v, ref in reference.items():
@@ -252,7 +317,7 @@ def main():
     print(f"{'total':<39}{totals['cases']:>6}{totals['errors']:>8}{totals['correct']:>9}"
           f"{totals['unreached']:>11}{totals['recovered']:>11}{totals['leaks']:>7}  "
           f"{totals['failures']}")
-    print(f"{len(futures) + len(reference)} processes, {time.monotonic() - t0:.0f} s; errors: a clear "
+    print(f"{len(cases)} processes, {time.monotonic() - t0:.0f} s; errors: a clear "
           "error naming the backend; unreached: the workload makes fewer calls of that member")
     for f in failures:
         print("FAIL", f)
