@@ -1,5 +1,5 @@
 """Compile time of a backend's registration: the translation units that
-accelkit_add_torch_backend generates for a backend (the torch adapters and
+accelkit_add_torch_backend compiles for a backend (the torch adapters and
 ACCELKIT_REGISTER_BACKEND; taken from the build's own compile commands, the
 compiler launcher such as ccache dropped) against a translation unit that
 includes only <torch/extension.h>, compiled with the same command (plus the
@@ -29,7 +29,7 @@ from benchlib import cpu_model
 
 
 def registration_commands(build: str, target: str):
-    """The compile commands of the target's generated registration units."""
+    """The compile commands of the target's registration units."""
     out = subprocess.run(["ninja", "-C", build, "-t", "commands", target], check=True,
                          capture_output=True, text=True).stdout
     found = []
@@ -38,10 +38,10 @@ def registration_commands(build: str, target: str):
         if "-c" not in args:
             continue
         src = args[args.index("-c") + 1]
-        if os.path.basename(src).startswith(f"{target}_register") and src.endswith(".cpp"):
+        if os.path.basename(src) == "accelkit_register_backend.cpp":
             found.append((src, args))
     if not found:
-        sys.exit(f"no generated registration unit ({target}_register*.cpp) in {target}'s commands")
+        sys.exit(f"no registration unit (accelkit_register_backend.cpp) in {target}'s commands")
     return found
 
 

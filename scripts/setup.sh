@@ -15,6 +15,11 @@ ACCELKIT_BUILD="${ACCELKIT_BUILD:-$ACCELKIT_ROOT/build}"
 ACCELKIT_VENV="$ACCELKIT_ROOT/.venv"
 TORCH_VERSION=2.13.0
 
+# ccache keys objects with debug information by their build directory too
+# (hash_dir); without it, the wheel's build and the build-option tests get
+# this build's objects (Note [One registration source for every build tree]).
+export CCACHE_NOHASHDIR=1
+
 log() { printf '[accelkit setup] %s\n' "$*" >&2; }
 
 install_debian_packages() {

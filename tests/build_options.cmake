@@ -1,10 +1,13 @@
 # Configures and builds accelkit in BINARY with ACCELKIT_BUILD_TESTS=TESTS,
 # ACCELKIT_BUILD_EXAMPLES=EXAMPLES and ACCELKIT_WITH_TORCH=TORCH (run by
-# CTest: build.options.*). Release, so that ccache serves what another
-# combination already compiled.
+# CTest: build.options.*). With this build's build type and compiler
+# launcher, so that a compiler cache serves what this build (or another
+# combination) already compiled: scripts/setup.sh sets CCACHE_NOHASHDIR, so
+# that the build directory is not part of ccache's key for objects with debug
+# information (Note [One registration source for every build tree]).
 file(REMOVE_RECURSE "${BINARY}")
 set(args -S "${SOURCE}" -B "${BINARY}" -G "${GENERATOR}"
-    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${CXX}
+    -DCMAKE_BUILD_TYPE=${BUILD_TYPE} -DCMAKE_CXX_COMPILER=${CXX}
     -DACCELKIT_BUILD_TESTS=${TESTS} -DACCELKIT_BUILD_EXAMPLES=${EXAMPLES}
     -DACCELKIT_WITH_TORCH=${TORCH} -DACCELKIT_WERROR=ON
     -DACCELKIT_SANITIZER_TESTS=OFF -DACCELKIT_BUILD_BENCHMARKS=OFF
