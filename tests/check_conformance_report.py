@@ -1,6 +1,8 @@
-"""Runs a C++ conformance kit and checks its report (Note [Conformance report]).
+"""Runs a conformance kit and checks its report (Note [Conformance report]).
 
-usage: check_conformance_report.py KIT_BINARY BACKEND REPORT_PATH
+usage: check_conformance_report.py KIT_BINARY BACKEND REPORT_PATH   (the C++ kit)
+       check_conformance_report.py --python BACKEND REPORT_PATH [KIT_ARGS...]
+                                              (python -m accelkit.testing --device BACKEND)
 
 The kit must pass (exit 0), and the JSON report it writes must follow the
 documented schema: every check with group, name, rule, a status of pass,
@@ -14,11 +16,16 @@ import sys
 
 def main():
     kit, backend, path = sys.argv[1:4]
+    if kit == "--python":
+        command, kind = [sys.executable, "-m", "accelkit.testing", "--device", backend,
+                         *sys.argv[4:]], "python"
+    else:
+        command, kind = [kit], "cpp"
     for p in (path, path + ".txt"):
         if os.path.exists(p):
             os.remove(p)
     env = dict(os.environ, ACCELKIT_CONFORMANCE_REPORT=path)
-    run = subprocess.run([kit], env=env, capture_output=True, text=True, timeout=280)
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=280)
     sys.stdout.write(run.stdout[-4000:])
     sys.stderr.write(run.stderr[-4000:])
     problems = []
@@ -28,7 +35,7 @@ def main():
         report = json.load(f)
     if report.get("schema") != "accelkit.conformance" or report.get("version") != 1:
         problems.append(f"schema/version: {report.get('schema')!r} {report.get('version')!r}")
-    if report.get("kit") != "cpp" or report.get("backend") != backend:
+    if report.get("kit") != kind or report.get("backend") != backend:
         problems.append(f"kit/backend: {report.get('kit')!r} {report.get('backend')!r}")
     checks = report.get("checks", [])
     if len(checks) < 15:

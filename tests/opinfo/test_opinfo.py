@@ -1,6 +1,6 @@
 """PyTorch's own operator samples (op_db) on the backend against the CPU,
 forward and backward, for each dtype of DTYPES the backend reports (issue
-13). compare_cpu.py runs them, one operator at a time in child processes
+13). The conformance kit's accelkit.testing.opinfo runs them, one operator at a time in child processes
 (a crash is charged to its operator); every difference must be on the list
 in known_differences.py, and every entry there must still differ somewhere
 it applies. The tally
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-import compare_cpu
+from accelkit.testing import opinfo
 from conftest import TALLY
 from known_differences import KNOWN_DIFFERENCES, covers, known
 
@@ -29,12 +29,12 @@ LISTED_AT = 4
 
 @pytest.fixture(scope="module")
 def sweep(request):
-    found = compare_cpu.listing(BACKEND, compare_cpu.DTYPES)
-    dtypes = [d for d in compare_cpu.DTYPES if d in found["dtypes"]]
-    items = compare_cpu.items_for(found, dtypes, DIRECTIONS)
+    found = opinfo.listing(BACKEND, opinfo.DTYPES)
+    dtypes = [d for d in opinfo.DTYPES if d in found["dtypes"]]
+    items = opinfo.items_for(found, dtypes, DIRECTIONS)
     samples = request.config.getoption("--opinfo-samples")
     t0 = time.monotonic()
-    results = compare_cpu.run(BACKEND, items, samples=samples,
+    results = opinfo.run(BACKEND, items, samples=samples,
                               jobs=request.config.getoption("--opinfo-jobs"), timeout=300)
     memory = "host-visible" if found["host_visible_memory"] else "hidden"
     TALLY.append(f"{BACKEND}, {memory} memory, {samples} sample(s) per operator, "
@@ -43,7 +43,7 @@ def sweep(request):
 
 
 @pytest.mark.parametrize("direction", DIRECTIONS)
-@pytest.mark.parametrize("dtype", compare_cpu.DTYPES)
+@pytest.mark.parametrize("dtype", opinfo.DTYPES)
 def test_operators_match_the_cpu(sweep, dtype, direction):
     found, dtypes, results, memory, samples = sweep
     if dtype not in dtypes:
@@ -51,7 +51,7 @@ def test_operators_match_the_cpu(sweep, dtype, direction):
     mine = {i.split("|")[0]: r for i, r in results.items() if i.split("|")[1:] == [dtype, direction]}
     failures, listed = [], []
     for op, r in sorted(mine.items()):
-        if r["status"] in ("differs", "crash"):
+        if r["status"] in opinfo.FAILED:
             listed_for = known(op, dtype, direction, memory)
             (listed if listed_for else failures).append(f"{op}: {r['status']}: {r['message']}")
     count = {s: sum(r["status"] == s for r in mine.values()) for s in ("match", "not compared")}
@@ -77,7 +77,7 @@ def test_every_known_difference_still_differs(sweep):
         covered = [r for i, r in results.items()
                    if i.split("|")[0] == op and covers(dtype, i.split("|")[1])
                    and direction in (None, i.split("|")[2])]
-        if covered and not any(r["status"] in ("differs", "crash") for r in covered):
+        if covered and not any(r["status"] in opinfo.FAILED for r in covered):
             stale.append(f"{op} ({dtype or 'every dtype'}, {direction or 'both directions'}): "
                          f"matches now; remove it from known_differences.py ({reason})")
     assert not stale, "\n".join(stale)

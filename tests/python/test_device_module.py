@@ -2,7 +2,6 @@
 (python/accelkit): torch.cuda's names with torch.cuda's semantics, the
 devices' generators, and the package's installation."""
 import importlib
-import inspect
 import os
 import subprocess
 import sys
@@ -13,55 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import accelkit
+from accelkit.testing.names import CUDA_ONLY  # the kit's names group checks the rest
 
 from backend import DEV, MOD, OPS, renamed, two_devices
-
-# torch.cuda's public names that MOD does not have, and why: each is
-# CUDA's own (its toolkit, libraries, graphs or NVIDIA's management library)
-# or a deprecated CUDA tensor type.
-CUDA_ONLY = {
-    # Legacy typed tensor and storage classes (torch.cuda.FloatTensor, ...):
-    # PyTorch builds them for CUDA alone; torch.tensor(..., device=) replaces them.
-    **{f"{t}{kind}": "legacy CUDA tensor types"
-       for t in ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long",
-                 "Short") for kind in ("Storage", "Tensor")},
-    "ComplexDoubleStorage": "legacy CUDA tensor types",
-    "ComplexFloatStorage": "legacy CUDA tensor types",
-    # CUDA graphs (capture and replay of CUDA streams).
-    "CUDAGraph": "CUDA graphs", "graph": "CUDA graphs", "graphs": "CUDA graphs",
-    "graph_pool_handle": "CUDA graphs", "make_graphed_callables": "CUDA graphs",
-    "is_current_stream_capturing": "CUDA graphs",
-    # Memory pools and allocator backends of CUDA's allocator.
-    "MemPool": "CUDA allocator pools", "use_mem_pool": "CUDA allocator pools",
-    "CUDAPluggableAllocator": "CUDA allocator backends",
-    "change_current_allocator": "CUDA allocator backends",
-    "get_allocator_backend": "CUDA allocator backends (native or cudaMallocAsync)",
-    "caching_allocator_alloc": "raw CUDA allocations",
-    "caching_allocator_delete": "raw CUDA allocations",
-    "caching_allocator_enable": "CUDA allocator switch",
-    "caching_allocator_disabled": "CUDA allocator switch",
-    # The CUDA runtime and toolkit.
-    "cudart": "CUDA runtime", "cudaStatus": "CUDA runtime", "CudaError": "CUDA runtime",
-    "check_error": "CUDA runtime", "DeferredCudaCallError": "CUDA lazy-call errors",
-    "get_arch_list": "CUDA architectures of the build",
-    "get_gencode_flags": "CUDA architectures of the build",
-    "has_half": "CUDA build flag", "has_magma": "MAGMA (CUDA linear algebra)",
-    "current_blas_handle": "cuBLAS", "current_solver_handle": "cuSOLVER",
-    "is_tf32_supported": "TF32, an NVIDIA format",
-    "ExternalStream": "a cudaStream_t from other code",
-    "get_stream_from_external": "a cudaStream_t from other code",
-    "ipc_collect": "CUDA IPC memory handles",
-    "set_sync_debug_mode": "CUDA's synchronizing-call detector",
-    "get_sync_debug_mode": "CUDA's synchronizing-call detector",
-    "GreenContext": "CUDA green contexts",
-    # NVIDIA's management library (NVML) or AMD's (amdsmi).
-    "memory_usage": "NVML", "utilization": "NVML", "temperature": "NVML",
-    "power_draw": "NVML", "clock_rate": "NVML",
-    # Submodules of CUDA libraries.
-    "jiterator": "CUDA JIT kernels", "nvtx": "NVIDIA tools extension", "nccl": "NCCL",
-    "tunable": "TunableOp (cuBLAS/hipBLASLt)", "sparse": "cuSPARSE",
-    "profiler": "cudaProfilerStart/Stop",
-}
 
 
 def _python(code: str, **env) -> str:
@@ -75,38 +28,13 @@ def _python(code: str, **env) -> str:
 
 # ------------------------------------------------------------------ parity
 
-def test_every_public_name_of_torch_cuda_is_in_torch_simdev_or_justified():
-    missing = [n for n in torch.cuda.__all__ if not hasattr(MOD, n) and n not in CUDA_ONLY]
-    assert missing == []
-    # The justified list holds no name that torch.cuda dropped or that simdev has.
+def test_the_kits_list_of_cuda_only_names_is_current():
+    # The conformance kit's names group (accelkit.testing, run by the ctests
+    # conformance.py.*) checks that MOD has every other name of torch.cuda
+    # with its parameters; its list holds no name that torch.cuda dropped or
+    # that the SDK's device module has.
     assert sorted(n for n in CUDA_ONLY if n not in torch.cuda.__all__) == []
     assert sorted(n for n in CUDA_ONLY if hasattr(MOD, n)) == []
-
-
-def _parameters(f):
-    target = f.__new__ if inspect.isclass(f) and f.__new__ is not object.__new__ else f
-    if inspect.isclass(f) and target is f:
-        target = f.__init__
-    params = list(inspect.signature(target).parameters.values())
-    return [(p.name, p.kind) for p in params if p.name not in ("self", "cls")]
-
-
-def test_functions_and_classes_take_torch_cuda_parameters():
-    # Same parameter names and kinds (defaults that name "cuda" excepted);
-    # initial_seed also takes an optional device.
-    differ = {}
-    for n in torch.cuda.__all__:
-        ours, theirs = getattr(MOD, n, None), getattr(torch.cuda, n)
-        if ours is None or inspect.ismodule(ours) or not callable(ours) or n == "initial_seed":
-            continue
-        try:
-            expected = _parameters(theirs)
-        except (TypeError, ValueError):
-            continue  # a builtin without a signature
-        if _parameters(ours) != expected:
-            differ[n] = (_parameters(ours), expected)
-    assert differ == {}
-    assert _parameters(MOD.initial_seed) == [("device", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
 
 
 def test_submodules_are_importable_by_their_torch_names():

@@ -1,4 +1,5 @@
-"""One child of the OpInfo comparison (compare_cpu.py starts it).
+"""One child of the OpInfo comparison (opinfo.py starts it; it runs as a
+script, so that it works from a backend's copy of the SDK as well).
 
     python opinfo_child.py BACKEND SAMPLES ITEM...
 
@@ -20,10 +21,15 @@ Where PyTorch skips or expects test_compare_cpu to fail for every device,
 its reason decides: outputs it calls non-deterministic or undefined are
 checked for shape, dtype and device only; anything else is compared fully.
 An operator that raises on the CPU must raise the same exception type on
-the device.
+the device. A comparison that fails is a mismatch (Mismatch; the message has
+assert_close's largest absolute and relative differences); any other
+exception is an error.
 """
 import json
+import os
+import re
 import sys
+import time
 import warnings
 
 warnings.simplefilter("ignore")
@@ -36,6 +42,8 @@ from torch.testing._internal.opinfo.core import DecorateInfo  # noqa: E402
 BACKEND = sys.argv[1]
 SAMPLES = int(sys.argv[2])
 __import__("torch_" + BACKEND)
+for module in filter(None, os.environ.get("ACCELKIT_TESTING_IMPORT", "").split(",")):
+    __import__(module)  # the kit's --import
 OPS = {o.name + ("." + o.variant_test_name if o.variant_test_name else ""): o for o in op_db}
 
 
@@ -107,7 +115,18 @@ def named_device(x):
     return None
 
 
+class Mismatch(AssertionError):
+    """The device's result differs from the CPU's."""
+
+
 def compare(want, got, op, dtype, what, on_device=True):
+    try:
+        _compare(want, got, op, dtype, what, on_device)
+    except AssertionError as e:
+        raise Mismatch(str(e)) from None
+
+
+def _compare(want, got, op, dtype, what, on_device=True):
     w, g = tensors(want), tensors(got)
     if len(w) != len(g):
         raise AssertionError(f"{what}: {len(g)} tensors on the device, {len(w)} on the CPU")
@@ -201,7 +220,7 @@ def backward(op, dtype):
         outs = [t for t in tensors(got) if t.requires_grad]
         c_outs = [t for t in tensors(want) if t.requires_grad]
         if len(outs) != len(c_outs):
-            raise AssertionError(f"{len(outs)} differentiable outputs on the device, {len(c_outs)} on the CPU")
+            raise Mismatch(f"{len(outs)} differentiable outputs on the device, {len(c_outs)} on the CPU")
         if not outs or not leaves:
             continue
         torch.manual_seed(1)
@@ -213,7 +232,7 @@ def backward(op, dtype):
             continue
         for j, (a, b) in enumerate(zip(c_grads, grads)):
             if (a is None) != (b is None):
-                raise AssertionError(f"gradient {j}: {'none' if b is None else 'one'} on the device, "
+                raise Mismatch(f"gradient {j}: {'none' if b is None else 'one'} on the device, "
                                      f"{'none' if a is None else 'one'} on the CPU")
             if a is not None:
                 compare(a, b, op, dtype, f"gradient {j}")
@@ -226,16 +245,29 @@ def first_line(e):
     return f"{type(e).__name__}: {text.splitlines()[0][:200] if text else ''}"
 
 
+def largest_error(e):
+    """assert_close's greatest differences, as one line."""
+    found = re.findall(r"Greatest (absolute|relative) difference: (\S+)", str(e))
+    return "; ".join(f"largest {kind} error {value}" for kind, value in found)
+
+
 for item in sys.argv[3:]:
     name, dtype_name, direction = item.split("|")
     op, dtype = OPS[name], getattr(torch, dtype_name)
     print("START " + item, flush=True)
+    t0 = time.monotonic()
     result = {"item": item, "status": "match", "message": ""}
     try:
         if name.startswith("jiterator_"):
             result.update(status="not compared", message="a CUDA-only (Jiterator) operator")
         elif (forward if direction == "forward" else backward)(op, dtype) == 0:
             result.update(status="not compared", message="no sample to compare")
+    except Mismatch as e:
+        worst = largest_error(e)
+        result.update(status="mismatch", message=first_line(e) + (f" ({worst})" if worst else ""))
+        if worst:
+            result["largest_error"] = worst
     except Exception as e:  # noqa: BLE001
-        result.update(status="differs", message=first_line(e))
+        result.update(status="error", message=first_line(e))
+    result["duration_s"] = time.monotonic() - t0
     print("RESULT " + json.dumps(result), flush=True)

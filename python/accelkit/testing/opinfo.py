@@ -1,7 +1,7 @@
-"""PyTorch's own operator samples on a backend against the CPU (issue 13).
+"""PyTorch's own operator samples on a backend against the CPU (issues 13, 17).
 
-    python tests/opinfo/compare_cpu.py [--backend simdev] [--dtypes float32,...]
-        [--directions forward,backward] [--samples 1] [--ops a,b] [--jobs 2]
+    python -m accelkit.testing.opinfo [--backend simdev] [--dtypes float32,...]
+        [--directions forward,backward] [--samples 1] [--ops a,b] [--jobs 2] [--json out.json]
 
 For every OpInfo of the wheel's op_db (torch.testing._internal.
 common_methods_invocations; importing it needs `expecttest`) and every dtype
@@ -10,8 +10,13 @@ the CPU supports for the operator: forward outputs and, where the operator
 has a CPU backward for the dtype, gradients, compared with the CPU's
 (opinfo_child.py says how). Operators run in child processes, several items
 each, restarted past an item that crashes or hangs, which is charged to that
-item. tests/opinfo/test_opinfo.py runs it under pytest against the list of
-known differences; run directly, it prints every failure and the tally.
+item. Each item ends as match, mismatch (the largest error in the message),
+error (the device raised where the CPU did not, or another exception type),
+crash (the child died or hung) or "not compared" (no sample both sides take,
+a CUDA-only operator). The conformance kit runs QUICK (or everything) as its
+group "opinfo"; tests/opinfo/test_opinfo.py runs every operator under pytest
+against the list of known differences; run directly, it prints every failure
+and the tally.
 """
 import argparse
 import concurrent.futures
@@ -22,8 +27,21 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_opinfo_child.py")
 DTYPES = ["float32", "float16", "bfloat16", "int64", "bool", "complex64"]
+STATUSES = ("match", "mismatch", "error", "crash", "not compared")
+FAILED = ("mismatch", "error", "crash")
+
+# The conformance kit's fixed set (--opinfo quick): common operators of every
+# kind (elementwise, reductions, linear algebra, indexing, shape, nn), tried
+# in float32 and int64 forward and float32 backward, one sample each.
+QUICK = ["add", "sub", "mul", "div.no_rounding_mode", "exp", "log", "sqrt", "abs", "neg",
+         "sin", "tanh", "sigmoid", "pow", "clamp", "where", "sum", "mean", "amax", "argmax",
+         "cumsum", "mm", "matmul", "bmm", "index_select", "gather", "cat", "stack", "transpose",
+         "nn.functional.relu", "nn.functional.softmax", "nn.functional.linear",
+         "nn.functional.conv2d", "nn.functional.layer_norm", "nn.functional.cross_entropy",
+         "masked_fill", "sort", "topk", "flip"]
+QUICK_DTYPES = ["float32", "int64"]
 
 LISTING = r'''
 import json, sys, warnings
@@ -64,7 +82,7 @@ def listing(backend, dtypes):
 def run_chunk(backend, chunk, samples, timeout):
     results, remaining = {}, list(chunk)
     while remaining:
-        command = [sys.executable, os.path.join(HERE, "opinfo_child.py"), backend, str(samples), *remaining]
+        command = [sys.executable, CHILD, backend, str(samples), *remaining]
         try:
             p = subprocess.run(command, capture_output=True, text=True, env=environment(), timeout=timeout)
             out, ended = p.stdout, (f"the process died ({p.returncode})" if p.returncode else "")
@@ -86,10 +104,10 @@ def run_chunk(backend, chunk, samples, timeout):
     return results
 
 
-def run(backend, items, samples=1, jobs=2, timeout=600):
+def run(backend, items, samples=1, jobs=2, timeout=600, chunks_per_job=3):
     """{item: {"item", "status", "message"}} for items "op|dtype|direction";
-    status is match, differs, crash or "not compared"."""
-    per = max(1, math.ceil(len(items) / (jobs * 3)))
+    status is match, mismatch, error, crash or "not compared"."""
+    per = max(1, math.ceil(len(items) / (jobs * chunks_per_job)))
     chunks = [items[i:i + per] for i in range(0, len(items), per)]
     results = {}
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
@@ -107,6 +125,40 @@ def items_for(found, dtypes, directions, ops=None):
     return out
 
 
+def kit_run(report, backend, ctx, full=False, ops=None, dtypes=None, samples=1,
+            directions=("forward", "backward"), jobs=2, log=None):
+    """The kit's group "opinfo": one check per item "op dtype direction"
+    (pass: match; fail: mismatch, error, crash; skip: not compared)."""
+    import time as _time
+    t0 = _time.monotonic()
+    wanted = dtypes or (DTYPES if full or ops else QUICK_DTYPES)
+    found = listing(backend, wanted)
+    tried = [d for d in wanted if d in found["dtypes"]]
+    items = items_for(found, tried, directions, set(ops or ([] if full else QUICK)) or None)
+    if not full and not ops:  # the quick set: backward in float32 only
+        items = [i for i in items if not (i.endswith("|backward") and "|float32|" not in i)]
+    # A child imports torch and op_db first (seconds): the quick set runs in
+    # one child per job.
+    results = run(backend, items, samples=samples, jobs=jobs, timeout=300,
+                  chunks_per_job=3 if full else 1)
+    each = (_time.monotonic() - t0) / max(1, len(items))
+    for item in items:
+        r = results[item]
+        op, dtype, direction = item.split("|")
+        status = {"match": "pass", "not compared": "skip"}.get(r["status"], "fail")
+        message = r["message"] if status == "pass" else f"{r['status']}: {r['message']}"
+        report.add("opinfo", f"{op} {dtype} {direction}",
+                   f"PyTorch's OpInfo samples of {op} ({dtype}, {direction}) on the device "
+                   "match the CPU", status, message, r.get("duration_s", each))
+        if log and status != "pass":
+            log(f"{status:<4} opinfo/{op} {dtype} {direction}: {message[:200]}")
+    if log:
+        n = {s: sum(results[i]["status"] == s for i in items) for s in STATUSES}
+        log(f"opinfo: {len(items)} items, " + ", ".join(f"{n[s]} {s}" for s in STATUSES)
+            + f" ({_time.monotonic() - t0:.0f} s)")
+    return results
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="simdev")
@@ -116,6 +168,7 @@ def main():
     ap.add_argument("--ops", default="")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--json", default="", help="also write every item's result here")
     args = ap.parse_args()
     dtypes = args.dtypes.split(",")
     found = listing(args.backend, dtypes)
@@ -132,11 +185,14 @@ def main():
     for d in dtypes:
         for direction in directions:
             rs = [r for i, r in results.items() if i.split("|")[1:] == [d, direction]]
-            count = {s: sum(r["status"] == s for r in rs) for s in ("match", "differs", "crash", "not compared")}
+            count = {s: sum(r["status"] == s for r in rs) for s in STATUSES}
             print(f"{d} {direction}, {memory} memory, {args.samples} samples: {len(rs)} operators, "
-                  f"{count['match']} match, {count['differs']} differ, {count['crash']} crash, "
-                  f"{count['not compared']} not compared")
+                  + ", ".join(f"{count[s]} {s}" for s in STATUSES))
     print(f"({time.monotonic() - t0:.0f} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"backend": args.backend, "memory": memory, "samples": args.samples,
+                       "results": [results[i] for i in items]}, f, indent=1)
     return 0
 
 

@@ -1,0 +1,53 @@
+"""python -m accelkit.testing --device NAME ...: see accelkit/testing/__init__.py."""
+import argparse
+import os
+import sys
+
+
+def main(argv=None):
+    from . import GROUPS, CHECKS, run
+    ap = argparse.ArgumentParser(prog="python -m accelkit.testing",
+                                 description="accelkit's conformance kit (Python side)")
+    ap.add_argument("--device", required=True, help="the backend's device name (torch.<name>)")
+    ap.add_argument("--groups", default="", help=f"groups to run (default all): {','.join(GROUPS)},opinfo")
+    ap.add_argument("--skip", default="", help="groups to skip")
+    ap.add_argument("--checks", default="", help="only these checks (name or group/name)")
+    ap.add_argument("--report", default=None, help="the JSON report's path (.txt beside it)")
+    ap.add_argument("--opinfo", choices=("quick", "full", "none"), default="quick",
+                    help="quick: a fixed set of operators (accelkit.testing.opinfo.QUICK); "
+                         "full: every OpInfo of op_db")
+    ap.add_argument("--opinfo-ops", default="", help="these OpInfo operators instead")
+    ap.add_argument("--opinfo-dtypes", default="",
+                    help="dtypes to try (default: quick float32,int64; full: six, where reported)")
+    ap.add_argument("--opinfo-directions", default="forward,backward")
+    ap.add_argument("--opinfo-samples", type=int, default=1, help="samples per operator")
+    ap.add_argument("--jobs", type=int, default=2, help="OpInfo child processes at once")
+    ap.add_argument("--rtol", type=float, default=1e-4, help="tolerance of CPU comparisons")
+    ap.add_argument("--atol", type=float, default=1e-5)
+    ap.add_argument("--import", dest="imports", default="",
+                    help="modules to import after the backend, here and in every OpInfo child "
+                         "(e.g. one that registers kernels through torch.library)")
+    ap.add_argument("--list", action="store_true", help="list the checks and their rules")
+    args = ap.parse_args(argv)
+    split = (lambda s: [x for x in s.split(",") if x])
+    if args.list:
+        for c in CHECKS:
+            print(f"{c.group}/{c.name}: {c.rule}")
+        return 0
+    report = run(args.device, imports=split(args.imports), groups=split(args.groups), skip=split(args.skip),
+                 names=split(args.checks), opinfo=args.opinfo,
+                 opinfo_ops=split(args.opinfo_ops) or None,
+                 opinfo_dtypes=split(args.opinfo_dtypes) or None,
+                 opinfo_samples=args.opinfo_samples,
+                 opinfo_directions=split(args.opinfo_directions), jobs=args.jobs, rtol=args.rtol,
+                 atol=args.atol, log=lambda line: print(line, flush=True))
+    path = args.report or os.environ.get("ACCELKIT_CONFORMANCE_REPORT") or \
+        f"accelkit_conformance_python_{args.device}.json"
+    report.write(path)
+    print(report.summary().splitlines()[-2])
+    print(report.summary().splitlines()[-1] + f" (report: {path})")
+    return 1 if report.failed() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

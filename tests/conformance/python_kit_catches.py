@@ -1,0 +1,109 @@
+"""The Python kit catches what it claims to (issue 17, item 5, Python side).
+
+usage: python_kit_catches.py BACKEND WORKDIR
+
+Runs python -m accelkit.testing on BACKEND with a module imported (the
+kit's --import, so in its OpInfo children too) that registers deliberately
+broken kernels for the backend through torch.library: aten::mm answers the
+product plus one, aten::sin raises, aten::flip kills the process. The kit must
+exit 1 and its report must fail the checks that use them, naming their rule:
+tensors/operators_match_the_cpu and the training checks (mm), and in the
+OpInfo group mm as a mismatch with its largest error, sin as an error, flip
+as a crash (forward; the backward's gradients are the tests of
+opinfo's own), while add, run after the crash, still matches; the report must follow the schema (check_conformance_report.py's
+checks, except that failures are expected here)."""
+import json
+import os
+import subprocess
+import sys
+
+BROKEN = '''
+import os
+import warnings
+import torch
+lib = torch.library.Library("aten", "IMPL")
+
+
+def wrong_mm(a, b):
+    return (torch.mm(a.cpu(), b.cpu()) + 1).to(a.device)
+
+
+def failing_sin(x):
+    raise RuntimeError("broken_kernels: sin fails on purpose")
+
+
+def crashing_flip(x, dims):
+    os._exit(70)
+
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
+    lib.impl("mm", wrong_mm, "PrivateUse1")
+    lib.impl("sin", failing_sin, "PrivateUse1")
+    lib.impl("flip", crashing_flip, "PrivateUse1")
+'''
+
+
+def main():
+    backend, work = sys.argv[1:3]
+    os.makedirs(work, exist_ok=True)
+    with open(os.path.join(work, "broken_kernels.py"), "w") as f:
+        f.write(BROKEN)
+    path = os.path.join(work, "broken.json")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [work] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    run = subprocess.run(
+        [sys.executable, "-m", "accelkit.testing", "--device", backend, "--import",
+         "broken_kernels", "--groups", "tensors,training,opinfo", "--opinfo-ops",
+         "mm,sin,flip,add", "--opinfo-dtypes", "float32", "--opinfo-directions", "forward",
+         "--jobs", "1", "--report", path],
+        env=env, capture_output=True, text=True, timeout=280)
+    sys.stdout.write(run.stdout[-3000:])
+    sys.stderr.write(run.stderr[-3000:])
+    problems = []
+    if run.returncode != 1:
+        problems.append(f"the kit exited {run.returncode}, expected 1 (checks failed)")
+    with open(path) as f:
+        report = json.load(f)
+    if (report["schema"], report["version"], report["kit"]) != ("accelkit.conformance", 1, "python"):
+        problems.append("schema, version or kit wrong")
+    checks = {f"{c['group']}/{c['name']}": c for c in report["checks"]}
+    expect = {
+        "tensors/operators_match_the_cpu": ("fail", "mm"),
+        "tensors/factories": ("pass", ""),
+        "training/mlp_sgd": ("fail", "losses"),
+        "opinfo/mm float32 forward": ("fail", "mismatch: Mismatch: output 0"),
+        "opinfo/sin float32 forward": ("fail", "error: RuntimeError: broken_kernels: sin fails"),
+        "opinfo/flip float32 forward": ("fail", "crash: the process died (70)"),
+        "opinfo/add float32 forward": ("pass", ""),
+    }
+    for name, (status, text) in expect.items():
+        c = checks.get(name)
+        if c is None:
+            problems.append(f"{name} is not in the report")
+        elif c["status"] != status or text not in c["message"]:
+            problems.append(f"{name}: {c['status']} {c['message'][:300]!r}, expected {status} "
+                            f"with {text!r}")
+        elif status == "fail" and not c["rule"]:
+            problems.append(f"{name} fails without naming its rule")
+    mm = checks.get("opinfo/mm float32 forward", {})
+    if "largest absolute error" not in mm.get("message", ""):
+        problems.append(f"the mismatch of mm does not give its largest error: {mm.get('message')!r}")
+    if "opinfo/mm float32 forward" in checks and \
+            "OpInfo samples of mm (float32, forward)" not in checks["opinfo/mm float32 forward"]["rule"]:
+        problems.append("the OpInfo check's rule does not name its operator")
+    counts = {s: sum(c["status"] == s for c in report["checks"]) for s in ("pass", "fail", "skip")}
+    if report["summary"] != counts:
+        problems.append(f"summary {report['summary']} does not count the checks {counts}")
+    with open(path + ".txt") as f:
+        text = f.read()
+    if "rule: PyTorch's OpInfo samples of flip (float32, forward)" not in text:
+        problems.append("the readable summary does not give the failing check's rule")
+    print(f"{len(checks)} checks: {counts}")
+    for p in problems:
+        print("problem:", p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
