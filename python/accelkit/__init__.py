@@ -75,4 +75,7 @@ def install(name: str, library=None):
     _sharing.register()
     from . import distributed
     distributed.register(name)  # torch.distributed's backend `name`
+    if os.environ.get(f"{name.upper()}_AUTOCOMPARE"):
+        from .testing import autocompare  # <NAME>_AUTOCOMPARE: accelkit/testing/autocompare.py
+        autocompare.from_environment(name)
     return device
