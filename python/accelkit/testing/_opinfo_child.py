@@ -253,12 +253,18 @@ def largest_error(e):
 
 for item in sys.argv[3:]:
     name, dtype_name, direction = item.split("|")
-    op, dtype = OPS[name], getattr(torch, dtype_name)
+    op, dtype = OPS.get(name), getattr(torch, dtype_name)
     print("START " + item, flush=True)
     t0 = time.monotonic()
     result = {"item": item, "status": "match", "message": ""}
     try:
-        if name.startswith("jiterator_"):
+        if op is None:
+            result.update(status="error", message=f"op_db has no OpInfo named {name!r}")
+        elif dtype not in op.supported_dtypes("cpu") or direction == "backward" and not (
+                op.supports_autograd and dtype in op.supported_backward_dtypes("cpu")):
+            # Asked for without a listing (the kit's quick set): nothing to compare with.
+            result.update(status="not applicable", message="the CPU does not support it")
+        elif name.startswith("jiterator_"):
             result.update(status="not compared", message="a CUDA-only (Jiterator) operator")
         elif (forward if direction == "forward" else backward)(op, dtype) == 0:
             result.update(status="not compared", message="no sample to compare")
