@@ -54,7 +54,7 @@ def run(name, imports=(), groups=None, skip=(), names=None, opinfo="quick", opin
     ctx = Context(name, rtol=rtol, atol=atol)
     report = Report(name, ctx.devices)
     checks.run(ctx, report, groups=groups, skip=skip, names=names, log=log)
-    if opinfo != "none" and (not groups or "opinfo" in groups) and "opinfo" not in skip \
+    if opinfo != "none" and ctx.devices and (not groups or "opinfo" in groups) and "opinfo" not in skip \
             and not names:
         from . import opinfo as op
         op.kit_run(report, name, ctx, full=opinfo == "full", ops=opinfo_ops,
