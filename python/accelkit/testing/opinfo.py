@@ -143,8 +143,10 @@ def kit_run(report, backend, ctx, full=False, ops=None, dtypes=None, samples=1,
                  if not (quick and w == "backward" and d != "float32")]  # quick: float32 only
     # A child imports torch and op_db first (seconds): the quick set runs in
     # one child per job.
-    results = run(backend, items, samples=samples, jobs=jobs, timeout=300,
-                  chunks_per_job=3 if full else 1)
+    per_job = 3 if full else 1
+    chunk = math.ceil(len(items) / (jobs * per_job))  # a timeout is a chunk's
+    results = run(backend, items, samples=samples, jobs=jobs,
+                  timeout=max(300, 2 * samples * chunk), chunks_per_job=per_job)
     each = (_time.monotonic() - t0) / max(1, len(items))
     items = [i for i in items if results[i]["status"] != "not applicable"]
     for item in items:
