@@ -119,8 +119,10 @@ class Autocompare(TorchDispatchMode):
         try:
             want = func(*cpu_args, **cpu_kwargs)
         except Exception as e:  # noqa: BLE001
-            if op not in self.not_compared:
+            with self.lock:
+                first = op not in self.not_compared
                 self.not_compared.add(op)
+            if first:
                 warnings.warn(f"{self.name}: autocompare: {op} cannot be compared, it raised on "
                               f"the CPU: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
                               AutocompareWarning, stacklevel=2)
