@@ -1,7 +1,7 @@
 """One child of the OpInfo comparison (opinfo.py starts it; it runs as a
 script, so that it works from a backend's copy of the SDK as well).
 
-    python opinfo_child.py BACKEND SAMPLES ITEM...
+    python _opinfo_child.py BACKEND SAMPLES ITEM...
 
 Each ITEM is "operator|dtype|direction" (direction: forward or backward).
 For each it prints "START item" before running it, so that a crash is

@@ -8,7 +8,7 @@ common_methods_invocations; importing it needs `expecttest`) and every dtype
 asked for that the backend reports (its capability schema's `dtypes`) and
 the CPU supports for the operator: forward outputs and, where the operator
 has a CPU backward for the dtype, gradients, compared with the CPU's
-(opinfo_child.py says how). Operators run in child processes, several items
+(_opinfo_child.py says how). Operators run in child processes, several items
 each, restarted past an item that crashes or hangs, which is charged to that
 item. Each item ends as match, mismatch (the largest error in the message),
 error (the device raised where the CPU did not, or another exception type),
