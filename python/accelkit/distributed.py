@@ -37,10 +37,49 @@ CPU tensors go to the inner gloo group unchanged, so the group also serves
 Reductions: SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR on gloo, AVG as a SUM
 divided by the group's size (integers truncated, as NCCL does); PREMUL_SUM
 is refused, as are bitwise reductions of floating-point tensors.
+
+Note [The vendor collective slot]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A backend whose library ships its own collectives replaces gloo for the
+ones it implements by registering PyTorch operators in the namespace
+``<name>_collectives`` (``TORCH_LIBRARY(<name>_collectives, m)`` in the
+backend library; each member optional, the slot unused without them)::
+
+    open(str name, int rank, int size, bool create) -> int   # a communicator
+    unlink(str name) -> ()                # rank 0, once every rank opened it
+    supports(str collective, str op, ScalarType dtype) -> bool
+    all_reduce(int comm, Tensor(a!) t, str op, float timeout_s) -> ()
+    close(int comm) -> ()
+
+The group connects them when it is made (``_Native.connect``): through the
+c10d store every rank says whether it has the library and which host it is
+on (hostname and boot id); only if all have it and share one host, rank 0
+opens a communicator under a fresh name (``/accelkit-<name>-<pid>-<hex>``)
+and publishes it, the others open it, every rank reports success, and rank
+0 unlinks the name; one failure anywhere leaves the whole group on gloo.
+``pg.native`` is then the connection, or None (``ACCELKIT_NATIVE_COLLECTIVES=0``
+on every rank turns it off). A collective goes to the library when
+``supports(collective, op, dtype)`` says so: its answer depends only on
+values the ranks agreed on (_agree checks the dtype, the element count and,
+for reductions, the op), so all ranks take the same path; everything else
+runs on gloo. The library works on the same CPU tensors gloo would get
+(views of host-visible device memory, or staged blocks; contiguous), after
+the same stream synchronize, on one thread of the connection's own in the
+order of the calls (the returned work completes when it and the copy back
+are done), with the group's timeout. Only ``all_reduce`` is routed today;
+another collective is a ``supports`` answer and a method here away.
+simdev implements ``all_reduce`` of float32/float64 with SUM, AVG, MIN, MAX
+through POSIX shared memory (examples/simdev/simdev_collective.cpp, Note
+[simdev's shared-memory all_reduce]).
 """
 import ctypes
 import datetime
+import os
+import queue
+import secrets
+import socket
 import threading
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -207,6 +246,120 @@ def _run_async(work, finish, result):
     return _Work(out)
 
 
+def _host_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _serve(jobs, close):
+    """The connection's thread: runs the library's calls in order; holds no
+    group (Note [No group in the callbacks])."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            break
+        run, fut, result = job
+        try:
+            run()
+        except Exception as e:  # handed to the waiter of the work
+            fut.set_exception(e)
+        else:
+            fut.set_result(result)
+    close()
+
+
+class _Native:
+    """The vendor's collective library connected for one group (Note [The
+    vendor collective slot])."""
+
+    MEMBERS = ("open", "unlink", "supports", "all_reduce", "close")
+
+    def __init__(self, ops, comm, timeout_s):
+        self.ops, self.comm, self.timeout_s = ops, comm, timeout_s
+        self.calls = 0  # collectives handed to the library
+        jobs = queue.SimpleQueue()
+        self._jobs = jobs
+        close = ops.close
+        self._thread = threading.Thread(target=_serve, args=(jobs, lambda: close(comm)),
+                                        daemon=True, name="accelkit-native")
+        self._thread.start()
+        weakref.finalize(self, jobs.put, None)
+
+    @staticmethod
+    def library(name):
+        """The backend's `<name>_collectives` operators, or None."""
+        ns = getattr(torch.ops, f"{name}_collectives")
+        try:
+            for m in _Native.MEMBERS:
+                getattr(ns, m)
+        except (AttributeError, RuntimeError):
+            return None
+        return ns
+
+    @classmethod
+    def connect(cls, name, store, rank, size, timeout):
+        ops = cls.library(name)
+        enabled = (ops is not None and size > 1
+                   and os.environ.get("ACCELKIT_NATIVE_COLLECTIVES", "1") != "0")
+        store = dist.PrefixStore("accelkit-native/", store)
+        store.set(f"host/{rank}", f"{int(enabled)} {_host_id()}")
+        hosts = [store.get(f"host/{r}").decode() for r in range(size)]
+        if not all(h.startswith("1 ") for h in hosts) or len(set(hosts)) != 1:
+            return None
+        comm = None
+        try:
+            if rank == 0:
+                shm = f"/accelkit-{name}-{os.getpid()}-{secrets.token_hex(6)}"
+                try:
+                    comm = ops.open(shm, 0, size, True)
+                finally:
+                    store.set("name", shm if comm is not None else "")
+            else:
+                shm = store.get("name").decode()
+                comm = ops.open(shm, rank, size, False) if shm else None
+        except RuntimeError:
+            comm = None
+        ok = comm is not None
+        store.set(f"open/{rank}", str(int(ok)))
+        every = [store.get(f"open/{r}") == b"1" for r in range(size)]
+        if rank == 0 and comm is not None:
+            ops.unlink(shm)
+        if not all(every):
+            if comm is not None:
+                ops.close(comm)
+            return None
+        return cls(ops, comm, timeout.total_seconds())
+
+    def supports(self, collective, op, tensors):
+        return (len(tensors) == 1 and op in _REDUCE_NAMES.values()
+                and bool(self.ops.supports(collective, op, tensors[0].dtype)))
+
+    def reductions(self):
+        """all_reduce calls the library ran (its own count)."""
+        return int(self.ops.reduces(self.comm)) if hasattr(self.ops, "reduces") else self.calls
+
+    def all_reduce(self, cpu, op, timeout_s, finish, result):
+        """Queues the library's all_reduce of the CPU tensor `cpu`; returns
+        the work."""
+        self.calls += 1
+        work = cpu if cpu.is_contiguous() else cpu.contiguous()
+        ops, comm = self.ops, self.comm
+        timeout_s = timeout_s if timeout_s > 0 else self.timeout_s
+
+        def run():
+            ops.all_reduce(comm, work, op, timeout_s)
+            if work is not cpu:
+                cpu.copy_(work)
+            finish()
+        fut = torch.futures.Future()
+        self._jobs.put((run, fut, result))
+        return _Work(fut)
+
+
 class ProcessGroup(dist.ProcessGroup):
     """The backend's c10d process group (Note [Collectives on gloo])."""
 
@@ -218,6 +371,9 @@ class ProcessGroup(dist.ProcessGroup):
                                           timeout)
         self._visible = {}
         self.check_agreement = True  # _agree
+        self._timeout_s = timeout.total_seconds()
+        # Note [The vendor collective slot]
+        self.native = _Native.connect(self.name, store, rank, size, timeout)
         self._group_name, self._group_desc = "", ""
 
     # -- identity
@@ -284,27 +440,39 @@ class ProcessGroup(dist.ProcessGroup):
                 s()
         return run
 
-    def _agree(self, what: str, tensor, numel=None, failed=False):
+    def _agree(self, what: str, tensor, numel=None, failed=False, op=None):
         """Refuses a collective whose ranks disagree on the tensor's dtype or
-        element count (gloo itself aborts the process on such a mismatch):
-        a small allgather of each rank's (dtype, count) first, so every rank
-        raises the same ValueError, naming the collective and the values. A
-        rank whose own checks `failed` takes part too, and the others raise
-        naming it (it raises its own error). Off when `check_agreement` is
-        False."""
+        element count, or on the reduce `op` (gloo itself aborts the process
+        on a size mismatch, and the vendor slot's choice depends on these:
+        Note [The vendor collective slot]): a small allgather of each rank's
+        (dtype, count, failed, op) first, so every rank raises the same
+        ValueError, naming the collective and the values. A rank whose own
+        checks `failed` takes part too, and the others raise naming it (it
+        raises its own error). Off when `check_agreement` is False."""
         if not self.check_agreement or self._size == 1:
             return
         numel = tensor.numel() if numel is None else numel
-        mine = torch.tensor([_dtype_code(tensor.dtype), numel, int(failed)], dtype=torch.int64)
-        every = torch.empty(3 * self._size, dtype=torch.int64)
+        code = -1 if op is None else list(_REDUCE_NAMES.values()).index(_op_name(op)) \
+            if _op_name(op) in _REDUCE_NAMES.values() else len(_REDUCE_NAMES)
+        mine = torch.tensor([_dtype_code(tensor.dtype), numel, int(failed), code],
+                            dtype=torch.int64)
+        every = torch.empty(4 * self._size, dtype=torch.int64)
         self.gloo._allgather_base(every, mine).wait()
-        rows = every.view(self._size, 3).tolist()
+        rows = every.view(self._size, 4).tolist()
         if failed:
             return  # the caller raises this rank's own error
         refused = [i for i, r in enumerate(rows) if r[2]]
         if refused:
             raise ValueError(f"{self.name}: {what}: rank(s) {', '.join(map(str, refused))} "
                              "refused the collective (their own error says why)")
+        if any(r[3] != rows[0][3] for r in rows):
+            names = list(_REDUCE_NAMES.values())
+
+            def opname(c):
+                return f"ReduceOp.{names[c]}" if 0 <= c < len(names) else "another op"
+            raise ValueError(f"{self.name}: {what}: the ranks' reduce ops disagree: "
+                             + ", ".join(f"rank {i} has {opname(r[3])}"
+                                         for i, r in enumerate(rows)))
         rows = [r[:2] for r in rows]
         if any(r != rows[0] for r in rows):
             def desc(r):
@@ -313,7 +481,7 @@ class ProcessGroup(dist.ProcessGroup):
             raise ValueError(f"{self.name}: {what}: the ranks' tensors disagree: "
                              + ", ".join(f"rank {i} has {desc(r)}" for i, r in enumerate(rows)))
 
-    def _checked(self, what: str, tensor, check, numel=None):
+    def _checked(self, what: str, tensor, check, numel=None, op=None):
         """Runs this rank's own checks (`check()`, which raises ValueError
         and returns what the collective needs), then the ranks' agreement
         (_agree), which a rank whose check failed joins too, so that no rank
@@ -322,7 +490,7 @@ class ProcessGroup(dist.ProcessGroup):
             result, failed = check(), None
         except ValueError as e:
             result, failed = None, e
-        self._agree(what, tensor, numel, failed=failed is not None)
+        self._agree(what, tensor, numel, failed=failed is not None, op=op)
         if failed is not None:
             raise failed
         return result
@@ -332,10 +500,14 @@ class ProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.AllreduceOptions()
         op = opts.reduceOp
         host, gloo_op = self._checked("all_reduce", tensors[0], lambda: (
-            _Host(self, tensors), self._reduce_op(op, tensors)))
+            _Host(self, tensors), self._reduce_op(op, tensors)), op=op)
         for t in tensors[1:]:
-            self._agree("all_reduce", t)
+            self._agree("all_reduce", t, op=op)
         cpu = [host.get(t) for t in tensors]
+        native = self.native
+        if native is not None and native.supports("all_reduce", _op_name(op), cpu):
+            timeout = opts.timeout.total_seconds() if opts.timeout is not None else -1
+            return native.all_reduce(cpu[0], _op_name(op), timeout, host.finish, tensors)
         o = dist.AllreduceOptions()
         o.reduceOp = gloo_op
         o.timeout = opts.timeout
@@ -361,7 +533,7 @@ class ProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.ReduceOptions()
         op = opts.reduceOp
         host, gloo_op = self._checked("reduce", tensors[0], lambda: (
-            _Host(self, tensors), self._reduce_op(op, tensors)))
+            _Host(self, tensors), self._reduce_op(op, tensors)), op=op)
         for t in tensors[1:]:
             self._agree("reduce", t)
         root = opts.rootRank == self._rank
@@ -405,7 +577,7 @@ class ProcessGroup(dist.ProcessGroup):
         op = opts.reduceOp
         host, gloo_op = self._checked("reduce_scatter", outputs[0], lambda: (
             _Host(self, list(outputs) + [t for ts in input_lists for t in ts]),
-            self._reduce_op(op, list(outputs))))
+            self._reduce_op(op, list(outputs))), op=op)
         cpu_out = [host.get(t, read=False) for t in outputs]
         cpu_in = [[host.get(t, write=False) for t in ts] for ts in input_lists]
         o = dist.ReduceScatterOptions()
@@ -424,7 +596,7 @@ class ProcessGroup(dist.ProcessGroup):
                                  f"{input.numel()} elements, expected {output.numel()} x "
                                  f"{self._size} ranks")
             return _Host(self, [output, input]), self._reduce_op(op, [output])
-        host, gloo_op = self._checked("reduce_scatter_tensor", input, check)
+        host, gloo_op = self._checked("reduce_scatter_tensor", input, check, op=op)
         cpu_out = host.get(output, read=False)
         cpu_in = host.get(input, write=False)
         o = dist.ReduceScatterOptions()

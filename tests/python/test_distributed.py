@@ -202,12 +202,69 @@ def _collectives(rank, store_path):
     assert c.tolist() == [3.0] * 4
     dist.barrier()
     _stream_order(rank)
+    _native_slot(rank)
     return "done"
 
 
+def _group():
+    """The backend's process group (accelkit.distributed.ProcessGroup: c10d
+    keeps a Python group as the default group itself)."""
+    pg = dist.distributed_c10d._get_default_group()
+    assert isinstance(pg, torch_simdev._accelkit.distributed.ProcessGroup), type(pg)
+    return pg
+
+
+def _native_slot(rank):
+    """simdev's own all_reduce through the vendor collective slot (Note [The
+    vendor collective slot]): the float reductions it implements run there
+    (its own counter moves), with the bits gloo gives for the same inputs;
+    the others fall back to gloo (the counter stays)."""
+    pg = _group()
+    native = pg.native
+    assert native is not None, "simdev's collective library was not connected"
+    dev = torch.device("simdev", rank)
+    gen = torch.Generator().manual_seed(rank)
+    # 1.5 M floats: two chunks of the 4 MiB slots; a small float64 one too.
+    cases = [(torch.randn(3 << 19, generator=gen), ReduceOp.SUM),
+             (torch.randn(3 << 19, generator=gen), ReduceOp.AVG),
+             (torch.randn(1000, generator=gen, dtype=torch.float64), ReduceOp.MAX),
+             (torch.randn(1000, generator=gen), ReduceOp.MIN)]
+    for values, op in cases:
+        before = native.reductions()
+        x = values.to(dev)
+        dist.all_reduce(x, op=op)
+        assert native.reductions() == before + 1, f"{op} {values.dtype} did not run natively"
+        pg.native = None  # the same on gloo, on both ranks
+        try:
+            y = values.to(dev)
+            dist.all_reduce(y, op=op)
+        finally:
+            pg.native = native
+        assert torch.equal(x.cpu(), y.cpu()), f"native {op} differs from gloo's"
+    # async, and a CPU tensor through the same group
+    x = torch.full((4096,), float(rank + 1), device=dev)
+    work = dist.all_reduce(x, async_op=True)
+    work.wait()
+    assert x.cpu().unique().tolist() == [3.0]
+    c = torch.full((10,), float(rank + 1))
+    before = native.reductions()
+    dist.all_reduce(c)
+    assert c.tolist() == [3.0] * 10 and native.reductions() == before + 1
+    # what it does not implement: gloo, right, the counter unmoved
+    before = native.reductions()
+    for t, op, want in [(torch.full((8,), rank + 2, dtype=torch.int64), ReduceOp.SUM, 5),
+                        (torch.full((8,), float(rank + 2)), ReduceOp.PRODUCT, 6.0),
+                        (torch.full((8,), float(rank + 2), dtype=torch.bfloat16), ReduceOp.SUM, 5.0)]:
+        x = t.to(dev)
+        dist.all_reduce(x, op=op)
+        assert x.cpu().tolist() == [want] * 8, (op, t.dtype, x.cpu())
+    assert native.reductions() == before
+
+
 def test_collectives_two_ranks(tmp_path):
-    """Every collective, then one queued behind a held stream (one process
-    pair for both: starting one costs seconds)."""
+    """Every collective, then one queued behind a held stream, then the
+    native collective of the vendor slot (one process pair for all:
+    starting one costs seconds)."""
     assert _spawn(_collectives, tmp_path) == {0: "done", 1: "done"}
 
 
@@ -283,6 +340,8 @@ def _mismatch(rank, store_path):
                                                     else torch.int32), dst=0, op=dist.ReduceOp.BAND),
         "one rank's size": lambda: dist.all_gather_into_tensor(
             torch.empty(8 + rank, device=dev), torch.ones(4, device=dev)),
+        "op": lambda: dist.all_reduce(torch.ones(8, device=dev),
+                                      op=ReduceOp.SUM if rank == 0 else ReduceOp.MAX),
     }
     out = {}
     for kind, call in cases.items():
@@ -312,12 +371,20 @@ def test_mismatch_across_ranks_is_an_error(tmp_path):
         assert out["one rank's size"].startswith("ValueError"), (rank, out)
         assert ("the output has 9 elements" if rank == 1 else "rank(s) 1 refused") \
             in out["one rank's size"], (rank, out)
+        assert out["op"].startswith("ValueError") and "all_reduce" in out["op"] \
+            and "rank 0 has ReduceOp.SUM, rank 1 has ReduceOp.MAX" in out["op"], (rank, out)
         assert out["after"] == [2.0] * 10
 
 
-def _dead_rank(rank, store_path, check):
+def _dead_rank(rank, store_path, native):
+    if not native:
+        os.environ["ACCELKIT_NATIVE_COLLECTIVES"] = "0"
     _init(store_path, rank, timeout_s=5)
-    dist.distributed_c10d._get_default_group().check_agreement = check
+    # Without the agreement's allgather (on gloo) before each collective,
+    # the collective itself meets the dead rank: simdev's shared-memory one,
+    # or gloo's.
+    _group().check_agreement = not native
+    assert (_group().native is not None) == native
     dev = torch.device("simdev", rank)
     x = torch.ones(1 << 22, device=dev)
     dist.all_reduce(x)  # both alive
@@ -333,15 +400,19 @@ def _dead_rank(rank, store_path, check):
     return (None, time.monotonic() - t0)
 
 
-@pytest.mark.parametrize("check", [
-    pytest.param(True, id="checked"),
-    pytest.param(False, id="unchecked", marks=pytest.mark.skipif(
+@pytest.mark.parametrize("native", [
+    pytest.param(True, id="native_unchecked"),
+    pytest.param(False, id="gloo_checked", marks=pytest.mark.skipif(
         os.environ.get("SIMDEV_HOST_VISIBLE") == "0", reason="one memory mode is enough"))])
-def test_dead_rank_fails_within_timeout(tmp_path, check):
+def test_dead_rank_fails_within_timeout(tmp_path, native):
+    """Rank 1 dies inside an all_reduce: rank 0's next collective fails
+    within the group's timeout (5 s), never hangs: on simdev's shared-memory
+    collective (which names the rank that exited) and on gloo (the agreement
+    check's allgather meets the dead peer first)."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     store_path = str(tmp_path / "store")
-    procs = [ctx.Process(target=_entry, args=(_dead_rank, r, store_path, queue, (check,))) for r in range(2)]
+    procs = [ctx.Process(target=_entry, args=(_dead_rank, r, store_path, queue, (native,))) for r in range(2)]
     for p in procs:
         p.start()
     try:
@@ -354,6 +425,9 @@ def test_dead_rank_fails_within_timeout(tmp_path, check):
     assert (rank, status) == (0, "ok"), out
     err, took = out
     assert err is not None and took < 20, out
+    if native:
+        assert err.startswith("RuntimeError") and "simdev_collectives" in err \
+            and "rank 1" in err and "exited in the middle of the collective" in err, out
     assert procs[1].exitcode == 3
 
 
