@@ -287,7 +287,14 @@ class _Native:
         self._thread = threading.Thread(target=_serve, args=(jobs, lambda: close(comm)),
                                         daemon=True, name="accelkit-native")
         self._thread.start()
-        weakref.finalize(self, jobs.put, None)
+        self._finalizer = weakref.finalize(self, jobs.put, None)
+
+    def close(self):
+        """Ends the connection's thread once the queued calls are done (the
+        group's shutdown: destroy_process_group), which closes the
+        communicator; no thread of the group is left running at exit."""
+        self._finalizer()  # queues the end, once
+        self._thread.join()
 
     @staticmethod
     def library(name):
@@ -396,6 +403,14 @@ class ProcessGroup(dist.ProcessGroup):
 
     def setGroupDesc(self, desc: str) -> None:
         self._group_desc = desc
+
+    def shutdown(self) -> None:
+        """destroy_process_group's call: the vendor slot's thread ends here
+        (after the calls queued on it), not at interpreter exit."""
+        native, self.native = self.native, None
+        if native is not None:
+            native.close()
+        super().shutdown()
 
     def host_visible(self, index: int) -> bool:
         if index not in self._visible:

@@ -259,6 +259,10 @@ def _native_slot(rank):
         dist.all_reduce(x, op=op)
         assert x.cpu().tolist() == [want] * 8, (op, t.dtype, x.cpu())
     assert native.reductions() == before
+    # destroy_process_group ends the slot's thread (no thread of the group
+    # left running at exit)
+    dist.destroy_process_group()
+    assert pg.native is None and not native._thread.is_alive()
 
 
 def test_collectives_two_ranks(tmp_path):
