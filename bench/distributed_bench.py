@@ -7,8 +7,11 @@ pinned blocks) a process pair that measures:
 
 - all_reduce (SUM, float32) bus bandwidth as nccl-tests define it
   (bytes x 2(n-1)/n / time) at 4 KiB, 1 MiB and 64 MiB: CPU tensors through
-  gloo, simdev tensors through the backend's group, and simdev tensors with
-  the ranks' agreement check off (check_agreement = False);
+  gloo ("cpu"), simdev tensors through the backend's group on gloo
+  ("simdev"), the same with the ranks' agreement check off (check_agreement
+  = False, "unchecked"), and simdev tensors through the vendor collective
+  slot, simdev's shared-memory all_reduce ("native", checked and unchecked);
+  the slot is off for the other sides (pg.native = None);
 - a training step of an MLP: plain on one device (no communication) against
   DistributedDataParallel over the two processes (the same per-rank batch).
 
@@ -47,8 +50,11 @@ def _worker(rank, world, store_path, rounds, quick, queue):
     pg = dist.distributed_c10d._get_default_group()
     rows = []
 
-    def timed(x, iters, check=True):
+    native = pg.native  # the vendor slot: simdev's shared-memory all_reduce, or None
+
+    def timed(x, iters, check=True, slot=False):
         pg.check_agreement = check
+        pg.native = native if slot else None
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(iters):
@@ -63,11 +69,17 @@ def _worker(rank, world, store_path, rounds, quick, queue):
         xd = torch.ones(n, device=dev)
         timed(xc, 1), timed(xd, 1)  # warm-up (connections, pinned blocks)
         sides = {"cpu": [], "simdev": [], "simdev, unchecked": []}
+        if native is not None:
+            timed(xd, 1, slot=True)
+            sides.update({"native": [], "native, unchecked": []})
         for _ in range(rounds):
             sides["cpu"].append(timed(xc, iters))
             sides["simdev"].append(timed(xd, iters))
             sides["simdev, unchecked"].append(timed(xd, iters, check=False))
-        pg.check_agreement = True
+            if native is not None:
+                sides["native"].append(timed(xd, iters, slot=True))
+                sides["native, unchecked"].append(timed(xd, iters, check=False, slot=True))
+        pg.check_agreement, pg.native = True, native
         rows.append(("all_reduce", label, nbytes, sides))
 
     # DDP step against the plain step on one device
