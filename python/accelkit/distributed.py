@@ -72,6 +72,8 @@ simdev implements ``all_reduce`` of float32/float64 with SUM, AVG, MIN, MAX
 through POSIX shared memory (examples/simdev/simdev_collective.cpp, Note
 [simdev's shared-memory all_reduce]).
 """
+import atexit
+import collections
 import ctypes
 import datetime
 import os
@@ -139,11 +141,19 @@ class _Host:
             torch.accelerator.current_stream(self.device).synchronize()
 
     def _view(self, t):
+        """A CPU tensor over `t`'s memory that owns nothing (the device
+        tensor stays alive in `keep`): no Python object behind it, so gloo's
+        threads drop it without the GIL (Note [Completion on a thread of
+        the group's own])."""
         n = t.numel() * t.element_size()
         if n == 0:
             return torch.empty(t.shape, dtype=t.dtype)
-        raw = (ctypes.c_char * n).from_address(t.data_ptr())
-        return torch.frombuffer(raw, dtype=torch.uint8).view(t.dtype).view(t.shape)
+        make = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+        if make is None:  # an older PyTorch: a view through a Python buffer
+            raw = (ctypes.c_char * n).from_address(t.data_ptr())
+            return torch.frombuffer(raw, dtype=torch.uint8).view(t.dtype).view(t.shape)
+        storage = make(t.data_ptr(), torch.device("cpu"), n)
+        return torch.empty(0, dtype=t.dtype).set_(storage, 0, t.shape, t.stride())
 
     def _staged(self, t, fill):
         buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
@@ -209,55 +219,93 @@ class _Work(_C10D.Work):
         return None
 
 
-def _run_async(work, finish, result):
-    """A work whose future completes with `result` once gloo's `work` is done
-    and `finish` ran (on the thread that completes gloo's future).
+class _Ordered:
+    """A thread of the group's own that runs jobs in the order given.
+
+    Note [Completion on a thread of the group's own]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A collective's work completes on this thread, which waits for gloo's
+    work (the GIL released), runs the copy back and sets the work's future;
+    gloo's threads run no Python. Python run there (a `then` callback on
+    gloo's future) is dropped there, after the callback, taking the GIL: if
+    the interpreter is finalizing by then (the program exits right after
+    its last collective), taking the GIL ends the thread (pthread_exit),
+    whose unwinding through gloo's noexcept frames calls std::terminate, the
+    abort "terminate called without an active exception" seen in DDP
+    teardown (the core's stack: ProcessGroupGloo::runLoop ->
+    Future::markCompleted -> ~PythonFunctionGuard -> take_gil ->
+    PyThread_exit_thread). The same happens when gloo's thread drops the
+    last reference to a tensor that has a Python object (~AsyncWork ->
+    TensorImpl::decref_pyobject -> take_gil): so this thread keeps its last
+    jobs (and their gloo works and tensors) until later jobs do, and
+    after its end in a module-level list (dropped by later threads' ends
+    or when the interpreter clears this module, on its own thread), so
+    gloo's thread, which drops its reference after completing the work
+    (under load, a while after), does not hold the last one. The thread is joined before the
+    interpreter finalizes: by the group's shutdown (destroy_process_group)
+    or, for a program that exits without it, at exit (_close_all). The zero-
+    copy views own no Python buffer (_Host._view).
 
     Note [No group in the callbacks]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    `finish` runs on one of gloo's threads and is dropped there. Were it to
-    hold the process group (and through it the gloo group), the last
-    reference could go on that thread when the program drops the group
-    first (destroy_process_group while a work is in flight or just done),
-    and gloo's destructor, joining its threads, would join itself: the
-    process aborts ("Resource deadlock avoided"). So callbacks capture
-    values, never the group."""
-    try:
-        fut = work.get_future()
-    except RuntimeError:
-        fut = None
-    if fut is not None:
-        def done(f):
-            f.value()  # raises gloo's error
-            finish()
-            return result
-        return _Work(fut.then(done))
-    # Send and receive have no future in gloo: a thread waits for them.
-    out = torch.futures.Future()
+    The jobs hold values, never the group: were the last reference to go on
+    a thread of the group (destroy_process_group while a work is in flight
+    or just done), the group's destructor would join that thread from
+    itself ("Resource deadlock avoided")."""
 
-    def waiter():
-        try:
-            work.wait()
-            finish()
-            out.set_result(result)
-        except Exception as e:  # handed to the waiter of the work
-            out.set_exception(e)
-    threading.Thread(target=waiter, daemon=True, name="accelkit-p2p").start()
-    return _Work(out)
+    _live = {}  # thread -> (its end, the join's timeout), until it ends
+    _lock = threading.Lock()
 
+    def __init__(self, name, on_exit=None, join_s=None):
+        jobs = queue.SimpleQueue()
+        self._jobs = jobs
+        self._join_s = join_s
+        self._thread = threading.Thread(target=_serve, args=(jobs, on_exit), daemon=True,
+                                        name=name)
+        self._finalizer = weakref.finalize(self, jobs.put, None)
+        with _Ordered._lock:
+            _Ordered._live[self._thread] = (self._finalizer, join_s)
+        self._thread.start()
 
-def _host_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = "?"
-    return f"{socket.gethostname()}/{boot}"
+    def end(self):
+        """Ends the thread once the queued jobs are done (not waiting)."""
+        self._finalizer()
+
+    def submit(self, run, result):
+        """A work whose future completes with `result` once `run()` returned
+        on this thread (or fails with its exception)."""
+        fut = torch.futures.Future()
+        self._jobs.put((run, fut, result))
+        return _Work(fut)
+
+    def close(self):
+        """Ends the thread once the queued jobs are done, and joins it."""
+        self._finalizer()  # queues the end, once
+        if self._thread is not threading.current_thread():
+            self._thread.join(self._join_s)
 
 
-def _serve(jobs, close):
-    """The connection's thread: runs the library's calls in order; holds no
-    group (Note [No group in the callbacks])."""
+_graveyard = collections.deque(maxlen=64)  # the last jobs of ended threads: _serve
+
+
+def _close_all():
+    with _Ordered._lock:
+        live = list(_Ordered._live.items())
+    for thread, (end, join_s) in live:
+        end()
+        thread.join(join_s)
+
+
+atexit.register(_close_all)  # before the interpreter finalizes
+
+
+def _serve(jobs, on_exit):
+    """An _Ordered thread: holds no group (Note [No group in the callbacks]).
+    Keeps the last jobs (their gloo work and tensors) a while, so that gloo's
+    thread, which drops its reference just after completing the work, does
+    not drop the last one (Note [Completion on a thread of the group's
+    own])."""
+    retired = collections.deque(maxlen=16)
     while True:
         job = jobs.get()
         if job is None:
@@ -269,7 +317,42 @@ def _serve(jobs, close):
             fut.set_exception(e)
         else:
             fut.set_result(result)
-    close()
+        retired.append(job)
+        del job, run, fut, result
+    # Not dropped here either: gloo's thread may not have dropped its
+    # reference to the last works yet (under load, a while); kept until
+    # later threads end, or the interpreter clears this module.
+    _graveyard.extend(retired)
+    if on_exit is not None:
+        on_exit()
+    with _Ordered._lock:
+        _Ordered._live.pop(threading.current_thread(), None)
+
+
+def _gloo_job(work, finish):
+    """The completion of gloo's `work` (Note [Completion on a thread of the
+    group's own])."""
+    try:
+        fut = work.get_future()
+    except RuntimeError:
+        fut = None  # send and receive have no future in gloo
+
+    def run():
+        if fut is not None:
+            fut.wait()  # raises gloo's error
+        else:
+            work.wait()
+        finish()
+    return run
+
+
+def _host_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}/{boot}"
 
 
 class _Native:
@@ -281,20 +364,15 @@ class _Native:
     def __init__(self, ops, comm, timeout_s):
         self.ops, self.comm, self.timeout_s = ops, comm, timeout_s
         self.calls = 0  # collectives handed to the library
-        jobs = queue.SimpleQueue()
-        self._jobs = jobs
         close = ops.close
-        self._thread = threading.Thread(target=_serve, args=(jobs, lambda: close(comm)),
-                                        daemon=True, name="accelkit-native")
-        self._thread.start()
-        self._finalizer = weakref.finalize(self, jobs.put, None)
+        self._thread = _Ordered("accelkit-native", on_exit=lambda: close(comm),
+                                join_s=2 * timeout_s)
 
     def close(self):
         """Ends the connection's thread once the queued calls are done (the
         group's shutdown: destroy_process_group), which closes the
         communicator; no thread of the group is left running at exit."""
-        self._finalizer()  # queues the end, once
-        self._thread.join()
+        self._thread.close()
 
     @staticmethod
     def library(name):
@@ -362,9 +440,7 @@ class _Native:
             if work is not cpu:
                 cpu.copy_(work)
             finish()
-        fut = torch.futures.Future()
-        self._jobs.put((run, fut, result))
-        return _Work(fut)
+        return self._thread.submit(run, result)
 
 
 class ProcessGroup(dist.ProcessGroup):
@@ -379,6 +455,8 @@ class ProcessGroup(dist.ProcessGroup):
         self._visible = {}
         self.check_agreement = True  # _agree
         self._timeout_s = timeout.total_seconds()
+        # Note [Completion on a thread of the group's own]
+        self._done = _Ordered("accelkit-completion", join_s=2 * self._timeout_s)
         # Note [The vendor collective slot]
         self.native = _Native.connect(self.name, store, rank, size, timeout)
         self._group_name, self._group_desc = "", ""
@@ -405,11 +483,13 @@ class ProcessGroup(dist.ProcessGroup):
         self._group_desc = desc
 
     def shutdown(self) -> None:
-        """destroy_process_group's call: the vendor slot's thread ends here
-        (after the calls queued on it), not at interpreter exit."""
+        """destroy_process_group's call: the group's threads (completion,
+        vendor slot) end here, after the jobs queued on them (Note
+        [Completion on a thread of the group's own])."""
         native, self.native = self.native, None
         if native is not None:
             native.close()
+        self._done.close()
         super().shutdown()
 
     def host_visible(self, index: int) -> bool:
@@ -528,7 +608,7 @@ class ProcessGroup(dist.ProcessGroup):
         o.timeout = opts.timeout
         work = self.gloo.allreduce(cpu, o)
         post = self._avg(cpu) if op == ReduceOp.AVG else (lambda: None)
-        return _run_async(work, self._chain(post, host.finish), tensors)
+        return self._done.submit(_gloo_job(work, self._chain(post, host.finish)), tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         works = [self.allreduce([t], _allreduce_opts(opts)) for t in tensors]
@@ -542,7 +622,7 @@ class ProcessGroup(dist.ProcessGroup):
         root = opts.rootRank == self._rank
         cpu = [host.get(t, read=root, write=not root) for t in tensors]
         work = self.gloo.broadcast(cpu, opts)
-        return _run_async(work, host.finish, tensors)
+        return self._done.submit(_gloo_job(work, host.finish), tensors)
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
@@ -557,7 +637,7 @@ class ProcessGroup(dist.ProcessGroup):
         o.reduceOp, o.rootRank, o.rootTensor, o.timeout = gloo_op, opts.rootRank, opts.rootTensor, opts.timeout
         work = self.gloo.reduce(cpu, o)
         post = self._avg(cpu) if op == ReduceOp.AVG and root else (lambda: None)
-        return _run_async(work, self._chain(post, host.finish), tensors)
+        return self._done.submit(_gloo_job(work, self._chain(post, host.finish)), tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
@@ -568,7 +648,7 @@ class ProcessGroup(dist.ProcessGroup):
         cpu_in = [host.get(t, write=False) for t in inputs]
         cpu_out = [[host.get(t, read=False) for t in ts] for ts in output_lists]
         work = self.gloo.allgather(cpu_out, cpu_in, opts)
-        return _run_async(work, host.finish, output_lists)
+        return self._done.submit(_gloo_job(work, host.finish), output_lists)
 
     def _allgather_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
@@ -583,7 +663,7 @@ class ProcessGroup(dist.ProcessGroup):
         cpu_in = host.get(input, write=False)
         cpu_out = host.get(output, read=False)
         work = self.gloo._allgather_base(cpu_out, cpu_in, opts)
-        return _run_async(work, host.finish, [output])
+        return self._done.submit(_gloo_job(work, host.finish), [output])
 
     all_gather_single = _allgather_base
 
@@ -599,7 +679,7 @@ class ProcessGroup(dist.ProcessGroup):
         o.reduceOp, o.timeout = gloo_op, opts.timeout
         work = self.gloo.reduce_scatter(cpu_out, cpu_in, o)
         post = self._avg(cpu_out) if op == ReduceOp.AVG else (lambda: None)
-        return _run_async(work, self._chain(post, host.finish), outputs)
+        return self._done.submit(_gloo_job(work, self._chain(post, host.finish)), outputs)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -618,7 +698,7 @@ class ProcessGroup(dist.ProcessGroup):
         o.reduceOp, o.timeout = gloo_op, opts.timeout
         work = self.gloo._reduce_scatter_base(cpu_out, cpu_in, o)
         post = self._avg([cpu_out]) if op == ReduceOp.AVG else (lambda: None)
-        return _run_async(work, self._chain(post, host.finish), [output])
+        return self._done.submit(_gloo_job(work, self._chain(post, host.finish)), [output])
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -630,7 +710,7 @@ class ProcessGroup(dist.ProcessGroup):
         cpu_in = host.get(input, write=False)
         work = self.gloo.alltoall_base(cpu_out, cpu_in, list(output_split_sizes),
                                        list(input_split_sizes), opts)
-        return _run_async(work, host.finish, [output])
+        return self._done.submit(_gloo_job(work, host.finish), [output])
 
     all_to_all_single = alltoall_base
 
@@ -640,7 +720,7 @@ class ProcessGroup(dist.ProcessGroup):
         cpu_in = [host.get(t, write=False) for t in inputs]
         cpu_out = [[host.get(t, read=False) for t in ts] for ts in output_lists]
         work = self.gloo.gather(cpu_out, cpu_in, opts)
-        return _run_async(work, host.finish, output_lists)
+        return self._done.submit(_gloo_job(work, host.finish), output_lists)
 
     def scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
@@ -648,28 +728,38 @@ class ProcessGroup(dist.ProcessGroup):
         cpu_out = [host.get(t, read=False) for t in outputs]
         cpu_in = [[host.get(t, write=False) for t in ts] for ts in input_lists]
         work = self.gloo.scatter(cpu_out, cpu_in, opts)
-        return _run_async(work, host.finish, outputs)
+        return self._done.submit(_gloo_job(work, host.finish), outputs)
 
     def send(self, tensors, dst: int, tag: int = 0):
         host = _Host(self, tensors)
         cpu = [host.get(t, write=False) for t in tensors]
         work = self.gloo.send(cpu, dst, tag)
-        return _run_async(work, host.finish, tensors)
+        return _p2p(_gloo_job(work, host.finish), tensors, self._timeout_s)
 
     def recv(self, tensors, src: int, tag: int = 0):
         host = _Host(self, tensors)
         cpu = [host.get(t, read=False) for t in tensors]
         work = self.gloo.recv(cpu, src, tag)
-        return _run_async(work, host.finish, tensors)
+        return _p2p(_gloo_job(work, host.finish), tensors, self._timeout_s)
 
     def recv_anysource(self, tensors, tag: int = 0):
         host = _Host(self, tensors)
         cpu = [host.get(t, read=False) for t in tensors]
         work = self.gloo.recv_anysource(cpu, tag)
-        return _run_async(work, host.finish, tensors)
+        return _p2p(_gloo_job(work, host.finish), tensors, self._timeout_s)
 
     def barrier(self, opts=None):
         return self.gloo.barrier(opts if opts is not None else dist.BarrierOptions())
+
+
+def _p2p(run, result, timeout_s):
+    """A send's or receive's completion, on a thread of its own: a receive
+    waits for its peer, whose send may come only after collectives of this
+    rank that must complete first (one thread for both would deadlock)."""
+    thread = _Ordered("accelkit-p2p", join_s=2 * timeout_s)
+    work = thread.submit(run, result)
+    thread.end()
+    return work
 
 
 def _allreduce_opts(coalesced):

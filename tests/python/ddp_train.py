@@ -59,10 +59,10 @@ def main():
     if rank == 0:
         torch.save({k: v.cpu() for k, v in net.module.state_dict().items()}
                    | {"_devices": torch.simdev.device_count()}, sys.argv[1])
-    # Every rank past its last collective, and its callbacks on gloo's
-    # threads done, before the group goes: once in about twenty runs under
-    # load a rank aborted in teardown ("terminate called without an active
-    # exception"), cause not yet found.
+    # Every rank past its last collective before the group goes. (A rank
+    # that once aborted here, "terminate called without an active
+    # exception", met a gloo thread running Python during finalization:
+    # Note [Completion on a thread of the group's own].)
     dist.barrier()
     torch.simdev.synchronize()
     dist.destroy_process_group()

@@ -14,6 +14,7 @@ if os.environ.get("ACCELKIT_TEST_BACKEND", "simdev") != "simdev":
 import datetime
 import multiprocessing
 import sys
+import threading
 import time
 import traceback
 
@@ -259,10 +260,26 @@ def _native_slot(rank):
         dist.all_reduce(x, op=op)
         assert x.cpu().tolist() == [want] * 8, (op, t.dtype, x.cpu())
     assert native.reductions() == before
-    # destroy_process_group ends the slot's thread (no thread of the group
-    # left running at exit)
+    # A collective on gloo completes on the group's own thread, never
+    # running Python on one of gloo's (Note [Completion on a thread of the
+    # group's own]): rank 1 joins late, so the callback is chained before
+    # the work completes.
+    y = torch.full((1000,), float(rank), device=dev, dtype=torch.int64)
+    if rank == 1:
+        time.sleep(0.5)
+    work = dist.all_reduce(y, async_op=True)
+    ran_on = []
+    chained = work.get_future().then(lambda f: ran_on.append(threading.current_thread().name))
+    work.wait()
+    chained.wait()
+    assert y.cpu().unique().tolist() == [1]
+    if rank == 0:
+        assert ran_on == ["accelkit-completion"], ran_on
+    # destroy_process_group ends the group's threads (none left at exit)
     dist.destroy_process_group()
-    assert pg.native is None and not native._thread.is_alive()
+    assert pg.native is None
+    left = [t.name for t in threading.enumerate() if t.name.startswith("accelkit-")]
+    assert not left, left
 
 
 def test_collectives_two_ranks(tmp_path):
