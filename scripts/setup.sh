@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what accelkit's build needs, configures and builds it. Sourced by
 # scripts/demo and scripts/test; each step is skipped when already done.
-#   Debian packages: cmake, g++, ninja, ccache, fmt, Catch2
+#   Debian packages: cmake, g++, ninja, ccache, fmt, Catch2, OpenCL/PoCL, iproute2
 #   .venv:           torch==2.13.0 (the CPU wheel on this machine), pytest, numpy,
 #                    expecttest (PyTorch's operator database needs it),
 #                    scikit-build-core (builds backends' wheels)
@@ -24,9 +24,10 @@ log() { printf '[accelkit setup] %s\n' "$*" >&2; }
 
 install_debian_packages() {
   # OpenCL (examples/opencl, tested on PoCL): the headers, the ICD loader and
-  # PoCL's CPU device.
+  # PoCL's CPU device. iproute2: `ip netns` for the distributed test across
+  # two network namespaces.
   local wanted=(cmake g++ ninja-build ccache libfmt-dev catch2 python3
-                opencl-headers ocl-icd-opencl-dev pocl-opencl-icd) missing=()
+                opencl-headers ocl-icd-opencl-dev pocl-opencl-icd iproute2) missing=()
   for pkg in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
       || missing+=("$pkg")
