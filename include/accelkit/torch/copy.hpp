@@ -8,6 +8,8 @@
 #include <accelkit/torch/adapter.hpp>
 #include <accelkit/torch/host_access.hpp>
 
+#include <ATen/MemoryOverlap.h>
+
 #include <cstring>
 
 ACCELKIT_BEGIN_NAMESPACE
@@ -58,9 +60,27 @@ struct CopyOps : HostAccess<R> {
     return dst;
   }
 
+  // Note [Copies within one tensor's memory]
+  // As the CPU's copy_: a copy onto the very same elements (the same
+  // storage, offset, sizes, strides, dtype and bits) does nothing; a copy
+  // into a destination whose elements overlap each other, or between
+  // elements that partly overlap, raises PyTorch's own overlap error.
+  // PyTorch hands a backend's copies to _copy_from before its own checks,
+  // and a driver given overlapping ranges may refuse them (OpenCL: -8,
+  // CL_MEM_COPY_OVERLAP) or copy them in any order.
+  static bool same_elements(const at::Tensor& self, const at::Tensor& dst) {
+    return self.is_alias_of(dst) && self.storage_offset() == dst.storage_offset() &&
+           self.sizes() == dst.sizes() && self.strides() == dst.strides() &&
+           self.scalar_type() == dst.scalar_type() && self.is_conj() == dst.is_conj() &&
+           self.is_neg() == dst.is_neg();
+  }
+
   static at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
     return translated([&] {
       if (self.numel() == 0) return dst;
+      if (same_elements(self, dst)) return dst;  // Note [Copies within one tensor's memory]
+      if (!dst.is_contiguous()) at::assert_no_internal_overlap(dst);
+      if (self.is_alias_of(dst)) at::assert_no_partial_overlap(dst, self);
       if (math_bits(self) || math_bits(dst)) return copy_with_math_bits(self, dst);
       bool src_dev = on_device(self), dst_dev = on_device(dst);
       Backend<R>& b = st().backend();
