@@ -159,7 +159,7 @@ TEST_CASE("discovery: a malformed runtime variable surfaces as a ValueError nami
   CHECK(contains(error_of({{"SIMDEV_DEVICE_COUNT", "-1"}}), "SIMDEV_DEVICE_COUNT='-1'"));
   CHECK(contains(error_of({{"SIMDEV_MEMORY_MB", "0"}}), "SIMDEV_MEMORY_MB='0'"));
   CHECK(contains(error_of({{"SIMDEV_MEMORY_MB", "2,3,4"}}), "gives 3 capacities for 2 devices"));
-  CHECK(contains(error_of({{"SIMDEV_HOST_VISIBLE", "yes"}}), "expected 0 or 1"));
+  CHECK(contains(error_of({{"SIMDEV_HOST_VISIBLE", "yes"}}), "expected 0, 1 or mapped"));
   CHECK(contains(error_of({{"SIMDEV_INJECT_FAULT", "@3"}}), "entry '@3' is not member[@n]"));
   CHECK(contains(error_of({{"SIMDEV_INJECT_FAULT", "malloc,"}}), "entry '' is not member[@n]"));
   CHECK(contains(error_of({{"SIMDEV_MEMORY_MB", "16,,32"}}),
@@ -269,7 +269,7 @@ TEST_CASE("capabilities: the typed query API answers from the validated schema")
   CHECK(b.peer_access_matrix() == std::vector<std::vector<bool>>{{true, true}, {true, true}});
 
   simdev::Config hidden = devices(2);
-  hidden.host_visible = false;
+  hidden.host_access = accelkit::HostAccessLevel::none;
   SimBackend nv(env(), hidden);
   CHECK_FALSE(nv.properties(0).host_visible_memory);
   CHECK(nv.peer_access_matrix() == std::vector<std::vector<bool>>{{true, false}, {false, true}});
@@ -671,4 +671,62 @@ TEST_CASE("fork: a child of a process that only counted devices may initialize")
     return b.current_device() == 1 ? 0 : 1;
   });
   CHECK(status == 0);
+}
+
+TEST_CASE("host access mapped: memory is the host's only between host_map and host_unmap, "
+          "counted once per range by HostMaps") {
+  simdev::Config c = devices(1);
+  c.host_access = HostAccessLevel::mapped;
+  SimBackend b(env(), c);
+  CHECK(b.properties(0).host_access == HostAccessLevel::mapped);
+  CHECK_FALSE(b.properties(0).host_visible_memory);  // derived: direct only
+  constexpr std::size_t n = 3 * 4096;
+  auto* p = static_cast<unsigned char*>(b.raw_malloc(0, n));
+  REQUIRE(p != nullptr);
+  std::vector<unsigned char> in(n, 7), out(n);
+  b.memcpy(0, p, in.data(), n, CopyKind::host_to_device);
+
+  // Outside a map the host faults (a child process tries).
+  auto child_reads = [&] {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      volatile unsigned char v = p[4096];
+      static_cast<void>(v);
+      ::_exit(0);
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  };
+  CHECK_FALSE(child_reads());
+
+  HostMaps<simdev::SimRuntime> maps(b);
+  auto whole = maps.acquire(0, p, n);
+  auto part = maps.acquire(0, p + 4096 + 128, 64);  // inside: counted, not mapped again
+  CHECK(b.runtime().host_maps() == 1);
+  CHECK(maps.open_count() == 1);
+  CHECK(child_reads());
+  CHECK(p[4096] == 7);
+  maps.release(whole);
+  p[4096 + 128] = 9;  // still held by `part`
+  CHECK_THROWS_AS(maps.acquire(0, p + n - 64, 4096), RuntimeError);  // overlaps in part
+  maps.release(part);
+  CHECK(maps.open_count() == 0);
+  CHECK_FALSE(child_reads());
+  b.memcpy(0, out.data(), p, n, CopyKind::device_to_host);
+  CHECK(out[4096 + 128] == 9);
+  CHECK(out[0] == 7);
+
+  // Freed while held: forget() unmaps, the holder's release finds it gone,
+  // and a new map of the same address is not mistaken for the old one.
+  auto held = maps.acquire(0, p, n);
+  maps.forget(0, p);
+  CHECK(maps.open_count() == 0);
+  auto again = maps.acquire(0, p, n);
+  maps.release(held);
+  CHECK(maps.open_count() == 1);
+  // simdev refuses to free memory that is still mapped.
+  CHECK_THROWS_AS(b.raw_free(0, p, n), DriverError);
+  maps.release(again);
+  b.raw_free(0, p, n);
 }

@@ -64,8 +64,38 @@ TEST_CASE("ocl: OCL_SVM chooses the SVM kind, and a bad value names itself", "[o
                     Catch::Contains("OCL_SVM='wide'"));
   ocl::OpenCLRuntime coarse(with(ocl::Svm::coarse));
   REQUIRE(coarse.device_count() >= 1);
-  CHECK_FALSE(coarse.properties(0).host_visible_memory);
+  CHECK(coarse.properties(0).host_access == accelkit::HostAccessLevel::mapped);
   CHECK(coarse.properties(0).extra<std::string>("ocl.svm") == std::string("coarse"));
+}
+
+TEST_CASE("ocl: coarse-grained memory is mapped for the host with host_map and host_unmap",
+          "[ocl]") {
+  ocl::OpenCLRuntime coarse(with(ocl::Svm::coarse));
+  REQUIRE(coarse.device_count() >= 1);
+  constexpr std::size_t n = 8192;
+  auto* p = static_cast<unsigned char*>(coarse.malloc(0, n));
+  REQUIRE(p != nullptr);
+  std::vector<unsigned char> in(n), out(n);
+  for (std::size_t i = 0; i < n; ++i) in[i] = static_cast<unsigned char>(i * 7);
+  coarse.memcpy(0, p, in.data(), n, CopyKind::host_to_device);
+  coarse.host_map(0, p + 256, 1024);
+  CHECK(std::memcmp(p + 256, in.data() + 256, 1024) == 0);
+  for (std::size_t i = 256; i < 256 + 1024; ++i) p[i] = static_cast<unsigned char>(~in[i]);
+  coarse.host_unmap(0, p + 256, 1024);
+  coarse.memcpy(0, out.data(), p, n, CopyKind::device_to_host);
+  for (std::size_t i = 0; i < n; ++i) {
+    bool inside = i >= 256 && i < 256 + 1024;
+    REQUIRE(out[i] == (inside ? static_cast<unsigned char>(~in[i]) : in[i]));
+  }
+  coarse.free(0, p);
+  ocl::Config unmapped = with(ocl::Svm::coarse);
+  unmapped.host_map = false;  // OCL_HOST_MAP=0
+  ocl::OpenCLRuntime none(unmapped);
+  REQUIRE(none.device_count() >= 1);
+  CHECK(none.properties(0).host_access == accelkit::HostAccessLevel::none);
+  CHECK_THROWS_WITH(ocl::Config::from_environment(
+                        accelkit::Environment::fixed({{"OCL_HOST_MAP", "yes"}})),
+                    Catch::Contains("OCL_HOST_MAP='yes'"));
 }
 
 TEST_CASE("ocl: memory is aligned as declared, copies and fills land, in both SVM kinds", "[ocl]") {

@@ -84,7 +84,18 @@ TEST_CASE("properties: each inconsistency is reported in a clear sentence") {
 
   p = sound();
   p.unified_memory = true;
-  CHECK(only_problem(p) == "unified_memory is true but host_visible_memory is false");
+  CHECK(only_problem(p) == "unified_memory is true but host_access is none, not direct");
+  p.host_access = HostAccessLevel::mapped;
+  CHECK(only_problem(p) == "unified_memory is true but host_access is mapped, not direct");
+  p.host_access = HostAccessLevel::direct;
+  CHECK(property_problems(p, "acme").empty());
+
+  // host_visible_memory is the SDK's (derived from host_access).
+  p = sound();
+  p.host_visible_memory = true;
+  CHECK(only_problem(p) ==
+        "host_visible_memory is set by the runtime; the SDK derives it from host_access (set "
+        "host_access = HostAccessLevel::direct instead)");
 
   p = sound();
   p.driver_version = {};

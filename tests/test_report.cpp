@@ -26,7 +26,8 @@ simdev::Config two_devices() {
 TEST_CASE("report: JSON carries every schema field of every device") {
   SimBackend b(Environment::fixed({{"SIMDEV_VISIBLE_DEVICES", "1,0"}}), two_devices());
   std::string j = report_json(b);
-  CHECK(contains(j, "\"schema_version\": 2"));
+  CHECK(contains(j, "\"schema_version\": 3"));
+  CHECK(contains(j, "\"host_access\": \"direct\""));
   CHECK(contains(j, "\"backend\": \"simdev\""));
   CHECK(contains(j, "\"visible_devices_variable\": \"SIMDEV_VISIBLE_DEVICES\""));
   CHECK(contains(j, "\"device_count\": 2"));

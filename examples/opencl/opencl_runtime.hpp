@@ -4,8 +4,9 @@
 //
 // How the contract maps onto OpenCL:
 //   device memory   clSVMAlloc/clSVMFree in the device's context (fine-grained
-//                   SVM: the host may touch it directly; coarse-grained: it
-//                   may not, and the SDK copies around host kernels)
+//                   SVM: the host may touch it directly; coarse-grained:
+//                   between host_map and host_unmap, clEnqueueSVMMap and
+//                   clEnqueueSVMUnmap)
 //   streams         in-order command queues with profiling on (timing is a
 //                   property of the queue in OpenCL, not of the event), with
 //                   cl_khr_priority_hints' three levels where the device has
@@ -21,6 +22,9 @@
 // malformed):
 //   OCL_SVM   fine (default where every device has fine-grained buffers) or
 //             coarse: the SVM kind device memory is allocated as
+//   OCL_HOST_MAP 1 (default) or 0: coarse-grained memory is reported as
+//             reachable by the host through host_map/host_unmap (mapped), or
+//             not at all (none: the SDK copies; for comparisons)
 //
 // The backend is named `ocl`: "opencl" is one of PyTorch's device types.
 //
@@ -98,6 +102,7 @@ enum class Svm { fine, coarse };
 
 struct Config {
   std::optional<Svm> svm;  // unset: fine where every device has it
+  bool host_map = true;    // OCL_HOST_MAP: coarse-grained memory reported mapped (else none)
 
   static Config from_environment(const accelkit::Environment& env) {
     Config c;
@@ -106,6 +111,12 @@ struct Config {
       if (t == "fine") c.svm = Svm::fine;
       else if (t == "coarse") c.svm = Svm::coarse;
       else throw accelkit::ValueError("ocl", fmt::format("OCL_SVM='{}': expected fine or coarse", *v));
+    }
+    if (auto v = env.get("OCL_HOST_MAP")) {
+      std::string_view t = accelkit::detail::trim(*v);
+      if (t == "1") c.host_map = true;
+      else if (t == "0") c.host_map = false;
+      else throw accelkit::ValueError("ocl", fmt::format("OCL_HOST_MAP='{}': expected 0 or 1", *v));
     }
     return c;
   }
@@ -177,7 +188,13 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     p.l2_cache_bytes = std::min<std::uint64_t>(info<cl_ulong>(id, CL_DEVICE_GLOBAL_MEM_CACHE_SIZE),
                                                p.total_memory);
     p.dtypes = accelkit::DTypeSet::all();  // every dtype through the SDK's fallback
-    p.host_visible_memory = svm_ == Svm::fine;
+    // Coarse-grained SVM: the host touches it between clEnqueueSVMMap and
+    // clEnqueueSVMUnmap (host_map, host_unmap).
+    // OCL_HOST_MAP=0 reports it out of the host's reach (none), so the SDK
+    // copies around host kernels as it did before map/unmap (benchmarks).
+    p.host_access = svm_ == Svm::fine  ? accelkit::HostAccessLevel::direct
+                    : config_.host_map ? accelkit::HostAccessLevel::mapped
+                                       : accelkit::HostAccessLevel::none;
     p.unified_memory = false;
     // cl_khr_priority_hints: normal (MED) and HIGH; one level without it.
     p.stream_priorities = accelkit::StreamPriorityRange::from_levels(d.priority_hints ? 2 : 1);
@@ -251,6 +268,24 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     Device& d = context(device, "memcpy");
     check(clEnqueueSVMMemcpy(d.sync_queue, CL_TRUE, dst, src, bytes, 0, nullptr, nullptr),
           "memcpy", "clEnqueueSVMMemcpy");
+  }
+
+  // Coarse-grained SVM (host_access mapped): the host's access to a range,
+  // blocking on the device's synchronous queue; the unmap is waited for, so
+  // what the host wrote is the device's on return.
+  void host_map(int device, void* ptr, std::size_t bytes) {
+    Device& d = context(device, "host_map");
+    check(clEnqueueSVMMap(d.sync_queue, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, ptr, bytes, 0,
+                          nullptr, nullptr),
+          "host_map", "clEnqueueSVMMap");
+  }
+  void host_unmap(int device, void* ptr, std::size_t) {
+    Device& d = context(device, "host_unmap");
+    cl_event e = nullptr;
+    check(clEnqueueSVMUnmap(d.sync_queue, ptr, 0, nullptr, &e), "host_unmap", "clEnqueueSVMUnmap");
+    cl_int err = clWaitForEvents(1, &e);
+    clReleaseEvent(e);
+    check(err, "host_unmap", "clWaitForEvents");
   }
 
   // Waited for when a host side is pageable (the contract: consumed before

@@ -39,7 +39,7 @@ std::shared_ptr<Sim::Gate> take_gate(int64_t id, const char* op) {
 // - bytes_in_use(device) and pinned_blocks() say what the driver holds;
 // - torch.ops.simdev_driver.copies() counts the driver's memcpy and
 //   memcpy_async calls so far, launches() its kernel launches
-//   (simdev_kernels.cpp);
+//   (simdev_kernels.cpp), host_maps() its host_map calls (SIMDEV_HOST_VISIBLE=mapped);
 // - gate = torch.ops.simdev_driver.hold(stream) stops `stream` at this point
 //   of its queue until torch.ops.simdev_driver.release(gate), so that a test
 //   can see work that is still in flight.
@@ -63,6 +63,9 @@ TORCH_LIBRARY(simdev_driver, m) {
   });
   m.def("launches() -> int", [] {
     return static_cast<int64_t>(accelkit::Backend<Sim>::instance().runtime().launches());
+  });
+  m.def("host_maps() -> int", [] {
+    return static_cast<int64_t>(accelkit::Backend<Sim>::instance().runtime().host_maps());
   });
   m.def("release(int gate) -> ()", [](int64_t id) { take_gate(id, "release")->open(); });
   // Opens the gate after `ms` milliseconds, from a thread of its own: for a

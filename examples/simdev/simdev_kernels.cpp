@@ -42,9 +42,11 @@ at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar
   const float* b = other.const_data_ptr<float>();
   float* c = out.mutable_data_ptr<float>();
   std::size_t n = static_cast<std::size_t>(self.numel());
+  auto& rt = K::runtime();  // the kernel addresses the device's view (mapped mode)
   K::runtime().launch(
       s.device, s.handle, "add",
-      [a, b, c, n] {
+      [a = rt.device_address(s.device, a), b = rt.device_address(s.device, b),
+       c = rt.device_address(s.device, c), n] {
         for (std::size_t i = 0; i < n; ++i) c[i] = a[i] + b[i];
       },
       {{a, n * sizeof(float)}, {b, n * sizeof(float)}, {c, n * sizeof(float)}});
@@ -60,9 +62,10 @@ at::Tensor relu(const at::Tensor& self) {
   const float* a = self.const_data_ptr<float>();
   float* c = out.mutable_data_ptr<float>();
   std::size_t n = static_cast<std::size_t>(self.numel());
+  auto& rt = K::runtime();  // the kernel addresses the device's view (mapped mode)
   K::runtime().launch(
       s.device, s.handle, "relu",
-      [a, c, n] {
+      [a = rt.device_address(s.device, a), c = rt.device_address(s.device, c), n] {
         // NaN stays NaN, as the CPU's relu (clamp_min(0)) keeps it.
         for (std::size_t i = 0; i < n; ++i) c[i] = a[i] > 0.0f || a[i] != a[i] ? a[i] : 0.0f;
       },

@@ -15,8 +15,10 @@
 //   SIMDEV_MEMORY_MB      capacity per device in MiB (default 1024, at least 2):
 //                         one value for all devices, or a comma list, one per
 //                         device
-//   SIMDEV_HOST_VISIBLE   1 (default) or 0: whether the host may touch device
-//                         memory directly
+//   SIMDEV_HOST_VISIBLE   1 (default), 0 or mapped: the host may touch device
+//                         memory directly (host_access direct), only through
+//                         copies (none), or only between host_map and
+//                         host_unmap (mapped: Note [simdev mapped memory])
 //   SIMDEV_ALIGNMENT      the alignment malloc declares and gives (a power of
 //                         two in 128..4096): when set, addresses are aligned
 //                         to it and never to twice it, so an SDK that assumes
@@ -71,12 +73,14 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 namespace simdev {
@@ -104,7 +108,7 @@ inline bool queues_work(std::string_view member) {
 struct Config {
   int device_count = 2;
   std::vector<std::uint64_t> memory_bytes{1024ull << 20};  // one entry, or one per device
-  bool host_visible = true;
+  accelkit::HostAccessLevel host_access = accelkit::HostAccessLevel::direct;
   bool discovery_thread = false;  // SIMDEV_DISCOVERY_THREAD
   int priority_levels = 0;    // 0: CUDA-style 0..-2 (SIMDEV_PRIORITY_LEVELS)
   std::size_t alignment = 0;  // 0: 256 declared, pages given (SIMDEV_ALIGNMENT)
@@ -164,9 +168,10 @@ struct Config {
     }
     if (auto v = env.get("SIMDEV_HOST_VISIBLE")) {
       std::string_view t = accelkit::detail::trim(*v);
-      if (t == "1") c.host_visible = true;
-      else if (t == "0") c.host_visible = false;
-      else throw bad("SIMDEV_HOST_VISIBLE", *v, "expected 0 or 1");
+      if (t == "1") c.host_access = accelkit::HostAccessLevel::direct;
+      else if (t == "0") c.host_access = accelkit::HostAccessLevel::none;
+      else if (t == "mapped") c.host_access = accelkit::HostAccessLevel::mapped;
+      else throw bad("SIMDEV_HOST_VISIBLE", *v, "expected 0, 1 or mapped");
     }
     if (auto v = env.get("SIMDEV_ALIGNMENT")) {
       long long a = parse_int("SIMDEV_ALIGNMENT", *v, 128, 4096);
@@ -284,7 +289,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     p.clock_rate_khz = 1'000'000;
     p.l2_cache_bytes = std::min<std::uint64_t>(4u << 20, p.total_memory);  // a 1 MiB device is valid
     p.dtypes = accelkit::DTypeSet::all();
-    p.host_visible_memory = config_.host_visible;
+    p.host_access = config_.host_access;
     p.unified_memory = false;
     p.stream_priorities = config_.priority_levels
                               ? accelkit::StreamPriorityRange::from_levels(config_.priority_levels)
@@ -329,14 +334,19 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     }
     std::size_t offset = config_.alignment < kPage ? config_.alignment : 0;  // 0 when unset
     std::size_t mapped = rounded + (offset ? kPage : 0);
-    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char* view = nullptr;
+    void* p = mapped_mode() ? map_twice(mapped, view)
+                            : ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
+                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
       d.used.fetch_sub(rounded);
       return nullptr;
     }
     char* ptr = static_cast<char*>(p) + offset;
+    Allocation a{rounded, offset, view, {}};
+    if (view) a.holds.assign(mapped / kPage, 0);
     std::lock_guard<std::mutex> lock(d.mutex);
-    d.allocations.emplace(ptr, Allocation{rounded, offset});
+    d.allocations.emplace(ptr, std::move(a));
     return ptr;
   }
 
@@ -353,6 +363,11 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
         driver_error(kInvalidValue, "free",
                      fmt::format("pointer {} was not allocated on device {}", ptr, device));
       a = it->second;
+      if (std::any_of(a.holds.begin(), a.holds.end(), [](std::uint32_t h) { return h > 0; }))
+        driver_error(kInvalidValue, "free",
+                     fmt::format("memory at {} is still mapped for the host (host_map without "
+                                 "host_unmap)",
+                                 ptr));
     }
     refuse_if_queued("free", static_cast<char*>(ptr), a.bytes);
     {
@@ -360,6 +375,10 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       d.allocations.erase(static_cast<char*>(ptr));
     }
     retire(static_cast<char*>(ptr) - a.offset, a.bytes + (a.offset ? kPage : 0));
+    if (a.view) {  // mapped mode: the pages go with the device's view
+      ::madvise(a.view, a.bytes + (a.offset ? kPage : 0), MADV_REMOVE);
+      ::munmap(a.view, a.bytes + (a.offset ? kPage : 0));
+    }
     d.used.fetch_sub(a.bytes);
   }
 
@@ -456,17 +475,49 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     w.device = device;
     w.what = "memset_async";
     w.touches[0] = {device, static_cast<char*>(ptr), bytes};
-    w.fn = [ptr, value, bytes] { std::memset(ptr, value, bytes); };
+    void* at = device_address(device, ptr);
+    w.fn = [at, value, bytes] { std::memset(at, value, bytes); };
     w.fail = async_fault;
     check_live(w, "memset_async");
     s->enqueue(std::move(w));
+  }
+
+  // Note [simdev mapped memory]
+  // With SIMDEV_HOST_VISIBLE=mapped, each allocation is one memfd mapped
+  // twice: the pointer malloc returns is a view the host may not touch
+  // (PROT_NONE), and simdev's streams, copies and kernels work through a
+  // second, device-only view of the same pages. host_map opens the host's
+  // view of the pages under a range (read and write), host_unmap closes it
+  // again when the last map over a page ends, so a host access outside a
+  // map faults at once (SIGSEGV) instead of reading stale data. host_map
+  // refuses memory that queued work still uses (the SDK maps after its
+  // stream's work), and free refuses memory still mapped.
+  void host_map(int device, void* ptr, std::size_t bytes) {
+    check(device, "host_map");
+    fault("host_map");
+    if (!mapped_mode())
+      driver_error(kNotPermitted, "host_map",
+                   "device memory is not mapped for the host in this mode (SIMDEV_HOST_VISIBLE "
+                   "is not 'mapped')");
+    refuse_if_queued("host_map", static_cast<char*>(ptr), bytes);
+    protect(device, ptr, bytes, true);
+    host_maps_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void host_unmap(int device, void* ptr, std::size_t bytes) {
+    check(device, "host_unmap");
+    fault("host_unmap");
+    if (!mapped_mode())
+      driver_error(kNotPermitted, "host_unmap",
+                   "device memory is not mapped for the host in this mode (SIMDEV_HOST_VISIBLE "
+                   "is not 'mapped')");
+    protect(device, ptr, bytes, false);
   }
 
   bool can_access_peer(int device, int peer) {
     check(device, "can_access_peer");
     check(peer, "can_access_peer");
     fault("can_access_peer");
-    return config_.host_visible;
+    return config_.host_access == accelkit::HostAccessLevel::direct;
   }
 
   void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device,
@@ -722,6 +773,23 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   long copies() const { return copies_.load(); }
   // Kernels launched so far.
   long launches() const { return launches_.load(); }
+  // host_map calls so far (Note [simdev mapped memory]).
+  long host_maps() const { return host_maps_.load(); }
+  // Where simdev's own work addresses device memory at `p` (its device
+  // view in mapped mode, `p` itself otherwise): native kernels launched on
+  // simdev's streams read and write through it.
+  template <class T>
+  T* device_address(int device, T* p) {
+    if (!mapped_mode() || p == nullptr) return p;
+    Device& d = context(device);
+    char* c = reinterpret_cast<char*>(const_cast<std::remove_const_t<T>*>(p));
+    std::lock_guard<std::mutex> lock(d.mutex);
+    auto it = d.allocations.upper_bound(c);
+    if (it == d.allocations.begin()) return p;
+    --it;
+    if (c >= it->first + it->second.bytes || it->second.view == nullptr) return p;
+    return reinterpret_cast<T*>(it->second.view + it->second.offset + (c - it->first));
+  }
   bool initialized() const { return initialized_; }
   std::uint64_t bytes_in_use(int device) { return context(device).used.load(); }
   long pinned_blocks() {
@@ -947,6 +1015,8 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   struct Allocation {
     std::size_t bytes = 0;   // usable, from the returned pointer
     std::size_t offset = 0;  // from the start of the mapping
+    char* view = nullptr;    // mapped mode: the device's view of the mapping
+    std::vector<std::uint32_t> holds;  // mapped mode: open host maps per page
   };
   struct Device {
     std::once_flag created;
@@ -1011,6 +1081,70 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     driver_error(e->first, call, fmt::format("asynchronous error of earlier work: {}", e->second));
   }
 
+  bool mapped_mode() const { return config_.host_access == accelkit::HostAccessLevel::mapped; }
+
+  // One memfd mapped twice (Note [simdev mapped memory]): returns the host's
+  // view (no access), sets `view` to the device's; MAP_FAILED on failure.
+  static void* map_twice(std::size_t bytes, char*& view) {
+    int fd = static_cast<int>(::syscall(SYS_memfd_create, "simdev", 1u /* MFD_CLOEXEC */));
+    if (fd < 0) return MAP_FAILED;
+    void* host = MAP_FAILED;
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+      host = ::mmap(nullptr, bytes, PROT_NONE, MAP_SHARED, fd, 0);
+      void* dev = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (host == MAP_FAILED || dev == MAP_FAILED) {
+        if (host != MAP_FAILED) ::munmap(host, bytes);
+        if (dev != MAP_FAILED) ::munmap(dev, bytes);
+        host = MAP_FAILED;
+      } else {
+        view = static_cast<char*>(dev);
+      }
+    }
+    ::close(fd);
+    return host;
+  }
+
+  // Opens (`open`) or closes one host map over the pages under [ptr, ptr +
+  // bytes), which must lie in one allocation; pages change protection when
+  // their first map opens or their last closes.
+  void protect(int device, void* ptr, std::size_t bytes, bool open) {
+    const char* call = open ? "host_map" : "host_unmap";
+    Device& d = context(device);
+    char* c = static_cast<char*>(ptr);
+    std::lock_guard<std::mutex> lock(d.mutex);
+    auto it = d.allocations.upper_bound(c);
+    if (it == d.allocations.begin() || bytes == 0 ||
+        c + bytes > std::prev(it)->first + std::prev(it)->second.bytes)
+      driver_error(kInvalidValue, call,
+                   fmt::format("{} bytes at {} are not inside one allocation of device {}", bytes,
+                               ptr, device));
+    --it;
+    Allocation& a = it->second;
+    char* base = it->first - a.offset;  // the host view's first page
+    std::size_t first = static_cast<std::size_t>(c - base) / kPage;
+    std::size_t last = static_cast<std::size_t>(c + bytes - 1 - base) / kPage;
+    if (!open)
+      for (std::size_t i = first; i <= last; ++i)
+        if (a.holds[i] == 0)
+          driver_error(kInvalidValue, call,
+                       fmt::format("{} bytes at {} were not mapped for the host", bytes, ptr));
+    auto change = [&](std::size_t from, std::size_t to) {  // pages [from, to)
+      if (from < to &&
+          ::mprotect(base + from * kPage, (to - from) * kPage,
+                     open ? PROT_READ | PROT_WRITE : PROT_NONE) != 0)
+        driver_error(kInvalidValue, call, fmt::format("mprotect failed for {}", ptr));
+    };
+    std::size_t run = first;
+    for (std::size_t i = first; i <= last; ++i) {
+      bool flips = open ? a.holds[i]++ == 0 : --a.holds[i] == 0;
+      if (!flips) {
+        change(run, i);
+        run = i + 1;
+      }
+    }
+    change(run, last + 1);
+  }
+
   Work copy_work(int device, int dst_device, void* dst, const void* src, std::size_t bytes,
                  accelkit::CopyKind kind) {
     Work w;
@@ -1028,6 +1162,9 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     w.touches[1] = {dst_dev ? dst_device : -1, d, bytes};
     for (Range& r : w.touches)
       if (r.device < 0 && !is_pinned(r.ptr, bytes)) r = Range{};
+    // The device's own view of its memory (Note [simdev mapped memory]).
+    if (src_dev) s = device_address(device, s);
+    if (dst_dev) d = device_address(dst_device, d);
     w.fn = [d, s, bytes] { copy_bytes(d, s, bytes); };  // copy_engine.hpp
     return w;
   }
@@ -1190,6 +1327,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   std::atomic<long> events_created_{0};
   std::atomic<long> copies_{0};
   std::atomic<long> launches_{0};
+  std::atomic<long> host_maps_{0};
   bool initialized_ = false;
   std::mutex pinned_mutex_;
   struct Pinned {

@@ -3,6 +3,7 @@
 
 #include <accelkit/config.hpp>
 #include <accelkit/device/backend.hpp>
+#include <accelkit/device/host_maps.hpp>
 #include <accelkit/properties.hpp>
 #include <accelkit/device/report.hpp>
 #include <accelkit/device/visibility.hpp>

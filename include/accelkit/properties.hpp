@@ -30,7 +30,7 @@
 
 ACCELKIT_BEGIN_NAMESPACE
 
-inline constexpr int properties_schema_version = 2;
+inline constexpr int properties_schema_version = 3;
 
 // Element types, named as in `torch.<name>`.
 enum class DType : std::uint8_t {
@@ -145,6 +145,31 @@ struct StreamPriorityRange {
   }
 };
 
+// Note [Host access levels]
+// How the host may touch a device's memory (DeviceProperties::host_access):
+//   none    only through copies (memcpy, memcpy_async);
+//   mapped  directly, but only between host_map(device, ptr, bytes) and
+//           host_unmap(device, ptr, bytes) of the range (optional runtime
+//           members; OpenCL's coarse-grained SVM with clEnqueueSVMMap and
+//           clEnqueueSVMUnmap), and never while device work uses it;
+//   direct  directly, at any time the device is not using it (fine-grained
+//           SVM, CUDA's managed memory, simdev's host memory).
+// The SDK's host paths (PyTorch's CPU kernels as host kernels, the
+// zero-copy fallback) run on device memory at the mapped and direct levels;
+// at the mapped level they open a map scope (Note [Map scopes] in
+// device/host_maps.hpp) over what they touch. A runtime that reports
+// mapped must implement host_map and host_unmap (a ValueError at the first
+// properties query otherwise). host_visible_memory is derived from it.
+enum class HostAccessLevel : std::uint8_t { none, mapped, direct };
+
+constexpr std::string_view to_string(HostAccessLevel a) noexcept {
+  switch (a) {
+    case HostAccessLevel::none: return "none";
+    case HostAccessLevel::mapped: return "mapped";
+    default: return "direct";
+  }
+}
+
 // A vendor-specific value, under a key namespaced by the backend's name:
 // "acme.tensor_cores", "simdev.fault_injection".
 using ExtraValue = std::variant<bool, std::int64_t, double, std::string>;
@@ -179,8 +204,15 @@ struct DeviceProperties {
   int clock_rate_khz = 0;
   std::uint64_t l2_cache_bytes = 0;   // 0 when there is none
   DTypeSet dtypes;                    // element types with native kernels
-  bool unified_memory = false;        // one address space with the host
-  bool host_visible_memory = false;   // the host may read and write device pointers
+  // One address space with the host (a device pointer is a valid host
+  // address for the same bytes): requires host_access direct.
+  bool unified_memory = false;
+  // How the host may touch device memory (Note [Host access levels]).
+  // Schema version 3.
+  HostAccessLevel host_access = HostAccessLevel::none;
+  // (SDK) host_access is direct: the host may read and write device pointers
+  // at any time. Set by the SDK from host_access; a runtime leaves it false.
+  bool host_visible_memory = false;
   StreamPriorityRange stream_priorities;
   bool event_timing = false;          // (SDK) false unless the runtime has event_elapsed_time
   std::optional<int> async_copy_engines;  // copies that can overlap compute; may be unknown
@@ -294,8 +326,13 @@ inline std::vector<std::string> property_problems(const DeviceProperties& p,
     if (p.dtypes.contains(pr.complex) && !p.dtypes.contains(pr.real))
       problem("dtypes has {} but not its component type {}", to_string(pr.complex),
               to_string(pr.real));
-  if (p.unified_memory && !p.host_visible_memory)
-    problem("unified_memory is true but host_visible_memory is false");
+  if (p.host_visible_memory)
+    problem("host_visible_memory is set by the runtime; the SDK derives it from host_access "
+            "(set host_access = HostAccessLevel::direct instead)");
+  if (static_cast<unsigned>(p.host_access) > static_cast<unsigned>(HostAccessLevel::direct))
+    problem("host_access is {} (not none, mapped or direct)", static_cast<unsigned>(p.host_access));
+  if (p.unified_memory && p.host_access != HostAccessLevel::direct)
+    problem("unified_memory is true but host_access is {}, not direct", to_string(p.host_access));
   if (p.async_copy_engines && *p.async_copy_engines < 0)
     problem("async_copy_engines is {} (must not be negative)", *p.async_copy_engines);
   for (std::size_t i = 0; i < p.extras.size(); ++i) {

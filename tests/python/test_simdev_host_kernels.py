@@ -246,3 +246,47 @@ print('allocated', torch.simdev.memory_allocated())
                for l in lines), r.stdout + r.stderr
     assert lines.count("ok [3.0, 3.0, 3.0, 3.0]") == 2, r.stdout + r.stderr
     assert lines[-1] == "allocated 512", r.stdout + r.stderr  # only `a` (one 512-byte block)
+
+
+MAPPED = os.environ.get(f"{ENV}HOST_VISIBLE", "1") == "mapped"
+mapped_only = pytest.mark.skipif(not MAPPED, reason="simdev's mapped mode (SIMDEV_HOST_VISIBLE=mapped)")
+
+
+@simdev_only
+@mapped_only
+def test_mapped_memory_faults_when_the_host_touches_it_outside_a_map():
+    # What makes the mapped mode's suite mean something: device memory the SDK
+    # did not map is out of the host's reach, so a host path that forgot its
+    # map scope dies at once (SIGSEGV) instead of passing.
+    code = """
+import ctypes, torch, torch_simdev
+x = torch.ones(1024, device='simdev')
+torch.simdev.synchronize()
+print('mapped', torch.simdev.get_device_properties(0).host_access, flush=True)
+ctypes.string_at(x.data_ptr(), 16)
+print('read without a map', flush=True)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=os.environ)
+    assert "mapped mapped" in r.stdout, r.stdout + r.stderr
+    assert "read without a map" not in r.stdout, r.stdout + r.stderr
+    assert r.returncode == -11, (r.returncode, r.stdout + r.stderr)  # SIGSEGV
+
+
+@simdev_only
+@mapped_only
+def test_mapped_memory_runs_host_kernels_and_the_fallback_in_place():
+    a, b = A.to(DEV), B.to(DEV)
+    MOD.synchronize()
+    copies = torch.ops.simdev_driver.copies()
+    maps = torch.ops.simdev_driver.host_maps()
+    MOD.reset_fallback_report()
+    c = a * b + a   # host kernels: mul.Tensor, add.Tensor
+    c.cos_()        # the zero-copy fallback
+    MOD.synchronize()
+    assert torch.ops.simdev_driver.copies() == copies  # nothing went through copies
+    assert torch.ops.simdev_driver.host_maps() >= maps + 3
+    report = {op: n for op, n, _ in MOD.fallback_report()}
+    assert report.get("aten::mul.Tensor") == 1, report  # a host kernel
+    assert sum(n for op, n in report.items() if op.startswith("aten::cos")) == 1, report
+    torch.testing.assert_close(c.cpu(), (A * B + A).cos_(), rtol=0, atol=0)

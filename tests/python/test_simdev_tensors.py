@@ -180,8 +180,9 @@ def test_device_properties_read_as_attributes_and_bad_indices_are_errors():
     props = MOD.get_device_properties(f"{DEV}:1")
     assert props.total_memory == props["total_memory"] == 256 << 20
     assert props.name == MOD.get_device_name(1)
-    expected = os.environ.get(f"{ENV}HOST_VISIBLE", "1") != "0"
-    assert props.host_visible_memory is expected  # the tests run both ways
+    mode = os.environ.get(f"{ENV}HOST_VISIBLE", "1")  # the tests run in each mode
+    assert props.host_access == {"1": "direct", "0": "none", "mapped": "mapped"}[mode]
+    assert props.host_visible_memory is (mode == "1")  # direct access only
     with pytest.raises(AttributeError, match="no 'warp_size'"):
         props.warp_size
     for bad in (2, -1, f"{DEV}:9"):
@@ -464,7 +465,7 @@ def test_the_fallback_runs_on_device_memory_when_the_host_may_touch_it():
     before = torch.ops.simdev_driver.copies()
     a.cos_()
     copies = torch.ops.simdev_driver.copies() - before
-    if MOD.get_device_properties(0).host_visible_memory:
+    if MOD.get_device_properties(0).host_access != "none":  # direct, or mapped in place
         assert copies == 0
     else:
         assert copies >= 2

@@ -106,7 +106,11 @@ namespace detail {
     (device, start, end))                                                                     \
   X(stream_wait_peer_event, void,                                                             \
     (device_index device, StreamHandle stream, device_index event_device, EventHandle event), \
-    sdk, (device, stream, event_device, event))
+    sdk, (device, stream, event_device, event))                                               \
+  X(host_map, void, (device_index device, void* ptr, std::size_t bytes), sdk,                 \
+    (device, ptr, bytes))                                                                     \
+  X(host_unmap, void, (device_index device, void* ptr, std::size_t bytes), sdk,               \
+    (device, ptr, bytes))
 
 // Constants: C(member, type, default). `static constexpr type member`; a
 // required one has no default.

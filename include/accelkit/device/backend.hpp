@@ -232,6 +232,14 @@ class Backend {
       auto p = std::make_unique<DeviceProperties>(runtime_.properties(phys));
       fill_unknown(*p, name, phys);
       validate_properties(*p, name, device);
+      if constexpr (!detail::has_host_map<R> || !detail::has_host_unmap<R>) {
+        if (p->host_access == HostAccessLevel::mapped)
+          throw ValueError(name, fmt::format("device {} reports host_access mapped, but the "
+                                             "runtime lacks host_map or host_unmap (Note [Host "
+                                             "access levels])",
+                                             device));
+      }
+      p->host_visible_memory = p->host_access == HostAccessLevel::direct;
       if constexpr (!detail::has_event_elapsed_time<R>) p->event_timing = false;
       return p;
     });
@@ -494,6 +502,29 @@ class Backend {
 #undef ACCELKIT_DETAIL_FORWARD_sdk
 #undef ACCELKIT_DETAIL_FORWARD_forward
 #undef ACCELKIT_DETAIL_FORWARD_forward_nonempty
+
+  // Opens and ends the host's access to device memory of a device whose
+  // host_access is mapped (Note [Host access levels]); HostMaps<R>
+  // (device/host_maps.hpp) counts the maps, so most code uses that.
+  // NotSupportedError for a runtime without the members.
+  void host_map(device_index device, void* ptr, std::size_t bytes) {
+    int phys = physical(device);
+    if constexpr (detail::has_host_map<R>) {
+      runtime_.host_map(phys, ptr, bytes);
+    } else {
+      static_cast<void>(phys), static_cast<void>(ptr), static_cast<void>(bytes);
+      throw NotSupportedError(name, fmt::format("{}:{} has no host_map", name, device));
+    }
+  }
+  void host_unmap(device_index device, void* ptr, std::size_t bytes) {
+    int phys = physical(device);
+    if constexpr (detail::has_host_unmap<R>) {
+      runtime_.host_unmap(phys, ptr, bytes);
+    } else {
+      static_cast<void>(phys), static_cast<void>(ptr), static_cast<void>(bytes);
+      throw NotSupportedError(name, fmt::format("{}:{} has no host_unmap", name, device));
+    }
+  }
 
   // Milliseconds between two recorded timing events. NotSupportedError when
   // the backend or device has no event timing.

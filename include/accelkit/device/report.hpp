@@ -38,7 +38,9 @@ inline void write_properties(JsonWriter& w, const DeviceProperties& p) {
   w.key("dtypes").begin_array();
   for (DType t : p.dtypes.to_vector()) w.value(to_string(t));
   w.end_array();
-  w.field("unified_memory", p.unified_memory).field("host_visible_memory", p.host_visible_memory);
+  w.field("unified_memory", p.unified_memory)
+      .field("host_access", to_string(p.host_access))
+      .field("host_visible_memory", p.host_visible_memory);
   w.key("stream_priorities").begin_object()
       .field("lowest", p.stream_priorities.lowest)
       .field("highest", p.stream_priorities.highest)
@@ -137,7 +139,9 @@ std::string report_text(Backend<R>& backend) {
       line("      memory {:.0f} MiB total, {:.0f} MiB free, max allocation {:.0f} MiB, aligned to "
            "{} B; {}{}",
            p.total_memory / mib, mem.free / mib, p.max_allocation / mib, p.memory_alignment,
-           p.host_visible_memory ? "host-visible" : "not host-visible",
+           p.host_access == HostAccessLevel::direct   ? "host-visible"
+           : p.host_access == HostAccessLevel::mapped ? "host-visible when mapped"
+                                                      : "not host-visible",
            p.unified_memory ? ", unified" : "");
       line("      {} compute units, subgroup {}, {} MHz, L2 {} KiB, {} copy engine{}",
            p.compute_units, p.subgroup_size, p.clock_rate_khz / 1000, p.l2_cache_bytes / 1024,

@@ -380,6 +380,51 @@ struct Checks {
           return;
     }
   }
+  // host_access mapped: the host reads and writes a range between host_map
+  // and host_unmap (a whole allocation, and a part of one at an offset, as
+  // the SDK maps a tensor's storage inside a pooled block), and a copy sees
+  // what it wrote after the unmap.
+  static void host_mapped_memory_is_visible(Kit& kit, Verdict& v) {
+    if (no_device(kit, v)) return;
+    auto& b = kit.backend();
+    for (int d = 0; d < kit.devices(); ++d) {
+      if (b.properties(d).host_access != HostAccessLevel::mapped) continue;
+      constexpr std::size_t n = 3 * 4096;
+      std::vector<unsigned char> in = pattern(n, 3), out(n);
+      auto* p = static_cast<unsigned char*>(b.raw_malloc(d, n));
+      if (!v.require(p != nullptr, fmt::format("device {}: malloc of {} bytes failed", d, n)))
+        return;
+      struct Range {
+        std::size_t at, bytes;
+      };
+      bool ok = true;
+      for (Range r : {Range{0, n}, Range{4096 + 128, 1000}}) {
+        b.memcpy(d, p, in.data(), n, CopyKind::host_to_device);
+        b.host_map(d, p + r.at, r.bytes);
+        bool read = std::memcmp(p + r.at, in.data() + r.at, r.bytes) == 0;
+        for (std::size_t i = r.at; i < r.at + r.bytes; ++i)
+          p[i] = static_cast<unsigned char>(in[i] ^ 0x5a);
+        b.host_unmap(d, p + r.at, r.bytes);
+        b.memcpy(d, out.data(), p, n, CopyKind::device_to_host);
+        ok = v.require(read, fmt::format("device {} reports host_access mapped, but the host "
+                                         "read other bytes than a copy wrote between host_map "
+                                         "and host_unmap of {} bytes at offset {}",
+                                         d, r.bytes, r.at));
+        for (std::size_t i = 0; ok && i < n; ++i) {
+          bool inside = i >= r.at && i < r.at + r.bytes;
+          auto want = static_cast<unsigned char>(inside ? in[i] ^ 0x5a : in[i]);
+          ok = v.require(out[i] == want,
+                         fmt::format("device {} reports host_access mapped, but after "
+                                     "host_unmap a copy did not see what the host wrote (byte "
+                                     "{}, mapped {} bytes at offset {})",
+                                     d, i, r.bytes, r.at));
+        }
+        if (!ok) break;
+      }
+      b.raw_free(d, p, n);
+      if (!ok) return;
+    }
+  }
   static void event_timing_matches(Kit& kit, Verdict& v) {
     if (no_device(kit, v)) return;
     auto& b = kit.backend();
@@ -824,6 +869,8 @@ ACCELKIT_END_NAMESPACE
   X(properties, max_allocation_allocates, "max_allocation bytes can be allocated")              \
   X(properties, host_visible_memory_is_visible,                                                  \
     "host_visible_memory: the host reads and writes device memory directly")                    \
+  X(properties, host_mapped_memory_is_visible,                                                   \
+    "host_access mapped: the host reads and writes memory between host_map and host_unmap")     \
   X(properties, event_timing_matches,                                                            \
     "event_timing says whether elapsed_time works: it measures, or is refused")                 \
   X(memory, malloc_aligned, "malloc returns memory aligned to memory_alignment")                \

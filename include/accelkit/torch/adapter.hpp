@@ -303,6 +303,11 @@ inline thread_local int host_kernel_depth = 0;
 inline thread_local std::uint64_t device_work = 0;
 inline void note_device_work() noexcept { ++device_work; }
 
+// The host's access to one device's mapped memory for the length of a host
+// path (Note [Map scopes]); torch/host_access.hpp.
+template <class R>
+class MapScope;
+
 struct HostKernelScope {
   HostKernelScope() noexcept { ++host_kernel_depth; }
   ~HostKernelScope() { --host_kernel_depth; }
@@ -354,9 +359,11 @@ struct DeviceAllocator final : c10::DeviceAllocator {
     if (!v) return;
     if (Backend<R>::instance().in_bad_fork()) return;
     auto d = static_cast<device_index>(v & kContextMask);
-    reporting_failures<R>([&] {
-      st().device_memory().device(d).deallocate(reinterpret_cast<void*>(v & ~kContextMask));
-    });
+    void* p = reinterpret_cast<void*>(v & ~kContextMask);
+    // A block still mapped for the host is unmapped before the pool may
+    // reuse or release it (Note [Map scopes]).
+    reporting_failures<R>([&] { HostMaps<R>::get().forget(d, p); });
+    reporting_failures<R>([&] { st().device_memory().device(d).deallocate(p); });
   }
 
   // Note [Host work on recycled blocks]: a block freed in stream order may
@@ -376,6 +383,9 @@ struct DeviceAllocator final : c10::DeviceAllocator {
       if (p && host_kernel_depth > 0) {
         try {
           s.backend().stream_synchronize(d, h);
+          // A host kernel writes it from the host: mapped with the kernel's
+          // other memory (Note [Map scopes]).
+          if (MapScope<R>* maps = MapScope<R>::innermost(d)) maps->add(p, n);
         } catch (...) {
           s.device_memory().device(d).deallocate(p);
           throw;

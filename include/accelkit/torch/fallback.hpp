@@ -197,8 +197,9 @@ class Fallback {
     return e;
   }
 
-  // Note [Zero-copy fallback]: when the device's memory is host-visible
-  // (capability schema), the CPU kernel runs directly on device memory: the
+  // Note [Zero-copy fallback]: when the host can reach the device's memory
+  // (host_access mapped or direct; mapped memory is mapped for the kernel's
+  // length: Note [Map scopes]), the CPU kernel runs directly on device memory: the
   // current stream is synchronized (the kernel then runs, in effect, at its
   // place on that stream), every device tensor argument is replaced by a CPU
   // tensor viewing the same memory, and results that are those views are
@@ -247,7 +248,10 @@ class Fallback {
         !device)
       return false;
     device_index d = device->index();
-    bool visible = translated([&] { return HostAccess<R>::host_ready(d); });
+    // Mapped memory is mapped for the CPU kernel's length (Note [Map scopes]).
+    std::optional<MapScope<R>> maps;
+    bool visible = translated([&] { return HostAccess<R>::host_reachable_ready(d); });
+    if (visible) maps.emplace(d);
     // The bytes from a tensor's first element to its last.
     auto extent = [](const at::Tensor& t) {
       return at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.element_size());
@@ -286,6 +290,7 @@ class Fallback {
       if (t.numel() == 0) {
         view = at::empty(t.sizes(), t.options().device(at::kCPU));
       } else if (visible) {
+        translated([&] { maps->add(t); });
         c10::Storage storage(c10::Storage::use_byte_size_t(), extent(t),
                              c10::DataPtr(t.data_ptr(), c10::Device(c10::kCPU)),
                              c10::GetCPUAllocator(), /*resizable=*/true);
@@ -321,6 +326,7 @@ class Fallback {
       }
     }
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    maps.reset();  // the results below touch device memory through copies only
 
     std::size_t results = op.schema().returns().size();
     for (std::size_t i = stack.size() - results; i < stack.size(); ++i) {

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 ACCELKIT_BEGIN_NAMESPACE
 namespace torch_adapter {
@@ -18,9 +19,20 @@ struct HostAccess {
   static State<R>& st() { return State<R>::get(); }
   static bool on_device(const at::Tensor& t) { return t.device().type() == kDeviceType; }
   static device_index dev(const at::Tensor& t) { return t.device().index(); }
-  static bool host_visible(device_index d) {
-    return st().backend().properties(d).host_visible_memory;
+  static HostAccessLevel host_access(device_index d) {
+    return st().backend().properties(d).host_access;
   }
+  // Whether the host may touch d's memory now: directly, or mapped while
+  // this thread's map scope on d is open (which maps what it touches: Note
+  // [Map scopes]).
+  static bool host_visible(device_index d) {
+    HostAccessLevel a = host_access(d);
+    return a == HostAccessLevel::direct ||
+           (a == HostAccessLevel::mapped && MapScope<R>::innermost(d) != nullptr);
+  }
+  // Whether a host path (host kernels, the zero-copy fallback) may run on
+  // d's memory, opening a map scope where it must.
+  static bool host_reachable(device_index d) { return host_access(d) != HostAccessLevel::none; }
   static std::size_t nbytes(const at::Tensor& t) {
     return static_cast<std::size_t>(t.numel()) * t.element_size();
   }
@@ -46,6 +58,15 @@ struct HostAccess {
   // Whether device work on d is better done right here, on the host
   // (Note [Device work inside host kernels]). Waits for d's stream if so.
   static bool run_on_host(device_index d) { return host_kernel_depth > 0 && host_ready(d); }
+
+  // Whether a host path may run on d now: its memory is reachable (direct,
+  // or mapped through a scope the caller opens), and d's current stream has
+  // been waited for.
+  static bool host_reachable_ready(device_index d) {
+    if (!host_reachable(d)) return false;
+    sync(d);
+    return true;
+  }
 
   // A CPU tensor viewing the device memory of `t` (host-visible devices only).
   static at::Tensor host_view(const at::Tensor& t) {
@@ -106,6 +127,58 @@ struct HostAccess {
                                 CopyKind::host_to_device, stream_of(d), false);
     sync(d);
   }
+};
+
+// Note [Map scopes] (device/host_maps.hpp): the host paths' map scope. On a
+// device whose host_access is mapped, each tensor (its whole storage) or
+// range given to add() is mapped for the host until the scope ends; on any
+// other device the scope does nothing. One thread, one device: the
+// innermost open scope of the thread also takes the memory allocated while
+// a host kernel runs (DeviceAllocator::allocate), and says that the host
+// may touch the device's memory now (HostAccess::host_visible). add() may
+// throw accelkit errors (call it inside translated()); the destructor
+// unmaps, reporting failures through the diagnostics hook.
+template <class R>
+class MapScope {
+ public:
+  explicit MapScope(device_index d)
+      : d_(d), mapped_(HostAccess<R>::host_access(d) == HostAccessLevel::mapped) {
+    if (!mapped_) return;
+    outer_ = innermost_;
+    innermost_ = this;
+  }
+  ~MapScope() {
+    if (!mapped_) return;
+    innermost_ = outer_;
+    for (auto it = tickets_.rbegin(); it != tickets_.rend(); ++it)
+      reporting_failures<R>([&] { HostMaps<R>::get().release(*it); });
+  }
+  MapScope(const MapScope&) = delete;
+  MapScope& operator=(const MapScope&) = delete;
+
+  // Maps the storage of a tensor of this scope's device (others: nothing).
+  void add(const at::Tensor& t) {
+    if (!mapped_ || !t.defined() || t.device().type() != kDeviceType || t.device().index() != d_ ||
+        !t.has_storage())
+      return;
+    const c10::Storage& s = t.storage();
+    add(const_cast<void*>(s.data()), s.nbytes());
+  }
+  void add(void* p, std::size_t bytes) {
+    if (!mapped_ || p == nullptr || bytes == 0) return;
+    tickets_.push_back(HostMaps<R>::get().acquire(d_, p, bytes));
+  }
+  // This thread's innermost open scope over mapped memory of d, if any.
+  static MapScope* innermost(device_index d) {
+    return innermost_ != nullptr && innermost_->d_ == d ? innermost_ : nullptr;
+  }
+
+ private:
+  static inline thread_local MapScope* innermost_ = nullptr;
+  device_index d_;
+  bool mapped_;
+  MapScope* outer_ = nullptr;
+  std::vector<typename HostMaps<R>::Ticket> tickets_;
 };
 
 }  // namespace torch_adapter

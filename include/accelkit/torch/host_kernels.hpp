@@ -5,7 +5,7 @@
 // The boxed CPU fallback serves every operator, but each call pays for
 // boxing the arguments into a stack, a CPU tensor aliasing each device
 // tensor, and a second trip through the dispatcher: about 1.5 us, as much as
-// a small kernel itself. When the device's memory is host-visible
+// a small kernel itself. When the host can reach the device's memory
 // (capability schema), the hottest operators do without all of that: their
 // PrivateUse1 kernel orders itself after the current stream, then runs
 // PyTorch's CPU kernel of the same operator directly on the device tensors,
@@ -16,14 +16,16 @@
 // nothing of a CPU tensor but its memory; where one calls a TensorIterator
 // kernel stub with the iterator's device type, the stub gets a PrivateUse1
 // entry that forwards to its CPU kernel (installed once some device reported
-// host-visible memory).
+// memory the host can reach).
 //
 // They remain CPU execution: each is counted in the fallback report under
 // its operator's name, and the fallback policy and block list apply to them
 // as to any fallback. Arguments they do not take (tensors of two devices or
 // of another device type, mixed dtypes that a TensorIterator would have to
-// convert, a device without host-visible memory) go to the fallback
-// unchanged. The arithmetic operators (add, sub, mul, div) also take one
+// convert, a device whose memory the host cannot reach: host_access none)
+// go to the fallback unchanged. On a device whose host_access is mapped, a
+// host kernel maps its tensors, and what it allocates, for its length (Note
+// [Map scopes]). The arithmetic operators (add, sub, mul, div) also take one
 // CPU scalar operand (`x * 0.5`, a zero-dim CPU tensor) beside a device
 // tensor, as TensorIterator allows on any device, when it does not change
 // the result's dtype: it is converted to that dtype first, as the CPU's
@@ -163,13 +165,13 @@ void visit_tensors(const std::optional<at::Tensor>& t, const F& f) {
 template <class T, class F>
 void visit_tensors(const T&, const F&) {}
 
-// Whether host kernels may run on d (host-visible memory), waiting for d's
-// current stream when `wait`; the first yes installs the stubs' PrivateUse1
-// entries.
+// Whether host kernels may run on d (host_access mapped or direct), waiting
+// for d's current stream when `wait`; the first yes installs the stubs'
+// PrivateUse1 entries.
 template <class R, bool wait = true>
 bool host_ready(c10::DeviceIndex d) {
   using H = HostAccess<R>;
-  if (!translated([&] { return wait ? H::host_ready(d) : H::host_visible(d); }))
+  if (!translated([&] { return wait ? H::host_reachable_ready(d) : H::host_reachable(d); }))
     return false;
   static std::once_flag once;
   std::call_once(once, install_stubs);
@@ -239,6 +241,13 @@ std::optional<HostPlace> host_device(Args&&... args) {  // forwarding: sees whic
   return HostPlace{*device, *dtype};
 }
 
+// Maps every tensor argument on a device whose memory the host reaches
+// only mapped (Note [Map scopes]); nothing otherwise.
+template <class R, class... Args>
+void map_arguments(MapScope<R>& maps, const Args&... args) {
+  translated([&] { (visit_tensors(args, [&](const at::Tensor& t, bool) { maps.add(t); }), ...); });
+}
+
 // The arguments as the CPU kernel gets them: the CPU scalar (host_device
 // allows one) converted to the kernel's dtype and held here for the call,
 // everything else as it is.
@@ -277,6 +286,8 @@ struct Kernel<R, Op, uniform, scalar, Ret(Args...)> {
     std::optional<HostPlace> place = host_device<R, uniform, scalar>(args...);
     if (!place) return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
     return Fallback<R>::get().host(handle<Op>(), [&]() -> Ret {
+      MapScope<R> maps(place->device.index());
+      map_arguments(maps, args...);
       HostKernelScope scope;
       Converted c;
       return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
@@ -337,6 +348,8 @@ struct Functional<R, Op, Impl, scalar, at::Tensor(Args...)> {
     // blocks]).
     translated([&] { HostAccess<R>::sync(place->device.index()); });
     return Fallback<R>::get().host(handle<Op>(), [&] {
+      MapScope<R> maps(place->device.index());
+      map_arguments(maps, args..., op.outputs[0]);
       HostKernelScope scope;
       std::apply([&](const auto&... a) { op.impl(a..., op.outputs[0]); }, cpu_args);
       return std::move(op.outputs[0]);
@@ -364,6 +377,8 @@ struct Mean {
       return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(self, dim, keepdim,
                                                                          dtype, out);
     return Fallback<R>::get().host(handle<Op>(), [&]() -> at::Tensor& {
+      MapScope<R> maps(out.device().index());
+      map_arguments(maps, self, out);
       HostKernelScope scope;
       int64_t n = 1;
       if (!dim || dim->empty() || self.dim() == 0) {

@@ -7,6 +7,8 @@
 #include <accelkit/torch/adapter.hpp>
 #include <accelkit/torch/host_access.hpp>
 
+#include <cstring>
+
 #include <c10/core/DeviceGuard.h>
 
 #include <algorithm>
@@ -30,9 +32,13 @@ struct StorageOps : HostAccess<R> {
     c10::DataPtr fresh = device_allocator<R>().allocate(n);
     std::size_t keep = std::min(n, storage.nbytes());
     if (keep > 0) {
-      st().backend().memcpy_async(d, fresh.get(), storage.data(), keep,
-                                  CopyKind::device_to_device, stream_of(d), false);
-      queued(d);
+      if (HostAccess<R>::run_on_host(d)) {  // inside a host kernel (Note [Map scopes])
+        std::memcpy(fresh.get(), storage.data(), keep);
+      } else {
+        st().backend().memcpy_async(d, fresh.get(), storage.data(), keep,
+                                    CopyKind::device_to_device, stream_of(d), false);
+        queued(d);
+      }
     }
     const_cast<c10::Storage&>(storage).set_data_ptr_noswap(std::move(fresh));
     const_cast<c10::Storage&>(storage).set_nbytes(n);
