@@ -730,3 +730,28 @@ TEST_CASE("host access mapped: memory is the host's only between host_map and ho
   maps.release(again);
   b.raw_free(0, p, n);
 }
+
+namespace {
+// simdev's required members only: a runtime without host_map and host_unmap.
+struct WithoutMaps : accelkit::Runtime<WithoutMaps> {
+  static constexpr std::string_view name = "simdev";
+  explicit WithoutMaps(simdev::Config c) : sim(std::move(c)) {}
+#define FORWARD_(member, Ret, params, kind, args) \
+  Ret member params { return sim.member args; }
+  ACCELKIT_REQUIRED_MEMBERS(FORWARD_)
+#undef FORWARD_
+  simdev::SimRuntime sim;
+};
+}  // namespace
+
+TEST_CASE("host access mapped: a runtime without host_map and host_unmap may not report it") {
+  simdev::Config c = devices(1);
+  c.host_access = HostAccessLevel::mapped;
+  Backend<WithoutMaps> b(env(), c);
+  CHECK_THROWS_WITH(b.properties(0), Catch::Contains("reports host_access mapped, but the "
+                                                     "runtime lacks host_map or host_unmap"));
+  CHECK_THROWS_AS(b.host_map(0, nullptr, 0), NotSupportedError);
+  c.host_access = HostAccessLevel::direct;
+  Backend<WithoutMaps> direct(env(), c);
+  CHECK(direct.properties(0).host_visible_memory);
+}
