@@ -75,6 +75,8 @@ def install(name: str, library=None):
     _sharing.register()
     from . import distributed
     distributed.register(name)  # torch.distributed's backend `name`
+    from . import compile as _compile
+    _compile.install()  # torch.compile: Dynamo's device interface, Inductor's code generators
     if os.environ.get(f"{name.upper()}_AUTOCOMPARE"):
         from .testing import autocompare  # <NAME>_AUTOCOMPARE: accelkit/testing/autocompare.py
         autocompare.from_environment(name)

@@ -1,0 +1,470 @@
+"""torch.compile for the backend this process installed (accelkit.install
+registers it; nothing here is imported by PyTorch before it is needed).
+
+Two registrations make a PrivateUse1 device a target of torch.compile's
+default backend (Inductor), and this module makes both for any backend built
+with accelkit:
+
+- Dynamo's device interface (``torch._dynamo.device_interface``):
+  :func:`device_interface` builds it from torch.<name> (current device and
+  stream, streams and events, synchronize, device count, availability, the
+  capability schema as properties, memory), with torch.cuda's semantics.
+- Inductor's code generators (``torch._inductor.codegen.common``): on
+  host-visible device memory, Inductor's C++ (CPU) scheduling, whose kernels
+  read and write the device memory in place, and a Python wrapper that makes
+  each generated kernel wait for the device's current stream first (Note
+  [Compiled kernels on host-visible memory]). A vendor with code generators
+  of its own plugs them in with :func:`register_codegen` (Note [The codegen
+  slot]).
+
+Note [Registering without importing the compiler]
+PyTorch's two tables live in torch._dynamo and torch._inductor, which take
+seconds to import, and ``import torch`` loads neither; a backend must not
+pay for them at import. So install() only puts a finder on sys.meta_path
+that registers into each table right after its module has been executed
+(or at once, when it has been already), and takes itself off once both are
+done. Dynamo reads the device interface only through
+``get_interface_for_device`` and Inductor the code generators only through
+``get_scheduling_for_device`` and friends, all after those imports.
+"""
+import importlib.abc
+import importlib.util
+import os
+import sys
+import threading
+
+import torch
+
+from . import _backend
+
+__all__ = ["device_interface", "register_codegen", "host_visible", "HostVisibleScheduling",
+           "HostVisibleWrapperCodegen", "wait_for_stream"]
+
+_DYNAMO = "torch._dynamo.device_interface"
+_INDUCTOR = "torch._inductor.compile_fx"  # imports codegen.common, the scheduler and the IR
+
+_lock = threading.Lock()
+_registered = set()   # which of _DYNAMO, _INDUCTOR were registered into
+_vendor = None        # register_codegen's arguments, once called
+_interface = None     # the device interface class, once built
+
+
+# ------------------------------------------------------------ device interface
+
+def _properties(device=None):
+    """torch.<name>.get_device_properties, with the names Inductor reads of
+    CUDA's properties (multi_processor_count, warp_size, major) filled in
+    from the capability schema where it has them."""
+    mod = getattr(torch, _backend.name)
+    props = mod.get_device_properties(device)
+    if "multi_processor_count" not in props:
+        units = props.get("compute_units") or props.get("multi_processor_count")
+        if not units or props.get("host_visible_memory"):
+            # Inductor's C++ kernels run on the host's cores on host-visible
+            # memory: its reduction splits should see those.
+            units = units or os.cpu_count() or 1
+        props["multi_processor_count"] = int(units)
+    return props
+
+
+def _compute_capability(device=None):
+    """CUDA's interface answers major * 10 + minor; the capability schema has
+    no such numbers. A backend whose schema reports `compute_capability` (or
+    `major`/`minor`) gets it; otherwise the empty string, as the CPU's and
+    MPS's interfaces answer."""
+    props = getattr(torch, _backend.name).get_device_properties(device)
+    if "compute_capability" in props:
+        return props["compute_capability"]
+    if "major" in props:
+        return int(props["major"]) * 10 + int(props.get("minor", 0))
+    return ""
+
+
+def device_interface():
+    """The Dynamo device interface of the installed backend (built once;
+    torch._dynamo.device_interface must be importable, which importing it
+    here does)."""
+    global _interface
+    if _interface is not None:
+        return _interface
+    from torch._dynamo.device_interface import DeviceInterface
+
+    name = _backend.name
+    mod = getattr(torch, name)
+
+    def exchange(device: int) -> int:
+        # torch.cuda._exchange_device: a negative index changes nothing and
+        # answers -1; otherwise makes it current and answers the previous one.
+        if device < 0:
+            return -1
+        prev = mod.current_device()
+        if prev != device:
+            mod.set_device(device)
+        return prev
+
+    class Worker:
+        """Properties and the current device for Inductor's compile workers."""
+        set_device = staticmethod(mod.set_device)
+        current_device = staticmethod(mod.current_device)
+        get_device_properties = staticmethod(_properties)
+
+    class Interface(DeviceInterface):
+        device = mod.device
+        Event = mod.Event
+        Stream = mod.Stream
+
+        current_device = staticmethod(mod.current_device)
+        set_device = staticmethod(mod.set_device)
+        exchange_device = staticmethod(exchange)
+        maybe_exchange_device = staticmethod(exchange)
+        device_count = staticmethod(mod.device_count)
+        is_available = staticmethod(mod.is_available)
+        stream = staticmethod(mod.stream)
+        current_stream = staticmethod(mod.current_stream)
+        set_stream = staticmethod(mod.set_stream)
+        synchronize = staticmethod(mod.synchronize)
+        get_compute_capability = staticmethod(_compute_capability)
+        is_bf16_supported = staticmethod(mod.is_bf16_supported)
+        memory_allocated = staticmethod(mod.memory_allocated)
+
+        @staticmethod
+        def _set_stream_by_id(stream_id: int, device_index: int, device_type: int) -> None:
+            torch.accelerator.set_stream(torch.Stream(
+                stream_id=stream_id, device_index=device_index, device_type=device_type))
+
+        @staticmethod
+        def get_raw_stream(device_idx: int) -> int:
+            # The current stream's id (c10's; CUDA answers its cudaStream_t):
+            # what generated code hands a vendor's kernels.
+            return torch.accelerator.current_stream(device_idx).stream_id
+
+        @classmethod
+        def get_device_properties(cls, device=None):
+            return _properties(device)
+
+        @classmethod
+        def is_dtype_supported(cls, dtype: torch.dtype, including_emulation: bool = False) -> bool:
+            return str(dtype).split(".")[1] in mod.get_device_properties()["dtypes"]
+
+        @staticmethod
+        def is_triton_capable(device=None) -> bool:
+            return False
+
+    Interface.Worker = Worker
+    Interface.__name__ = Interface.__qualname__ = f"{name.capitalize()}Interface"
+    _interface = Interface
+    return Interface
+
+
+# ------------------------------------------------------------ code generation
+
+def host_visible(index: int) -> bool:
+    """Whether device `index`'s memory is host-visible (capability schema)."""
+    return bool(getattr(torch, _backend.name).get_device_properties(index)
+                .get("host_visible_memory"))
+
+
+def wait_for_stream(index: int) -> None:
+    """Blocks the host until the work queued so far on device `index`'s
+    current stream is done: what each compiled kernel calls first."""
+    torch.accelerator.current_stream(index).synchronize()
+
+
+# Note [Compiled kernels on host-visible memory]
+# On host-visible memory Inductor's C++ (CPU) code generator serves the
+# device unchanged: its kernels take data pointers, and a device tensor's
+# data pointer is host-addressable there, so they read and write the device
+# memory in place (no copies). They are host code, though, and the device's
+# streams run asynchronously: a kernel must not read a buffer before the work
+# queued on the current stream has written it (an asynchronous copy into an
+# input, a fill of a freshly allocated output), nor write a block that queued
+# work still reads (the caching allocator hands a block freed on the stream
+# back to the same stream at once). So the wrapper emits
+# `wait_for_stream(<index>)` before every generated kernel, as the SDK's host
+# kernels and zero-copy fallback order themselves (Note [Host kernels]);
+# extern kernels (mm, convolution) are the backend's own operators and order
+# themselves. Work queued after a kernel follows it, since the kernel is
+# done when the host moves on. The device guard is the backend's own, so
+# the wrapper's allocations land on the right device.
+# A backend without host-visible memory cannot run host code on its memory:
+# its scheduling refuses with a RuntimeError naming the backend, which
+# torch.compile reports as a backend compiler failure (and
+# torch._dynamo.config.suppress_errors turns into a warning and eager
+# execution, as PyTorch documents); torch.compile(backend="aot_eager") works
+# there, and a vendor's code generator replaces this one (Note [The codegen
+# slot]).
+
+def _classes():
+    """The C++ scheduling, wrapper and device-op overrides for the installed
+    backend (built on first use; they need torch._inductor)."""
+    from torch._inductor.codegen.cpp import CppScheduling
+    from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+    from torch._inductor.virtualized import V
+
+    name = _backend.name
+
+    class HostVisibleScheduling(CppScheduling):
+        """Inductor's C++ scheduling for a device with host-visible memory."""
+
+        def __init__(self, scheduler):
+            if scheduler is not None:  # None: a query of the backend's features
+                if _patch_error:
+                    raise RuntimeError(_patch_error)
+                devices = sorted(V.graph.device_idxs) or [mod_current()]
+                refused = [i for i in devices if not host_visible(i)]
+                if refused:
+                    raise RuntimeError(
+                        f"{name}: Inductor's C++ code generator runs kernels on the host and "
+                        f"needs host-visible device memory, which {name}:{refused[0]} does not "
+                        "have; use torch.compile(backend='aot_eager') (or set "
+                        "torch._dynamo.config.suppress_errors=True to run such graphs "
+                        "eagerly), or register a code generator of the backend's own "
+                        "(accelkit.compile.register_codegen)")
+            super().__init__(scheduler)
+
+    class HostVisibleWrapperCodegen(PythonWrapperCodegen):
+        """Python wrapper: generated (non-Triton) kernels of the device are
+        called as the CPU's are, each after waiting for the current stream."""
+
+        @classmethod
+        def create(cls, is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
+            if is_subgraph:
+                from torch._inductor.codegen.wrapper import SubgraphPythonWrapperCodegen
+                return SubgraphPythonWrapperCodegen(subgraph_name, parent_wrapper,
+                                                    partition_signatures)
+            return cls()
+
+        def write_header(self) -> None:
+            super().write_header()
+            self.imports.writeline(f"from {__name__} import wait_for_stream")
+
+        def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None,
+                                         triton=True, **kwargs):
+            device = device or V.graph.get_current_device_or_throw()
+            if not triton and device.type == name:
+                self.writeline(f"wait_for_stream({device.index if device.index is not None else -1})")
+                self.writeline(self.wrap_kernel_call(kernel_name, call_args))
+                return
+            return super()._generate_kernel_call_helper(kernel_name, call_args, device=device,
+                                                        triton=triton, **kwargs)
+
+    class DeviceOpOverrides(CpuDeviceOpOverrides):
+        """The CPU's, with the backend's device guard and synchronize."""
+
+        def set_device(self, device_idx: int) -> str:
+            return "pass"  # the guard sets it
+
+        def synchronize(self) -> str:
+            return f"torch.{name}.synchronize()"
+
+        def device_guard(self, device_idx: int) -> str:
+            return f"torch.{name}.device({device_idx})"
+
+    def mod_current():
+        return getattr(torch, name).current_device()
+
+    return HostVisibleScheduling, HostVisibleWrapperCodegen, DeviceOpOverrides
+
+
+# Note [Inductor's CPU checks]
+# Inductor asks "is this node on the CPU?" in two helpers,
+# torch._inductor.scheduler.BaseSchedulerNode.is_cpu and
+# torch._inductor.ir.is_cpu, to keep GPU-only scheduler passes (loop
+# reordering and reindexing for Triton's (numel, rnumel) groups, which
+# crash on the C++ scheduling's groups) away from C++ kernels and to pick the
+# CPU's fusion thresholds. Both compare the device type with "cpu" and have
+# no registration, so for a device whose kernels the C++ scheduling
+# generates they answer wrongly: a training step fails in the scheduler
+# (TypeError in _try_reindex_pointwise_for_reduction). accelkit replaces the
+# two helpers, once, with versions that also answer True for the installed
+# backend's device type while its scheduling is a CppScheduling (the
+# default, or a vendor's subclass). Contained: nothing else changes, and
+# any other device type gets the original answer. Checked: at registration
+# each helper's source must still be the one this was written against
+# (PyTorch 2.13, _CPU_CHECKS below); if PyTorch changed it, the helpers are
+# left alone and compiling for the device raises a RuntimeError saying so
+# rather than generating code on unchecked assumptions. Other "cpu" checks in
+# Inductor are numerics choices (division by a constant kept as a division
+# on the CPU, the two-step variance threshold): the device gets the GPU's
+# choice there, so its results may differ from the compiled CPU's in the
+# last bits (tests compare with a tolerance).
+
+_CPU_CHECKS = {  # (module, qualified name): the source line that must be there
+    ("torch._inductor.scheduler", "BaseSchedulerNode.is_cpu"):
+        'return device is not None and device.type == "cpu"',
+    ("torch._inductor.ir", "is_cpu"): 'return get_device_type(x) == "cpu"',
+}
+_patch_error = None  # why the helpers were not replaced (None: replaced, or not yet tried)
+
+
+def _cpp_like(device_type) -> bool:
+    if device_type != _backend.name:
+        return False
+    from torch._inductor.codegen.common import get_scheduling_for_device
+    from torch._inductor.codegen.cpp import CppScheduling
+    scheduling = get_scheduling_for_device(device_type)
+    return isinstance(scheduling, type) and issubclass(scheduling, CppScheduling)
+
+
+def _patch_cpu_checks():
+    """Note [Inductor's CPU checks]."""
+    global _patch_error
+    import inspect
+    import importlib
+    from torch._inductor import ir, scheduler
+
+    for (module, qualname), line in _CPU_CHECKS.items():
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        if getattr(obj, "_accelkit", False):
+            continue
+        try:
+            source = inspect.getsource(obj)
+        except (OSError, TypeError):
+            source = ""
+        if line not in source:
+            _patch_error = (f"{_backend.name}: torch.compile's C++ code generation was checked "
+                            f"against PyTorch 2.13's {module}.{qualname}, which this PyTorch "
+                            f"({torch.__version__}) changed (Note [Inductor's CPU checks] in "
+                            "accelkit/compile.py)")
+            return
+
+    orig_node, orig_ir = scheduler.BaseSchedulerNode.is_cpu, ir.is_cpu
+    if getattr(orig_node, "_accelkit", False):
+        return
+
+    def node_is_cpu(self) -> bool:
+        device = self.get_device()
+        return device is not None and (device.type == "cpu" or _cpp_like(device.type))
+
+    def is_cpu(x) -> bool:
+        return orig_ir(x) or _cpp_like(ir.get_device_type(x))
+
+    node_is_cpu._accelkit = is_cpu._accelkit = True
+    node_is_cpu.__wrapped__, is_cpu.__wrapped__ = orig_node, orig_ir
+    scheduler.BaseSchedulerNode.is_cpu = node_is_cpu
+    ir.is_cpu = is_cpu
+
+
+def __getattr__(attr):
+    if attr in ("HostVisibleScheduling", "HostVisibleWrapperCodegen"):
+        scheduling, wrapper, _ = _classes()
+        globals().update(HostVisibleScheduling=scheduling, HostVisibleWrapperCodegen=wrapper)
+        return globals()[attr]
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+# Note [The codegen slot]
+# Inductor picks a device's code generators from one table
+# (torch._inductor.codegen.common.register_backend_for_device): a
+# scheduling (the kernels: their fusion and source; Triton's, the C++ one,
+# or a vendor's BaseScheduling subclass) and wrapper code generators (the
+# host code calling them: Python, C++ for cpp_wrapper, FX). A vendor calls
+# register_codegen(scheduling, python_wrapper=..., cpp_wrapper=...,
+# device_op_overrides=...) any time after install(); what it names replaces
+# the host-visible defaults (the Python wrapper defaults to
+# HostVisibleWrapperCodegen, whose kernel calls wait for the current stream;
+# get_raw_stream gives a vendor's kernels the stream to queue on instead).
+# Registered before Inductor is imported, it is applied when it is.
+
+def register_codegen(scheduling, python_wrapper=None, cpp_wrapper=None, fx_wrapper=None,
+                     device_op_overrides=None):
+    """Registers the backend's own Inductor code generators (Note [The
+    codegen slot]): `scheduling` a BaseScheduling subclass (or any callable
+    taking the scheduler; None restores the defaults), the wrappers PythonWrapperCodegen-like classes
+    (None: the defaults), `device_op_overrides` a DeviceOpOverrides instance
+    (None: the default)."""
+    global _vendor
+    if _backend.name is None:
+        raise RuntimeError("accelkit.compile.register_codegen: no backend is installed "
+                           "(accelkit.install first)")
+    if scheduling is not None and not callable(scheduling):
+        raise ValueError(f"{_backend.name}: register_codegen expects a scheduling class, "
+                         f"got {scheduling!r}")
+    with _lock:
+        _vendor = None if scheduling is None else dict(scheduling=scheduling, python_wrapper=python_wrapper,
+                       cpp_wrapper=cpp_wrapper, fx_wrapper=fx_wrapper,
+                       device_op_overrides=device_op_overrides)
+        if _INDUCTOR in _registered:
+            _register_inductor()
+
+
+def _register_inductor():
+    from torch._inductor.codegen import common
+
+    scheduling, wrapper, overrides = _classes()
+    vendor = _vendor or {}
+    common.register_backend_for_device(
+        _backend.name,
+        vendor.get("scheduling") or scheduling,
+        vendor.get("python_wrapper") or wrapper,
+        vendor.get("cpp_wrapper"),
+        vendor.get("fx_wrapper"))
+    common.register_device_op_overrides(_backend.name,
+                                        vendor.get("device_op_overrides") or overrides())
+    _patch_cpu_checks()
+
+
+def _register_dynamo():
+    from torch._dynamo.device_interface import register_interface_for_device
+
+    register_interface_for_device(_backend.name, device_interface())
+    for i in range(getattr(torch, _backend.name).device_count()):
+        register_interface_for_device(f"{_backend.name}:{i}", device_interface())
+
+
+def _done(module: str) -> None:
+    with _lock:
+        if module in _registered:
+            return
+        _registered.add(module)
+        (_register_dynamo if module == _DYNAMO else _register_inductor)()
+        if len(_registered) == 2 and _finder in sys.meta_path:
+            sys.meta_path.remove(_finder)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Note [Registering without importing the compiler]: wraps the loader of
+    the two modules so that registration follows their execution."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in (_DYNAMO, _INDUCTOR) or fullname in _registered:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Loader(spec.loader, fullname)
+                return spec
+        return None
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, loader, fullname):
+        self.loader, self.fullname = loader, fullname
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        _done(self.fullname)
+
+
+_finder = _Finder()
+
+
+def install() -> None:
+    """Registers the installed backend with torch.compile (called by
+    accelkit.install): at once where Dynamo and Inductor are imported
+    already, otherwise right after they are (Note [Registering without
+    importing the compiler])."""
+    if _DYNAMO in sys.modules:
+        _done(_DYNAMO)
+    if _INDUCTOR in sys.modules:
+        _done(_INDUCTOR)
+    if len(_registered) < 2 and _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)

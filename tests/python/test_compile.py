@@ -1,0 +1,325 @@
+"""Issue 19: torch.compile on an accelkit backend (python/accelkit/compile.py).
+
+Compiling is slow (seconds per graph), so these tests run in their own ctest
+entry (python.simdev.compile, which sets ACCELKIT_COMPILE_TESTS=1) and skip
+in the directory-wide runs. Each test resets Dynamo (torch.compiler.reset())
+and compiles on one Inductor thread. Models are small: the point is which
+code runs where, and that it computes what eager and the CPU compute."""
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from backend import DEV, MOD, PACKAGE, renamed, simdev_only
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("ACCELKIT_COMPILE_TESTS") != "1",
+    reason="compile tests are slow: ctest python.simdev.compile runs them (ACCELKIT_COMPILE_TESTS=1)")
+
+HOST_VISIBLE = MOD.get_device_properties(0).get("host_visible_memory", False)
+host_visible = pytest.mark.skipif(not HOST_VISIBLE, reason=f"{DEV}'s memory is not host-visible")
+
+def _compile_module():
+    import importlib
+    for name in (PACKAGE.__name__ + "._accelkit.compile", "accelkit.compile"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        if getattr(mod._backend, "name", None) == DEV:
+            return mod
+    raise AssertionError("no accelkit.compile module installed the backend")
+
+
+@pytest.fixture(autouse=True)
+def _reset_dynamo():
+    import torch._inductor.config as iconfig
+    torch.compiler.reset()
+    with iconfig.patch(compile_threads=1):
+        yield
+    torch.compiler.reset()
+
+
+def _run(code, timeout=300, **env):
+    full = {**os.environ, **{renamed(k): v for k, v in env.items()}}
+    return subprocess.run([sys.executable, "-c", renamed(textwrap.dedent(code))],
+                          capture_output=True, text=True, env=full, timeout=timeout)
+
+
+# ---------------------------------------------------------------- device interface
+
+def test_the_device_interface_answers_as_torch_cuda_s_does():
+    from torch._dynamo.device_interface import get_interface_for_device
+    di = get_interface_for_device(DEV)
+    assert get_interface_for_device(f"{DEV}:0") is di
+    assert di.is_available() and di.device_count() == MOD.device_count()
+    assert di.current_device() == MOD.current_device() == 0
+    assert di.exchange_device(-1) == -1 and di.current_device() == 0
+    if MOD.device_count() > 1:
+        assert di.exchange_device(1) == 0 and di.current_device() == 1
+        assert di.maybe_exchange_device(0) == 1 and di.current_device() == 0
+    s = di.Stream()
+    assert isinstance(s, torch.Stream) and s.device.type == DEV
+    assert isinstance(di.Event(), torch.Event)
+    with di.stream(s):
+        assert di.current_stream() == s
+        assert di.get_raw_stream(0) == s.stream_id
+    assert di.current_stream() != s
+    di._set_stream_by_id(s.stream_id, s.device_index, s.device_type)
+    assert di.current_stream() == s
+    di.set_stream(MOD.default_stream())
+    props = di.get_device_properties(0)
+    assert props.multi_processor_count >= 1 and props.name == MOD.get_device_name(0)
+    assert di.Worker.get_device_properties(0).total_memory == props.total_memory
+    assert di.get_compute_capability(0) == ""  # the schema has no such numbers
+    assert di.is_dtype_supported(torch.float32)
+    assert di.is_bf16_supported() == ("bfloat16" in props.dtypes)
+    assert not di.is_triton_capable()
+    before = di.memory_allocated(0)
+    x = torch.empty(1 << 20, device=DEV)
+    assert di.memory_allocated(0) >= before + x.nbytes
+    di.synchronize(0)
+    with di.device(0):
+        assert di.current_device() == 0
+
+
+def test_installing_the_backend_imports_neither_dynamo_nor_inductor():
+    r = _run("""
+        import sys, torch, torch_simdev
+        print('dynamo' if 'torch._dynamo' in sys.modules else 'no dynamo',
+              'inductor' if 'torch._inductor' in sys.modules else 'no inductor')
+        from torch._dynamo.device_interface import get_interface_for_device
+        print(get_interface_for_device('simdev').__name__)
+    """, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    assert r.returncode == 0, r.stderr
+    assert "no dynamo no inductor" in r.stdout and "SimdevInterface" in r.stdout, r.stdout
+
+
+# --------------------------------------------------------------- models and checks
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.Tanh(),
+                         nn.Linear(64, 10))
+
+
+def _cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+
+def _train(model, x, y, device, compiled, steps=2):
+    """`steps` SGD steps of `model` (a copy, on `device`), forward and
+    backward compiled or eager; the losses, parameters and gradients."""
+    import copy
+    m = copy.deepcopy(model).to(device)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    fwd = torch.compile(m) if compiled else m
+    x, y = x.to(device), y.to(device)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = F.cross_entropy(fwd(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().cpu())
+    return (torch.stack(losses), [p.detach().cpu() for p in m.parameters()],
+            [p.grad.cpu() for p in m.parameters()])
+
+
+def _close(a, b, **tol):
+    for u, v in zip(a, b, strict=True):
+        if isinstance(u, list):
+            _close(u, v, **tol)
+        else:
+            torch.testing.assert_close(u, v, **tol)
+
+
+def _kernels_on_device(fn):
+    """Runs fn counting generated kernels run for the device."""
+    mod = _compile_module()
+    calls = []
+    orig = mod.wait_for_stream
+
+    def counting(index):
+        calls.append(index)
+        orig(index)
+    mod.wait_for_stream = counting
+    try:
+        out = fn()
+    finally:
+        mod.wait_for_stream = orig
+    return out, len(calls)
+
+
+@host_visible
+@pytest.mark.parametrize("make,shape", [(_mlp, (16, 32)), (_cnn, (4, 3, 12, 12))],
+                         ids=["mlp", "cnn"])
+def test_a_compiled_training_step_matches_eager_and_the_compiled_cpu(make, shape):
+    model = make()
+    torch.manual_seed(1)
+    x, y = torch.randn(shape), torch.randint(0, 10, (shape[0],))
+    (got, kernels) = _kernels_on_device(lambda: _train(model, x, y, DEV, compiled=True))
+    assert kernels > 0  # generated kernels ran on the device's memory
+    _close(got, _train(model, x, y, DEV, compiled=False), rtol=1e-5, atol=1e-5)
+    torch.compiler.reset()
+    # The same generated code on the same memory contents: the CPU's results.
+    _close(got, _train(model, x, y, "cpu", compiled=True), rtol=1e-6, atol=1e-6)
+
+
+class _Attention(nn.Module):
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.out, self.norm = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim), nn.LayerNorm(dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5
+        att = att.masked_fill(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1),
+                              float("-inf")).softmax(-1)
+        return x + self.out((att @ v).transpose(1, 2).reshape(b, t, d))
+
+
+@host_visible
+def test_an_attention_block_forward_and_backward_match_eager_and_the_cpu():
+    torch.manual_seed(0)
+    block, x = _Attention(), torch.randn(2, 8, 32)
+
+    def run(device, compiled):
+        m = _Attention().to(device)
+        m.load_state_dict(block.state_dict())
+        xd = x.to(device).requires_grad_()
+        out = (torch.compile(m) if compiled else m)(xd)
+        out.square().sum().backward()
+        return [out.detach().cpu(), xd.grad.cpu()] + [p.grad.cpu() for p in m.parameters()]
+
+    got = run(DEV, True)
+    _close(got, run(DEV, False), rtol=1e-5, atol=1e-5)
+    torch.compiler.reset()
+    _close(got, run("cpu", True), rtol=1e-6, atol=1e-6)
+
+
+def _views(x, y):
+    # transposes, slices with steps, an expand, a view's in-place update and
+    # an input mutated through a view
+    a = x.t()[1:, ::2].reshape(-1, 2).unsqueeze(0).expand(3, -1, -1)
+    b = a.sum(0).narrow(0, 1, 4)
+    y[:, 1:].mul_(2)
+    c = y.view(-1)[::3].flip(0)
+    d = torch.cat([b.flatten(), c]).view(2, -1).transpose(0, 1).contiguous()
+    d[::2] += 1
+    return d, a.diagonal(dim1=1, dim2=2)
+
+
+@host_visible
+def test_a_view_heavy_graph_with_an_input_mutated_through_a_view():
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 6), torch.randn(4, 6)
+    want = _views(x.to(DEV), y_eager := y.to(DEV))
+    yc = y.to(DEV)
+    (got, kernels) = _kernels_on_device(lambda: torch.compile(_views)(x.to(DEV), yc))
+    assert kernels > 0
+    _close([g.cpu() for g in got], [w.cpu() for w in want], rtol=0, atol=0)
+    torch.testing.assert_close(yc.cpu(), y_eager.cpu(), rtol=0, atol=0)
+
+
+def _count_recompiles(device):
+    from torch._dynamo.testing import CompileCounterWithBackend
+    torch.compiler.reset()
+    cnt = CompileCounterWithBackend("inductor")
+    f = torch.compile(lambda x: (x.relu() * 2).sum(-1), backend=cnt)
+    outs = [f(torch.arange(n * 3, dtype=torch.float32, device=device).view(n, 3) - 4)
+            for n in (2, 3, 5, 7)]
+    return cnt.frame_count, [o.cpu() for o in outs]
+
+
+@host_visible
+def test_recompilations_and_dynamic_shapes_as_on_the_cpu():
+    frames, got = _count_recompiles(DEV)
+    cpu_frames, want = _count_recompiles("cpu")
+    assert frames == cpu_frames == 2  # static, then one dynamic graph for every other size
+    _close(got, want, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------- stream order
+
+@host_visible
+@simdev_only
+def test_compiled_kernels_wait_for_the_current_stream():
+    # A held stream (simdev's knob) keeps an asynchronous copy into x queued;
+    # the compiled kernel must read x after it lands, and its output block
+    # (freed on the stream while the held copy still reads... ) is written
+    # after the queued work. Without the wait it reads zeros.
+    f = torch.compile(lambda x: x * 2 + 1)
+    src = torch.arange(4096, dtype=torch.float32).pin_memory()
+    f(torch.zeros(4096, device=DEV))  # compiled outside the hold
+    x = torch.zeros(4096, device=DEV)
+    MOD.synchronize()
+    s = MOD.current_stream()
+    gate = torch.ops.simdev_driver.hold(s)
+    x.copy_(src, non_blocking=True)
+    torch.ops.simdev_driver.release_later(gate, 200)
+    out = f(x)
+    assert torch.equal(out.cpu(), src * 2 + 1)
+
+
+# ----------------------------------------------------------------- the codegen slot
+
+@host_visible
+def test_a_vendor_scheduling_registered_in_the_slot_generates_the_kernels():
+    import torch._inductor.config as iconfig
+    mod = _compile_module()
+    made = []
+
+    class Counting(mod.HostVisibleScheduling):
+        def codegen_node(self, node):
+            made.append(node.get_name())
+            return super().codegen_node(node)
+
+    mod.register_codegen(Counting)
+    try:
+        with iconfig.patch(fx_graph_cache=False):
+            out = torch.compile(lambda x: (x.exp() + 1).sum(0))(torch.ones(4, 3, device=DEV))
+    finally:
+        mod.register_codegen(None)  # back to the defaults
+    assert made, "the registered scheduling generated no kernel"
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 4 * (1 + torch.e)))
+    with pytest.raises(ValueError, match=DEV):
+        mod.register_codegen("not a class")
+
+
+# ------------------------------------------------------- without host-visible memory
+
+@simdev_only
+def test_without_host_visible_memory_a_clear_error_and_eager_fallback():
+    r = _run("""
+        import torch, torch_simdev
+        import torch._dynamo, torch._inductor.config as c
+        c.compile_threads = 1
+        f = lambda x: x.sin() + 1
+        x = torch.ones(4, device='simdev')
+        try:
+            torch.compile(f)(x)
+        except Exception as e:
+            print('refused:', type(e).__name__, str(e).splitlines()[0][:400])
+        torch._dynamo.reset()
+        torch._dynamo.config.suppress_errors = True
+        print('eager', torch.equal(torch.compile(f)(x).cpu(), f(x).cpu()))
+        torch._dynamo.reset()
+        torch._dynamo.config.suppress_errors = False
+        print('aot_eager', torch.equal(torch.compile(f, backend='aot_eager')(x).cpu(), f(x).cpu()))
+    """, SIMDEV_HOST_VISIBLE="0", SIMDEV_DEVICE_COUNT="1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "refused: " in r.stdout and "needs host-visible device memory" in r.stdout, r.stdout
+    assert "simdev:0" in r.stdout and "eager True" in r.stdout and "aot_eager True" in r.stdout
