@@ -268,29 +268,34 @@ def _classes():
 
 
 # Note [Inductor's CPU checks]
-# Inductor asks "is this node on the CPU?" in two helpers,
-# torch._inductor.scheduler.BaseSchedulerNode.is_cpu and
-# torch._inductor.ir.is_cpu, to keep GPU-only scheduler passes (loop
-# reordering and reindexing for Triton's (numel, rnumel) groups, which
-# crash on the C++ scheduling's groups) away from C++ kernels and to pick the
-# CPU's fusion thresholds. Both compare the device type with "cpu" and have
-# no registration, so for a device whose kernels the C++ scheduling
-# generates they answer wrongly: a training step fails in the scheduler
-# (TypeError in _try_reindex_pointwise_for_reduction). accelkit replaces the
-# two helpers, once, with versions that also answer True for the installed
-# backend's device type while its scheduling is a CppScheduling (the
-# default, or a vendor's subclass). Contained: nothing else changes, and
-# any other device type gets the original answer. Checked: at registration
-# each helper's source must still be the one this was written against
-# (PyTorch 2.13, _CPU_CHECKS below); if PyTorch changed it, the helpers are
-# left alone and compiling for the device raises a RuntimeError saying so
-# rather than generating code on unchecked assumptions. Other "cpu" checks in
-# Inductor are numerics choices (division by a constant kept as a division
-# on the CPU, the two-step variance threshold): the device gets the GPU's
-# choice there, so its results may differ from the compiled CPU's in the
-# last bits (tests compare with a tolerance).
+# Inductor asks "does this device run the CPU's C++ code?" by comparing the
+# device type with "cpu", in three helpers that have no registration:
+# - torch._inductor.utils.get_current_backend (bound by name also in
+#   codegen.common and scheduler): "cpp" for the CPU, config.cuda_backend
+#   ("triton") for any other device type; the dtype propagation of the C++
+#   kernels' values keys on it (an index expression of a vectorized loop
+#   fails an assertion without it);
+# - torch._inductor.scheduler.BaseSchedulerNode.is_cpu: keeps GPU-only
+#   scheduler passes (loop reordering and reindexing for Triton's
+#   (numel, rnumel) groups, which crash on the C++ scheduling's groups: a
+#   training step fails with a TypeError in _try_reindex_pointwise_for_reduction)
+#   away from C++ kernels;
+# - torch._inductor.ir.is_cpu: the CPU's fusion thresholds.
+# accelkit replaces them, once, with versions that also answer as for the
+# CPU for the installed backend's device type while its scheduling is a
+# CppScheduling (the default, or a vendor's subclass of it). Contained:
+# every other device type gets the original's answer. Checked: at
+# registration each helper's source must still hold the line this was
+# written against (PyTorch 2.13, _CPU_CHECKS below); if PyTorch changed one,
+# none is replaced and compiling for the device raises a RuntimeError saying
+# so, rather than generating code on unchecked assumptions. Inductor's other
+# "cpu" checks are numerics choices (a division by a constant kept as a
+# division on the CPU, the two-step variance threshold): the device gets the
+# GPU's choice there, so its results may differ from the compiled CPU's in
+# the last bits (the tests compare with a tolerance).
 
-_CPU_CHECKS = {  # (module, qualified name): the source line that must be there
+_CPU_CHECKS = {  # (module, qualified name): a line its source must hold
+    ("torch._inductor.utils", "get_current_backend"): "return config.cuda_backend",
     ("torch._inductor.scheduler", "BaseSchedulerNode.is_cpu"):
         'return device is not None and device.type == "cpu"',
     ("torch._inductor.ir", "is_cpu"): 'return get_device_type(x) == "cpu"',
@@ -310,16 +315,18 @@ def _cpp_like(device_type) -> bool:
 def _patch_cpu_checks():
     """Note [Inductor's CPU checks]."""
     global _patch_error
-    import inspect
     import importlib
-    from torch._inductor import ir, scheduler
+    import inspect
+    from torch._inductor import ir, scheduler, utils
+    from torch._inductor.codegen import common
+    from torch._inductor.virtualized import V
 
+    if getattr(utils.get_current_backend, "_accelkit", False):
+        return
     for (module, qualname), line in _CPU_CHECKS.items():
         obj = importlib.import_module(module)
         for part in qualname.split("."):
             obj = getattr(obj, part)
-        if getattr(obj, "_accelkit", False):
-            continue
         try:
             source = inspect.getsource(obj)
         except (OSError, TypeError):
@@ -331,9 +338,13 @@ def _patch_cpu_checks():
                             "accelkit/compile.py)")
             return
 
-    orig_node, orig_ir = scheduler.BaseSchedulerNode.is_cpu, ir.is_cpu
-    if getattr(orig_node, "_accelkit", False):
-        return
+    orig_backend, orig_node, orig_ir = (utils.get_current_backend,
+                                        scheduler.BaseSchedulerNode.is_cpu, ir.is_cpu)
+
+    def get_current_backend(device_type=None) -> str:
+        if _cpp_like(device_type or V.graph.get_current_device_or_throw().type):
+            return "cpp"
+        return orig_backend(device_type)
 
     def node_is_cpu(self) -> bool:
         device = self.get_device()
@@ -342,8 +353,12 @@ def _patch_cpu_checks():
     def is_cpu(x) -> bool:
         return orig_ir(x) or _cpp_like(ir.get_device_type(x))
 
-    node_is_cpu._accelkit = is_cpu._accelkit = True
-    node_is_cpu.__wrapped__, is_cpu.__wrapped__ = orig_node, orig_ir
+    for new, orig in ((get_current_backend, orig_backend), (node_is_cpu, orig_node),
+                      (is_cpu, orig_ir)):
+        new._accelkit, new.__wrapped__ = True, orig
+    for module in (utils, common, scheduler):
+        if getattr(module, "get_current_backend", None) is orig_backend:
+            module.get_current_backend = get_current_backend
     scheduler.BaseSchedulerNode.is_cpu = node_is_cpu
     ir.is_cpu = is_cpu
 
