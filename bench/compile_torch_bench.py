@@ -117,7 +117,7 @@ def main():
     import torch._inductor.config as iconfig
     iconfig.compile_threads = 1
     torch._dynamo.config.cache_size_limit = 64
-    calls, rounds = (3, 3) if args.quick else (20, 15)
+    calls, rounds = (3, 3) if args.quick else (10, 11)
 
     print(machine_line())
     print("torch.compile, one thread; host-visible simdev (Inductor's C++ kernels on device memory)")
