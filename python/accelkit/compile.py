@@ -27,6 +27,7 @@ done. Dynamo reads the device interface only through
 ``get_interface_for_device`` and Inductor the code generators only through
 ``get_scheduling_for_device`` and friends, all after those imports.
 """
+import functools
 import importlib.abc
 import importlib.util
 import os
@@ -164,9 +165,10 @@ def host_visible(index: int) -> bool:
                 .get("host_visible_memory"))
 
 
-def wait_for_stream(index: int) -> None:
+def wait_for_stream(index) -> None:
     """Blocks the host until the work queued so far on device `index`'s
-    current stream is done: what each compiled kernel calls first."""
+    (None: the current device's) current stream is done: what each compiled
+    kernel calls first."""
     torch.accelerator.current_stream(index).synchronize()
 
 
@@ -184,8 +186,10 @@ def wait_for_stream(index: int) -> None:
 # kernels and zero-copy fallback order themselves (Note [Host kernels]);
 # extern kernels (mm, convolution) are the backend's own operators and order
 # themselves. Work queued after a kernel follows it, since the kernel is
-# done when the host moves on. The device guard is the backend's own, so
-# the wrapper's allocations land on the right device.
+# done when the host moves on. PyTorch's wrapper enters no device guard for
+# a device that is not a GPU and names only the device type in allocations
+# of such a device; this wrapper names the index, so a graph on <name>:1
+# allocates there whatever the current device.
 # A backend without host-visible memory cannot run host code on its memory:
 # its scheduling refuses with a RuntimeError naming the backend, which
 # torch.compile reports as a backend compiler failure (and
@@ -194,6 +198,7 @@ def wait_for_stream(index: int) -> None:
 # there, and a vendor's code generator replaces this one (Note [The codegen
 # slot]).
 
+@functools.cache
 def _classes():
     """The C++ scheduling, wrapper and device-op overrides for the installed
     backend (built on first use; they need torch._inductor)."""
@@ -239,11 +244,29 @@ def _classes():
             super().write_header()
             self.imports.writeline(f"from {__name__} import wait_for_stream")
 
+        def make_allocation(self, buf, device, dtype, shape, stride, allocation_shape=None,
+                            is_pinned=False):
+            # PyTorch's wrapper names only the device type for a device
+            # other than cpu/cuda/xpu/mtia, so buffers would go to the
+            # current device; and it enters no device guard for a device
+            # that is not a GPU. A graph on <name>:1 allocates there.
+            if device.type != name or device.index is None:
+                return super().make_allocation(buf, device, dtype, shape, stride,
+                                               allocation_shape, is_pinned)
+            size = self.codegen_python_shape_tuple(
+                shape if allocation_shape is None else allocation_shape)
+            strides = self.codegen_python_shape_tuple(stride)
+            out = (f"{buf} = empty_strided({size}, {strides}, device='{device}', "
+                   f"dtype={dtype})")
+            if allocation_shape is not None and list(allocation_shape) != list(shape):
+                out += f".as_strided({self.codegen_python_shape_tuple(shape)}, {strides})"
+            return out
+
         def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None,
                                          triton=True, **kwargs):
             device = device or V.graph.get_current_device_or_throw()
             if not triton and device.type == name:
-                self.writeline(f"wait_for_stream({device.index if device.index is not None else -1})")
+                self.writeline(f"wait_for_stream({device.index})")
                 self.writeline(self.wrap_kernel_call(kernel_name, call_args))
                 return
             return super()._generate_kernel_call_helper(kernel_name, call_args, device=device,

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from backend import DEV, MOD, PACKAGE, renamed, simdev_only
+from backend import DEV, MOD, PACKAGE, renamed, simdev_only, two_devices
 
 ENABLED = os.environ.get("ACCELKIT_COMPILE_TESTS") == "1"
 pytestmark = pytest.mark.skipif(
@@ -251,6 +251,17 @@ def test_recompilations_and_dynamic_shapes_as_on_the_cpu():
     cpu_frames, want = _count_recompiles("cpu")
     assert frames == cpu_frames == 2  # static, then one dynamic graph for every other size
     _close(got, want, rtol=0, atol=0)
+
+
+@host_visible
+@two_devices
+def test_a_graph_on_the_second_device_allocates_its_buffers_there():
+    x = torch.arange(12, dtype=torch.float32).view(3, 4)
+    assert MOD.current_device() == 0
+    (out, kernels) = _kernels_on_device(
+        lambda: torch.compile(lambda t: (t.exp() + 1).sum(1))(x.to(f"{DEV}:1")))
+    assert kernels > 0 and out.device == torch.device(DEV, 1)
+    torch.testing.assert_close(out.cpu(), (x.exp() + 1).sum(1))
 
 
 # ----------------------------------------------------------------- stream order
