@@ -29,7 +29,6 @@ done. Dynamo reads the device interface only through
 """
 import functools
 import importlib.abc
-import importlib.util
 import os
 import sys
 import threading
@@ -44,7 +43,7 @@ __all__ = ["device_interface", "register_codegen", "host_visible", "HostVisibleS
 _DYNAMO = "torch._dynamo.device_interface"
 _INDUCTOR = "torch._inductor.compile_fx"  # imports codegen.common, the scheduler and the IR
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # registration may import, and an import may register
 _registered = set()   # which of _DYNAMO, _INDUCTOR were registered into
 _vendor = None        # register_codegen's arguments, once called
 _interface = None     # the device interface class, once built
@@ -422,9 +421,9 @@ def register_codegen(scheduling, python_wrapper=None, cpp_wrapper=None, fx_wrapp
         raise ValueError(f"{_backend.name}: register_codegen expects a scheduling class, "
                          f"got {scheduling!r}")
     with _lock:
-        _vendor = None if scheduling is None else dict(scheduling=scheduling, python_wrapper=python_wrapper,
-                       cpp_wrapper=cpp_wrapper, fx_wrapper=fx_wrapper,
-                       device_op_overrides=device_op_overrides)
+        _vendor = None if scheduling is None else dict(
+            scheduling=scheduling, python_wrapper=python_wrapper, cpp_wrapper=cpp_wrapper,
+            fx_wrapper=fx_wrapper, device_op_overrides=device_op_overrides)
         if _INDUCTOR in _registered:
             _register_inductor()
 
