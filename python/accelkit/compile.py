@@ -334,31 +334,40 @@ def _cpp_like(device_type) -> bool:
     return isinstance(scheduling, type) and issubclass(scheduling, CppScheduling)
 
 
+def _changed(checks):
+    """Why `checks` ({(module, qualified name): a line of its source}) do not
+    hold in this PyTorch, or None (Note [Inductor's CPU checks])."""
+    import importlib
+    import inspect
+
+    for (module, qualname), line in checks.items():
+        try:
+            obj = importlib.import_module(module)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+            source = inspect.getsource(obj)  # unwraps a replaced helper
+        except (ImportError, AttributeError, OSError, TypeError):
+            source = ""
+        if line not in source:
+            return (f"{_backend.name}: torch.compile's C++ code generation was checked against "
+                    f"PyTorch 2.13's {module}.{qualname}, which this PyTorch "
+                    f"({torch.__version__}) changed or lacks (Note [Inductor's CPU checks] in "
+                    "accelkit/compile.py)")
+    return None
+
+
 def _patch_cpu_checks():
     """Note [Inductor's CPU checks]."""
     global _patch_error
-    import importlib
-    import inspect
     from torch._inductor import ir, scheduler, utils
     from torch._inductor.codegen import common
     from torch._inductor.virtualized import V
 
     if getattr(utils.get_current_backend, "_accelkit", False):
         return
-    for (module, qualname), line in _CPU_CHECKS.items():
-        obj = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        try:
-            source = inspect.getsource(obj)
-        except (OSError, TypeError):
-            source = ""
-        if line not in source:
-            _patch_error = (f"{_backend.name}: torch.compile's C++ code generation was checked "
-                            f"against PyTorch 2.13's {module}.{qualname}, which this PyTorch "
-                            f"({torch.__version__}) changed (Note [Inductor's CPU checks] in "
-                            "accelkit/compile.py)")
-            return
+    _patch_error = _changed(_CPU_CHECKS)
+    if _patch_error:
+        return
 
     orig_backend, orig_node, orig_ir = (utils.get_current_backend,
                                         scheduler.BaseSchedulerNode.is_cpu, ir.is_cpu)

@@ -101,6 +101,18 @@ def test_installing_the_backend_imports_neither_dynamo_nor_inductor():
     assert "no dynamo no inductor" in r.stdout, r.stdout
 
 
+def test_inductor_s_cpu_checks_are_replaced_only_where_their_source_still_matches():
+    import torch._inductor.compile_fx  # noqa: F401  (registers)
+    from torch._inductor import ir, utils
+    mod = _compile_module()
+    assert mod._changed(mod._CPU_CHECKS) is None  # unwraps the replaced helpers
+    assert getattr(ir.is_cpu, "_accelkit", False) and ir.is_cpu(torch.device(DEV, 0)) == HOST_VISIBLE
+    assert not ir.is_cpu(torch.device("meta")) and ir.is_cpu(torch.device("cpu"))
+    assert utils.get_current_backend("cpu") == "cpp"
+    why = mod._changed({("torch._inductor.ir", "is_cpu"): "a line PyTorch never had"})
+    assert why and DEV in why and "torch._inductor.ir.is_cpu" in why and torch.__version__ in why
+
+
 # --------------------------------------------------------------- models and checks
 
 def _mlp():
