@@ -291,7 +291,7 @@ def _classes():
 
 # Note [Inductor's CPU checks]
 # Inductor asks "does this device run the CPU's C++ code?" by comparing the
-# device type with "cpu", in three helpers that have no registration:
+# device type with "cpu", in helpers that have no registration:
 # - torch._inductor.utils.get_current_backend (bound by name also in
 #   codegen.common and scheduler): "cpp" for the CPU, config.cuda_backend
 #   ("triton") for any other device type; the dtype propagation of the C++
@@ -302,7 +302,17 @@ def _classes():
 #   (numel, rnumel) groups, which crash on the C++ scheduling's groups: a
 #   training step fails with a TypeError in _try_reindex_pointwise_for_reduction)
 #   away from C++ kernels;
-# - torch._inductor.ir.is_cpu: the CPU's fusion thresholds.
+# - torch._inductor.ir.is_cpu: the CPU's fusion thresholds;
+# - torch._inductor.graph.GraphLowering.decide_layout_opt: whether a graph's
+#   convolutions get channels-last inputs. The SDK's convolution returns the
+#   CPU kernel's strides (channels-last output for channels-last input),
+#   while PyTorch's meta convolution for a PrivateUse1 device says
+#   contiguous, so a channels-last graph fails the generated stride check
+#   of the convolution's output (an inference CNN did). For graphs with a
+#   convolution on the device it answers False (unless
+#   config.force_layout_optimization); inputs a user makes channels-last
+#   still meet the mismatch (the convolution's fix belongs to the SDK's
+#   convolution.hpp, not here).
 # accelkit replaces them, once, with versions that also answer as for the
 # CPU for the installed backend's device type while its scheduling is a
 # CppScheduling (the default, or a vendor's subclass of it). Contained:
@@ -321,6 +331,8 @@ _CPU_CHECKS = {  # (module, qualified name): a line its source must hold
     ("torch._inductor.scheduler", "BaseSchedulerNode.is_cpu"):
         'return device is not None and device.type == "cpu"',
     ("torch._inductor.ir", "is_cpu"): 'return get_device_type(x) == "cpu"',
+    ("torch._inductor.graph", "GraphLowering.decide_layout_opt"):
+        "if not config.layout_optimization:",
 }
 _patch_error = None  # why the helpers were not replaced (None: replaced, or not yet tried)
 
@@ -359,7 +371,7 @@ def _changed(checks):
 def _patch_cpu_checks():
     """Note [Inductor's CPU checks]."""
     global _patch_error
-    from torch._inductor import ir, scheduler, utils
+    from torch._inductor import graph, ir, scheduler, utils
     from torch._inductor.codegen import common
     from torch._inductor.virtualized import V
 
@@ -371,6 +383,16 @@ def _patch_cpu_checks():
 
     orig_backend, orig_node, orig_ir = (utils.get_current_backend,
                                         scheduler.BaseSchedulerNode.is_cpu, ir.is_cpu)
+    orig_layout = graph.GraphLowering.decide_layout_opt
+
+    def decide_layout_opt(gm, *, is_inference):
+        from torch._inductor import config
+        if not config.force_layout_optimization:
+            for n in gm.graph.nodes:
+                val = n.meta.get("val") if n.target is torch.ops.aten.convolution.default else None
+                if isinstance(val, torch.Tensor) and _cpp_like(val.device.type):
+                    return False
+        return orig_layout(gm, is_inference=is_inference)
 
     def get_current_backend(device_type=None) -> str:
         if _cpp_like(device_type or V.graph.get_current_device_or_throw().type):
@@ -385,8 +407,9 @@ def _patch_cpu_checks():
         return orig_ir(x) or _cpp_like(ir.get_device_type(x))
 
     for new, orig in ((get_current_backend, orig_backend), (node_is_cpu, orig_node),
-                      (is_cpu, orig_ir)):
+                      (is_cpu, orig_ir), (decide_layout_opt, orig_layout)):
         new._accelkit, new.__wrapped__ = True, orig
+    graph.GraphLowering.decide_layout_opt = staticmethod(decide_layout_opt)
     for module in (utils, common, scheduler):
         if getattr(module, "get_current_backend", None) is orig_backend:
             module.get_current_backend = get_current_backend

@@ -184,6 +184,12 @@ def test_a_compiled_training_step_matches_eager_and_the_compiled_cpu(make, shape
     torch.compiler.reset()
     # The same generated code on the same memory contents: the CPU's results.
     _close(got, _train(model, x, y, "cpu", compiled=True), rtol=1e-6, atol=1e-6)
+    # Inference (an inference graph: Inductor's layout choice for
+    # convolutions differs, Note [Inductor's CPU checks]).
+    torch.compiler.reset()
+    m = model.to(DEV).eval()
+    with torch.no_grad():
+        _close([torch.compile(m)(x.to(DEV)).cpu()], [m(x.to(DEV)).cpu()], rtol=1e-5, atol=1e-5)
 
 
 class _Attention(nn.Module):
