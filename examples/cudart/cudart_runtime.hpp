@@ -1,0 +1,440 @@
+// cudart: a backend over the CUDA runtime API (libcudart), written as a
+// vendor would write one: over the runtime API only, linked dynamically, so
+// that the library loads on a machine without the CUDA driver (libcuda) and
+// reports no device there. Its device type is `cudart` ("cuda" is PyTorch's
+// own).
+//
+// How the contract maps onto CUDA:
+//   discovery       cudaGetDeviceCount, cudaGetDeviceProperties,
+//                   cudaDeviceGetAttribute, cudaDriverGetVersion: no
+//                   context. A failure (no driver: cudaErrorInsufficientDriver;
+//                   no GPU: cudaErrorNoDevice) is a DriverError carrying
+//                   CUDA's code, name and string: the SDK reports 0 devices
+//                   and keeps it as the init error (Note [cudart discovery])
+//   device memory   cudaMalloc / cudaFree. cudaFree synchronizes the device
+//                   (CUDA's rule), which the contract does not need (the SDK
+//                   never frees memory that queued work still uses, Note
+//                   [Ordered release]) but which costs a device-wide wait per
+//                   release: the SDK's caching pool keeps that off the hot path
+//   pinned memory   cudaHostAlloc(cudaHostAllocPortable) with the device
+//                   current, cudaFreeHost
+//   streams         cudaStreamCreateWithPriority(cudaStreamNonBlocking): not
+//                   ordered with the legacy default stream, which only the
+//                   synchronous memcpy uses
+//   events          cudaEventCreateWithFlags (cudaEventDisableTiming unless
+//                   timing is asked), cudaEventRecord/Query/Synchronize,
+//                   cudaEventElapsedTime; cudaStreamWaitEvent, across devices
+//                   too
+//   peer access     cudaDeviceCanAccessPeer; cudaDeviceEnablePeerAccess once
+//                   per pair, at the first peer copy; cudaMemcpyPeerAsync
+//   async errors    CUDA's own: a failure of queued work is returned by the
+//                   next synchronizing or querying call (Note [cudart
+//                   asynchronous errors])
+//
+// Note [cudart discovery]
+// cudaGetDeviceCount initializes the driver but makes no context; so do
+// cudaGetDeviceProperties and cudaDeviceGetAttribute. The one property CUDA
+// gives only through a context is the stream priority range
+// (cudaDeviceGetStreamPriorityRange works on the current device's context
+// and creates it). properties() therefore asks it only where the device's
+// primary context is already active (cuDevicePrimaryCtxGetState, reached
+// through cudaGetDriverEntryPointByVersion, so that libcuda is not linked);
+// otherwise it reports CUDA's range of current drivers, 0 (least urgent)
+// to -5 (most urgent), and says so in the extra
+// "cudart.priority_range_source" ("queried" or "assumed"). A priority out of
+// the device's real range is clamped by cudaStreamCreateWithPriority, as
+// CUDA documents, so an assumed range that is too wide degrades to the
+// nearest priority rather than failing. The driver's initialization starts
+// threads, so discovery is not fork-safe (fork_safe_discovery is false: a
+// child forked after it refuses device use, as CUDA itself would fail there).
+//
+// Note [cudart asynchronous errors]
+// CUDA reports a failure of queued work (a kernel's illegal address, a
+// launch failure) from the next call that synchronizes or queries, as the
+// contract expects, and the runtime turns it into a DriverError carrying
+// CUDA's code. Most such errors are *sticky*: the context is unusable
+// afterwards and every later call of that device returns the same error,
+// until the process ends. The contract's "the next call works again" does
+// not hold for them; no runtime over CUDA can give it (PyTorch's own CUDA
+// backend has the same limit). The SDK's state stays consistent either way.
+// Errors of a call itself (an invalid argument, out of memory) are not
+// sticky and are reported by that call only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <accelkit/accelkit.hpp>
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+
+namespace cudart {
+
+// "cudaErrorInsufficientDriver (35): CUDA driver version is insufficient for
+// CUDA runtime version".
+inline std::string describe(cudaError_t e) {
+  return fmt::format("{} ({}): {}", cudaGetErrorName(e), static_cast<int>(e),
+                     cudaGetErrorString(e));
+}
+
+class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
+ public:
+  static constexpr std::string_view name = "cudart";
+  // The driver starts threads at its initialization (Note [cudart discovery]).
+  static constexpr bool fork_safe_discovery = false;
+  // Device memory is not host-visible, and the backend brings kernels of its
+  // own (cudart_kernels.cu): no host kernels.
+  static constexpr bool host_kernels = false;
+
+  // ------------------------------------------------------------ contract
+
+  int device_count() {
+    int n = 0;
+    check(cudaGetDeviceCount(&n), "device_count", "cudaGetDeviceCount");
+    return n;
+  }
+
+  accelkit::DeviceProperties properties(int device) {
+    cudaDeviceProp cp{};
+    check(cudaGetDeviceProperties(&cp, device), "properties", "cudaGetDeviceProperties");
+    accelkit::DeviceProperties p;
+    p.name = cp.name;
+    p.vendor = "NVIDIA";
+    p.architecture = fmt::format("sm_{}{}", cp.major, cp.minor);
+    p.uuid = format_uuid(reinterpret_cast<const unsigned char*>(cp.uuid.bytes));
+    p.pci_bus_id = fmt::format("{:04x}:{:02x}:{:02x}.0", cp.pciDomainID, cp.pciBusID,
+                               cp.pciDeviceID);
+    int driver = 0, runtime = 0;
+    check(cudaDriverGetVersion(&driver), "properties", "cudaDriverGetVersion");
+    check(cudaRuntimeGetVersion(&runtime), "properties", "cudaRuntimeGetVersion");
+    p.driver_version = version_of(driver);
+    p.runtime_version = version_of(runtime);
+    p.total_memory = cp.totalGlobalMem;
+    p.max_allocation = cp.totalGlobalMem;
+    p.memory_alignment = 256;  // cudaMalloc's guarantee
+    p.compute_units = cp.multiProcessorCount;
+    p.subgroup_size = cp.warpSize;
+    p.clock_rate_khz = attribute(cudaDevAttrClockRate, device);
+    p.l2_cache_bytes = static_cast<std::uint64_t>(cp.l2CacheSize);
+    p.dtypes = dtypes_of(cp.major, cp.minor);
+    p.unified_memory = false;  // cudaMalloc's memory is not the host's
+    p.host_visible_memory = false;
+    bool queried = false;
+    p.stream_priorities = priority_range(device, queried);
+    p.async_copy_engines = cp.asyncEngineCount;
+    p.extras.push_back({"cudart.compute_capability",
+                        std::string(fmt::format("{}.{}", cp.major, cp.minor))});
+    p.extras.push_back({"cudart.priority_range_source",
+                        std::string(queried ? "queried" : "assumed")});
+    p.extras.push_back({"cudart.integrated", cp.integrated != 0});
+    p.extras.push_back({"cudart.memory_pools", cp.memoryPoolsSupported != 0});
+    return p;
+  }
+
+  int get_device() {
+    int d = 0;
+    check(cudaGetDevice(&d), "get_device", "cudaGetDevice");
+    return d;
+  }
+  // Makes the device's primary context (CUDA 12 and later create it here).
+  void set_device(int device) { check(cudaSetDevice(device), "set_device", "cudaSetDevice"); }
+
+  // nullptr when CUDA is out of memory (the error is not sticky; the SDK
+  // tells exhaustion from refusal by the free memory).
+  void* malloc(int device, std::size_t bytes) {
+    Guard g(device, "malloc");
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // clears the last error this left
+      return nullptr;
+    }
+    check(e, "malloc", "cudaMalloc");
+    return p;
+  }
+
+  // cudaFree waits for all work of the device first (CUDA's rule): more than
+  // the contract needs (Note [Ordered release]), and the reason the SDK's
+  // caching pool matters here.
+  void free(int device, void* ptr) {
+    Guard g(device, "free");
+    check(cudaFree(ptr), "free", "cudaFree");
+  }
+
+  // Portable pinned memory, allocated with `device` current.
+  void* host_malloc(int device, std::size_t bytes) {
+    Guard g(device, "host_malloc");
+    void* p = nullptr;
+    cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    check(e, "host_malloc", "cudaHostAlloc");
+    return p;
+  }
+  void host_free(int device, void* ptr) {
+    Guard g(device, "host_free");
+    check(cudaFreeHost(ptr), "host_free", "cudaFreeHost");
+  }
+
+  // cudaMemcpy runs on the legacy default stream, which the backend's
+  // streams (non-blocking) are not ordered with: as the contract says.
+  void memcpy(int device, void* dst, const void* src, std::size_t bytes,
+              accelkit::CopyKind kind) {
+    Guard g(device, "memcpy");
+    check(cudaMemcpy(dst, src, bytes, kind_of(kind)), "memcpy", "cudaMemcpy");
+  }
+
+  // A pageable host side is consumed before cudaMemcpyAsync returns (CUDA's
+  // documented behaviour: staged for host-to-device, synchronous for
+  // device-to-host), as the contract asks; a pinned one may be read later.
+  void memcpy_async(int device, void* dst, const void* src, std::size_t bytes,
+                    accelkit::CopyKind kind, accelkit::StreamHandle stream, bool host_pinned) {
+    (void)device;
+    (void)host_pinned;
+    check(cudaMemcpyAsync(dst, src, bytes, kind_of(kind), cuda(stream)), "memcpy_async",
+          "cudaMemcpyAsync");
+  }
+
+  void memset_async(int device, void* ptr, int value, std::size_t bytes,
+                    accelkit::StreamHandle stream) {
+    (void)device;
+    check(cudaMemsetAsync(ptr, static_cast<unsigned char>(value), bytes, cuda(stream)),
+          "memset_async", "cudaMemsetAsync");
+  }
+
+  accelkit::StreamHandle stream_create(int device, int priority) {
+    Guard g(device, "stream_create");
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority), "stream_create",
+          "cudaStreamCreateWithPriority");
+    return accelkit::StreamHandle::from_pointer(s);
+  }
+  // CUDA releases the stream once its work has completed.
+  void stream_destroy(int device, accelkit::StreamHandle stream) {
+    (void)device;
+    check(cudaStreamDestroy(cuda(stream)), "stream_destroy", "cudaStreamDestroy");
+  }
+  bool stream_query(int device, accelkit::StreamHandle stream) {
+    (void)device;
+    return ready(cudaStreamQuery(cuda(stream)), "stream_query", "cudaStreamQuery");
+  }
+  void stream_synchronize(int device, accelkit::StreamHandle stream) {
+    (void)device;
+    check(cudaStreamSynchronize(cuda(stream)), "stream_synchronize", "cudaStreamSynchronize");
+  }
+  // A never-recorded event is complete for CUDA: no wait, as the contract says.
+  void stream_wait_event(int device, accelkit::StreamHandle stream, accelkit::EventHandle event) {
+    (void)device;
+    check(cudaStreamWaitEvent(cuda(stream), cuda(event), 0), "stream_wait_event",
+          "cudaStreamWaitEvent");
+  }
+
+  accelkit::EventHandle event_create(int device, accelkit::EventFlags flags) {
+    Guard g(device, "event_create");
+    unsigned f = cudaEventDefault;
+    if (!accelkit::has_flag(flags, accelkit::EventFlags::timing)) f |= cudaEventDisableTiming;
+    if (accelkit::has_flag(flags, accelkit::EventFlags::blocking_sync)) f |= cudaEventBlockingSync;
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreateWithFlags(&e, f), "event_create", "cudaEventCreateWithFlags");
+    return accelkit::EventHandle::from_pointer(e);
+  }
+  void event_destroy(int device, accelkit::EventHandle event) {
+    (void)device;
+    check(cudaEventDestroy(cuda(event)), "event_destroy", "cudaEventDestroy");
+  }
+  void event_record(int device, accelkit::EventHandle event, accelkit::StreamHandle stream) {
+    (void)device;
+    check(cudaEventRecord(cuda(event), cuda(stream)), "event_record", "cudaEventRecord");
+  }
+  // True for a never-recorded event (CUDA's answer too).
+  bool event_query(int device, accelkit::EventHandle event) {
+    (void)device;
+    return ready(cudaEventQuery(cuda(event)), "event_query", "cudaEventQuery");
+  }
+  void event_synchronize(int device, accelkit::EventHandle event) {
+    (void)device;
+    check(cudaEventSynchronize(cuda(event)), "event_synchronize", "cudaEventSynchronize");
+  }
+  void device_synchronize(int device) {
+    Guard g(device, "device_synchronize");
+    check(cudaDeviceSynchronize(), "device_synchronize", "cudaDeviceSynchronize");
+  }
+
+  // ------------------------------------------------------------ optional
+
+  accelkit::MemoryInfo memory_info(int device) {
+    Guard g(device, "memory_info");
+    std::size_t free = 0, total = 0;
+    check(cudaMemGetInfo(&free, &total), "memory_info", "cudaMemGetInfo");
+    return {free, total};
+  }
+
+  bool can_access_peer(int device, int peer) {
+    int can = 0;
+    check(cudaDeviceCanAccessPeer(&can, device, peer), "can_access_peer",
+          "cudaDeviceCanAccessPeer");
+    return can != 0;
+  }
+
+  // Peer access is enabled for the pair (both ways) at its first copy.
+  void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device,
+                         std::size_t bytes, accelkit::StreamHandle stream) {
+    enable_peer(src_device, dst_device);
+    check(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, cuda(stream)),
+          "memcpy_peer_async", "cudaMemcpyPeerAsync");
+  }
+
+  float event_elapsed_time(int device, accelkit::EventHandle start, accelkit::EventHandle end) {
+    (void)device;
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, cuda(start), cuda(end)), "event_elapsed_time",
+          "cudaEventElapsedTime");
+    return ms;
+  }
+
+  // cudaStreamWaitEvent takes an event of another device and waits on the
+  // device.
+  void stream_wait_peer_event(int device, accelkit::StreamHandle stream, int event_device,
+                              accelkit::EventHandle event) {
+    (void)device;
+    (void)event_device;
+    check(cudaStreamWaitEvent(cuda(stream), cuda(event), 0), "stream_wait_peer_event",
+          "cudaStreamWaitEvent");
+  }
+
+  // ------------------------------------------------ for kernels and tests
+
+  static cudaStream_t cuda(accelkit::StreamHandle s) noexcept {
+    return s.as_pointer<CUstream_st>();
+  }
+  static cudaEvent_t cuda(accelkit::EventHandle e) noexcept { return e.as_pointer<CUevent_st>(); }
+  // Throws a DriverError for a failed CUDA call (a kernel launch's status).
+  static void check(cudaError_t e, const char* call, const char* fn) {
+    if (e != cudaSuccess) driver_error(e, call, fmt::format("{} failed: {}", fn, describe(e)));
+  }
+
+ private:
+  // Makes `device` current for the scope, as CUDA's allocation and creation
+  // calls act on the current device; restores the caller's.
+  struct Guard {
+    int previous = -1;
+    Guard(int device, const char* call) {
+      check(cudaGetDevice(&previous), call, "cudaGetDevice");
+      if (previous == device) previous = -1;
+      else check(cudaSetDevice(device), call, "cudaSetDevice");
+    }
+    ~Guard() {
+      if (previous >= 0) (void)cudaSetDevice(previous);
+    }
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+  };
+
+  // cudaSuccess: true; cudaErrorNotReady (not an error, not recorded as
+  // one): false; anything else: a DriverError.
+  static bool ready(cudaError_t e, const char* call, const char* fn) {
+    if (e == cudaErrorNotReady) return false;
+    check(e, call, fn);
+    return true;
+  }
+
+  static cudaMemcpyKind kind_of(accelkit::CopyKind k) noexcept {
+    switch (k) {
+      case accelkit::CopyKind::host_to_device: return cudaMemcpyHostToDevice;
+      case accelkit::CopyKind::device_to_host: return cudaMemcpyDeviceToHost;
+      case accelkit::CopyKind::device_to_device: return cudaMemcpyDeviceToDevice;
+    }
+    return cudaMemcpyDefault;
+  }
+
+  static int attribute(cudaDeviceAttr a, int device) {
+    int v = 0;
+    check(cudaDeviceGetAttribute(&v, a, device), "properties", "cudaDeviceGetAttribute");
+    return v;
+  }
+
+  // CUDA's versions are 1000 * major + 10 * minor (13000 is 13.0).
+  static accelkit::Version version_of(int v) { return {v / 1000, (v % 1000) / 10, 0}; }
+
+  static std::string format_uuid(const unsigned char* u) {
+    std::string s;
+    for (int i = 0; i < 16; ++i) {
+      if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+      s += fmt::format("{:02x}", u[i]);
+    }
+    return s;
+  }
+
+  // The element types the device computes natively, by compute capability:
+  // half precision from 5.3, bfloat16 from 8.0, the OCP float8 formats from
+  // 8.9, float8_e8m0fnu from 10.0. The fnuz float8 formats are AMD's.
+  static accelkit::DTypeSet dtypes_of(int major, int minor) {
+    using accelkit::DType;
+    int cc = major * 10 + minor;
+    accelkit::DTypeSet s{DType::float64, DType::float32,   DType::complex64, DType::complex128,
+                         DType::int8,    DType::int16,     DType::int32,     DType::int64,
+                         DType::uint8,   DType::uint16,    DType::uint32,    DType::uint64,
+                         DType::bool_};
+    if (cc >= 53) s.add(DType::float16).add(DType::complex32);
+    if (cc >= 80) s.add(DType::bfloat16);
+    if (cc >= 89) s.add(DType::float8_e4m3fn).add(DType::float8_e5m2);
+    if (cc >= 100) s.add(DType::float8_e8m0fnu);
+    return s;
+  }
+
+  // Note [cudart discovery]: the range of the device's context when it is
+  // already active, CUDA's usual range otherwise.
+  static accelkit::StreamPriorityRange priority_range(int device, bool& queried) {
+    using GetState = int (*)(int, unsigned*, int*);  // cuDevicePrimaryCtxGetState
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    int active = 0;
+    unsigned flags = 0;
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 12000,
+                                         cudaEnableDefault, &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess && fn != nullptr &&
+        reinterpret_cast<GetState>(fn)(device, &flags, &active) == 0 && active) {
+      int previous = 0;
+      int least = 0, greatest = 0;
+      if (cudaGetDevice(&previous) == cudaSuccess && cudaSetDevice(device) == cudaSuccess) {
+        cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+        (void)cudaSetDevice(previous);
+        if (e == cudaSuccess) {
+          queried = true;
+          return {least, greatest};
+        }
+      }
+    }
+    (void)cudaGetLastError();
+    queried = false;
+    return {0, -5};
+  }
+
+  void enable_peer(int from, int to) {
+    std::lock_guard<std::mutex> lock(peer_mutex_);
+    for (auto [a, b] : {std::pair<int, int>{from, to}, std::pair<int, int>{to, from}}) {
+      if (peer_enabled_.count({a, b})) continue;
+      int can = 0;
+      check(cudaDeviceCanAccessPeer(&can, a, b), "memcpy_peer_async", "cudaDeviceCanAccessPeer");
+      if (can) {
+        Guard g(a, "memcpy_peer_async");
+        cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+        else check(e, "memcpy_peer_async", "cudaDeviceEnablePeerAccess");
+      }
+      peer_enabled_.insert({a, b});  // asked once: CUDA stages the copy where it cannot
+    }
+  }
+
+  std::mutex peer_mutex_;
+  std::set<std::pair<int, int>> peer_enabled_;
+};
+
+}  // namespace cudart
