@@ -1,0 +1,2 @@
+#pragma once
+#include <catch2/catch.hpp>
