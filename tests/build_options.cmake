@@ -11,6 +11,9 @@ set(args -S "${SOURCE}" -B "${BINARY}" -G "${GENERATOR}"
     -DACCELKIT_BUILD_TESTS=${TESTS} -DACCELKIT_BUILD_EXAMPLES=${EXAMPLES}
     -DACCELKIT_WITH_TORCH=${TORCH} -DACCELKIT_WERROR=ON
     -DACCELKIT_SANITIZER_TESTS=OFF -DACCELKIT_BUILD_BENCHMARKS=OFF
+    # examples/cudart's nvcc and torch units are built by the main build;
+    # left out here, where they would only add minutes.
+    -DACCELKIT_WITH_CUDART=OFF
     "-DCMAKE_PREFIX_PATH=${PREFIX}")
 if(LAUNCHER)
   list(APPEND args -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER})

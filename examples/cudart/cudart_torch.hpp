@@ -1,10 +1,18 @@
-// cudart's ATen kernels, through accelkit's vendor-kernel API
+// cudart's torch side: the runtime and its ATen kernels, included by the
+// one translation unit that accelkit_add_torch_backend generates (its
+// HEADER), so that the backend's library is a single torch translation unit
+// (one to two minutes of the CI's build rather than twice that). Include it
+// in exactly one translation unit: it registers the kernels.
+//
+// The kernels, through accelkit's vendor-kernel API
 // (include/accelkit/torch/kernels.hpp): add.Tensor, mul.Tensor and relu of
 // same-device, same-shape, contiguous float32, float16 and bfloat16 tensors
 // run as CUDA kernels (cudart_kernels.cu) on the SDK's current stream,
 // asynchronously. Anything else they do not take (broadcasting, other
 // dtypes, alpha != 1, a scalar operand) goes to the SDK's CPU fallback, as
 // does every other operator.
+#pragma once
+
 #include <accelkit/torch/kernels.hpp>
 
 #include "cudart_kernels.hpp"
@@ -17,7 +25,7 @@
 
 #include <optional>
 
-namespace {
+namespace cudart_torch {
 using Rt = cudart::CudaRuntime;
 using K = accelkit::Kernels<Rt>;
 
@@ -83,10 +91,10 @@ at::Tensor relu(const at::Tensor& self) {
   if (!t) return K::fallback<at::_ops::relu>(self);
   return run(cudart::Elementwise::relu, *t, self, nullptr);
 }
-}  // namespace
+}  // namespace cudart_torch
 
 ACCELKIT_KERNELS(cudart::CudaRuntime, lib) {
-  lib.impl("add.Tensor", TORCH_FN(add));
-  lib.impl("mul.Tensor", TORCH_FN(mul));
-  lib.impl("relu", TORCH_FN(relu));
+  lib.impl("add.Tensor", TORCH_FN(cudart_torch::add));
+  lib.impl("mul.Tensor", TORCH_FN(cudart_torch::mul));
+  lib.impl("relu", TORCH_FN(cudart_torch::relu));
 }
