@@ -1,5 +1,5 @@
 """The cudart backend against PyTorch's own CUDA backend on the same GPU, side by side in one
-run (issue 20; run by scripts/gpu_check, which puts build-gpu/python on PYTHONPATH).
+run (issue 20; run by scripts/gpu_check, which puts _build-gpu/python on PYTHONPATH).
 
 Figures, each the median of interleaved rounds with its interquartile range:
   - allocation hit path: torch.empty(1 KiB) + free through accelkit's caching pool (cudart)

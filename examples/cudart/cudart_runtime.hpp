@@ -320,9 +320,10 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
     if (e != cudaSuccess) driver_error(e, call, fmt::format("{} failed: {}", fn, describe(e)));
   }
 
- private:
   // Makes `device` current for the scope, as CUDA's allocation and creation
-  // calls act on the current device; restores the caller's.
+  // calls and kernel launches act on the current device (which another
+  // library, PyTorch's CUDA backend among them, may have changed); restores
+  // the caller's.
   struct Guard {
     int previous = -1;
     Guard(int device, const char* call) {
@@ -337,6 +338,7 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
     Guard& operator=(const Guard&) = delete;
   };
 
+ private:
   // cudaSuccess: true; cudaErrorNotReady (not an error, not recorded as
   // one): false; anything else: a DriverError.
   static bool ready(cudaError_t e, const char* call, const char* fn) {

@@ -59,6 +59,7 @@ at::Tensor run(cudart::Elementwise op, cudart::Element type, const at::Tensor& a
   // out again before this kernel has read it.
   K::record_stream(a, s);
   if (b) K::record_stream(*b, s);
+  Rt::Guard device(s.device, "kernel");  // a launch goes to the current device's context
   Rt::check(cudart::launch_elementwise(op, type, a.const_data_ptr(),
                                        b ? b->const_data_ptr() : nullptr, out.mutable_data_ptr(),
                                        static_cast<std::size_t>(a.numel()), Rt::cuda(s.handle)),
