@@ -39,6 +39,7 @@
 #pragma once
 
 #include <accelkit/torch/adapter.hpp>
+#include <accelkit/torch/compat.hpp>
 #include <accelkit/torch/fallback.hpp>
 #include <accelkit/torch/host_access.hpp>
 
@@ -300,19 +301,12 @@ struct Kernel<R, Op, uniform, scalar, Ret(Args...)> {
 // outputs are allocated on the device: what PyTorch generates for CPU, with
 // the device allocator.
 template <class R, class Impl, std::size_t N>
-struct DeviceOutputs final : Impl {
+struct DeviceOutputs final : compat::MetaOutputs<Impl, DeviceOutputs<R, Impl, N>> {
   std::array<at::Tensor, N> outputs;
-  void set_output_strided(int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
-                          at::TensorOptions options) override {
-    make(i, sizes, strides, options);
-  }
-  void set_output_raw_strided(int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
-                              at::TensorOptions options) override {
-    make(i, sizes, strides, options);
-  }
   const at::Tensor& maybe_get_output(int64_t i) override { return outputs[static_cast<std::size_t>(i)]; }
 
- private:
+  // The output hooks (compat::MetaOutputs: their signature differs between
+  // PyTorch versions, Note [PyTorch versions]).
   void make(int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides, at::TensorOptions options) {
     constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
     at::ScalarType dtype = options.dtype().toScalarType();
@@ -322,7 +316,7 @@ struct DeviceOutputs final : Impl {
                                                     options.memory_format_opt())
                         : at::detail::empty_strided_generic(sizes, strides, &device_allocator<R>(),
                                                             keys, dtype);
-    at::TensorIteratorBase::set_output_raw_strided(i, sizes, strides, options);
+    this->raw_strided(i, sizes, strides, options);
   }
 };
 

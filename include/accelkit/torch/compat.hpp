@@ -1,0 +1,107 @@
+// accelkit: what differs between the PyTorch versions the torch adapters
+// build against, in one place.
+//
+// Note [PyTorch versions]
+// The adapters are written against the PyTorch of this repository's
+// environment (2.13) and must also build against older ones that vendors'
+// machines carry (2.11: the GPU machine of issue 20). Each difference found
+// is bridged here, by detecting the API itself rather than comparing
+// version numbers (the release that changed it need not be known), and
+// nowhere else. Found so far:
+//   - the structured kernels' output hooks (at::impl::MetaBase and
+//     at::TensorIteratorBase: set_output_strided, set_output_raw_strided)
+//     take the output's dimension names as a fifth parameter in 2.11
+//     (`at::DimnameList names = {}`); 2.13 dropped it, and at::DimnameList
+//     with it. MetaOutputs below overrides whichever this PyTorch declares.
+#pragma once
+
+#include <accelkit/config.hpp>
+#include <accelkit/torch/adapter.hpp>  // first (Note [CPU kernel stubs])
+
+#include <ATen/TensorIterator.h>
+#include <ATen/TensorMeta.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace torch_adapter {
+namespace compat {
+
+// Whether TensorIteratorBase's set_output_raw_strided takes the four
+// arguments of 2.13 (2.11 has a fifth, the dimension names, without a
+// default there). 2.13 has no at::DimnameList at all: the names' type is
+// only ever named through a dependent member pointer (NamesOf), in the
+// specialization that this PyTorch instantiates.
+template <class T, class = void>
+inline constexpr bool takes_four = false;
+template <class T>
+inline constexpr bool takes_four<
+    T, std::void_t<decltype(std::declval<T&>().set_output_raw_strided(
+           std::int64_t{}, at::IntArrayRef{}, at::IntArrayRef{}, at::TensorOptions{}))>> = true;
+template <class T = at::TensorIteratorBase>
+inline constexpr bool meta_takes_names = !takes_four<T>;
+
+// The type of the fifth parameter of a member function (the names).
+template <class F>
+struct FifthParameter;
+template <class C, class Ret, class A, class B, class D, class E, class N>
+struct FifthParameter<Ret (C::*)(A, B, D, E, N)> {
+  using type = N;
+};
+template <class T>
+using NamesOf = typename FifthParameter<decltype(&T::set_output_raw_strided)>::type;
+
+// TensorIteratorBase's own set_output_raw_strided, not the override: a
+// qualified call through T, so that it is looked up only in the MetaOutputs
+// that this PyTorch instantiates.
+template <class T, class... Names>
+void base_raw_strided(T& self, std::int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                      at::TensorOptions options, Names... names) {
+  self.T::set_output_raw_strided(i, sizes, strides, options, names...);
+}
+
+// Impl (a TensorIterator-based structured kernel class) whose outputs are
+// made by Derived::make(i, sizes, strides, options), with the hooks'
+// signatures of this PyTorch. Derived calls raw_strided(...) at the end of
+// make, for TensorIteratorBase's own bookkeeping.
+template <class Impl, class Derived, bool names = meta_takes_names<>>
+struct MetaOutputs : Impl {
+  void set_output_strided(std::int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                          at::TensorOptions options) override {
+    static_cast<Derived*>(this)->make(i, sizes, strides, options);
+  }
+  void set_output_raw_strided(std::int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                              at::TensorOptions options) override {
+    static_cast<Derived*>(this)->make(i, sizes, strides, options);
+  }
+
+ protected:
+  void raw_strided(std::int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                   at::TensorOptions options) {
+    base_raw_strided<at::TensorIteratorBase>(*this, i, sizes, strides, options);
+  }
+};
+template <class Impl, class Derived>
+struct MetaOutputs<Impl, Derived, true> : Impl {
+  using Names = NamesOf<Impl>;  // at::DimnameList
+  void set_output_strided(std::int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                          at::TensorOptions options, Names) override {
+    static_cast<Derived*>(this)->make(i, sizes, strides, options);
+  }
+  void set_output_raw_strided(std::int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                              at::TensorOptions options, Names) override {
+    static_cast<Derived*>(this)->make(i, sizes, strides, options);
+  }
+
+ protected:
+  void raw_strided(std::int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                   at::TensorOptions options) {
+    base_raw_strided<at::TensorIteratorBase>(*this, i, sizes, strides, options, Names{});
+  }
+};
+
+}  // namespace compat
+}  // namespace torch_adapter
+ACCELKIT_END_NAMESPACE
