@@ -90,11 +90,14 @@ class Approx {
 
 #define GPU_CHECK_CATCH_CAT2_(a, b) a##b
 #define GPU_CHECK_CATCH_CAT_(a, b) GPU_CHECK_CATCH_CAT2_(a, b)
-#define TEST_CASE(name, ...)                                                                    \
-  static void GPU_CHECK_CATCH_CAT_(gpu_check_case_, __LINE__)();                                \
-  static ::gpu_check_catch::Register GPU_CHECK_CATCH_CAT_(gpu_check_reg_, __LINE__)(            \
-      name, &GPU_CHECK_CATCH_CAT_(gpu_check_case_, __LINE__));                                  \
-  static void GPU_CHECK_CATCH_CAT_(gpu_check_case_, __LINE__)()
+// One id per test case (__COUNTER__: the conformance kit declares all of its
+// cases from one macro expansion, on one line).
+#define TEST_CASE(name, ...) \
+  GPU_CHECK_CATCH_CASE_(GPU_CHECK_CATCH_CAT_(gpu_check_case_, __COUNTER__), name)
+#define GPU_CHECK_CATCH_CASE_(fn, name)                                            \
+  static void fn();                                                                \
+  static ::gpu_check_catch::Register GPU_CHECK_CATCH_CAT_(fn, _registered)(name, &fn); \
+  static void fn()
 #define CHECK(...) \
   ((__VA_ARGS__) ? void() : ::gpu_check_catch::fail(__FILE__, __LINE__, "CHECK(" #__VA_ARGS__ ")"))
 #define REQUIRE(...)                                                             \
