@@ -123,7 +123,7 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
     p.l2_cache_bytes = static_cast<std::uint64_t>(cp.l2CacheSize);
     p.dtypes = dtypes_of(cp.major, cp.minor);
     p.unified_memory = false;  // cudaMalloc's memory is not the host's
-    p.host_visible_memory = false;
+    p.host_access = accelkit::HostAccessLevel::none;  // the SDK copies around host code
     bool queried = false;
     p.stream_priorities = priority_range(device, queried);
     p.async_copy_engines = cp.asyncEngineCount;
