@@ -1,0 +1,108 @@
+"""scripts/new_backend.py refuses bad names and bad destinations clearly,
+and replaces the template's name everywhere (ctest: consumer.skeleton.names); and, with --pyproject, that the new
+project's generated pip package carries its settings (consumer.skeleton.pyproject).
+
+    check_new_backend.py WORK_DIR
+    check_new_backend.py --pyproject PYPROJECT_TOML ACCELKIT_FETCH NAME
+
+Each refusal must exit 2 with a message naming the offending value; a good
+name must leave no trace of the template's `skel` in any file name or
+content (the accelkit location written into CMakeLists.txt aside, a path
+that may contain anything) and give the CamelCase class of a name with
+underscores. Prints "new_backend: ok"."""
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "new_backend.py"
+problems = []
+
+
+def run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+
+
+def check_pyproject(path, accelkit, name):
+    """The pip package generated in the new project's build carries where
+    accelkit comes from, the project's torch option and the autoload entry
+    point (its wheel's configure starts from these alone)."""
+    text = Path(path).read_text()
+    for want in (f"ACCELKIT_FETCH = '{accelkit}'", f"{name.upper()}_WITH_TORCH = 'ON'",
+                 f"{name} = 'torch_{name}:_autoload'", "[project.entry-points.'torch.backends']"):
+        if want not in text:
+            problems.append(f"{path} lacks {want!r}")
+
+
+def main():
+    if sys.argv[1] == "--pyproject":
+        check_pyproject(*sys.argv[2:5])
+        for p in problems:
+            print("problem:", p)
+        if not problems:
+            print("pyproject: ok")
+        return 1 if problems else 0
+    work = Path(sys.argv[1])
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    refusals = [
+        ("Acme", "lower-case identifier"), ("1acme", "lower-case identifier"),
+        ("acme-gpu", "lower-case identifier"), ("", "lower-case identifier"),
+        ("a" * 33, "at most 32"), ("acme__gpu", "double or trailing underscore"),
+        ("acme_", "double or trailing underscore"), ("cuda", "PyTorch's own device types"),
+        ("privateuseone", "PyTorch's own device types"), ("namespace", "keyword"),
+        ("lambda", "keyword"), ("nn", "torch.nn already exists"),
+    ]
+    for name, why in refusals:
+        r = run(name, "--dest", str(work / "refused"))
+        said = r.stderr.strip()
+        if r.returncode != 2 or why not in said or f"'{name}'" not in said and "torch." not in said:
+            problems.append(f"{name!r}: exit {r.returncode}, said {said!r} (wanted {why!r})")
+        if (work / "refused").exists():
+            problems.append(f"{name!r}: refused, yet {work / 'refused'} was written")
+
+    good = work / "acme_gpu"
+    r = run("acme_gpu", "--dest", str(good), "--no-torch-check", "--accelkit", "/opt/sdk-skel")
+    if r.returncode != 0:
+        problems.append(f"acme_gpu: exit {r.returncode}: {r.stderr}")
+    again = run("acme_gpu", "--dest", str(good), "--no-torch-check")
+    if again.returncode != 2 or "not empty" not in again.stderr or str(good) not in again.stderr:
+        problems.append(f"a second run into {good} was not refused: {again.stderr!r}")
+    files = [p for p in good.rglob("*") if p.is_file()]
+    if len(files) < 6:
+        problems.append(f"only {len(files)} files written")
+    for p in files:
+        rel = p.relative_to(good).as_posix()
+        text = p.read_text()
+        if rel == "CMakeLists.txt":
+            if 'set(ACCELKIT_FETCH "/opt/sdk-skel"' not in text:
+                problems.append("--accelkit was not written as ACCELKIT_FETCH's default")
+            text = text.replace("/opt/sdk-skel", "")
+        for m in re.finditer(r"(?i)skel", rel + "\n" + text):
+            problems.append(f"{rel}: the template's name is left: ...{(rel + text)[m.start() - 20:m.end() + 20]!r}")
+            break
+    runtime = good / "src" / "acme_gpu_runtime.hpp"
+    if not runtime.is_file():
+        problems.append("no src/acme_gpu_runtime.hpp")
+    else:
+        text = runtime.read_text()
+        for want in ("namespace acme_gpu", "class AcmeGpuRuntime", 'name = "acme_gpu"',
+                     "ACME_GPU_VISIBLE_DEVICES"):
+            if want not in text:
+                problems.append(f"acme_gpu_runtime.hpp lacks {want!r}")
+    cmake = (good / "CMakeLists.txt").read_text()
+    for want in ("option(ACME_GPU_WITH_TORCH", "accelkit_add_torch_backend(acme_gpu",
+                 "CLASS acme_gpu::AcmeGpuRuntime", "acme_gpu.kit.cpp"):
+        if want not in cmake:
+            problems.append(f"CMakeLists.txt lacks {want!r}")
+    for p in problems:
+        print("problem:", p)
+    if not problems:
+        print("new_backend: ok")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
