@@ -10,6 +10,9 @@ name must leave no trace of the template's `skel` in any file name or
 content (the accelkit location written into CMakeLists.txt aside, a path
 that may contain anything) and give the CamelCase class of a name with
 underscores. Prints "new_backend: ok"."""
+import contextlib
+import importlib.util
+import io
 import re
 import shutil
 import subprocess
@@ -21,8 +24,26 @@ SCRIPT = ROOT / "scripts" / "new_backend.py"
 problems = []
 
 
+def load_script():
+    spec = importlib.util.spec_from_file_location("new_backend", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+NEW_BACKEND = load_script()
+
+
 def run(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+    """The command's main() in this process (a Python start per case costs
+    seconds under load): its exit status and what it printed."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = NEW_BACKEND.main(list(args))
+        except SystemExit as e:  # argparse
+            code = e.code
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def check_pyproject(path, accelkit, name):
