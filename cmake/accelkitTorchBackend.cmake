@@ -66,6 +66,11 @@ endif()
 set_property(GLOBAL PROPERTY ACCELKIT_PYTHON_DIR "${_accelkit_torch_backend_python}")
 set_property(GLOBAL PROPERTY ACCELKIT_BACKEND_INIT_TEMPLATE
              "${_accelkit_torch_backend_dir}/torch_backend_init.py.in")
+# Global, as the two above: a vendor's project that fetched accelkit calls
+# accelkit_add_torch_backend from its own directory, where this directory's
+# variables are not seen.
+set_property(GLOBAL PROPERTY ACCELKIT_REGISTER_SOURCE
+             "${_accelkit_torch_backend_dir}/accelkit_register_backend.cpp")
 
 # Finds libtorch (target `torch`) as find_package(Torch) does, and failing
 # that through a Python interpreter that imports torch (Python_EXECUTABLE or
@@ -143,12 +148,12 @@ function(accelkit_add_torch_backend name)
   endif()
   get_property(python_dir GLOBAL PROPERTY ACCELKIT_PYTHON_DIR)
   get_property(init_template GLOBAL PROPERTY ACCELKIT_BACKEND_INIT_TEMPLATE)
+  get_property(register_source GLOBAL PROPERTY ACCELKIT_REGISTER_SOURCE)
 
   # The library: the registration source (Note [One registration source for
   # every build tree]) and the vendor's sources.
   set(package_dir "${PROJECT_BINARY_DIR}/python/${package}")
-  add_library(${package} MODULE "${_accelkit_torch_backend_dir}/accelkit_register_backend.cpp"
-              ${arg_SOURCES})
+  add_library(${package} MODULE "${register_source}" ${arg_SOURCES})
   target_compile_definitions(${package} PRIVATE
     "ACCELKIT_BACKEND_HEADER=\"${arg_HEADER}\"" "ACCELKIT_BACKEND_CLASS=${arg_CLASS}")
   target_link_libraries(${package} PRIVATE ${arg_RUNTIME} accelkit::torch)
