@@ -35,7 +35,8 @@ class MinimalRuntime : public accelkit::Runtime<MinimalRuntime> {
     p.compute_units = p.subgroup_size = 1;
     p.clock_rate_khz = 1000000;
     p.dtypes = accelkit::DTypeSet::all();
-    p.unified_memory = p.host_visible_memory = true;
+    p.unified_memory = true;
+    p.host_access = accelkit::HostAccessLevel::direct;
     return p;
   }
   device_index get_device() { return 0; }

@@ -54,10 +54,12 @@ class SkelRuntime : public accelkit::Runtime<SkelRuntime> {
     p.subgroup_size = 1;
     p.clock_rate_khz = 1000000;
     p.dtypes = accelkit::DTypeSet::all();
-    // The host may touch device pointers: PyTorch's CPU kernels then run in
-    // place (false for memory behind a bus: the SDK copies instead).
+    // The host may touch device pointers at any time: PyTorch's CPU kernels
+    // then run in place. `mapped` for memory the host reaches only between
+    // host_map and host_unmap (optional members), `none` for memory behind a
+    // bus (the SDK copies instead).
     p.unified_memory = true;
-    p.host_visible_memory = true;
+    p.host_access = accelkit::HostAccessLevel::direct;
     p.stream_priorities = accelkit::StreamPriorityRange::from_levels(1);
     p.event_timing = true;  // event_elapsed_time below
     return p;
