@@ -88,15 +88,17 @@ def test_copies_of_views_with_conversion_across_devices():
 @pytest.mark.parametrize("contiguous", [True, False])
 def test_copies_within_one_tensors_memory_behave_as_on_the_cpu(contiguous):
     # Note [Copies within one tensor's memory]: the very same elements are
-    # left alone, partly overlapping ones refused with PyTorch's own error,
-    # as on the CPU; the memory and the device stay usable.
+    # left alone, partly overlapping ones refused with PyTorch's own error
+    # where the CPU's check can tell (dense ranges), as on the CPU; the
+    # memory and the device stay usable.
     step = 1 if contiguous else 2
     for device in ("cpu", f"{DEV}:0"):
         x = torch.arange(24, dtype=torch.float32, device=device)
         x[0:10:step].copy_(x.view(2, 12)[0][0:10:step])           # onto itself
         assert torch.equal(x.cpu(), torch.arange(24, dtype=torch.float32))
-        with pytest.raises(RuntimeError, match="refers? to a single memory location"):
-            x[step:10 + step:step].copy_(x[0:10:step])              # partly overlapping
+        if contiguous:  # strided, the CPU cannot tell (PyTorch: "too hard") and copies
+            with pytest.raises(RuntimeError, match="refers? to a single memory location"):
+                x[1:11].copy_(x[0:10])                               # partly overlapping
         with pytest.raises(RuntimeError, match="refers? to a single memory location"):
             x[0:4].expand(3, 4).copy_(torch.ones(3, 4, device=device))  # dst overlaps itself
         assert torch.equal(x.cpu(), torch.arange(24, dtype=torch.float32))

@@ -64,7 +64,9 @@ struct CopyOps : HostAccess<R> {
   // As the CPU's copy_: a copy onto the very same elements (the same
   // storage, offset, sizes, strides, dtype and bits) does nothing; a copy
   // into a destination whose elements overlap each other, or between
-  // elements that partly overlap, raises PyTorch's own overlap error.
+  // elements that partly overlap, raises PyTorch's own overlap error, where
+  // PyTorch's check can tell (dense ranges; strided ones it calls too hard
+  // to tell, and copies, as the CPU does).
   // PyTorch hands a backend's copies to _copy_from before its own checks,
   // and a driver given overlapping ranges may refuse them (OpenCL: -8,
   // CL_MEM_COPY_OVERLAP) or copy them in any order.
