@@ -10,7 +10,9 @@
 //     if (!fits(self)) return K::fallback<at::_ops::relu>(self);  // the CPU, as before
 //     at::Tensor out = at::empty_like(self);     // the caching pool, current stream
 //     accelkit::KernelStream s = K::current_stream(self);
-//     K::runtime().launch_relu(s.device, s.handle, self.data_ptr(), out.data_ptr(), n);
+//     K::translated([&] {  // the runtime's errors as PyTorch's
+//       K::runtime().launch_relu(s.device, s.handle, self.data_ptr(), out.data_ptr(), n);
+//     });
 //     K::enqueued(s);
 //     return out;
 //   }
@@ -153,6 +155,14 @@ struct Kernels {
   }
   // The runtime object (initialized once a tensor of the backend exists).
   static R& runtime() { return Backend<R>::instance().runtime(); }
+  // Runs f (calls of the runtime's own members), raising an error of the
+  // SDK's as the PyTorch error of its kind (Note [Error kinds]): a
+  // runtime's driver_error as RuntimeError, an out-of-memory as
+  // torch.OutOfMemoryError, as the SDK's own kernels raise them.
+  template <class F>
+  static decltype(auto) translated(F&& f) {
+    return torch_adapter::translated(std::forward<F>(f));
+  }
 
   // Tensor.record_stream: `t`'s memory is used by work on `s`, so the
   // caching pool does not hand it out again, once `t` is freed, before the
