@@ -131,9 +131,14 @@ void addmm(long m, long n, long k, float alpha, float beta, int has_bias, __glob
 
 typedef struct { long nout, nred, nk, nr; long ksize[6], kstride[6], rsize[6], rstride[6]; } Red;
 
+// Each work-item sums its share with Neumaier's compensation, and the
+// work-group combines the (sum, compensation) pairs exactly (TwoSum): a
+// float32 sum about as accurate as the CPU's cascade summation, not the
+// drift of a long serial float sum.
 __kernel __attribute__((reqd_work_group_size(RG, 1, 1)))
 void sum(Red g, __global float* out, __global const float* a) {
-  __local float part[RG];
+  __local float ps[RG];
+  __local float pc[RG];
   long o = get_group_id(0);
   int l = get_local_id(0);
   long base = 0, r = o;
@@ -141,22 +146,29 @@ void sum(Red g, __global float* out, __global const float* a) {
     base += (r % g.ksize[d]) * g.kstride[d];
     r /= g.ksize[d];
   }
-  float acc = 0.0f;
+  float s = 0.0f, c = 0.0f;
   for (long e = l; e < g.nred; e += RG) {
     long off = 0, q = e;
     for (int d = (int)g.nr - 1; d >= 0; --d) {
       off += (q % g.rsize[d]) * g.rstride[d];
       q /= g.rsize[d];
     }
-    acc += a[base + off];
+    float x = a[base + off], t = s + x;
+    c += fabs(s) >= fabs(x) ? (s - t) + x : (x - t) + s;
+    s = t;
   }
-  part[l] = acc;
+  ps[l] = s;
+  pc[l] = c;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int w = RG / 2; w > 0; w >>= 1) {
-    if (l < w) part[l] += part[l + w];
+    if (l < w) {
+      float x = ps[l], y = ps[l + w], t = x + y, v = t - x;
+      pc[l] += pc[l + w] + ((x - (t - v)) + (y - v));
+      ps[l] = t;
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  if (l == 0) out[o] = part[0];
+  if (l == 0) out[o] = isfinite(ps[0]) ? ps[0] + pc[0] : ps[0];  // inf, NaN: as summed
 }
 )CL";
 
