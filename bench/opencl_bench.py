@@ -1,16 +1,27 @@
-"""The ocl backend (examples/opencl) through PyTorch against the CPU, measured in the same run.
+"""The ocl backend (examples/opencl) through PyTorch against the CPU and raw OpenCL, measured
+in the same run.
 
   python bench/opencl_bench.py           the full run
   python bench/opencl_bench.py --quick   few rounds, to check that it runs
 
-Prints the machine, then the training step of an MLP (64-256-256-10, SGD, batch 128, the
-model of bench/simdev_bench.py) on the OpenCL device against the CPU, once per SVM kind
-(OCL_SVM=fine: host kernels run in place on device memory; coarse: the SDK copies around
-them), each in a child process of its own, on the calling thread
-(torch.autograd.set_multithreading_enabled(False), as simdev_bench's calling-thread row) and
-with one intra-op thread on both sides. Blocks of steps on the device and on the CPU take
-turns, each block ending with a synchronize (Note [Rounds and spread] in simdev_bench.py);
-a row prints medians with the interquartile range, and the median of the per-round ratios.
+Prints the machine, then, in child processes (one per SVM kind, OCL_SVM=fine: host kernels
+run in place on device memory; coarse: the SDK copies around them, and per native kernels on
+or off, OCL_NATIVE_KERNELS), on the calling thread (torch.autograd.set_multithreading_enabled
+(False), as simdev_bench's calling-thread row) and with one intra-op thread on both sides:
+
+- the training step of an MLP (64-256-256-10, SGD, batch 128, the model of
+  bench/simdev_bench.py) on the OpenCL device against the CPU: with ocl's native OpenCL
+  kernels (examples/opencl/opencl_kernels.cpp: addmm, mm, relu, threshold_backward, sum on
+  the device's queues) and without them (every operator on the CPU's kernels: host kernels
+  in place, or the copying fallback);
+- a small `add` (1024 float32) through the backend against the same OpenCL kernel enqueued
+  directly (torch.ops.ocl_kernels.add_directly: arguments set and clEnqueueNDRangeKernel on
+  the stream's queue in a C++ loop, no event), through the backend both from a Python loop
+  (torch.add) and from a C++ loop (at::add, torch.ops.ocl_kernels.add_through_backend).
+
+Blocks of calls on each side take turns, each block ending with a synchronize (Note [Rounds
+and spread] in simdev_bench.py); a row prints medians with the interquartile range, and the
+median of the per-round ratios against the row's baseline.
 """
 import argparse
 import gc
@@ -47,21 +58,50 @@ def child(quick):
             step()
         return step
 
+    def measure(sides, rounds, per_block, unit):
+        """{side: per-call times in `unit` seconds}: blocks of per_block calls taking turns."""
+        samples = {k: [] for k in sides}
+        names = list(sides)
+        gc.collect()
+        gc.disable()
+        for r in range(rounds):
+            for side in names if r % 2 == 0 else names[::-1]:
+                run, sync = sides[side]
+                t0 = time.perf_counter()
+                run(per_block)
+                sync()
+                samples[side].append((time.perf_counter() - t0) / per_block * unit)
+        gc.enable()
+        return samples
+
+    def repeat(f):
+        def run(n):
+            for _ in range(n):
+                f()
+        return run
+
+    kops = torch.ops.ocl_kernels
+    native = kops.enabled()
+    launches0 = kops.launches()
     steps = {"ocl": make_step("ocl"), "cpu": make_step("cpu")}
-    sync = {"ocl": torch.ocl.synchronize, "cpu": lambda: None}
-    rounds, per_block = (2, 2) if quick else (15, 40)
-    samples = {"ocl": [], "cpu": []}
-    gc.collect()
-    gc.disable()
-    for r in range(rounds):
-        for side in (("ocl", "cpu") if r % 2 == 0 else ("cpu", "ocl")):
-            t0 = time.perf_counter()
-            for _ in range(per_block):
-                steps[side]()
-            sync[side]()
-            samples[side].append((time.perf_counter() - t0) / per_block * 1e3)
-    gc.enable()
-    print(json.dumps({"samples": samples}))
+    no_sync = lambda: None  # noqa: E731
+    out = {"native": native}
+    out["mlp"] = measure({"ocl": (repeat(steps["ocl"]), torch.ocl.synchronize),
+                          "cpu": (repeat(steps["cpu"]), no_sync)},
+                         *((2, 2) if quick else (15, 40)), 1e3)
+    out["mlp_launches"] = kops.launches() - launches0
+    if native:
+        a = torch.randn(1024, device="ocl")
+        b = torch.randn(1024, device="ocl")
+        c = torch.empty(1024, device="ocl")
+        torch.ocl.synchronize()
+        out["add"] = measure(
+            {"direct": (lambda n: kops.add_directly(a, b, c, n), torch.ocl.synchronize),
+             "cxx": (lambda n: kops.add_through_backend(a, b, n), torch.ocl.synchronize),
+             "python": (repeat(lambda: torch.add(a, b)), torch.ocl.synchronize)},
+            *((2, 20) if quick else (15, 400)), 1e6)
+        torch.testing.assert_close(c.cpu(), (a + b).cpu(), rtol=0, atol=0)
+    print(json.dumps(out))
 
 
 
@@ -77,23 +117,36 @@ def main():
     import torch  # noqa: F401  (its version in the machine line)
     print(machine_line())
     print(f"ocl benchmark{' (quick smoke run: figures not meaningful)' if args.quick else ''}:"
-          " the MLP training step on the OpenCL device vs the CPU\n")
-    print(f"{'figure':40s} {'ocl':>24s} {'cpu':>24s} {'unit':4s} {'ocl/cpu':>22s}")
-    for svm in ("fine", "coarse"):
-        env = dict(os.environ, OCL_SVM=svm, OMP_NUM_THREADS="1",
-                   TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-        cmd = [sys.executable, os.path.abspath(__file__), "--child"] + (["--quick"] if args.quick else [])
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
-        if r.returncode != 0:
-            print(f"MLP step, {svm} SVM: the child failed:\n{r.stderr}")
-            sys.exit(1)
-        out = json.loads(r.stdout.strip().splitlines()[-1])
-        s = out["samples"]
-        ratios = [a / b for a, b in zip(s["ocl"], s["cpu"])]
-        name = f"MLP training step, {svm} SVM"
-        print(f"{name:40s} {spread(s['ocl'], 3):>24s} {spread(s['cpu'], 3):>24s} {'ms':4s} "
+          " the MLP training step on the OpenCL device vs the CPU, a small add vs the same"
+          " OpenCL kernel enqueued directly\n")
+    print(f"{'figure':46s} {'ocl':>24s} {'baseline':>24s} {'unit':4s} {'ratio':>22s}")
+
+    def row(name, ocl, base, unit):
+        ratios = [x / y for x, y in zip(ocl, base)]
+        print(f"{name:46s} {spread(ocl, 3):>24s} {spread(base, 3):>24s} {unit:4s} "
               f"{spread(ratios, 3) + 'x':>22s}")
 
+    for svm in ("fine", "coarse"):
+        for native in ("1", "0"):
+            env = dict(os.environ, OCL_SVM=svm, OCL_NATIVE_KERNELS=native, OMP_NUM_THREADS="1",
+                       TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+            cmd = [sys.executable, os.path.abspath(__file__), "--child"] + (["--quick"] if args.quick else [])
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+            if r.returncode != 0:
+                print(f"{svm} SVM, OCL_NATIVE_KERNELS={native}: the child failed:\n{r.stderr}")
+                sys.exit(1)
+            out = json.loads(r.stdout.strip().splitlines()[-1])
+            kind = "native kernels" if out["native"] else "no native kernels"
+            m = out["mlp"]
+            row(f"MLP step, {svm} SVM, {kind} (vs CPU)", m["ocl"], m["cpu"], "ms")
+            print(f"  (native kernel launches in its steps: {out['mlp_launches']})")
+            if "add" in out:
+                s = out["add"]
+                row(f"add 1024 f32, {svm} SVM: torch.add, Python loop (vs direct)",
+                    s["python"], s["direct"], "us")
+                row(f"add 1024 f32, {svm} SVM: at::add, C++ loop (vs direct)",
+                    s["cxx"], s["direct"], "us")
+                print(f"  (the kernel enqueued directly: {spread(s['direct'], 3)} us per add)")
 
 if __name__ == "__main__":
     main()
