@@ -126,27 +126,31 @@ def main():
         print(f"{name:46s} {spread(ocl, 3):>24s} {spread(base, 3):>24s} {unit:4s} "
               f"{spread(ratios, 3) + 'x':>22s}")
 
-    for svm in ("fine", "coarse"):
-        for native in ("1", "0"):
-            env = dict(os.environ, OCL_SVM=svm, OCL_NATIVE_KERNELS=native, OMP_NUM_THREADS="1",
-                       TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-            cmd = [sys.executable, os.path.abspath(__file__), "--child"] + (["--quick"] if args.quick else [])
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
-            if r.returncode != 0:
-                print(f"{svm} SVM, OCL_NATIVE_KERNELS={native}: the child failed:\n{r.stderr}")
-                sys.exit(1)
-            out = json.loads(r.stdout.strip().splitlines()[-1])
-            kind = "native kernels" if out["native"] else "no native kernels"
-            m = out["mlp"]
-            row(f"MLP step, {svm} SVM, {kind} (vs CPU)", m["ocl"], m["cpu"], "ms")
-            print(f"  (native kernel launches in its steps: {out['mlp_launches']})")
-            if "add" in out:
-                s = out["add"]
-                row(f"add 1024 f32, {svm} SVM: torch.add, Python loop (vs direct)",
-                    s["python"], s["direct"], "us")
-                row(f"add 1024 f32, {svm} SVM: at::add, C++ loop (vs direct)",
-                    s["cxx"], s["direct"], "us")
-                print(f"  (the kernel enqueued directly: {spread(s['direct'], 3)} us per add)")
+    # --quick checks each path once: the native kernels' rows on fine-grained memory, the
+    # fallback's on coarse-grained memory (two children, not four).
+    combos = ([("fine", "1"), ("coarse", "0")] if args.quick else
+              [("fine", "1"), ("fine", "0"), ("coarse", "1"), ("coarse", "0")])
+    for svm, native in combos:
+        env = dict(os.environ, OCL_SVM=svm, OCL_NATIVE_KERNELS=native, OMP_NUM_THREADS="1",
+                   TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+        cmd = [sys.executable, os.path.abspath(__file__), "--child"] + (["--quick"] if args.quick else [])
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+        if r.returncode != 0:
+            print(f"{svm} SVM, OCL_NATIVE_KERNELS={native}: the child failed:\n{r.stderr}")
+            sys.exit(1)
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        kind = "native kernels" if out["native"] else "no native kernels"
+        m = out["mlp"]
+        row(f"MLP step, {svm} SVM, {kind} (vs CPU)", m["ocl"], m["cpu"], "ms")
+        print(f"  (native kernel launches in its steps: {out['mlp_launches']})")
+        if "add" in out:
+            s = out["add"]
+            row(f"add 1024 f32, {svm} SVM: torch.add, Python loop (vs direct)",
+                s["python"], s["direct"], "us")
+            row(f"add 1024 f32, {svm} SVM: at::add, C++ loop (vs direct)",
+                s["cxx"], s["direct"], "us")
+            print(f"  (the kernel enqueued directly: {spread(s['direct'], 3)} us per add)")
+
 
 if __name__ == "__main__":
     main()
