@@ -15,8 +15,10 @@ lower-case identifier of at most 32 characters, not one of PyTorch's own
 device types: is_valid_backend_name in include/accelkit/detail/contract.hpp,
 read from there), and also not a C++ or Python keyword, and not a name that
 torch already has (torch.<name> becomes the device module): each refusal
-says why. DEST must not exist or be empty (--force replaces its files, keeping a
-build/ folder in it).
+says why. DEST must not exist or be empty; --force writes the template's files
+into it again and removes only files that an earlier run of this script wrote
+and the template no longer has (listed in DEST/.accelkit-template-files):
+nothing else in DEST is touched (the vendor's own files, .git, build/).
 
 Where accelkit comes from in the new project: ACCELKIT_FETCH in its
 CMakeLists.txt. Run from an accelkit source tree, the default is that tree
@@ -35,6 +37,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# In a new project: the files this script wrote there (for --force).
+MANIFEST = ".accelkit-template-files"
 # A source tree: scripts/ beside templates/ and include/. An installed SDK:
 # share/accelkit/scripts beside share/accelkit/templates, headers in include/.
 SOURCE_ROOT = HERE.parent
@@ -103,8 +107,13 @@ def instantiate(name, dest, accelkit, force=False):
     if dest.exists() and any(dest.iterdir()) and not force:
         raise Refused(f"{dest} exists and is not empty (--force replaces it)")
     # With --force, files whose text is unchanged are left alone (a build of
-    # the project then rebuilds nothing) and files the template lacks go.
-    stale = {p for p in dest.rglob("*") if p.is_file()} if dest.exists() else set()
+    # the project then rebuilds nothing), and of the files an earlier run
+    # wrote (its manifest) those the template no longer has go. Nothing else
+    # in DEST is removed: it may hold the vendor's own work and .git.
+    manifest = dest / MANIFEST
+    earlier = set()
+    if manifest.is_file():
+        earlier = {dest / line for line in manifest.read_text().splitlines() if line.strip()}
     forms = {"skel": name, "Skel": camel(name), "SKEL": name.upper()}
     written = []
     for src in sorted(TEMPLATE.rglob("*")):
@@ -122,11 +131,12 @@ def instantiate(name, dest, accelkit, force=False):
         if not out.is_file() or out.read_text() != text:
             out.write_text(text)
             shutil.copymode(src, out)
-        stale.discard(out)
         written.append(out)
-    for p in stale:
-        if "build" not in p.relative_to(dest).parts[:1]:
+    for p in earlier - set(written):
+        rel = p.relative_to(dest) if p.is_relative_to(dest) else None
+        if rel is not None and ".." not in rel.parts and p.is_file():
             p.unlink()
+    manifest.write_text("".join(f"{p.relative_to(dest).as_posix()}\n" for p in written))
     return written
 
 

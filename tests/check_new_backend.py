@@ -118,6 +118,35 @@ def main():
                  "CLASS acme_gpu::AcmeGpuRuntime", "acme_gpu.kit.cpp"):
         if want not in cmake:
             problems.append(f"CMakeLists.txt lacks {want!r}")
+
+    # --force writes the template's files again and removes only what an
+    # earlier run wrote and the template no longer has: the vendor's own
+    # files and .git stay.
+    own = good / "src" / "acme_gpu_kernels.cpp"
+    own.write_text("// the vendor's own\n")
+    head = good / ".git" / "HEAD"
+    head.parent.mkdir()
+    head.write_text("ref: refs/heads/main\n")
+    (good / "CMakeLists.txt").write_text("edited\n")
+    dropped = good / "dropped_by_the_template.txt"
+    dropped.write_text("from an older template\n")
+    manifest = good / ".accelkit-template-files"
+    if not manifest.is_file():
+        problems.append("no .accelkit-template-files manifest written")
+    else:
+        manifest.write_text(manifest.read_text() + "dropped_by_the_template.txt\n")
+    r = run("acme_gpu", "--dest", str(good), "--no-torch-check", "--accelkit", "/opt/sdk-skel",
+            "--force")
+    if r.returncode != 0:
+        problems.append(f"--force: exit {r.returncode}: {r.stderr}")
+    if not own.is_file() or own.read_text() != "// the vendor's own\n":
+        problems.append("--force removed or changed a file of the vendor's own")
+    if not head.is_file():
+        problems.append("--force removed .git")
+    if "accelkit_add_torch_backend(acme_gpu" not in (good / "CMakeLists.txt").read_text():
+        problems.append("--force did not write the template's CMakeLists.txt again")
+    if dropped.exists():
+        problems.append("--force kept a file an earlier run wrote that the template no longer has")
     for p in problems:
         print("problem:", p)
     if not problems:
