@@ -11,7 +11,8 @@ tensors/operators_match_the_cpu and the training checks (mm), and in the
 OpInfo group mm as a mismatch with its largest error, sin as an error, flip
 as a crash (forward; the backward's gradients are the tests of
 opinfo's own), while add, run after the crash, still matches; the report must follow the schema (check_conformance_report.py's
-checks, except that failures are expected here)."""
+checks, except that failures are expected here); and under python -O (which
+strips the asserts the checks are made of) the kit must refuse to run."""
 import json
 import os
 import subprocess
@@ -99,6 +100,14 @@ def main():
         text = f.read()
     if "rule: PyTorch's OpInfo samples of flip (float32, forward)" not in text:
         problems.append("the readable summary does not give the failing check's rule")
+    # Its checks are asserts: under python -O it refuses to run at all.
+    optimized = subprocess.run([sys.executable, "-O", "-m", "accelkit.testing", "--device", backend,
+                                "--groups", "names", "--opinfo", "none", "--report",
+                                os.path.join(work, "optimized.json")],
+                               env=env, capture_output=True, text=True, timeout=120)
+    if optimized.returncode != 2 or "python -O" not in optimized.stderr:
+        problems.append(f"under python -O the kit exited {optimized.returncode} "
+                        f"({optimized.stderr.strip()[-200:]!r}), expected 2 and a refusal")
     print(f"{len(checks)} checks: {counts}")
     for p in problems:
         print("problem:", p)

@@ -108,6 +108,32 @@ def test_all_compares_a_training_step_forward_and_backward_without_a_false_alarm
     assert len(mode.counts) > 10
 
 
+def test_disable_refuses_while_a_later_mode_or_another_thread_holds_the_stack(wrong_mm, compare):
+    import threading
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    mode = compare(["mm"])
+    a, b = _operands()
+    with Passing():
+        with pytest.raises(RuntimeError, match="pushed after autocompare"):
+            autocompare.disable()
+    errors = []
+    t = threading.Thread(target=lambda: errors.append(pytest.raises(RuntimeError,
+                                                                    autocompare.disable)))
+    t.start()
+    t.join()
+    assert errors and "another thread" in str(errors[0].value)
+    assert autocompare.active() is mode  # still on: the wrong mm is still caught
+    with pytest.warns(AutocompareWarning):
+        torch.mm(a, b)
+    autocompare.disable()
+    assert autocompare.active() is None
+
+
 def test_the_environment_enables_it_when_the_backend_is_installed():
     code = renamed("""
 import warnings, torch

@@ -44,7 +44,13 @@ def run(name, imports=(), groups=None, skip=(), names=None, opinfo="quick", opin
     and in the OpInfo children); the Report."""
     import importlib
     import os
+    import sys
 
+    if sys.flags.optimize:
+        # The checks are assert statements: python -O would pass them all.
+        raise RuntimeError(f"{name}: accelkit's conformance kit does not run under python -O "
+                           "(PYTHONOPTIMIZE), which removes the assert statements its checks are "
+                           "made of")
     from . import checks
     load(name)
     for module in imports:

@@ -34,6 +34,11 @@ def main(argv=None):
         for c in CHECKS:
             print(f"{c.group}/{c.name}: {c.rule}")
         return 0
+    if sys.flags.optimize:
+        print(f"{args.device}: accelkit's conformance kit does not run under python -O "
+              "(PYTHONOPTIMIZE), which removes the assert statements its checks are made of",
+              file=sys.stderr)
+        return 2
     report = run(args.device, imports=split(args.imports), groups=split(args.groups), skip=split(args.skip),
                  names=split(args.checks), opinfo=args.opinfo,
                  opinfo_ops=split(args.opinfo_ops) or None,

@@ -29,8 +29,8 @@ import threading
 import warnings
 
 import torch
-from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_modes, _pop_mode,
-                                          _push_mode)
+from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_modes,
+                                          _get_current_dispatch_mode, _pop_mode, _push_mode)
 from torch.utils._pytree import tree_flatten, tree_map
 
 
@@ -172,25 +172,37 @@ class Autocompare(TorchDispatchMode):
 
 
 _active = None
+_owner = None  # the thread that enabled it
 
 
 def enable(name, ops="all", action="warn", rtol=None, atol=None, dump=None):
     """Starts comparing `ops` ("all" or a list of names) of the backend
     `name` with the CPU in this thread; the mode (its .counts:
     {op: [compared, mismatched]}). A second call replaces the first."""
-    global _active
+    global _active, _owner
     disable()
     _active = Autocompare(name, ops, action, rtol, atol, dump)
     _push_mode(_active)
+    _owner = threading.get_ident()
     return _active
 
 
 def disable():
-    """Stops autocompare (in the thread that enabled it)."""
-    global _active
-    if _active is not None:
-        _pop_mode()
-        _active = None
+    """Stops autocompare: in the thread that enabled it, once the modes
+    pushed after it are gone (a mode stack is per thread, and only its top
+    can go); otherwise a RuntimeError, and it keeps running."""
+    global _active, _owner
+    if _active is None:
+        return
+    if threading.get_ident() != _owner:
+        raise RuntimeError(f"{_active.name}: autocompare was enabled in another thread; "
+                           "disable it there")
+    if _get_current_dispatch_mode() is not _active:
+        raise RuntimeError(f"{_active.name}: a dispatch mode pushed after autocompare is still "
+                           f"active ({type(_get_current_dispatch_mode()).__name__}); leave it "
+                           "first")
+    _pop_mode()
+    _active = _owner = None
 
 
 def active():
