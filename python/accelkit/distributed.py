@@ -81,6 +81,7 @@ import queue
 import secrets
 import socket
 import threading
+import time
 import weakref
 
 import torch
@@ -288,12 +289,19 @@ class _Ordered:
 _graveyard = collections.deque(maxlen=64)  # the last jobs of ended threads: _serve
 
 
+# At exit, the group's threads get this long in all to finish their queued
+# jobs: a job still waiting on a dead peer would otherwise hold the exit for
+# up to twice the group's timeout (30 minutes by default).
+_EXIT_JOIN_S = 10.0
+
+
 def _close_all():
     with _Ordered._lock:
         live = list(_Ordered._live.items())
+    deadline = time.monotonic() + _EXIT_JOIN_S
     for thread, (end, join_s) in live:
         end()
-        thread.join(join_s)
+        thread.join(max(0.0, min(join_s, deadline - time.monotonic())))
 
 
 atexit.register(_close_all)  # before the interpreter finalizes
@@ -455,6 +463,7 @@ class ProcessGroup(dist.ProcessGroup):
         self._visible = {}
         self.check_agreement = True  # _agree
         self._timeout_s = timeout.total_seconds()
+        self._last = (None, True)  # Note [Collectives in issue order]
         # Note [Completion on a thread of the group's own]
         self._done = _Ordered("accelkit-completion", join_s=2 * self._timeout_s)
         # Note [The vendor collective slot]
@@ -581,6 +590,7 @@ class ProcessGroup(dist.ProcessGroup):
         and returns what the collective needs), then the ranks' agreement
         (_agree), which a rank whose check failed joins too, so that no rank
         is left waiting for it: every rank raises."""
+        self._order()
         try:
             result, failed = check(), None
         except ValueError as e:
@@ -589,6 +599,32 @@ class ProcessGroup(dist.ProcessGroup):
         if failed is not None:
             raise failed
         return result
+
+    # Note [Collectives in issue order]
+    # c10d runs a group's collectives in the order they were issued, and a
+    # later one sees what an earlier one wrote (NCCL: one stream). gloo keeps
+    # that order among its own collectives on memory it reads and writes in
+    # place; it does not when a collective's results reach device memory
+    # only later (staged: copied back on completion, while the next one's
+    # staging copy is read at issue), nor across engines (the vendor's
+    # library runs on a thread of its own). So a collective (or send, recv)
+    # first waits, on the host, for the one issued before it, unless both run
+    # on gloo in place; that earlier collective's error is left to its own
+    # wait().
+    def _order(self, switching=False):
+        last, in_place = self._last
+        if last is None or (in_place and not switching) or last.is_completed():
+            return
+        try:
+            last.wait()
+        except Exception:  # noqa: BLE001  (raised by its own wait())
+            pass
+
+    def _issued(self, host, work):
+        """Records `work` as the last issued (host: its _Host; None: the
+        vendor's library) for _order; returns it."""
+        self._last = (work, host is not None and not host.back)
+        return work
 
     # -- collectives
     def allreduce(self, tensors, opts=None):
@@ -602,13 +638,15 @@ class ProcessGroup(dist.ProcessGroup):
         native = self.native
         if native is not None and native.supports("all_reduce", _op_name(op), cpu):
             timeout = opts.timeout.total_seconds() if opts.timeout is not None else -1
-            return native.all_reduce(cpu[0], _op_name(op), timeout, host.finish, tensors)
+            self._order(switching=True)
+            return self._issued(None, native.all_reduce(cpu[0], _op_name(op), timeout,
+                                                        host.finish, tensors))
         o = dist.AllreduceOptions()
         o.reduceOp = gloo_op
         o.timeout = opts.timeout
         work = self.gloo.allreduce(cpu, o)
         post = self._avg(cpu) if op == ReduceOp.AVG else (lambda: None)
-        return self._done.submit(_gloo_job(work, self._chain(post, host.finish)), tensors)
+        return self._issued(host, self._done.submit(_gloo_job(work, self._chain(post, host.finish)), tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
         works = [self.allreduce([t], _allreduce_opts(opts)) for t in tensors]
@@ -622,7 +660,7 @@ class ProcessGroup(dist.ProcessGroup):
         root = opts.rootRank == self._rank
         cpu = [host.get(t, read=root, write=not root) for t in tensors]
         work = self.gloo.broadcast(cpu, opts)
-        return self._done.submit(_gloo_job(work, host.finish), tensors)
+        return self._issued(host, self._done.submit(_gloo_job(work, host.finish), tensors))
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
@@ -637,7 +675,7 @@ class ProcessGroup(dist.ProcessGroup):
         o.reduceOp, o.rootRank, o.rootTensor, o.timeout = gloo_op, opts.rootRank, opts.rootTensor, opts.timeout
         work = self.gloo.reduce(cpu, o)
         post = self._avg(cpu) if op == ReduceOp.AVG and root else (lambda: None)
-        return self._done.submit(_gloo_job(work, self._chain(post, host.finish)), tensors)
+        return self._issued(host, self._done.submit(_gloo_job(work, self._chain(post, host.finish)), tensors))
 
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
@@ -648,7 +686,7 @@ class ProcessGroup(dist.ProcessGroup):
         cpu_in = [host.get(t, write=False) for t in inputs]
         cpu_out = [[host.get(t, read=False) for t in ts] for ts in output_lists]
         work = self.gloo.allgather(cpu_out, cpu_in, opts)
-        return self._done.submit(_gloo_job(work, host.finish), output_lists)
+        return self._issued(host, self._done.submit(_gloo_job(work, host.finish), output_lists))
 
     def _allgather_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
@@ -663,7 +701,7 @@ class ProcessGroup(dist.ProcessGroup):
         cpu_in = host.get(input, write=False)
         cpu_out = host.get(output, read=False)
         work = self.gloo._allgather_base(cpu_out, cpu_in, opts)
-        return self._done.submit(_gloo_job(work, host.finish), [output])
+        return self._issued(host, self._done.submit(_gloo_job(work, host.finish), [output]))
 
     all_gather_single = _allgather_base
 
@@ -679,7 +717,7 @@ class ProcessGroup(dist.ProcessGroup):
         o.reduceOp, o.timeout = gloo_op, opts.timeout
         work = self.gloo.reduce_scatter(cpu_out, cpu_in, o)
         post = self._avg(cpu_out) if op == ReduceOp.AVG else (lambda: None)
-        return self._done.submit(_gloo_job(work, self._chain(post, host.finish)), outputs)
+        return self._issued(host, self._done.submit(_gloo_job(work, self._chain(post, host.finish)), outputs))
 
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -698,7 +736,7 @@ class ProcessGroup(dist.ProcessGroup):
         o.reduceOp, o.timeout = gloo_op, opts.timeout
         work = self.gloo._reduce_scatter_base(cpu_out, cpu_in, o)
         post = self._avg([cpu_out]) if op == ReduceOp.AVG else (lambda: None)
-        return self._done.submit(_gloo_job(work, self._chain(post, host.finish)), [output])
+        return self._issued(host, self._done.submit(_gloo_job(work, self._chain(post, host.finish)), [output]))
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -710,7 +748,7 @@ class ProcessGroup(dist.ProcessGroup):
         cpu_in = host.get(input, write=False)
         work = self.gloo.alltoall_base(cpu_out, cpu_in, list(output_split_sizes),
                                        list(input_split_sizes), opts)
-        return self._done.submit(_gloo_job(work, host.finish), [output])
+        return self._issued(host, self._done.submit(_gloo_job(work, host.finish), [output]))
 
     all_to_all_single = alltoall_base
 
@@ -720,7 +758,7 @@ class ProcessGroup(dist.ProcessGroup):
         cpu_in = [host.get(t, write=False) for t in inputs]
         cpu_out = [[host.get(t, read=False) for t in ts] for ts in output_lists]
         work = self.gloo.gather(cpu_out, cpu_in, opts)
-        return self._done.submit(_gloo_job(work, host.finish), output_lists)
+        return self._issued(host, self._done.submit(_gloo_job(work, host.finish), output_lists))
 
     def scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
@@ -728,25 +766,28 @@ class ProcessGroup(dist.ProcessGroup):
         cpu_out = [host.get(t, read=False) for t in outputs]
         cpu_in = [[host.get(t, write=False) for t in ts] for ts in input_lists]
         work = self.gloo.scatter(cpu_out, cpu_in, opts)
-        return self._done.submit(_gloo_job(work, host.finish), outputs)
+        return self._issued(host, self._done.submit(_gloo_job(work, host.finish), outputs))
 
     def send(self, tensors, dst: int, tag: int = 0):
+        self._order()
         host = _Host(self, tensors)
         cpu = [host.get(t, write=False) for t in tensors]
         work = self.gloo.send(cpu, dst, tag)
-        return _p2p(_gloo_job(work, host.finish), tensors, self._timeout_s)
+        return self._issued(host, _p2p(_gloo_job(work, host.finish), tensors, self._timeout_s))
 
     def recv(self, tensors, src: int, tag: int = 0):
+        self._order()
         host = _Host(self, tensors)
         cpu = [host.get(t, read=False) for t in tensors]
         work = self.gloo.recv(cpu, src, tag)
-        return _p2p(_gloo_job(work, host.finish), tensors, self._timeout_s)
+        return self._issued(host, _p2p(_gloo_job(work, host.finish), tensors, self._timeout_s))
 
     def recv_anysource(self, tensors, tag: int = 0):
+        self._order()
         host = _Host(self, tensors)
         cpu = [host.get(t, read=False) for t in tensors]
         work = self.gloo.recv_anysource(cpu, tag)
-        return _p2p(_gloo_job(work, host.finish), tensors, self._timeout_s)
+        return self._issued(host, _p2p(_gloo_job(work, host.finish), tensors, self._timeout_s))
 
     def barrier(self, opts=None):
         return self.gloo.barrier(opts if opts is not None else dist.BarrierOptions())

@@ -197,6 +197,24 @@ def _collectives(rank, store_path):
     res = fut.wait()
     torch.testing.assert_close(res[0].cpu(), vals[0] + vals[1])
 
+    # Back to back, async, on one tensor: the second sees what the first
+    # wrote, as c10d promises (Note [Collectives in issue order]; staged, the
+    # second's copy to the host was read before the first's results came
+    # back). Rank 1 joins late, so the first is still running when rank 0
+    # issues the second.
+    # (The ranks' agreement check, a blocking exchange on gloo, would order
+    # them by itself: off here, as for speed.)
+    _group().check_agreement = False
+    z = on(torch.full((4096,), float(rank + 1)))
+    if rank == 1:
+        time.sleep(0.5)
+    first = dist.all_reduce(z, async_op=True)
+    second = dist.all_reduce(z, async_op=True)
+    first.wait()
+    second.wait()
+    _group().check_agreement = True
+    assert z.cpu().unique().tolist() == [6.0], z.cpu().unique()
+
     # CPU tensors through the same group
     c = torch.full((4,), float(rank + 1))
     dist.all_reduce(c)
@@ -251,6 +269,21 @@ def _native_slot(rank):
     before = native.reductions()
     dist.all_reduce(c)
     assert c.tolist() == [3.0] * 10 and native.reductions() == before + 1
+    # A native all_reduce, then a broadcast on gloo of the same tensor: the
+    # broadcast sends the reduced values, as if one engine ran both (Note
+    # [Collectives in issue order]); rank 1 joins late, so the native one is
+    # still waiting when rank 0 issues the broadcast.
+    # (Unchecked: the agreement check's blocking exchange would order them.)
+    pg.check_agreement = False
+    x = torch.full((1 << 16,), float(rank + 1), device=dev)
+    if rank == 1:
+        time.sleep(0.5)
+    reduced = dist.all_reduce(x, async_op=True)
+    sent = dist.broadcast(x, src=0, async_op=True)
+    reduced.wait()
+    sent.wait()
+    pg.check_agreement = True
+    assert x.cpu().unique().tolist() == [3.0], x.cpu().unique()
     # what it does not implement: gloo, right, the counter unmoved
     before = native.reductions()
     for t, op, want in [(torch.full((8,), rank + 2, dtype=torch.int64), ReduceOp.SUM, 5),
