@@ -84,6 +84,18 @@ def test_import_torch_alone_installs_the_backend(installed):
     assert Path(origin).parent == PACKAGE
 
 
+def test_importing_the_package_before_torch_installs_it_once(installed):
+    # Note [Importing the package before torch]: torch's import runs the
+    # entry point while the package is still being imported.
+    out = _python("""
+        import torch_simdev
+        import torch
+        print(torch._C._get_privateuse1_backend_name(), torch.ones(2, device="simdev:1").sum().item())
+        print(torch_simdev._autoload() is torch.simdev)
+        """, installed, SIMDEV_DEVICE_COUNT="2")
+    assert out.splitlines() == ["simdev 2.0", "True"]
+
+
 def test_autoload_off_leaves_the_slot_until_the_package_is_imported(installed):
     out = _python("""
         import sys, torch
