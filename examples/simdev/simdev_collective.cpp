@@ -9,7 +9,10 @@
 // sequence counters and process ids, then one slot of `kSlotBytes` per
 // rank. Rank 0 creates it under a name the ranks agree on through the c10d
 // store, the others open it, and rank 0 unlinks the name once all have it
-// mapped (the segment lives while mapped; a crash leaves no name behind).
+// mapped (the segment lives while mapped). A failed open unlinks the name
+// it created; a rank-0 process that dies between creating the segment and
+// unlinking it (killed while the others open it) leaves the name behind in
+// /dev/shm until reboot or a manual unlink, as any shm_open user does.
 // A tensor goes in chunks of at most a slot; for chunk number s each rank
 //   1. waits until every rank has finished reading chunk s-1 (done >= s-1),
 //      so its slot may be overwritten;
@@ -227,10 +230,24 @@ TORCH_LIBRARY(simdev_collectives, m) {
           int fd = shm_open(name.c_str(), create ? (O_RDWR | O_CREAT | O_EXCL) : O_RDWR, 0600);
           TORCH_CHECK(fd >= 0, "simdev_collectives: open: shm_open(", name, "): ",
                       std::strerror(errno));
+          // Until the communicator is registered, every error path unmaps what
+          // it mapped and, on the rank that created the name, unlinks it: no
+          // failed open leaves a segment behind.
+          struct Undo {
+            const std::string& name;
+            bool create;
+            void* base = nullptr;
+            std::size_t bytes = 0;
+            bool armed = true;
+            ~Undo() {
+              if (!armed) return;
+              if (base != nullptr) munmap(base, bytes);
+              if (create) shm_unlink(name.c_str());
+            }
+          } undo{name, create};
           if (create && ftruncate(fd, static_cast<off_t>(c->bytes)) != 0) {
             const int err = errno;
             close(fd);
-            shm_unlink(name.c_str());
             TORCH_CHECK(false, "simdev_collectives: open: ftruncate(", name, ", ", c->bytes,
                         "): ", std::strerror(err));
           }
@@ -239,6 +256,8 @@ TORCH_LIBRARY(simdev_collectives, m) {
           close(fd);
           TORCH_CHECK(p != MAP_FAILED, "simdev_collectives: open: mmap(", name, "): ",
                       std::strerror(err));
+          undo.base = p;
+          undo.bytes = c->bytes;
           c->base = p;
           Header* h = c->header();
           if (create) {
@@ -252,6 +271,7 @@ TORCH_LIBRARY(simdev_collectives, m) {
           h->pid[rank].store(static_cast<std::int64_t>(getpid()), std::memory_order_release);
           std::lock_guard<std::mutex> lock(comms_mutex);
           comms.emplace(next_comm, std::move(c));
+          undo.armed = false;  // the communicator owns the mapping; rank 0 unlinks the name
           return next_comm++;
         });
   m.def("unlink(str name) -> ()", [](std::string name) { shm_unlink(name.c_str()); });

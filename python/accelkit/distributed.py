@@ -82,6 +82,7 @@ import secrets
 import socket
 import threading
 import time
+import warnings
 import weakref
 
 import torch
@@ -420,7 +421,14 @@ class _Native:
         store.set(f"open/{rank}", str(int(ok)))
         every = [store.get(f"open/{r}") == b"1" for r in range(size)]
         if rank == 0 and comm is not None:
-            ops.unlink(shm)
+            # Every rank decides below from the same `every`: a failed unlink
+            # (the name is then left in /dev/shm) must not make rank 0 leave
+            # while the others go on.
+            try:
+                ops.unlink(shm)
+            except Exception as e:  # noqa: BLE001 (any failure of the library)
+                warnings.warn(f"accelkit: {name}: could not unlink the shared segment {shm}: {e}",
+                              RuntimeWarning, stacklevel=2)
         if not all(every):
             if comm is not None:
                 ops.close(comm)

@@ -533,3 +533,50 @@ def test_fsdp2_trains_like_one_cpu_process(tmp_path):
     assert got.keys() == want.keys()
     for k in want:
         torch.testing.assert_close(torch.tensor(got[k]), want[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+# ------------------------------------------------------- connecting the library
+def test_a_failed_unlink_does_not_make_the_ranks_diverge(monkeypatch):
+    """Rank 0 unlinks the segment's name once every rank opened it; a library
+    whose unlink fails there is reported as a warning, and rank 0 connects as
+    the others do (had it raised, rank 0 would leave for gloo while rank 1
+    waits in the native all_reduce)."""
+    from accelkit import distributed as ad
+
+    real = ad._Native.library("simdev")
+    assert real is not None
+
+    class Failing:
+        def __getattr__(self, member):
+            return getattr(real, member)
+
+        def unlink(self, name):
+            real.unlink(name)
+            raise RuntimeError("simdev_collectives: unlink failed (injected)")
+
+    monkeypatch.setattr(ad._Native, "library", staticmethod(lambda name: Failing()))
+    monkeypatch.setenv("ACCELKIT_NATIVE_COLLECTIVES", "1")
+    store = dist.HashStore()
+    results = {}
+
+    def connect(rank):
+        results[rank] = ad._Native.connect("simdev", store, rank, 2, datetime.timedelta(seconds=20))
+
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        threads = [threading.Thread(target=connect, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    try:
+        assert sorted(results) == [0, 1], results
+        assert all(results[r] is not None for r in range(2)), results
+        assert any("could not unlink the shared segment" in str(w.message) and
+                   "unlink failed (injected)" in str(w.message) for w in caught), \
+            [str(w.message) for w in caught]
+    finally:
+        for c in results.values():
+            if c is not None:
+                c.close()
