@@ -8,6 +8,7 @@
 #include <accelkit/testing/conformance.hpp>
 #include <simdev_runtime.hpp>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -170,6 +171,29 @@ struct LostAsyncError : Wrap<LostAsyncError, SimRuntime> {
   }
 };
 
+// Reports host_access mapped, but its host_map fails: the check fails
+// naming the failure, and frees the memory it allocated for the test.
+struct FailingHostMap : Wrap<FailingHostMap, SimRuntime> {
+  static inline std::atomic<int> live{0};
+  DeviceProperties properties(device_index device) {
+    DeviceProperties p = inner().properties(device);
+    p.host_access = accelkit::HostAccessLevel::mapped;
+    p.host_visible_memory = false;
+    return p;
+  }
+  void* malloc(device_index device, std::size_t bytes) {
+    void* p = inner().malloc(device, bytes);
+    if (p != nullptr) ++live;
+    return p;
+  }
+  void free(device_index device, void* p) {
+    inner().free(device, p);
+    --live;
+  }
+  void host_map(device_index, void*, std::size_t) { driver_error(5, "host_map", "refused (test)"); }
+  void host_unmap(device_index, void*, std::size_t) {}
+};
+
 }  // namespace
 
 TEST_CASE("conformance kit: each broken rule is reported, with the rule named") {
@@ -196,4 +220,22 @@ TEST_CASE("conformance kit: each broken rule is reported, with the rule named") 
                 "surfaced 0 time(s)");
   expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(ThreadAtDiscovery, discovery, fork_after_discovery),
                 "could not use device 0");
+}
+
+TEST_CASE("conformance kit: a check with nothing to check skips, saying why") {
+  // simdev in its default mode: direct host access, no device mapped.
+  CheckResult r = ACCELKIT_CONFORMANCE_EVALUATE(SimRuntime, properties,
+                                                host_mapped_memory_is_visible);
+  INFO(r.message);
+  CHECK(r.status == CheckStatus::skip);
+  CHECK(contains(r.message, "no device reports host_access mapped"));
+}
+
+TEST_CASE("conformance kit: a throwing host_map fails the check and leaks nothing") {
+  CheckResult r = ACCELKIT_CONFORMANCE_EVALUATE(FailingHostMap, properties,
+                                                host_mapped_memory_is_visible);
+  INFO(r.message);
+  CHECK(r.status == CheckStatus::fail);
+  CHECK(contains(r.message, "refused (test)"));
+  CHECK(FailingHostMap::live.load() == 0);
 }
