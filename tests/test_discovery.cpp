@@ -731,6 +731,48 @@ TEST_CASE("host access mapped: memory is the host's only between host_map and ho
   b.raw_free(0, p, n);
 }
 
+TEST_CASE("host access mapped: a range inside another of the same scope only counts, in either "
+          "order (HostMaps::acquire_all)") {
+  simdev::Config c = devices(1);
+  c.host_access = HostAccessLevel::mapped;
+  SimBackend b(env(), c);
+  constexpr std::size_t n = 3 * 4096;
+  auto* p = static_cast<unsigned char*>(b.raw_malloc(0, n));
+  REQUIRE(p != nullptr);
+  HostMaps<simdev::SimRuntime> maps(b);
+  using Range = std::pair<void*, std::size_t>;
+  const Range whole{p, n}, part{p + 4096 + 128, 64};
+  for (std::vector<Range> order : {std::vector<Range>{part, whole}, std::vector<Range>{whole, part}}) {
+    long before = b.runtime().host_maps();
+    std::vector<HostMaps<simdev::SimRuntime>::Ticket> tickets;
+    REQUIRE_NOTHROW(maps.acquire_all(0, order, tickets));
+    CHECK(tickets.size() == 2);
+    CHECK(b.runtime().host_maps() == before + 1);  // the whole range, mapped once
+    CHECK(maps.open_count() == 1);
+    p[4096 + 128] = 5;
+    for (auto it = tickets.rbegin(); it != tickets.rend(); ++it) maps.release(*it);
+    CHECK(maps.open_count() == 0);
+  }
+  // One range at a time (two holders), the part first: the whole is refused,
+  // since the part may be in use by its holder.
+  auto held = maps.acquire(0, p + 4096 + 128, 64);
+  CHECK_THROWS_AS(maps.acquire(0, p, n), RuntimeError);
+  maps.release(held);
+  CHECK(maps.open_count() == 0);
+
+  // An unmap that fails leaves the range open (the driver may still map
+  // it); the free's forget() unmaps it again, and the driver's free succeeds.
+  auto failing = maps.acquire(0, p, n);
+  b.runtime().inject_fault("host_unmap", 1, false);
+  CHECK_THROWS_AS(maps.release(failing), DriverError);
+  CHECK(maps.open_count() == 1);
+  maps.release(failing);  // its hold is gone: nothing
+  CHECK(maps.open_count() == 1);
+  maps.forget(0, p);
+  CHECK(maps.open_count() == 0);
+  b.raw_free(0, p, n);
+}
+
 namespace {
 // simdev's required members only: a runtime without host_map and host_unmap.
 struct WithoutMaps : accelkit::Runtime<WithoutMaps> {

@@ -275,6 +275,74 @@ print('read without a map', flush=True)
 
 @simdev_only
 @mapped_only
+def test_a_failed_unmap_fails_the_operator_and_the_device_stays_usable():
+    # The host's writes reach the device at host_unmap (as OpenCL's coarse
+    # SVM at clEnqueueSVMUnmap): an operator whose unmap fails must fail, not
+    # report the failure and return a result that may never have landed.
+    code = """
+import torch, torch_simdev
+g = torch.Generator().manual_seed(5)
+A, B = torch.randn(33, 65, generator=g), torch.randn(33, 65, generator=g)
+a, b = A.to('simdev'), B.to('simdev')
+c = torch.empty(33, 65, device='simdev')
+m = torch.empty(65, device='simdev')
+ops = {'mul': lambda: a * b, 'mul.out': lambda: torch.mul(a, b, out=c),
+       'mean.out': lambda: torch.mean(a, 0, out=m), 'cos_': lambda: c.cos_()}
+for name, f in ops.items():
+    torch.simdev.synchronize()
+    torch.ops.simdev_driver.inject_fault('host_unmap', 1)
+    try:
+        f()
+        torch.simdev.synchronize()
+        print(name, 'ok')
+    except RuntimeError as e:
+        print(name, 'error:', str(e).splitlines()[0])
+    print(name, 'fired', not torch.ops.simdev_driver.fault_pending('host_unmap'))
+    torch.ops.simdev_driver.clear_faults()
+r = a * b + a
+print('after', torch.equal(r.cpu(), A * B + A))
+del a, b, c, m, r, ops, f
+torch.simdev.synchronize()
+torch.simdev.empty_cache()  # every block back to the driver: none is left mapped
+print('driver bytes', torch.ops.simdev_driver.bytes_in_use(0))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=os.environ)
+    lines = r.stdout.splitlines()
+    for name in ("mul", "mul.out", "mean.out", "cos_"):
+        assert f"{name} fired True" in lines, r.stdout + r.stderr
+        err = [l for l in lines if l.startswith(f"{name} error: ")]
+        assert err and err[0].startswith(f"{name} error: simdev: driver error 999 in host_unmap"), \
+            r.stdout + r.stderr
+        assert err[0].count("simdev:") == 1, err[0]  # the backend named once
+    assert "after True" in lines, r.stdout + r.stderr
+    assert "driver bytes 0" in lines, r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@simdev_only
+@mapped_only
+def test_mapped_memory_waits_for_other_streams_reading_the_storage():
+    # Two streams may read one tensor (PyTorch allows it); the host path on
+    # the current stream maps the whole storage, so it waits for the other
+    # stream's queued read first (Note [Mapped memory and other streams])
+    # instead of the driver refusing the map.
+    x = A.to(DEV)
+    y = torch.empty_like(x)
+    MOD.synchronize()
+    side = MOD.Stream()
+    gate = torch.ops.simdev_driver.hold(side)
+    with MOD.stream(side):
+        y.copy_(x)  # queued on `side` behind the gate: it reads x
+    torch.ops.simdev_driver.release_later(gate, 200)
+    z = x * 2  # a host kernel on the current stream, mapping x
+    torch.testing.assert_close(z.cpu(), A * 2, rtol=0, atol=0)
+    side.synchronize()
+    torch.testing.assert_close(y.cpu(), A, rtol=0, atol=0)
+
+
+@simdev_only
+@mapped_only
 def test_mapped_memory_runs_host_kernels_and_the_fallback_in_place():
     a, b = A.to(DEV), B.to(DEV)
     MOD.synchronize()

@@ -5,7 +5,8 @@ with a clear error naming the backend or a correct result, never a crash or
 a hang, and the same process must then compute correct results with the
 allocator's statistics and the driver's memory back at their baseline.
 
-    python fault_sweep.py [--calls N] [--jobs J] [--timeout S] [--memory both|visible|hidden]
+    python fault_sweep.py [--calls N] [--jobs J] [--timeout S]
+                          [--memory both|visible|hidden|mapped|all]
 
 Each case is a process of its own (a crash or a hang is that case's
 failure, not the sweep's), with SIMDEV_INJECT_FAULT=member@n[:async] from
@@ -150,8 +151,11 @@ finish(outcome=outcome, message=message, recovered=recovered, level=lv)
 ASYNC = {"memcpy_async", "memset_async", "memcpy_peer_async", "event_record", "stream_wait_event",
          "stream_wait_peer_event"}
 # Called only for memory the host reaches through maps (SIMDEV_HOST_VISIBLE=
-# mapped), which the sweep's two modes are not: every case would be unreached.
+# mapped): swept in the mapped mode only (--memory mapped or all), and there
+# alone, since every other member is swept by the visible and hidden modes
+# (the default, both, leaves the mapped mode out: it keeps CTest's run short).
 MAPPED_ONLY = {"host_map", "host_unmap"}
+MODE_NAMES = {"1": "visible", "0": "hidden", "mapped": "mapped"}
 # Discovery runs once per process (as CUDA's): after device_count failed the
 # process has no devices, by design; the case must end with a clear error.
 NO_RECOVERY = {"device_count"}
@@ -250,23 +254,31 @@ def main():
     ap.add_argument("--calls", type=int, default=3, help="faults at calls 1..N of each member")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--timeout", type=float, default=120)
-    ap.add_argument("--memory", choices=["both", "visible", "hidden"], default="both",
+    ap.add_argument("--memory", choices=["both", "visible", "hidden", "mapped", "all"],
+                    default="both",
                     help="device memory the host may touch (host kernels, zero-copy fallback), "
-                         "or not (copying paths)")
+                         "or not (copying paths), or only between host_map and host_unmap "
+                         "(mapped: the map members only); both = visible and hidden")
     args = ap.parse_args()
     env = {**os.environ, **CASE_ENV}
     for k in CASE_UNSET:
         env.pop(k, None)
-    names = [m for m in members(env) if m not in MAPPED_ONLY]
+    every = members(env)
+    names = [m for m in every if m not in MAPPED_ONLY]
+    mapped_names = [m for m in every if m in MAPPED_ONLY]
     os.environ.update(CASE_ENV)
     for k in CASE_UNSET:
         os.environ.pop(k, None)
     import torch  # noqa: F401  (for the cases: see run_cases)
-    modes = {"both": ["1", "0"], "visible": ["1"], "hidden": ["0"]}[args.memory]
-    kinds = [(m, False) for m in names] + [(m, True) for m in names if m in ASYNC]
+    modes = {"both": ["1", "0"], "visible": ["1"], "hidden": ["0"], "mapped": ["mapped"],
+             "all": ["1", "0", "mapped"]}[args.memory]
+
+    def kinds_of(v):
+        ms = mapped_names if v == "mapped" else names
+        return [(m, False) for m in ms] + [(m, True) for m in ms if m in ASYNC]
     cases = [(("reference", v), "", None, v) for v in modes]
     for v in modes:
-        for m, a in kinds:
+        for m, a in kinds_of(v):
             for n in range(1, args.calls + 1):
                 cases.append(((v, a, m, n), m, f"{m}@{n}" + (":async" if a else ""), v))
     t0 = time.monotonic()
@@ -285,8 +297,8 @@ def main():
                             "failures"], 0)
     passed = 0
     for v in modes:
-        memory = "visible" if v == "1" else "hidden"
-        for m, a in kinds:
+        memory = MODE_NAMES[v]
+        for m, a in kinds_of(v):
             kind = "later" if a else "now"
             c = dict.fromkeys(["cases", "errors", "correct", "unreached", "recovered", "leaks"], 0)
             bad = 0

@@ -11,10 +11,19 @@
 // so that
 //   - the runtime sees each range mapped once at a time: a range given again
 //     while it is open (by a nested scope, by another thread's scope, or as a
-//     part of an open range: a view) only counts; the last release unmaps it.
-//     A range that overlaps an open one only in part is refused with a
-//     RuntimeError (no two storages of the caching pool overlap; only a
-//     tensor made with from_blob over a part of another could);
+//     part of an open range: a view) only counts; the last release unmaps it
+//     (if that unmap fails, the range stays open without holders, for the
+//     next release or the free of its memory to unmap again: the driver may
+//     still have it mapped, and must not see a free of mapped memory);
+//     A range that overlaps an open one only in part, or contains one, is
+//     refused with a RuntimeError (no two storages of the caching pool
+//     overlap; only a tensor made with from_blob over a part of another
+//     could): the open one may be in use by its holder, so it can be neither
+//     unmapped for the larger map nor mapped twice (host_map's contract);
+//   - the ranges of one scope are given together (acquire_all: a host
+//     kernel's arguments, the fallback's tensors) and mapped largest first,
+//     so a range inside another of the same scope only counts, whatever the
+//     order of the arguments (t[1:] then t, or t then t[1:], alike);
 //   - memory freed while a scope still holds it (a temporary a host kernel
 //     allocated and dropped) is unmapped by the free, before the caching
 //     pool may hand it out again or return it to the driver (forget); the
@@ -23,13 +32,17 @@
 //   - scopes nest (a host kernel whose CPU kernel calls another), and any
 //     number of threads may hold scopes over the same memory at once.
 // Mapping happens after the device's work on the range is done (the scope's
-// owner waits for the current stream first, as for direct access), and the
+// owner waits for every stream of the device first: Note [Mapped memory and
+// other streams] in torch/host_access.hpp), and the
 // SDK does its own work on a range it holds mapped on the host, never as
 // queued device work (Note [Device work inside host kernels]). Order: a
 // scope maps when it is given a range and unmaps everything it mapped when
-// it ends, in reverse order; an unmap that fails is reported through the
-// diagnostics hook (a scope ends in a destructor) and the rest are still
-// unmapped.
+// it ends, in reverse order. A scope that ends on the success path
+// (MapScope::close) throws the first unmap that failed, after unmapping the
+// rest: the host's writes may not have reached the device, so the operator
+// fails. A scope left by an exception reports failed unmaps through the
+// diagnostics hook (it ends in a destructor; the exception in flight is the
+// operator's error).
 #pragma once
 
 #include <accelkit/config.hpp>
@@ -38,6 +51,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -45,6 +59,7 @@
 #include <map>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 ACCELKIT_BEGIN_NAMESPACE
 
@@ -91,17 +106,31 @@ class HostMaps {
     return {device, p, id};
   }
 
+  // acquire() of each range (pointer, bytes) of `device`, largest first, so
+  // that a range inside another of them only counts (Note [Map scopes]);
+  // appends the tickets to `tickets`. On an error the ranges acquired here
+  // stay in `tickets` (their holder releases them) and the error is thrown.
+  void acquire_all(device_index device, std::vector<std::pair<void*, std::size_t>> ranges,
+                   std::vector<Ticket>& tickets) {
+    std::stable_sort(ranges.begin(), ranges.end(),
+                     [](const auto& a, const auto& b) { return a.second > b.second; });
+    for (const auto& [p, bytes] : ranges)
+      if (p != nullptr && bytes > 0) tickets.push_back(acquire(device, p, bytes));
+  }
+
   // Ends one hold; the last unmaps the range (the runtime's host_unmap).
   // Nothing when the map was already ended by forget().
+  // An unmap that fails (thrown) leaves the range open without holders: a
+  // later hold counts it, and its release, or the free of its memory
+  // (forget), unmaps it again.
   void release(const Ticket& t) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = open_.find({t.device, t.base});
-    if (it == open_.end() || it->second.id != t.id) return;
+    if (it == open_.end() || it->second.id != t.id || it->second.holds == 0) return;
     if (--it->second.holds > 0) return;
-    std::size_t bytes = it->second.bytes;
+    backend_.host_unmap(t.device, t.base, it->second.bytes);
     open_.erase(it);
     count_.fetch_sub(1, std::memory_order_relaxed);
-    backend_.host_unmap(t.device, t.base, bytes);
   }
 
   // Memory at `ptr` is being freed: an open map starting there ends now,

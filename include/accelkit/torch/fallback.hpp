@@ -251,7 +251,16 @@ class Fallback {
     // Mapped memory is mapped for the CPU kernel's length (Note [Map scopes]).
     std::optional<MapScope<R>> maps;
     bool visible = translated([&] { return HostAccess<R>::host_reachable_ready(d); });
-    if (visible) maps.emplace(d);
+    if (visible) {
+      // Every storage the operator touches, largest first (Note [Map scopes]).
+      maps.emplace(d);
+      std::vector<at::Tensor> touched;
+      each_tensor([&](const at::Tensor& t) {
+        if (t.defined() && t.numel() > 0) touched.push_back(t);
+        return true;
+      });
+      translated([&] { maps->add_all(touched); });
+    }
     // The bytes from a tensor's first element to its last.
     auto extent = [](const at::Tensor& t) {
       return at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.element_size());
@@ -289,8 +298,7 @@ class Fallback {
       at::Tensor view, device_range, host_range;
       if (t.numel() == 0) {
         view = at::empty(t.sizes(), t.options().device(at::kCPU));
-      } else if (visible) {
-        translated([&] { maps->add(t); });
+      } else if (visible) {  // mapped above
         c10::Storage storage(c10::Storage::use_byte_size_t(), extent(t),
                              c10::DataPtr(t.data_ptr(), c10::Device(c10::kCPU)),
                              c10::GetCPUAllocator(), /*resizable=*/true);
@@ -326,7 +334,10 @@ class Fallback {
       }
     }
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
-    maps.reset();  // the results below touch device memory through copies only
+    // The results below touch device memory through copies only; a failed
+    // unmap fails the operator (Note [Map scopes]).
+    if (maps) maps->close();
+    maps.reset();
 
     std::size_t results = op.schema().returns().size();
     for (std::size_t i = stack.size() - results; i < stack.size(); ++i) {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <utility>
 #include <vector>
 
@@ -48,11 +49,19 @@ struct HostAccess {
     note_device_work();
     if (host_kernel_depth > 0) sync(d);
   }
+  // Before the host maps d's memory or works on it (Note [Mapped memory and
+  // other streams]): d's current stream, or on a device whose host_access is
+  // mapped, every stream of d.
+  static void host_wait(device_index d) {
+    if (host_access(d) != HostAccessLevel::mapped) return sync(d);
+    note_device_work();
+    st().streams().device_synchronize(d);
+  }
   // Whether the host may work on d's memory now: it is host-visible, and
   // d's current stream has been waited for (so the work lands in order).
   static bool host_ready(device_index d) {
     if (!host_visible(d)) return false;
-    sync(d);
+    host_wait(d);
     return true;
   }
   // Whether device work on d is better done right here, on the host
@@ -64,7 +73,7 @@ struct HostAccess {
   // been waited for.
   static bool host_reachable_ready(device_index d) {
     if (!host_reachable(d)) return false;
-    sync(d);
+    host_wait(d);
     return true;
   }
 
@@ -129,6 +138,17 @@ struct HostAccess {
   }
 };
 
+// Note [Mapped memory and other streams]
+// A map scope maps a tensor's whole storage, read and write, and host_map
+// requires that no queued work uses the range (runtime.hpp). PyTorch lets
+// several streams read one tensor, so work queued on another stream of the
+// device may still read a storage the current stream is done with: on a
+// device whose host_access is mapped, the host paths therefore wait for
+// every stream of the device (device_synchronize), not only the current
+// one, before they map (host_wait). Work another device queued on this
+// memory (a peer copy) is not waited for: its stream's owner orders it.
+// Direct devices need no map, and wait for the current stream only.
+
 // Note [Map scopes] (device/host_maps.hpp): the host paths' map scope. On a
 // device whose host_access is mapped, each tensor (its whole storage) or
 // range given to add() is mapped for the host until the scope ends; on any
@@ -136,8 +156,13 @@ struct HostAccess {
 // innermost open scope of the thread also takes the memory allocated while
 // a host kernel runs (DeviceAllocator::allocate), and says that the host
 // may touch the device's memory now (HostAccess::host_visible). add() may
-// throw accelkit errors (call it inside translated()); the destructor
-// unmaps, reporting failures through the diagnostics hook.
+// throw accelkit errors (call it inside translated()). The success path ends
+// the scope with close(), which unmaps and throws the first failed unmap as
+// PyTorch's error (translated here; later failures are reported through the
+// diagnostics hook): host writes that may not have reached the device fail
+// the operator. A scope left by an exception unmaps in its destructor,
+// reporting failures through the diagnostics hook (the exception in flight
+// is the operator's error).
 template <class R>
 class MapScope {
  public:
@@ -148,10 +173,31 @@ class MapScope {
     innermost_ = this;
   }
   ~MapScope() {
-    if (!mapped_) return;
+    if (!mapped_ || closed_) return;
     innermost_ = outer_;
     for (auto it = tickets_.rbegin(); it != tickets_.rend(); ++it)
       reporting_failures<R>([&] { HostMaps<R>::get().release(*it); });
+  }
+  // Ends the scope now: unmaps everything, in reverse order, then throws the
+  // first failure (a c10 error naming the backend). Idempotent.
+  void close() {
+    if (!mapped_ || closed_) return;
+    closed_ = true;
+    innermost_ = outer_;
+    std::exception_ptr first;
+    for (auto it = tickets_.rbegin(); it != tickets_.rend(); ++it) {
+      try {
+        HostMaps<R>::get().release(*it);
+      } catch (...) {
+        if (!first) {
+          first = std::current_exception();
+        } else {
+          reporting_failures<R>([e = std::current_exception()] { std::rethrow_exception(e); });
+        }
+      }
+    }
+    tickets_.clear();
+    if (first) translated([&] { std::rethrow_exception(first); });
   }
   MapScope(const MapScope&) = delete;
   MapScope& operator=(const MapScope&) = delete;
@@ -168,6 +214,18 @@ class MapScope {
     if (!mapped_ || p == nullptr || bytes == 0) return;
     tickets_.push_back(HostMaps<R>::get().acquire(d_, p, bytes));
   }
+  // Maps the storages of the tensors of this scope's device, largest first,
+  // so that a storage inside another (from_blob) only counts, whatever the
+  // order of the tensors (Note [Map scopes]).
+  void add_all(const std::vector<at::Tensor>& ts) {
+    if (!mapped_) return;
+    std::vector<std::pair<void*, std::size_t>> ranges;
+    for (const at::Tensor& t : ts)
+      if (t.defined() && t.device().type() == kDeviceType && t.device().index() == d_ &&
+          t.has_storage())
+        ranges.emplace_back(const_cast<void*>(t.storage().data()), t.storage().nbytes());
+    HostMaps<R>::get().acquire_all(d_, std::move(ranges), tickets_);
+  }
   // This thread's innermost open scope over mapped memory of d, if any.
   static MapScope* innermost(device_index d) {
     return innermost_ != nullptr && innermost_->d_ == d ? innermost_ : nullptr;
@@ -177,6 +235,7 @@ class MapScope {
   static inline thread_local MapScope* innermost_ = nullptr;
   device_index d_;
   bool mapped_;
+  bool closed_ = false;
   MapScope* outer_ = nullptr;
   std::vector<typename HostMaps<R>::Ticket> tickets_;
 };

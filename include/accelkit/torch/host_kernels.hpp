@@ -106,6 +106,7 @@
 #include <optional>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 ACCELKIT_BEGIN_NAMESPACE
 namespace torch_adapter {
@@ -246,7 +247,9 @@ std::optional<HostPlace> host_device(Args&&... args) {  // forwarding: sees whic
 // only mapped (Note [Map scopes]); nothing otherwise.
 template <class R, class... Args>
 void map_arguments(MapScope<R>& maps, const Args&... args) {
-  translated([&] { (visit_tensors(args, [&](const at::Tensor& t, bool) { maps.add(t); }), ...); });
+  std::vector<at::Tensor> ts;
+  (visit_tensors(args, [&](const at::Tensor& t, bool) { ts.push_back(t); }), ...);
+  translated([&] { maps.add_all(ts); });  // largest first (Note [Map scopes])
 }
 
 // The arguments as the CPU kernel gets them: the CPU scalar (host_device
@@ -291,8 +294,15 @@ struct Kernel<R, Op, uniform, scalar, Ret(Args...)> {
       map_arguments(maps, args...);
       HostKernelScope scope;
       Converted c;
-      return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
-                            cpu_arg(args, c, place->dtype)...);
+      if constexpr (std::is_void_v<Ret>) {
+        Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), cpu_arg(args, c, place->dtype)...);
+        maps.close();  // a failed unmap fails the operator (Note [Map scopes])
+      } else {
+        Ret r = Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
+                               cpu_arg(args, c, place->dtype)...);
+        maps.close();  // a failed unmap fails the operator (Note [Map scopes])
+        return r;
+      }
     });
   }
 };
@@ -340,12 +350,13 @@ struct Functional<R, Op, Impl, scalar, at::Tensor(Args...)> {
     // The stream is waited for after the output was allocated, so past every
     // use queued before its block was freed (Note [Host work on recycled
     // blocks]).
-    translated([&] { HostAccess<R>::sync(place->device.index()); });
+    translated([&] { HostAccess<R>::host_wait(place->device.index()); });
     return Fallback<R>::get().host(handle<Op>(), [&] {
       MapScope<R> maps(place->device.index());
       map_arguments(maps, args..., op.outputs[0]);
       HostKernelScope scope;
       std::apply([&](const auto&... a) { op.impl(a..., op.outputs[0]); }, cpu_args);
+      maps.close();  // a failed unmap fails the operator (Note [Map scopes])
       return std::move(op.outputs[0]);
     });
   }
@@ -385,7 +396,9 @@ struct Mean {
       // out.div_(n) on the CPU: n as a wrapped number, converted to out's dtype.
       at::Tensor divisor = at::scalar_tensor(n, at::TensorOptions().dtype(d));
       divisor.unsafeGetTensorImpl()->set_wrapped_number(true);
-      return at::_ops::div__Tensor::redispatch(cpu, out, divisor);
+      at::Tensor& r = at::_ops::div__Tensor::redispatch(cpu, out, divisor);
+      maps.close();  // a failed unmap fails the operator (Note [Map scopes])
+      return r;
     });
   }
 };
