@@ -41,3 +41,30 @@ def spread(xs, digits=2):
     m = statistics.median(xs)
     q1, q3 = quartiles(xs)
     return f"{m:.{digits}f} [{q1:.{digits}f}-{q3:.{digits}f}]"
+
+
+def mlp_step(device, backward=None):
+    """The benchmarks' MLP training step on `device` (64-256-256-10, batch
+    128, SGD), warmed up by three steps: a function running one more step.
+    `backward(loss)` replaces loss.backward(). Imports torch when called
+    (this module stays torch-free)."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(128, 64).to(device)
+    y = torch.randint(0, 10, (128,)).to(device)
+    backward = backward or (lambda loss: loss.backward())
+
+    def step():
+        opt.zero_grad()
+        backward(F.cross_entropy(model(x), y))
+        opt.step()
+
+    for _ in range(3):
+        step()
+    return step

@@ -13,7 +13,8 @@ Rows, each in a child process of its own with the CPU measured beside it:
   ocl, OCL_SVM=coarse OCL_HOST_MAP=0  none: the copying fallback, as before map/unmap
 The model is bench/simdev_bench.py's and bench/opencl_bench.py's (64-256-256-10, SGD,
 batch 128), on the calling thread with one intra-op thread on both sides; device and CPU
-blocks of steps take turns, each ending with a synchronize; a row prints medians with the
+blocks of steps take turns, each ending with a synchronize (ocl with its native kernels off:
+OCL_NATIVE_KERNELS=0, as the rows measure host access); a row prints medians with the
 interquartile range and the median of the per-round ratios. A backend that is not built
 (torch_ocl without OpenCL) is said and skipped.
 """
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from benchlib import machine_line, spread
+from benchlib import machine_line, mlp_step, spread
 
 ROWS = [
     ("simdev", {"SIMDEV_HOST_VISIBLE": "1"}, "direct"),
@@ -40,32 +41,13 @@ ROWS = [
 
 def child(backend, quick):
     import torch
-    import torch.nn.functional as F
 
     importlib.import_module(f"torch_{backend}")
     torch.set_num_threads(1)
     torch.autograd.set_multithreading_enabled(False)
     dev_module = getattr(torch, backend)
 
-    def make_step(device):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                                    torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                                    torch.nn.Linear(256, 10)).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        x = torch.randn(128, 64).to(device)
-        y = torch.randint(0, 10, (128,)).to(device)
-
-        def step():
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-
-        for _ in range(3):
-            step()
-        return step
-
-    steps = {"dev": make_step(backend), "cpu": make_step("cpu")}
+    steps = {"dev": mlp_step(backend), "cpu": mlp_step("cpu")}
     sync = {"dev": dev_module.synchronize, "cpu": lambda: None}
     rounds, per_block = (2, 2) if quick else (11, 30)
     samples = {"dev": [], "cpu": []}
@@ -97,8 +79,11 @@ def main():
           " the MLP training step per host access level vs the CPU\n")
     print(f"{'figure':44s} {'device':>22s} {'cpu':>22s} {'unit':4s} {'device/cpu':>20s}")
     for backend, knobs, label in ROWS:
+        # Host kernels and the fallback only: the OpenCL backend's own kernels,
+        # on by default, would take the MLP's operators (opencl_bench.py
+        # measures them).
         env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DEVICE_BACKEND_AUTOLOAD="0",
-                   SIMDEV_DEVICE_COUNT="1", **knobs)
+                   SIMDEV_DEVICE_COUNT="1", OCL_NATIVE_KERNELS="0", **knobs)
         for k in ("SIMDEV_INJECT_FAULT", "SIMDEV_VISIBLE_DEVICES", "SIMDEV_NATIVE_KERNELS",
                   "OCL_VISIBLE_DEVICES"):
             env.pop(k, None)

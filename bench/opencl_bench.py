@@ -30,33 +30,14 @@ import os
 import subprocess
 import sys
 import time
-from benchlib import machine_line, spread
+from benchlib import machine_line, mlp_step, spread
 
 def child(quick):
     import torch
-    import torch.nn.functional as F
     import torch_ocl  # noqa: F401
 
     torch.set_num_threads(1)
     torch.autograd.set_multithreading_enabled(False)
-
-    def make_step(device):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                                    torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                                    torch.nn.Linear(256, 10)).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        x = torch.randn(128, 64).to(device)
-        y = torch.randint(0, 10, (128,)).to(device)
-
-        def step():
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-
-        for _ in range(3):
-            step()
-        return step
 
     def measure(sides, rounds, per_block, unit):
         """{side: per-call times in `unit` seconds}: blocks of per_block calls taking turns."""
@@ -83,7 +64,7 @@ def child(quick):
     kops = torch.ops.ocl_kernels
     native = kops.enabled()
     launches0 = kops.launches()
-    steps = {"ocl": make_step("ocl"), "cpu": make_step("cpu")}
+    steps = {"ocl": mlp_step("ocl"), "cpu": mlp_step("cpu")}
     no_sync = lambda: None  # noqa: E731
     out = {"native": native}
     out["mlp"] = measure({"ocl": (repeat(steps["ocl"]), torch.ocl.synchronize),

@@ -52,11 +52,10 @@ if _CORES:
     os.sched_setaffinity(0, {int(c) for c in _CORES.split(",")})
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import torch_simdev  # noqa: F401
 
-from benchlib import machine_line, spread  # noqa: E402
+from benchlib import machine_line, mlp_step, spread  # noqa: E402
 
 
 
@@ -103,23 +102,6 @@ def row(name, sim, cpu, unit, suffix=""):
           f"{r[0] + 'x ' + r[1]:>20s}{suffix}")
 
 
-def make_step(device, backward=lambda loss: loss.backward()):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 10)).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(128, 64).to(device)
-    y = torch.randint(0, 10, (128,)).to(device)
-
-    def step():
-        opt.zero_grad()
-        backward(F.cross_entropy(model(x), y))
-        opt.step()
-
-    for _ in range(3):
-        step()
-    return step
 
 
 def step_figures(quick):
@@ -138,7 +120,7 @@ def step_figures(quick):
     def interleaved(sim, cpu, time_block):
         return rounds_of([sim, cpu], blocks, time_block)
 
-    sim_step, cpu_step = make_step("simdev"), make_step("cpu")
+    sim_step, cpu_step = mlp_step("simdev"), mlp_step("cpu")
     fig = {"step": interleaved(sim_step, cpu_step, block_ms)}
     torch.autograd.set_multithreading_enabled(False)
     fig["step_caller"] = interleaved(sim_step, cpu_step, block_ms)
@@ -172,7 +154,7 @@ def step_figures(quick):
         requests.put(loss)
         done.get()
 
-    fig["cpu_handed"] = interleaved(make_step("cpu", handed), cpu_step, block_ms)
+    fig["cpu_handed"] = interleaved(mlp_step("cpu", handed), cpu_step, block_ms)
     return fig
 
 
