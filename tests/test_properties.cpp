@@ -37,6 +37,14 @@ std::string only_problem(const DeviceProperties& p) {
 }
 }  // namespace
 
+TEST_CASE("properties: uuid_from_bytes gives the canonical text of 16 bytes") {
+  const unsigned char bytes[16] = {0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77,
+                                   0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff};
+  std::string text = uuid_from_bytes(bytes);
+  CHECK(text == "00112233-4455-6677-8899-aabbccddeeff");
+  CHECK(detail::is_canonical_uuid(text));
+}
+
 TEST_CASE("properties: a consistent schema passes validation") {
   CHECK(property_problems(sound(), "acme").empty());
   CHECK_NOTHROW(validate_properties(sound(), "acme", 0));

@@ -106,7 +106,7 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
     p.name = cp.name;
     p.vendor = "NVIDIA";
     p.architecture = fmt::format("sm_{}{}", cp.major, cp.minor);
-    p.uuid = format_uuid(reinterpret_cast<const unsigned char*>(cp.uuid.bytes));
+    p.uuid = accelkit::uuid_from_bytes(reinterpret_cast<const unsigned char*>(cp.uuid.bytes));
     p.pci_bus_id = fmt::format("{:04x}:{:02x}:{:02x}.0", cp.pciDomainID, cp.pciBusID,
                                cp.pciDeviceID);
     int driver = 0, runtime = 0;
@@ -365,14 +365,6 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
   // CUDA's versions are 1000 * major + 10 * minor (13000 is 13.0).
   static accelkit::Version version_of(int v) { return {v / 1000, (v % 1000) / 10, 0}; }
 
-  static std::string format_uuid(const unsigned char* u) {
-    std::string s;
-    for (int i = 0; i < 16; ++i) {
-      if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
-      s += fmt::format("{:02x}", u[i]);
-    }
-    return s;
-  }
 
   // The element types the device computes natively, by compute capability:
   // half precision from 5.3, bfloat16 from 8.0, the OCP float8 formats from

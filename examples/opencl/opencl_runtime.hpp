@@ -700,18 +700,10 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     if (has_extension(d.id, "cl_khr_device_uuid")) {
       unsigned char u[CL_UUID_SIZE_KHR] = {};
       if (clGetDeviceInfo(d.id, CL_DEVICE_UUID_KHR, sizeof u, u, nullptr) == CL_SUCCESS)
-        return format_uuid(u);
+        return accelkit::uuid_from_bytes(u);
     }
 #endif
     return {};
-  }
-  static std::string format_uuid(const unsigned char* u) {
-    std::string s;
-    for (int i = 0; i < 16; ++i) {
-      if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
-      s += fmt::format("{:02x}", u[i]);
-    }
-    return s;
   }
   static std::string pci_bus_id_of(const Device& d) {
 #ifdef CL_DEVICE_PCI_BUS_INFO_KHR

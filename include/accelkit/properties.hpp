@@ -224,6 +224,17 @@ struct DeviceProperties {
   std::optional<T> extra(std::string_view key) const;
 };
 
+// The canonical text (8-4-4-4-12 lower-case hex digits) of a UUID's 16 bytes,
+// as drivers report them (cudaDeviceProp::uuid, CL_DEVICE_UUID_KHR).
+inline std::string uuid_from_bytes(const unsigned char* bytes) {
+  std::string s;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    s += fmt::format("{:02x}", bytes[i]);
+  }
+  return s;
+}
+
 namespace detail {
 template <class T>
 constexpr std::string_view extra_type_name() {
