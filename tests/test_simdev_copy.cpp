@@ -1,6 +1,6 @@
 // simdev's copy engine (examples/simdev/copy_engine.hpp, Note [Copy
-// direction and 4K aliasing]): which copies it runs from the end to the
-// start, that it copies the same bytes as memcpy at every size and offset,
+// direction and 4K aliasing]): which copies it stages through its buffer,
+// that it copies the same bytes as memcpy at every size and offset,
 // and that a device-to-host copy into pageable memory it takes over still
 // comes after the stream's work and still reports that work's errors.
 #include "catch.hpp"
@@ -26,53 +26,54 @@ constexpr std::uintptr_t kSrc = std::uintptr_t{1} << 40;
 constexpr std::uintptr_t kDst = kSrc + (std::uintptr_t{1} << 30);
 constexpr std::size_t kFrom = 64 * kMiB;  // the engine's threshold in these checks
 
-bool backward(std::uintptr_t dst, std::uintptr_t src, std::size_t n) {
-  return simdev::copies_backward(dst, src, n, kFrom);
+bool staged(std::uintptr_t dst, std::uintptr_t src, std::size_t n) {
+  return simdev::copies_staged(dst, src, n, kFrom);
 }
 }  // namespace
 
-TEST_CASE("simdev copies large copies backward when dst lies just past src modulo a page") {
+TEST_CASE("simdev stages large copies through its buffer when dst lies just past src modulo a page") {
   // A CPU tensor's data starts 64 bytes into its page: device-to-host.
-  CHECK(backward(kDst + 64, kSrc, 256 * kMiB) == bool(SIMDEV_COPY_ENGINE_X86));
+  CHECK(staged(kDst + 64, kSrc, 256 * kMiB) == bool(SIMDEV_COPY_ENGINE_X86));
   for (std::uintptr_t d : {1, 16, 256, 2047})
-    CHECK(backward(kDst + d, kSrc, kFrom) == bool(SIMDEV_COPY_ENGINE_X86));
-  // Forward copies meet no store of theirs: the C library's.
-  for (std::uintptr_t d : {0, 2048, 4032, 4095}) CHECK_FALSE(backward(kDst + d, kSrc, 256 * kMiB));
+    CHECK(staged(kDst + d, kSrc, kFrom) == bool(SIMDEV_COPY_ENGINE_X86));
+  // Forward copies that meet no store of theirs: the C library's.
+  for (std::uintptr_t d : {0, 2048, 4032, 4095}) CHECK_FALSE(staged(kDst + d, kSrc, 256 * kMiB));
   // The other direction (host-to-device: dst 64 bytes before src's offset).
-  CHECK_FALSE(backward(kSrc, kDst + 64, 256 * kMiB));
+  CHECK_FALSE(staged(kSrc, kDst + 64, 256 * kMiB));
   // Smaller copies stay with the C library, whose temporal stores leave the
   // store queue quickly (and which copies backward itself under 256 bytes).
-  CHECK_FALSE(backward(kDst + 64, kSrc, kFrom - 1));
+  CHECK_FALSE(staged(kDst + 64, kSrc, kFrom - 1));
   // Overlapping ranges are the C library's memmove.
-  CHECK_FALSE(backward(kSrc + 64, kSrc, 8 * kMiB));
-  CHECK_FALSE(backward(kSrc, kSrc + 64, 8 * kMiB));
+  CHECK_FALSE(staged(kSrc + 64, kSrc, 8 * kMiB));
+  CHECK_FALSE(staged(kSrc, kSrc + 64, 8 * kMiB));
   CHECK(simdev::engine_threshold() >= 4 * kMiB);
 }
 
 #if SIMDEV_COPY_ENGINE_X86
-TEST_CASE("simdev's backward copy gives memcpy's bytes at every size and offset, SSE2 and AVX2") {
+TEST_CASE("simdev's staged copy gives memcpy's bytes at every size and offset, SSE2 and AVX2") {
   namespace d = simdev::detail;
-  std::vector<d::GroupCopy> groups = {d::copy_group_sse2};
+  std::vector<d::StageCopy> stages = {d::stage_sse2};
 #if defined(__GNUC__)
-  if (d::has_avx2()) groups.push_back(d::copy_group_avx2);
+  if (d::has_avx2()) stages.push_back(d::stage_avx2);
 #endif
   constexpr std::size_t kGuard = 64;
-  const std::size_t sizes[] = {0,     1,    63,   64,    127,   128,         200,
-                               4095,  8192, 8193, 16384, 16447, 3 * 16384 + 5 * 64 + 17};
+  const std::size_t sizes[] = {0,    1,    63,   64,   127,   128,   200,  2047,
+                               2048, 2049, 2111, 4095, 6144,  8193,  16384, 16447,
+                               3 * 16384 + 5 * 64 + 17};
   const std::size_t offsets[] = {0, 1, 16, 64, 2047, 2048, 4032, 4095};
   std::vector<unsigned char> src_buf(4 * 16384 + 2 * 4096);
   for (std::size_t i = 0; i < src_buf.size(); ++i)
     src_buf[i] = static_cast<unsigned char>(i * 131 + (i >> 8));
   std::vector<unsigned char> dst_buf(src_buf.size() + 4096 + 2 * kGuard);
-  for (std::size_t g = 0; g < groups.size(); ++g)
+  for (std::size_t g = 0; g < stages.size(); ++g)
     for (std::size_t n : sizes)
       for (std::size_t src_off : {std::size_t{0}, std::size_t{5}, std::size_t{64}})
         for (std::size_t dst_off : offsets) {
           std::fill(dst_buf.begin(), dst_buf.end(), 0xEE);
           const unsigned char* src = src_buf.data() + src_off;
           unsigned char* dst = dst_buf.data() + kGuard + dst_off;
-          d::copy_backward(reinterpret_cast<char*>(dst), reinterpret_cast<const char*>(src), n,
-                           groups[g]);
+          d::copy_staged(reinterpret_cast<char*>(dst), reinterpret_cast<const char*>(src), n,
+                         stages[g]);
           INFO((g == 0 ? "SSE2, " : "AVX2, ") << n << " bytes, src +" << src_off << ", dst +" << dst_off);
           REQUIRE(std::memcmp(dst, src, n) == 0);
           bool guards = true;
@@ -109,7 +110,7 @@ TEST_CASE("simdev: a device-to-host copy into pageable memory through the engine
   std::vector<unsigned char> host(n + 2 * 4096);
   auto* out = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<std::uintptr_t>(host.data()) + 4095) / 4096 * 4096 + 64);
-  REQUIRE(simdev::copies_backward(reinterpret_cast<std::uintptr_t>(out),
+  REQUIRE(simdev::copies_staged(reinterpret_cast<std::uintptr_t>(out),
                                   reinterpret_cast<std::uintptr_t>(dev), n) ==
           bool(SIMDEV_COPY_ENGINE_X86));
   // The fill is queued behind a gate opened later from another thread: the
