@@ -146,10 +146,18 @@ Latency hit_path(A& alloc, std::size_t size, StreamHandle s, int samples, int ba
   return {bench::percentile(per_pair, 0.5), bench::percentile(per_pair, 0.99)};
 }
 
+// Rounds of the hit path (Note [Rounds and spread] in bench/simdev_bench.py):
+// in each round accelkit and the naive pool take turns (the order swapped
+// every other round), each giving the median of its batches; a row prints,
+// for each, the median of its rounds with the interquartile range, the
+// median p99 of the batches, and the median of the per-round ratios.
 void bench_hit_path() {
-  std::puts("\n== hit path: allocate + free of one size, warm (ns per pair) ==");
-  std::printf("%-10s %22s %22s %22s %14s %12s\n", "size", "accelkit p50/p99", "naive pool p50/p99",
-              "raw driver p50/p99", "naive/accelkit", "raw/accelkit");
+  const int rounds = quick ? 2 : 15, samples = quick ? 20 : 300, batch = quick ? 4 : 64;
+  std::printf("\n== hit path: allocate + free of one size, warm (ns per pair; median [25%%-75%%] of "
+              "%d rounds, each the median of %d batches of %d pairs) ==\n",
+              rounds, samples, batch);
+  std::printf("%-10s %22s %9s %22s %9s %22s %12s\n", "size", "accelkit p50", "p99", "naive pool p50",
+              "p99", "naive/accelkit", "raw p50");
   std::vector<std::size_t> sizes = {256, 4096, 64 * 1024, kMiB, 16 * kMiB, 256 * kMiB};
   if (quick) sizes = {256, 4 * kMiB};
   for (std::size_t size : sizes) {
@@ -158,13 +166,24 @@ void bench_hit_path() {
     Accelkit ours(*backend);
     Naive naive{*backend, {}, {}, {}};
     Raw raw{*backend};
-    int samples = quick ? 20 : 2000, batch = quick ? 4 : 64;
-    Latency a = hit_path(ours, size, s, samples, batch);
-    Latency n = hit_path(naive, size, s, samples, batch);
+    std::vector<double> a50, a99, n50, n99, ratio;
+    for (int r = 0; r < rounds; ++r) {
+      Latency a, n;
+      if (r % 2 == 0) {
+        a = hit_path(ours, size, s, samples, batch);
+        n = hit_path(naive, size, s, samples, batch);
+      } else {
+        n = hit_path(naive, size, s, samples, batch);
+        a = hit_path(ours, size, s, samples, batch);
+      }
+      a50.push_back(a.p50), a99.push_back(a.p99), n50.push_back(n.p50), n99.push_back(n.p99);
+      ratio.push_back(n.p50 / a.p50);
+    }
     Latency r = hit_path(raw, size, s, quick ? 10 : 200, quick ? 2 : 8);
-    std::printf("%-10s %12.1f /%8.1f %12.1f /%8.1f %12.1f /%8.1f %13.2fx %11.0fx\n",
-                human(size).c_str(), a.p50, a.p99, n.p50, n.p99, r.p50, r.p99, n.p50 / a.p50,
-                r.p50 / a.p50);
+    std::printf("%-10s %22s %9.1f %22s %9.1f %21sx %12.0f\n", human(size).c_str(),
+                bench::format(bench::spread(a50)).c_str(), bench::percentile(a99, 0.5),
+                bench::format(bench::spread(n50)).c_str(), bench::percentile(n99, 0.5),
+                bench::format(bench::spread(ratio), 2).c_str(), r.p50);
   }
 }
 
@@ -391,20 +410,27 @@ double throughput(A& alloc, std::vector<StreamHandle> streams, long pairs_per_th
 }
 
 void bench_threads() {
-  std::puts("\n== two threads on two streams vs one thread (million alloc+free pairs/s) ==");
-  long pairs = quick ? 20000 : 4000000;
-  std::printf("%-12s %12s %12s %10s\n", "allocator", "1 thread", "2 threads", "2T / 1T");
+  std::printf("\n== two threads on two streams vs one thread (million alloc+free pairs/s, median "
+              "[25%%-75%%] of %d rounds) ==\n",
+              quick ? 1 : 7);
+  long pairs = quick ? 20000 : 2000000;
+  std::printf("%-12s %20s %20s %21s\n", "allocator", "1 thread", "2 threads", "2T / 1T");
   auto run = [&](const char* name, auto make) {
-    double one = 0, two = 0;
-    for (int rep = 0; rep < 3; ++rep) {  // best of three: the machine has other work
+    // Rounds (Note [Rounds and spread]): the median of each with its
+    // interquartile range, and of the per-round ratio.
+    std::vector<double> one, two, ratio;
+    for (int rep = 0; rep < (quick ? 1 : 7); ++rep) {
       auto backend = make_backend();
       StreamHandle s1 = backend->stream_create(0, 0);
       StreamHandle s2 = backend->stream_create(0, 0);
       auto a = make(*backend);
-      one = std::max(one, throughput(*a, {s1}, pairs));
-      two = std::max(two, throughput(*a, {s1, s2}, pairs));
+      one.push_back(throughput(*a, {s1}, pairs) / 1e6);
+      two.push_back(throughput(*a, {s1, s2}, pairs) / 1e6);
+      ratio.push_back(two.back() / one.back());
     }
-    std::printf("%-12s %12.2f %12.2f %9.2fx\n", name, one / 1e6, two / 1e6, two / one);
+    std::printf("%-12s %20s %20s %20sx\n", name, bench::format(bench::spread(one), 2).c_str(),
+                bench::format(bench::spread(two), 2).c_str(),
+                bench::format(bench::spread(ratio), 2).c_str());
   };
   run("accelkit", [](SimBackend& b) { return std::make_unique<Accelkit>(b); });
   run("naive pool", [](SimBackend& b) {
