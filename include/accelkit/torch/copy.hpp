@@ -22,9 +22,14 @@ struct CopyOps : HostAccess<R> {
       HostAccess<R>::host_ready, HostAccess<R>::run_on_host, HostAccess<R>::host_view,
       HostAccess<R>::to_cpu, HostAccess<R>::from_cpu;
 
+  // One memcpy of nbytes from data_ptr copies a to b: the same dtype and
+  // sizes, both contiguous or both with the same strides and no gaps nor
+  // overlaps (channels-last, any dense permutation: the elements fill
+  // [data_ptr, data_ptr + nbytes) at the same offsets).
   static bool same_layout(const at::Tensor& a, const at::Tensor& b) {
-    return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && a.is_contiguous() &&
-           b.is_contiguous();
+    return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
+           ((a.is_contiguous() && b.is_contiguous()) ||
+            (a.strides() == b.strides() && a.is_non_overlapping_and_dense()));
   }
 
   // Note [Math bits in copies]: a tensor may carry a lazy conjugate or
