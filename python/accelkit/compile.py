@@ -13,9 +13,14 @@ with accelkit:
   host-visible device memory, Inductor's C++ (CPU) scheduling, whose kernels
   read and write the device memory in place, and a Python wrapper that makes
   each generated kernel wait for the device's current stream first (Note
-  [Compiled kernels on host-visible memory]). A vendor with code generators
+  [Compiled kernels on host-visible memory]), and the C++ wrapper for
+  cpp_wrapper=True (Note [The C++ wrapper]). A vendor with code generators
   of its own plugs them in with :func:`register_codegen` (Note [The codegen
   slot]).
+
+Besides, the fake tensors torch.compile traces with are told the strides of
+the SDK's convolution on the device (Note [The convolution's strides under
+fake tensors]).
 
 Note [Registering without importing the compiler]
 PyTorch's two tables live in torch._dynamo and torch._inductor, which take
@@ -38,7 +43,7 @@ import torch
 from . import _backend
 
 __all__ = ["device_interface", "register_codegen", "host_visible", "HostVisibleScheduling",
-           "HostVisibleWrapperCodegen", "wait_for_stream"]
+           "HostVisibleWrapperCodegen", "HostVisibleCppWrapperCodegen", "wait_for_stream"]
 
 _DYNAMO = "torch._dynamo.device_interface"
 _INDUCTOR = "torch._inductor.compile_fx"  # imports codegen.common, the scheduler and the IR
@@ -197,11 +202,50 @@ def wait_for_stream(index) -> None:
 # there, and a vendor's code generator replaces this one (Note [The codegen
 # slot]).
 
+# Note [The C++ wrapper]
+# With torch._inductor.config.cpp_wrapper, Inductor writes the host code
+# around the kernels in C++ instead of Python. The device gets the CPU's
+# C++ wrapper with three changes: buffers are allocated on the device
+# (aoti_torch_empty_strided with PyTorch's PrivateUse1 device type: the
+# wrapper knows only cpu, cuda, xpu and mps by name), the CPU's wrapper
+# headers are included, and each generated kernel is called after
+# accelkit_wait_for_stream(<index>), which waits for the device's current
+# stream through PyTorch's device guard of the backend (what
+# torch.Stream.synchronize does), for the reason of Note [Compiled kernels
+# on host-visible memory]. What stops the rest: the C++ wrapper calls every
+# ATen operator of the graph (the extern kernels mm, addmm, bmm, the
+# convolutions, and Inductor's fallbacks) through the AOTInductor C shim of
+# the device, a function aoti_torch_<device>_<operator> per operator that
+# PyTorch generates for cpu, cuda, xpu and mps only and has no registration
+# for; the CPU's shim calls the CPU kernel directly (at::cpu::...), past the
+# backend's operator, its stream order and its own kernels, and its
+# functional forms allocate CPU tensors. So a graph that calls an ATen
+# operator on the device fails to compile with a RuntimeError saying so
+# (torch.compile reports it as InductorError); graphs of generated kernels
+# only (elementwise, reductions) compile and run. AOTInductor for the device
+# is not done either (the same shim, and an AOT wrapper of its own).
+# A backend may ship its own wrapper (register_codegen(cpp_wrapper=...)).
+
+_CPP_WAIT_FOR_STREAM = """
+#include <c10/core/Device.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+// Note [The C++ wrapper] (accelkit): the host waits for the device's current
+// stream before each generated kernel reads or writes its memory.
+static inline void accelkit_wait_for_stream(int index) {
+  const c10::impl::DeviceGuardImplInterface* impl =
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1);
+  impl->synchronizeStream(impl->getStream(c10::Device(c10::DeviceType::PrivateUse1,
+                                                      static_cast<c10::DeviceIndex>(index))));
+}
+"""
+
+
 @functools.cache
 def _classes():
     """The C++ scheduling, wrapper and device-op overrides for the installed
     backend (built on first use; they need torch._inductor)."""
     from torch._inductor.codegen.cpp import CppScheduling
+    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
     from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
     from torch._inductor.codegen.wrapper import PythonWrapperCodegen
     from torch._inductor.virtualized import V
@@ -271,6 +315,55 @@ def _classes():
             return super()._generate_kernel_call_helper(kernel_name, call_args, device=device,
                                                         triton=triton, **kwargs)
 
+    class HostVisibleCppWrapperCodegen(CppWrapperCpu):
+        """Inductor's C++ wrapper (cpp_wrapper=True) for the device: the
+        CPU's, allocating on the device and calling each generated kernel
+        after waiting for the current stream; ATen operators are refused
+        (Note [The C++ wrapper])."""
+
+        @classmethod
+        def create(cls, is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
+            return cls()  # as CppWrapperCpu.create: subgraphs are not lifted
+
+        @staticmethod
+        def get_device_include_path_jit(device: str) -> str:
+            return CppWrapperCpu.get_device_include_path_jit("cpu" if device == name else device)
+
+        @staticmethod
+        def get_device_include_path_aot(device: str) -> str:
+            return CppWrapperCpu.get_device_include_path_aot("cpu" if device == name else device)
+
+        @staticmethod
+        def get_c_shim_func_name(kernel: str, device: str) -> str:
+            if device != name:
+                return CppWrapperCpu.get_c_shim_func_name(kernel, device)
+            raise RuntimeError(
+                f"{name}: Inductor's C++ wrapper (torch._inductor.config.cpp_wrapper) calls the "
+                f"ATen operator {kernel} through the AOTInductor C shim of the device "
+                f"(aoti_torch_{name}_...), which PyTorch generates for cpu, cuda, xpu and mps "
+                "only; the CPU's shim would run the CPU kernel past the backend's operator "
+                "(its stream order, its own kernels). Graphs of generated kernels only "
+                "compile with it; use the Python wrapper (cpp_wrapper=False) otherwise "
+                "(Note [The C++ wrapper] in accelkit/compile.py)")
+
+        def codegen_device(self, device):
+            if device.type != name:
+                return super().codegen_device(device)
+            self.used_cached_devices.add("privateuse1")  # aoti_torch_device_type_privateuse1()
+            return f"cached_torch_device_type_privateuse1, {device.index or 0}"
+
+        def write_header(self) -> None:
+            super().write_header()
+            self.header.splice(_CPP_WAIT_FOR_STREAM)
+
+        def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None,
+                                         triton=True, **kwargs):
+            device = device or V.graph.get_current_device_or_throw()
+            if not triton and device.type == name:
+                self.writeline(f"accelkit_wait_for_stream({device.index or 0});")
+            return super()._generate_kernel_call_helper(kernel_name, call_args, device=device,
+                                                        triton=triton, **kwargs)
+
     class DeviceOpOverrides(CpuDeviceOpOverrides):
         """The CPU's, with the backend's device guard and synchronize."""
 
@@ -286,7 +379,8 @@ def _classes():
     def mod_current():
         return getattr(torch, name).current_device()
 
-    return HostVisibleScheduling, HostVisibleWrapperCodegen, DeviceOpOverrides
+    return (HostVisibleScheduling, HostVisibleWrapperCodegen, HostVisibleCppWrapperCodegen,
+            DeviceOpOverrides)
 
 
 # Note [Inductor's CPU checks]
@@ -304,15 +398,13 @@ def _classes():
 #   away from C++ kernels;
 # - torch._inductor.ir.is_cpu: the CPU's fusion thresholds;
 # - torch._inductor.graph.GraphLowering.decide_layout_opt: whether a graph's
-#   convolutions get channels-last inputs. The SDK's convolution returns the
-#   CPU kernel's strides (channels-last output for channels-last input),
-#   while PyTorch's meta convolution for a PrivateUse1 device says
-#   contiguous, so a channels-last graph fails the generated stride check
-#   of the convolution's output (an inference CNN did). For graphs with a
-#   convolution on the device it answers False (unless
-#   config.force_layout_optimization); inputs a user makes channels-last
-#   still meet the mismatch (the convolution's fix belongs to the SDK's
-#   convolution.hpp, not here).
+#   convolutions get channels-last inputs, always on the CPU when oneDNN
+#   (mkldnn) is there ("cpu" in SUPPORTED_MKLDNN_DEVICES). The SDK's
+#   convolution is the CPU's (with the CPU's strides under fake tensors too:
+#   Note [The convolution's strides under fake tensors]), so graphs whose
+#   convolutions are on the CPU or the device get the CPU's answer; its
+#   channels-last convolutions took the CPU's CNN forward from 2.7x faster
+#   than the device's, with contiguous ones, to alike.
 # accelkit replaces them, once, with versions that also answer as for the
 # CPU for the installed backend's device type while its scheduling is a
 # CppScheduling (the default, or a vendor's subclass of it). Contained:
@@ -332,7 +424,7 @@ _CPU_CHECKS = {  # (module, qualified name): a line its source must hold
         'return device is not None and device.type == "cpu"',
     ("torch._inductor.ir", "is_cpu"): 'return get_device_type(x) == "cpu"',
     ("torch._inductor.graph", "GraphLowering.decide_layout_opt"):
-        "if not config.layout_optimization:",
+        'n.args[idx].meta["val"].device.type in SUPPORTED_MKLDNN_DEVICES',
 }
 _patch_error = None  # why the helpers were not replaced (None: replaced, or not yet tried)
 
@@ -387,11 +479,12 @@ def _patch_cpu_checks():
 
     def decide_layout_opt(gm, *, is_inference):
         from torch._inductor import config
-        if not config.force_layout_optimization:
-            for n in gm.graph.nodes:
-                val = n.meta.get("val") if n.target is torch.ops.aten.convolution.default else None
-                if isinstance(val, torch.Tensor) and _cpp_like(val.device.type):
-                    return False
+        if config.layout_optimization and not config.force_layout_optimization:
+            devices = {n.args[i].meta["val"].device.type for n in gm.graph.nodes
+                       if n.target is torch.ops.aten.convolution.default for i in (0, 1)}
+            if (any(_cpp_like(d) for d in devices) and all(d == "cpu" or _cpp_like(d) for d in devices)
+                    and torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()):
+                return True  # the CPU's answer: the device's convolution is the CPU's
         return orig_layout(gm, is_inference=is_inference)
 
     def get_current_backend(device_type=None) -> str:
@@ -417,10 +510,73 @@ def _patch_cpu_checks():
     ir.is_cpu = is_cpu
 
 
+# Note [The convolution's strides under fake tensors]
+# torch.compile traces with fake tensors, whose convolution
+# (torch._subclasses.fake_impls.conv) gives the output the memory format
+# ATen's _conv_determine_backend_memory_format picks for the backend that
+# _select_conv_backend chooses on the fake tensors' device: on a PrivateUse1
+# device, Overrideable, whose format is always contiguous. The SDK's
+# convolution (convolution.hpp) runs the CPU's convolution on the same
+# sizes and strides and hands its result over with those strides kept, so
+# on every accelkit backend a convolution returns what the CPU's returns:
+# channels-last for a channels-last input (as CUDA's does), not the fake's
+# contiguous. A graph with such a convolution then failed Inductor's stride
+# check of the convolution's output, and ran on wrong strides under
+# backend="aot_eager". So the fake convolution of the installed backend's
+# device type is answered as the CPU's: the original implementation runs on
+# CPU fake tensors of the same sizes and strides, and its outputs are made
+# fake tensors of the device with the strides it gave (the forward, and
+# convolution_backward's gradients). Every other device type gets the
+# original. That the two agree is tested eagerly against compiled
+# (tests/python/test_compile.py, channels-last inputs); with it, Inductor's
+# layout optimization (channels-last convolutions, Note [Inductor's CPU
+# checks]) serves the device as it serves the CPU.
+
+_CONV_OPS = ("convolution.default", "_convolution.default", "_convolution.deprecated",
+             "convolution_backward.default")
+
+
+def _patch_fake_convolution():
+    """Note [The convolution's strides under fake tensors]."""
+    from torch._subclasses import fake_impls
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils import _pytree as pytree
+
+    name = _backend.name
+    table = fake_impls.op_implementations_dict
+    for op in _CONV_OPS:
+        packet, overload = op.split(".")
+        func = getattr(getattr(torch.ops.aten, packet), overload)
+        orig = table.get(func)
+        if orig is None or getattr(orig, "_accelkit", False):
+            continue
+
+        def conv(fake_mode, func, *args, _orig=orig, **kwargs):
+            flat, spec = pytree.tree_flatten((args, kwargs))
+            device = next((a.fake_device for a in flat if isinstance(a, FakeTensor)
+                           and a.fake_device.type == name), None)
+            if device is None:
+                return _orig(fake_mode, func, *args, **kwargs)
+            with fake_mode:
+                twins = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="cpu")
+                         if isinstance(a, FakeTensor) and a.fake_device == device else a
+                         for a in flat]
+                args, kwargs = pytree.tree_unflatten(twins, spec)
+                out = _orig(fake_mode, func, *args, **kwargs)
+                return pytree.tree_map_only(
+                    torch.Tensor, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                                                device=device), out)
+
+        conv._accelkit, conv.__wrapped__ = True, orig
+        table[func] = conv
+
+
 def __getattr__(attr):
-    if attr in ("HostVisibleScheduling", "HostVisibleWrapperCodegen"):
-        scheduling, wrapper, _ = _classes()
-        globals().update(HostVisibleScheduling=scheduling, HostVisibleWrapperCodegen=wrapper)
+    if attr in ("HostVisibleScheduling", "HostVisibleWrapperCodegen",
+                "HostVisibleCppWrapperCodegen"):
+        scheduling, wrapper, cpp_wrapper, _ = _classes()
+        globals().update(HostVisibleScheduling=scheduling, HostVisibleWrapperCodegen=wrapper,
+                         HostVisibleCppWrapperCodegen=cpp_wrapper)
         return globals()[attr]
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
@@ -463,13 +619,13 @@ def register_codegen(scheduling, python_wrapper=None, cpp_wrapper=None, fx_wrapp
 def _register_inductor():
     from torch._inductor.codegen import common
 
-    scheduling, wrapper, overrides = _classes()
+    scheduling, wrapper, cpp_wrapper, overrides = _classes()
     vendor = _vendor or {}
     common.register_backend_for_device(
         _backend.name,
         vendor.get("scheduling") or scheduling,
         vendor.get("python_wrapper") or wrapper,
-        vendor.get("cpp_wrapper"),
+        vendor.get("cpp_wrapper") or cpp_wrapper,
         vendor.get("fx_wrapper"))
     common.register_device_op_overrides(_backend.name,
                                         vendor.get("device_op_overrides") or overrides())
@@ -535,5 +691,6 @@ def install() -> None:
         _done(_DYNAMO)
     if _INDUCTOR in sys.modules:
         _done(_INDUCTOR)
+    _patch_fake_convolution()
     if len(_registered) < 2 and _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)

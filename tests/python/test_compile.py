@@ -127,23 +127,27 @@ def _cnn():
                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
 
 
-def _train(model, x, y, device, compiled, steps=2):
-    """`steps` SGD steps of `model` (a copy, on `device`), forward and
-    backward compiled or eager; the losses, parameters and gradients."""
+def _train(model, x, y, device, compiled, steps=2, memory_format=torch.contiguous_format):
+    """`steps` SGD steps of `model` (a copy, on `device`, its parameters and
+    `x` in `memory_format`), forward and backward compiled or eager; the
+    losses, parameters and gradients, and the strides of the last forward's
+    output and of the gradients."""
     import copy
-    m = copy.deepcopy(model).to(device)
+    m = copy.deepcopy(model).to(device, memory_format=memory_format)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     fwd = torch.compile(m) if compiled else m
-    x, y = x.to(device), y.to(device)
+    x, y = x.to(device, memory_format=memory_format), y.to(device)
     losses = []
     for _ in range(steps):
         opt.zero_grad()
-        loss = F.cross_entropy(fwd(x), y)
+        out = fwd(x)
+        loss = F.cross_entropy(out, y)
         loss.backward()
         opt.step()
         losses.append(loss.detach().cpu())
+    strides = [out.stride()] + [p.grad.stride() for p in m.parameters()]
     return (torch.stack(losses), [p.detach().cpu() for p in m.parameters()],
-            [p.grad.cpu() for p in m.parameters()])
+            [p.grad.cpu() for p in m.parameters()]), strides
 
 
 def _close(a, b, **tol):
@@ -172,18 +176,31 @@ def _kernels_on_device(fn):
 
 
 @host_visible
-@pytest.mark.parametrize("make,shape", [(_mlp, (16, 32)), (_cnn, (4, 3, 8, 8))],
-                         ids=["mlp", "cnn"])
-def test_a_compiled_training_step_matches_eager_and_the_compiled_cpu(make, shape):
+@pytest.mark.parametrize("make,shape,memory_format", [
+    (_mlp, (16, 32), torch.contiguous_format), (_cnn, (4, 3, 8, 8), torch.contiguous_format),
+    (_cnn, (4, 3, 8, 8), torch.channels_last)], ids=["mlp", "cnn", "cnn_channels_last"])
+def test_a_compiled_training_step_matches_eager_and_the_compiled_cpu(make, shape, memory_format):
+    # The CNNs' graphs get Inductor's layout optimization, as on the CPU
+    # (channels-last convolutions inside the graph), and the channels-last
+    # one takes channels-last inputs and parameters: the convolution's
+    # strides under fake tensors are the device's (Note [The convolution's
+    # strides under fake tensors]), or the generated stride checks fail.
     model = make()
     torch.manual_seed(1)
     x, y = torch.randn(shape), torch.randint(0, 10, (shape[0],))
-    (got, kernels) = _kernels_on_device(lambda: _train(model, x, y, DEV, compiled=True))
+    ((got, strides), kernels) = _kernels_on_device(
+        lambda: _train(model, x, y, DEV, compiled=True, memory_format=memory_format))
     assert kernels > 0  # generated kernels ran on the device's memory
-    _close(got, _train(model, x, y, DEV, compiled=False), rtol=1e-5, atol=1e-5)
+    want, eager_strides = _train(model, x, y, DEV, compiled=False, memory_format=memory_format)
+    _close(got, want, rtol=1e-5, atol=1e-5)
     torch.compiler.reset()
     # The same generated code on the same memory contents: the CPU's results.
-    _close(got, _train(model, x, y, "cpu", compiled=True), rtol=1e-6, atol=1e-6)
+    cpu, cpu_strides = _train(model, x, y, "cpu", compiled=True, memory_format=memory_format)
+    _close(got, cpu, rtol=1e-6, atol=1e-6)
+    assert strides == cpu_strides
+    if memory_format == torch.channels_last:
+        assert eager_strides == strides  # eagerly, the CPU's strides too
+        return  # the inference graph below is the plain CNN's
     # Inference (an inference graph: Inductor's layout choice for
     # convolutions differs, Note [Inductor's CPU checks]).
     torch.compiler.reset()
@@ -285,22 +302,46 @@ def test_a_graph_on_the_second_device_allocates_its_buffers_there():
 
 @host_visible
 @simdev_only
-def test_compiled_kernels_wait_for_the_current_stream():
+@pytest.mark.parametrize("cpp_wrapper", [False, True], ids=["python_wrapper", "cpp_wrapper"])
+def test_compiled_kernels_wait_for_the_current_stream(cpp_wrapper):
     # A held stream (simdev's knob) keeps an asynchronous copy into x queued
     # (released from a driver thread 200 ms later); the compiled kernel must
     # read x after the copy lands. Without the wait it reads the zeros
-    # (checked: with wait_for_stream a no-op, out is all ones).
-    f = torch.compile(lambda x: x * 2 + 1)
-    src = torch.arange(4096, dtype=torch.float32).pin_memory()
-    f(torch.zeros(4096, device=DEV))  # compiled outside the hold
-    x = torch.zeros(4096, device=DEV)
-    MOD.synchronize()
-    s = MOD.current_stream()
-    gate = torch.ops.simdev_driver.hold(s)
-    x.copy_(src, non_blocking=True)
-    torch.ops.simdev_driver.release_later(gate, 200)
-    out = f(x)
+    # (checked: with wait_for_stream a no-op, and with the C++ wrapper's
+    # accelkit_wait_for_stream emptied, out is all ones).
+    import torch._inductor.config as iconfig
+    with iconfig.patch(cpp_wrapper=cpp_wrapper):
+        f = torch.compile(lambda x: x * 2 + 1)
+        src = torch.arange(4096, dtype=torch.float32).pin_memory()
+        f(torch.zeros(4096, device=DEV))  # compiled outside the hold
+        x = torch.zeros(4096, device=DEV)
+        MOD.synchronize()
+        s = MOD.current_stream()
+        gate = torch.ops.simdev_driver.hold(s)
+        x.copy_(src, non_blocking=True)
+        torch.ops.simdev_driver.release_later(gate, 200)
+        out = f(x)
     assert torch.equal(out.cpu(), src * 2 + 1)
+
+
+@host_visible
+def test_the_cpp_wrapper_runs_generated_kernels_and_refuses_aten_operators():
+    # Note [The C++ wrapper]: buffers on the graph's device, kernels after
+    # the stream; an ATen operator (here addmm) has no C shim for the device.
+    import torch._inductor.config as iconfig
+    x = torch.arange(12, dtype=torch.float32).view(3, 4)
+    dev = f"{DEV}:{MOD.device_count() - 1}"
+    with iconfig.patch(cpp_wrapper=True):
+        (out, kernels) = _kernels_on_device(
+            lambda: torch.compile(lambda t: (t.exp() + 1).sum(1))(x.to(dev)))
+        assert out.device == torch.device(dev)
+        assert kernels == 0  # the C++ wrapper waits in C++, not through wait_for_stream
+        torch.testing.assert_close(out.cpu(), (x.exp() + 1).sum(1))
+        torch.compiler.reset()
+        lin = nn.Linear(4, 2).to(DEV)
+        with pytest.raises(Exception, match="C shim") as e:
+            torch.compile(lambda t: lin(t).relu())(x.to(DEV))
+    assert f"{DEV}: Inductor's C++ wrapper" in str(e.value) and "addmm" in str(e.value)
 
 
 # ----------------------------------------------------------------- the codegen slot
