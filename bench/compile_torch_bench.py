@@ -5,6 +5,7 @@ memory] in python/accelkit/compile.py).
 
   python bench/compile_torch_bench.py           the full run
   python bench/compile_torch_bench.py --quick   few rounds, to check that it runs
+  python bench/compile_torch_bench.py --no-first-compile   the per-call figures only
 
 Figures, per model (an MLP 64-256-256-10 on a batch of 128; a CNN of two
 3x3 convolutions, batch norm, pooling and a linear layer on 32 images of
@@ -109,6 +110,8 @@ def first_compile_child(model, device):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-first-compile", action="store_true",
+                   help="skip the first-compile times (minutes: four children compiling afresh)")
     p.add_argument("--first-compile-child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.first_compile_child:
@@ -122,12 +125,14 @@ def main():
     print(machine_line())
     print("torch.compile, one thread; host-visible simdev (Inductor's C++ kernels on device memory)")
     print()
-    print(f"{'first compile of the training step':38s} {'simdev s':>10s} {'cpu s':>10s} {'ratio':>8s}")
-    for name, make in (("mlp", mlp), ("cnn", cnn)):
-        s, c = first_compile_s(name, DEV), first_compile_s(name, "cpu")
-        print(f"{name:38s} {s:10.2f} {c:10.2f} {s / c:7.2f}x")
-    torch.compiler.reset()
-    print()
+    if not args.no_first_compile:
+        print(f"{'first compile of the training step':38s} {'simdev s':>10s} {'cpu s':>10s} "
+              f"{'ratio':>8s}")
+        for name, make in (("mlp", mlp), ("cnn", cnn)):
+            s, c = first_compile_s(name, DEV), first_compile_s(name, "cpu")
+            print(f"{name:38s} {s:10.2f} {c:10.2f} {s / c:7.2f}x")
+        torch.compiler.reset()
+        print()
     print(f"{'figure (ms per call)':22s} {'simdev compiled':>22s} {'cpu compiled':>22s} "
           f"{'simdev eager':>22s} {'sim.comp/cpu.comp':>20s} {'sim.comp/sim.eager':>20s}")
     for name, make in (("mlp", mlp), ("cnn", cnn)):
@@ -139,6 +144,19 @@ def main():
             r2 = spread([a / b for a, b in zip(sc, se)]).split(" ", 1)
             print(f"{name + ' ' + what:22s} {spread(sc, 3):>22s} {spread(cc, 3):>22s} "
                   f"{spread(se, 3):>22s} {r1[0] + 'x ' + r1[1]:>20s} {r2[0] + 'x ' + r2[1]:>20s}")
+    # The backward of a loss on the device runs on autograd's thread for the
+    # device (as for CUDA), the CPU's on the calling thread: two thread
+    # hand-offs per backward, which the training steps above pay too.
+    print()
+    tiny = []
+    for device in (DEV, "cpu"):
+        w = torch.ones(16, device=device, requires_grad=True)
+        tiny.append(lambda w=w: (w * 2).sum().backward())
+    sd, cd = rounds_of(tiny, rounds, timed(calls * 10))
+    r = spread([a / b for a, b in zip(sd, cd)]).split(" ", 1)
+    print(f"{'backward of w * 2':22s} {spread([v * 1e3 for v in sd], 1) + ' us':>22s} "
+          f"{spread([v * 1e3 for v in cd], 1) + ' us':>22s} {'(autograd on the device thread)':>22s} "
+          f"{r[0] + 'x ' + r[1]:>20s}")
     print("compile bench: done")
 
 
