@@ -402,9 +402,8 @@ def _classes():
 #   (mkldnn) is there ("cpu" in SUPPORTED_MKLDNN_DEVICES). The SDK's
 #   convolution is the CPU's (with the CPU's strides under fake tensors too:
 #   Note [The convolution's strides under fake tensors]), so graphs whose
-#   convolutions are on the CPU or the device get the CPU's answer; its
-#   channels-last convolutions took the CPU's CNN forward from 2.7x faster
-#   than the device's, with contiguous ones, to alike.
+#   convolutions are on the CPU or the device get the CPU's answer (the
+#   benchmark's compiled CNN forward went from 2.89x the CPU's to 1.15x).
 # accelkit replaces them, once, with versions that also answer as for the
 # CPU for the installed backend's device type while its scheduling is a
 # CppScheduling (the default, or a vendor's subclass of it). Contained:
