@@ -403,7 +403,7 @@ def _classes():
 #   convolution is the CPU's (with the CPU's strides under fake tensors too:
 #   Note [The convolution's strides under fake tensors]), so graphs whose
 #   convolutions are on the CPU or the device get the CPU's answer (the
-#   benchmark's compiled CNN forward went from 2.89x the CPU's to 1.15x).
+#   benchmark's compiled CNN forward went from 2.78x the CPU's to 1.13x).
 # accelkit replaces them, once, with versions that also answer as for the
 # CPU for the installed backend's device type while its scheduling is a
 # CppScheduling (the default, or a vendor's subclass of it). Contained:
