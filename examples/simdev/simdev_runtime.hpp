@@ -100,7 +100,7 @@ enum ErrorCode : int {
 // Members whose work is queued, so that they can fail asynchronously.
 inline bool queues_work(std::string_view member) {
   for (std::string_view m : {"memcpy_async", "memset_async", "memcpy_peer_async", "event_record",
-                             "stream_wait_event", "stream_wait_peer_event"})
+                             "stream_wait_event", "stream_wait_peer_event", "stream_wait_signal"})
     if (member == m) return true;
   return false;
 }
@@ -692,6 +692,103 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     return std::chrono::duration<float, std::milli>(rb->when() - ra->when()).count();
   }
 
+  // Note [simdev host signals]
+  // A signal (Note [Host signals] in accelkit's backend.hpp) is a flag the
+  // host sets; a stream's wait for it is queued work that blocks the
+  // stream's worker until it is set, so nothing queued after it runs before
+  // (however long: a real device would wait as long). A signal completed
+  // with an error fails the wait: the error (its code, as given) becomes the
+  // stream's device's asynchronous error, and the stream goes on. Strict:
+  // a signal is waited for only on a stream of its own device, completed
+  // once, and destroying one that is not completed while a queued wait
+  // still waits for it is refused (kNotPermitted), the signal left as it
+  // was; after completion the queued waits keep its state alive.
+  accelkit::SignalHandle signal_create(int device) {
+    check(device, "signal_create");
+    fault("signal_create");
+    context(device);
+    auto g = std::make_shared<Signal>();
+    g->device = device;
+    accelkit::SignalHandle h = accelkit::SignalHandle::from_pointer(g.get());
+    std::lock_guard<std::mutex> lock(signals_mutex_);
+    signals_.emplace(h.value, std::move(g));
+    return h;
+  }
+
+  void stream_wait_signal(int device, accelkit::StreamHandle stream, accelkit::SignalHandle signal) {
+    auto s = stream_of(device, stream, "stream_wait_signal");
+    auto g = signal_of(signal, "stream_wait_signal");
+    bool async_fault = fault("stream_wait_signal");
+    report_async(device, "stream_wait_signal");
+    if (g->device != device)
+      driver_error(kInvalidValue, "stream_wait_signal",
+                   fmt::format("signal of device {} waited for on a stream of device {}",
+                               g->device, device));
+    {
+      std::lock_guard<std::mutex> lock(g->mutex);
+      ++g->waiting;
+    }
+    Work w;
+    w.device = device;
+    w.what = "stream_wait_signal";
+    w.fn = [this, g, device] {
+      int error = 0;
+      {
+        std::unique_lock<std::mutex> lock(g->mutex);
+        g->cv.wait(lock, [&] { return g->done; });
+        --g->waiting;
+        error = g->error;
+      }
+      if (error != 0)
+        set_async_error(device, error,
+                        fmt::format("queued stream_wait_signal: the host signal it waited for "
+                                    "was completed with error {}",
+                                    error));
+    };
+    w.essential = true;  // waits even when failing (Note [simdev strictness])
+    w.fail = async_fault;
+    s->enqueue(std::move(w));
+  }
+
+  void signal_complete(int device, accelkit::SignalHandle signal, int error) {
+    check(device, "signal_complete");
+    auto g = signal_of(signal, "signal_complete");
+    fault("signal_complete");
+    if (g->device != device)
+      driver_error(kInvalidValue, "signal_complete",
+                   fmt::format("signal of device {} completed as device {}'s", g->device, device));
+    std::lock_guard<std::mutex> lock(g->mutex);
+    if (g->done)
+      driver_error(kInvalidValue, "signal_complete",
+                   fmt::format("signal {:#x} was completed already", signal.value));
+    g->done = true;
+    g->error = error;
+    g->cv.notify_all();
+  }
+
+  void signal_destroy(int device, accelkit::SignalHandle signal) {
+    check(device, "signal_destroy");
+    fault("signal_destroy");
+    std::lock_guard<std::mutex> lock(signals_mutex_);
+    auto it = signals_.find(signal.value);
+    if (it == signals_.end())
+      driver_error(kInvalidHandle, "signal_destroy",
+                   fmt::format("signal {:#x} is not a live signal", signal.value));
+    Signal& g = *it->second;
+    if (g.device != device)
+      driver_error(kInvalidValue, "signal_destroy",
+                   fmt::format("signal of device {} destroyed as device {}'s", g.device, device));
+    {
+      std::lock_guard<std::mutex> state(g.mutex);
+      if (!g.done && g.waiting > 0)
+        driver_error(kNotPermitted, "signal_destroy",
+                     fmt::format("signal {:#x} is not completed and {} queued "
+                                 "stream_wait_signal still wait(s) for it: complete it first",
+                                 signal.value, g.waiting));
+    }
+    signals_.erase(it);  // queued waits keep its state alive
+  }
+
   void device_synchronize(int device) {
     check(device, "device_synchronize");
     fault("device_synchronize");
@@ -804,7 +901,8 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       throw accelkit::ValueError(
           name, fmt::format("inject_fault: {} queues no work, so it cannot fail asynchronously "
                             "(memcpy_async, memset_async, memcpy_peer_async, event_record, "
-                            "stream_wait_event and stream_wait_peer_event can)",
+                            "stream_wait_event, stream_wait_peer_event and stream_wait_signal "
+                            "can)",
                             member));
     configure();  // so that reading the environment later cannot drop it
     std::lock_guard<std::mutex> lock(fault_mutex_);
@@ -998,6 +1096,16 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::uint64_t completed_ = 0;
     bool stopping_ = false;
     std::thread worker_;
+  };
+
+  // A host signal (Note [simdev host signals]).
+  struct Signal {
+    int device = 0;
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool done = false;
+    int error = 0;
+    int waiting = 0;  // queued waits that have not passed yet
   };
 
   // An event: its last record (none until recorded).
@@ -1288,6 +1396,15 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     return it->second;
   }
 
+  std::shared_ptr<Signal> signal_of(accelkit::SignalHandle signal, const char* call) {
+    std::lock_guard<std::mutex> lock(signals_mutex_);
+    auto it = signals_.find(signal.value);
+    if (it == signals_.end())
+      driver_error(kInvalidHandle, call,
+                   fmt::format("signal {:#x} is not a live signal", signal.value));
+    return it->second;
+  }
+
   bool is_pinned(const void* p, std::size_t bytes) { return pinned_device(p, bytes) >= 0; }
   // The device whose host_malloc gave [p, p + bytes), or -1.
   int pinned_device(const void* p, std::size_t bytes) {
@@ -1337,6 +1454,8 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   std::map<char*, Pinned> pinned_;
   std::mutex events_mutex_;
   std::unordered_map<std::uintptr_t, std::shared_ptr<Event>> events_;
+  std::mutex signals_mutex_;
+  std::unordered_map<std::uintptr_t, std::shared_ptr<Signal>> signals_;
   std::mutex fault_mutex_;
   std::map<std::string, int> calls_;
   std::mutex retired_mutex_;

@@ -41,8 +41,8 @@
 // | void device_synchronize(device_index device)                   | block until all work on every stream of `device` has completed |
 //
 // Asynchronous errors: work queued by memcpy_async, memset_async,
-// memcpy_peer_async, event_record, stream_wait_event and
-// stream_wait_peer_event may fail after the call returned. The driver then
+// memcpy_peer_async, event_record, stream_wait_event, stream_wait_peer_event
+// and stream_wait_signal may fail after the call returned. The driver then
 // reports the failure later, once, as a DriverError carrying its own code,
 // from stream_synchronize, stream_query, event_synchronize, event_query,
 // device_synchronize or a later stream-ordered call of that device (as CUDA's
@@ -78,6 +78,10 @@
 // | void stream_wait_peer_event(device_index device, StreamHandle stream, device_index event_device, EventHandle event) | work queued on `stream` (of `device`) later waits, on the device, for the last record at this call of `event`, an event of `event_device` (never `device`); no wait if never recorded (Note [Cross-device waits]) | the SDK waits on the host: event_synchronize(event_device, event), then returns |
 // | void host_map(device_index device, void* ptr, std::size_t bytes) | make [ptr, ptr + bytes), inside one allocation from malloc(device, ·), readable and writable by the host until the matching host_unmap; the SDK calls it only for a device whose properties().host_access is mapped, after the device's work on the range has completed, and queues no work on the range until it unmaps; it never maps a range twice at once, and calls it from any thread (Note [Map scopes]) | none: a device reporting host_access mapped without both members is refused at its first properties query |
 // | void host_unmap(device_index device, void* ptr, std::size_t bytes) | end the host's access to a range given to host_map with the same arguments: what the host wrote is the device's when it returns; after it, any host access to the range may fault | as host_map |
+// | SignalHandle signal_create(device_index device)                | a new host signal of `device`, not completed (Note [Host signals] in device/backend.hpp); the four signal members go together | the SDK's own signal: a stream's wait on it is the calling thread's |
+// | void stream_wait_signal(device_index device, StreamHandle stream, SignalHandle signal) | work queued on `stream` later waits, on the device, until the signal is completed; returns at once; no wait if completed already | the calling thread blocks until the signal is completed (RuntimeError if it failed) |
+// | void signal_complete(device_index device, SignalHandle signal, int error) | complete the signal, once, from any thread: 0 success; otherwise every stream waiting for it reports an asynchronous error (with `error` as the code where the driver carries one) and goes on | as signal_create |
+// | void signal_destroy(device_index device, SignalHandle signal)  | release the signal; waits queued on it still pass after signal_complete; a signal not completed that a stream waits for is refused (DriverError), and stays usable | as signal_create |
 // | static constexpr bool host_kernels                            | whether PyTorch's CPU kernels of the hottest operators (torch/host_kernels.hpp) run in place on device memory the host can reach (host_access mapped or direct); false for a runtime that brings kernels of its own | true |
 // | static constexpr bool fork_safe_discovery                     | whether discovery (device_count, properties) leaves nothing that fork() breaks; false for a driver that starts threads at the first device query (PoCL): a child forked after discovery then refuses device use as after initialization (Note [Fork safety]) | true |
 #pragma once

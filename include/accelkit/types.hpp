@@ -50,10 +50,14 @@ struct handle {
 };
 struct stream_tag;
 struct event_tag;
+struct signal_tag;
 }  // namespace detail
 
 using StreamHandle = detail::handle<detail::stream_tag>;
 using EventHandle = detail::handle<detail::event_tag>;
+// A host signal (Note [Host signals] in device/backend.hpp): set by the host,
+// waited for by streams.
+using SignalHandle = detail::handle<detail::signal_tag>;
 
 // Flags for event_create; combine with |.
 enum class EventFlags : unsigned {

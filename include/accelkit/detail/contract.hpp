@@ -110,7 +110,14 @@ namespace detail {
   X(host_map, void, (device_index device, void* ptr, std::size_t bytes), sdk,                 \
     (device, ptr, bytes))                                                                     \
   X(host_unmap, void, (device_index device, void* ptr, std::size_t bytes), sdk,               \
-    (device, ptr, bytes))
+    (device, ptr, bytes))                                                                     \
+  X(signal_create, SignalHandle, (device_index device), sdk, (device))                        \
+  X(stream_wait_signal, void,                                                                 \
+    (device_index device, StreamHandle stream, SignalHandle signal), sdk,                     \
+    (device, stream, signal))                                                                 \
+  X(signal_complete, void, (device_index device, SignalHandle signal, int error), sdk,        \
+    (device, signal, error))                                                                  \
+  X(signal_destroy, void, (device_index device, SignalHandle signal), sdk, (device, signal))
 
 // Constants: C(member, type, default). `static constexpr type member`; a
 // required one has no default.
@@ -262,6 +269,17 @@ constexpr bool has_valid_name() {
     return true;  // reported by the "missing name" assertion instead
 }
 
+// The host signal members go together (Note [Host signals] in
+// device/backend.hpp): how many of them R declares, and whether it has all.
+template <class R>
+inline constexpr int signal_members_named = int{names_signal_create<R>} +
+                                            int{names_stream_wait_signal<R>} +
+                                            int{names_signal_complete<R>} +
+                                            int{names_signal_destroy<R>};
+template <class R>
+inline constexpr bool has_stream_signals = has_signal_create<R> && has_stream_wait_signal<R> &&
+                                           has_signal_complete<R> && has_signal_destroy<R>;
+
 #define ACCELKIT_DETAIL_AND_HAS_(member, ...) &&has_##member<R>
 template <class R>
 inline constexpr bool satisfies_contract =
@@ -298,6 +316,10 @@ struct check_contract {
   ACCELKIT_REQUIRED_MEMBERS(ACCELKIT_DETAIL_ASSERT_)
   ACCELKIT_OPTIONAL_MEMBERS(ACCELKIT_DETAIL_ASSERT_OPTIONAL_)
   ACCELKIT_OPTIONAL_CONSTANTS(ACCELKIT_DETAIL_ASSERT_OPTIONAL_CONSTANT_)
+  static_assert(signal_members_named<R> == 0 || signal_members_named<R> == 4,
+                "accelkit: Runtime has some of the host signal members but not all: "
+                "signal_create, stream_wait_signal, signal_complete and signal_destroy go "
+                "together (Note [Host signals])");
 #undef ACCELKIT_DETAIL_ASSERT_
 #undef ACCELKIT_DETAIL_ASSERT_OPTIONAL_
 #undef ACCELKIT_DETAIL_ASSERT_CONSTANT_

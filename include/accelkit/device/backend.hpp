@@ -11,6 +11,7 @@
 #include <accelkit/config.hpp>
 #include <accelkit/detail/environment.hpp>
 #include <accelkit/detail/fork.hpp>
+#include <accelkit/detail/host_signals.hpp>
 #include <accelkit/detail/per_device.hpp>
 #include <accelkit/diagnostics.hpp>
 #include <accelkit/properties.hpp>
@@ -479,6 +480,77 @@ class Backend {
       runtime_.event_synchronize(event_phys, event);
   }
 
+  // Note [Host signals]
+  // A host signal lets a stream wait for work that runs on host threads (a
+  // collective on gloo's threads, a vendor library's own thread), as CUDA's
+  // cuStreamWaitValue32 on host-mapped memory or a blocking
+  // cudaLaunchHostFunc, and OpenCL's user events (clCreateUserEvent,
+  // clEnqueueBarrierWithWaitList, clSetUserEventStatus) do: signal_create
+  // makes one, not completed; stream_wait_signal makes the work queued on a
+  // stream afterwards wait, on the device, until it is completed, and
+  // returns at once (no wait if it is completed already; any number of
+  // streams of the signal's device may wait for one signal); signal_complete
+  // completes it, once, from any thread: error 0 is success, anything else a
+  // failure, which every stream that waits for it reports as an asynchronous
+  // error of that stream by the contract's rules (runtime.hpp), with `error`
+  // as the driver code where the driver carries one (simdev does; OpenCL
+  // reports its own status for a failed dependency); the waiting stream then
+  // goes on. signal_destroy releases it: after signal_complete, waits queued
+  // on it still pass; a signal not completed that a stream still waits for
+  // is refused with a DriverError, and stays usable (OpenCL's queue would
+  // otherwise wait forever). The SDK completes every signal it makes, then
+  // destroys it.
+  // The four members go together (one without the others is a compile
+  // error). A runtime without them gets the SDK's own signals
+  // (detail/host_signals.hpp), and a stream's wait is the calling thread's:
+  // stream_wait_signal blocks until the signal is completed (a failed one is
+  // a RuntimeError then), so the work the caller queues afterwards, on any
+  // stream, starts after it; a caller that would itself complete the signal
+  // later must not wait for it so (it would wait forever). has_stream_signals
+  // says which; accelkit.distributed waits on the host itself then.
+  static constexpr bool has_stream_signals = detail::has_stream_signals<R>;
+
+  SignalHandle signal_create(device_index device) {
+    int phys = physical(device);
+    if constexpr (has_stream_signals) {
+      return runtime_.signal_create(phys);
+    } else {
+      static_cast<void>(phys);
+      return host_signals_.create();
+    }
+  }
+  void stream_wait_signal(device_index device, StreamHandle stream, SignalHandle signal) {
+    int phys = physical(device);
+    if constexpr (has_stream_signals) {
+      runtime_.stream_wait_signal(phys, stream, signal);
+    } else {
+      static_cast<void>(phys), static_cast<void>(stream);
+      if (int error = host_signals_.wait(signal))
+        throw RuntimeError(name, fmt::format("stream_wait_signal: the signal was completed with "
+                                             "error {} ({} waits for signals on the host: its "
+                                             "runtime has no stream_wait_signal)",
+                                             error, name));
+    }
+  }
+  void signal_complete(device_index device, SignalHandle signal, int error) {
+    int phys = physical(device);
+    if constexpr (has_stream_signals) {
+      runtime_.signal_complete(phys, signal, error);
+    } else {
+      static_cast<void>(phys);
+      host_signals_.complete(signal, error);
+    }
+  }
+  void signal_destroy(device_index device, SignalHandle signal) {
+    int phys = physical(device);
+    if constexpr (has_stream_signals) {
+      runtime_.signal_destroy(phys, signal);
+    } else {
+      static_cast<void>(phys);
+      host_signals_.destroy(signal);
+    }
+  }
+
   // The pass-throughs, generated from the contract table (Note [The
   // contract table]): one function per member marked `forward`, with the
   // member's own signature, calling the runtime with the device's physical
@@ -656,6 +728,7 @@ class Backend {
   std::exception_ptr discovery_error_;
   std::string discovery_message_;
   detail::PerDevice<DeviceProperties> properties_;  // the schema, queried once
+  detail::HostSignals host_signals_{R::name};  // Note [Host signals]: without the members
   std::unique_ptr<std::atomic<std::uint64_t>[]> held_bytes_;
 
   unsigned discovery_generation_ = 0;  // (fork_safe_discovery false) at discovery
