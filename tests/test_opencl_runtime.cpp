@@ -243,3 +243,44 @@ TEST_CASE("ocl: a failed command is reported once, as an asynchronous error", "[
   clReleaseEvent(user2);
   rt.stream_destroy(0, s);
 }
+
+TEST_CASE("ocl: a stream waits for a host signal (a user event), and a failed one is its error",
+          "[ocl]") {
+  ocl::OpenCLRuntime rt;
+  REQUIRE(rt.device_count() >= 1);
+  STATIC_REQUIRE(accelkit::Backend<ocl::OpenCLRuntime>::has_stream_signals);
+  auto s = rt.stream_create(0, 0);
+  auto* p = static_cast<unsigned char*>(rt.malloc(0, 64));
+  rt.memset_async(0, p, 1, 64, s);
+  auto g = rt.signal_create(0);
+  rt.stream_wait_signal(0, s, g);
+  rt.memset_async(0, p, 2, 64, s);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_FALSE(rt.stream_query(0, s));
+  unsigned char byte = 0;
+  rt.memcpy(0, &byte, p, 1, CopyKind::device_to_host);
+  CHECK(byte == 1);  // the fill after the wait has not run
+  // Not completed while a barrier waits: refused, and still usable.
+  CHECK_THROWS_WITH(rt.signal_destroy(0, g), Catch::Contains("not completed"));
+  rt.signal_complete(0, g, 0);
+  CHECK_THROWS_WITH(rt.signal_complete(0, g, 0), Catch::Contains("completed already"));
+  rt.stream_synchronize(0, s);
+  rt.memcpy(0, &byte, p, 1, CopyKind::device_to_host);
+  CHECK(byte == 2);
+  rt.stream_wait_signal(0, s, g);  // completed: nothing queued
+  CHECK(rt.stream_query(0, s));
+  rt.signal_destroy(0, g);
+  // A failed signal: the waiting stream's asynchronous error, once; the
+  // stream is usable after.
+  auto f = rt.signal_create(0);
+  rt.stream_wait_signal(0, s, f);
+  rt.signal_complete(0, f, 1);
+  CHECK_THROWS_WITH(rt.stream_synchronize(0, s), Catch::Contains("asynchronous error"));
+  rt.signal_destroy(0, f);
+  rt.memset_async(0, p, 3, 64, s);
+  rt.stream_synchronize(0, s);
+  rt.memcpy(0, &byte, p, 1, CopyKind::device_to_host);
+  CHECK(byte == 3);
+  rt.free(0, p);
+  rt.stream_destroy(0, s);
+}

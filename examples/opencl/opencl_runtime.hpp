@@ -17,6 +17,8 @@
 //   copies, memset  clEnqueueSVMMemcpy, clEnqueueSVMMemFill
 //   async errors    a negative command execution status, reported once as a
 //                   DriverError carrying it (Note [ocl asynchronous errors])
+//   host signals    user events, waited for by barriers (Note [ocl host
+//                   signals])
 //
 // Configuration, read at the first device_count() (each a clear error when
 // malformed):
@@ -47,6 +49,20 @@
 // is kept (retained) in the device's list of reported failures, so that the
 // same failure read again through another stream or event record counts as
 // complete and is not reported twice.
+//
+// Note [ocl host signals]
+// A host signal (Note [Host signals] in accelkit's backend.hpp) is a user
+// event of the device's context (clCreateUserEvent); a stream waits for it
+// with a barrier whose wait list is that event
+// (clEnqueueBarrierWithWaitList), the barrier becoming the stream's last
+// command; signal_complete sets the event's status (clSetUserEventStatus):
+// CL_COMPLETE, or for an error a negative status (the error, negated if it
+// is positive). OpenCL fails the barrier waiting for a failed user event,
+// and the stream reports that as its asynchronous error (Note [ocl
+// asynchronous errors]). OpenCL cannot say whether a queue still waits for a
+// user event, and one released before it is set leaves its waiters waiting
+// forever: the runtime counts the barriers queued on each signal and
+// refuses to destroy one that is not completed while barriers wait for it.
 #pragma once
 
 #ifndef CL_TARGET_OPENCL_VERSION
@@ -386,6 +402,79 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
       });
   }
 
+  // Note [ocl host signals].
+  accelkit::SignalHandle signal_create(int device) {
+    Device& d = context(device, "signal_create");
+    cl_int err = CL_SUCCESS;
+    cl_event user = clCreateUserEvent(d.context, &err);
+    check(err, "signal_create", "clCreateUserEvent");
+    auto g = std::make_shared<Signal>();
+    g->device = device;
+    g->user = user;
+    accelkit::SignalHandle h = accelkit::SignalHandle::from_pointer(g.get());
+    std::lock_guard<std::mutex> lock(signals_mutex_);
+    signals_.emplace(h.value, std::move(g));
+    return h;
+  }
+
+  void stream_wait_signal(int device, accelkit::StreamHandle stream, accelkit::SignalHandle signal) {
+    auto sp = stream_ptr(device, stream, "stream_wait_signal");
+    Stream& s = *sp;
+    auto g = signal_ptr(signal, "stream_wait_signal");
+    if (g->device != device)
+      driver_error(CL_INVALID_EVENT, "stream_wait_signal",
+                   fmt::format("signal of device {} waited for on a stream of device {}",
+                               g->device, device));
+    std::lock_guard<std::mutex> lock(g->mutex);
+    if (g->done && g->status == CL_COMPLETE) return;  // nothing to wait for
+    s.enqueue("stream_wait_signal", "clEnqueueBarrierWithWaitList", false, [&](cl_event* out) {
+      return clEnqueueBarrierWithWaitList(s.queue, 1, &g->user, out);
+    });
+    ++g->barriers;
+  }
+
+  void signal_complete(int device, accelkit::SignalHandle signal, int error) {
+    auto g = signal_ptr(signal, "signal_complete");
+    if (g->device != device)
+      driver_error(CL_INVALID_EVENT, "signal_complete",
+                   fmt::format("signal of device {} completed as device {}'s", g->device, device));
+    std::lock_guard<std::mutex> lock(g->mutex);
+    if (g->done)
+      driver_error(CL_INVALID_OPERATION, "signal_complete",
+                   fmt::format("signal {:#x} was completed already", signal.value));
+    cl_int status = error == 0 ? CL_COMPLETE : error < 0 ? error : -error;
+    check(clSetUserEventStatus(g->user, status), "signal_complete", "clSetUserEventStatus");
+    g->done = true;
+    g->status = status;
+  }
+
+  void signal_destroy(int device, accelkit::SignalHandle signal) {
+    std::shared_ptr<Signal> g;
+    {
+      std::lock_guard<std::mutex> lock(signals_mutex_);
+      auto it = signals_.find(signal.value);
+      if (it == signals_.end())
+        driver_error(CL_INVALID_EVENT, "signal_destroy",
+                     fmt::format("signal {:#x} is not a live signal", signal.value));
+      if (it->second->device != device)
+        driver_error(CL_INVALID_EVENT, "signal_destroy",
+                     fmt::format("signal of device {} destroyed as device {}'s",
+                                 it->second->device, device));
+      {
+        std::lock_guard<std::mutex> state(it->second->mutex);
+        if (!it->second->done && it->second->barriers > 0)
+          driver_error(CL_INVALID_OPERATION, "signal_destroy",
+                       fmt::format("signal {:#x} is not completed and {} queued barrier(s) wait "
+                                   "for it: complete it first",
+                                   signal.value, it->second->barriers));
+      }
+      g = std::move(it->second);
+      signals_.erase(it);
+    }
+    // The user event goes with the last reference; queued barriers hold
+    // their own (OpenCL retains the events of a wait list).
+  }
+
   accelkit::EventHandle event_create(int device, accelkit::EventFlags flags) {
     context(device, "event_create");
     auto e = std::make_shared<Event>();
@@ -614,6 +703,22 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     }
   };
 
+  // A host signal (Note [ocl host signals]).
+  struct Signal {
+    int device = 0;
+    cl_event user = nullptr;
+    std::mutex mutex;
+    bool done = false;
+    cl_int status = CL_COMPLETE;  // once done
+    int barriers = 0;             // queued on it
+    Signal() = default;
+    Signal(const Signal&) = delete;
+    Signal& operator=(const Signal&) = delete;
+    ~Signal() {
+      if (user) clReleaseEvent(user);
+    }
+  };
+
   struct Device {
     cl_platform_id platform = nullptr;
     cl_device_id id = nullptr;
@@ -820,6 +925,15 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     return it->second;
   }
 
+  std::shared_ptr<Signal> signal_ptr(accelkit::SignalHandle signal, const char* call) {
+    std::lock_guard<std::mutex> lock(signals_mutex_);
+    auto it = signals_.find(signal.value);
+    if (it == signals_.end())
+      driver_error(CL_INVALID_EVENT, call,
+                   fmt::format("signal {:#x} is not a live signal", signal.value));
+    return it->second;
+  }
+
   std::shared_ptr<Event> event_ptr(accelkit::EventHandle event, const char* call) {
     std::lock_guard<std::mutex> lock(events_mutex_);
     auto it = events_.find(event.value);
@@ -836,6 +950,8 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   std::vector<std::unique_ptr<Device>> devices_;
   std::mutex events_mutex_;
   std::unordered_map<std::uintptr_t, std::shared_ptr<Event>> events_;
+  std::mutex signals_mutex_;
+  std::unordered_map<std::uintptr_t, std::shared_ptr<Signal>> signals_;
   static inline thread_local int current_device_ = 0;
 };
 
