@@ -30,6 +30,9 @@
 //   async errors    CUDA's own: a failure of queued work is returned by the
 //                   next synchronizing or querying call (Note [cudart
 //                   asynchronous errors])
+//   host signals    a host function (cudaLaunchHostFunc) that blocks its
+//                   stream until the host completes the signal (Note
+//                   [cudart host signals])
 //
 // Note [cudart discovery]
 // cudaGetDeviceCount initializes the driver but makes no context; so do
@@ -59,6 +62,20 @@
 // backend has the same limit). The SDK's state stays consistent either way.
 // Errors of a call itself (an invalid argument, out of memory) are not
 // sticky and are reported by that call only.
+//
+// Note [cudart host signals]
+// A host signal (Note [Host signals] in accelkit's backend.hpp) is a flag
+// of the runtime's; a stream waits for it with a host function
+// (cudaLaunchHostFunc) that blocks until the flag is set, so the stream's
+// later work starts after it. (cuStreamWaitValue32 on a host-mapped word
+// would leave CUDA's host-function thread free, but it is the driver API,
+// which this runtime does not link.) A host function may not call CUDA, so
+// a signal completed with an error is kept by the runtime and thrown, once,
+// by the device's next stream_query, stream_synchronize, event_query,
+// event_synchronize or device_synchronize, as a DriverError carrying the
+// signal's error. Destroying a signal not completed while host functions
+// wait for it is refused; after completion the waiting host functions keep
+// its state alive.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -67,10 +84,14 @@
 
 #include <fmt/format.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 namespace cudart {
@@ -222,12 +243,13 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
     check(cudaStreamDestroy(cuda(stream)), "stream_destroy", "cudaStreamDestroy");
   }
   bool stream_query(int device, accelkit::StreamHandle stream) {
-    (void)device;
-    return ready(cudaStreamQuery(cuda(stream)), "stream_query", "cudaStreamQuery");
+    bool done = ready(cudaStreamQuery(cuda(stream)), "stream_query", "cudaStreamQuery");
+    report_signal_error(device, "stream_query");
+    return done;
   }
   void stream_synchronize(int device, accelkit::StreamHandle stream) {
-    (void)device;
     check(cudaStreamSynchronize(cuda(stream)), "stream_synchronize", "cudaStreamSynchronize");
+    report_signal_error(device, "stream_synchronize");
   }
   // A never-recorded event is complete for CUDA: no wait, as the contract says.
   void stream_wait_event(int device, accelkit::StreamHandle stream, accelkit::EventHandle event) {
@@ -255,19 +277,84 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
   }
   // True for a never-recorded event (CUDA's answer too).
   bool event_query(int device, accelkit::EventHandle event) {
-    (void)device;
-    return ready(cudaEventQuery(cuda(event)), "event_query", "cudaEventQuery");
+    bool done = ready(cudaEventQuery(cuda(event)), "event_query", "cudaEventQuery");
+    report_signal_error(device, "event_query");
+    return done;
   }
   void event_synchronize(int device, accelkit::EventHandle event) {
-    (void)device;
     check(cudaEventSynchronize(cuda(event)), "event_synchronize", "cudaEventSynchronize");
+    report_signal_error(device, "event_synchronize");
   }
   void device_synchronize(int device) {
     Guard g(device, "device_synchronize");
     check(cudaDeviceSynchronize(), "device_synchronize", "cudaDeviceSynchronize");
+    report_signal_error(device, "device_synchronize");
   }
 
   // ------------------------------------------------------------ optional
+
+  // Note [cudart host signals].
+  accelkit::SignalHandle signal_create(int device) {
+    auto g = std::make_shared<Signal>();
+    g->device = device;
+    accelkit::SignalHandle h = accelkit::SignalHandle::from_pointer(g.get());
+    std::lock_guard<std::mutex> lock(signals_mutex_);
+    signals_.emplace(h.value, std::move(g));
+    return h;
+  }
+  void stream_wait_signal(int device, accelkit::StreamHandle stream, accelkit::SignalHandle signal) {
+    std::shared_ptr<Signal> g = signal_of(signal, "stream_wait_signal");
+    if (g->device != device)
+      driver_error(cudaErrorInvalidValue, "stream_wait_signal",
+                   fmt::format("signal of device {} waited for on a stream of device {}",
+                               g->device, device));
+    {
+      std::lock_guard<std::mutex> lock(g->mutex);
+      if (g->done && g->error == 0) return;  // nothing to wait for
+      ++g->waiting;
+    }
+    auto* wait = new Wait{this, g};
+    cudaError_t e = cudaLaunchHostFunc(cuda(stream), &Wait::run, wait);
+    if (e != cudaSuccess) {
+      delete wait;
+      std::lock_guard<std::mutex> lock(g->mutex);
+      --g->waiting;
+    }
+    check(e, "stream_wait_signal", "cudaLaunchHostFunc");
+  }
+  void signal_complete(int device, accelkit::SignalHandle signal, int error) {
+    std::shared_ptr<Signal> g = signal_of(signal, "signal_complete");
+    if (g->device != device)
+      driver_error(cudaErrorInvalidValue, "signal_complete",
+                   fmt::format("signal of device {} completed as device {}'s", g->device, device));
+    std::lock_guard<std::mutex> lock(g->mutex);
+    if (g->done)
+      driver_error(cudaErrorInvalidValue, "signal_complete",
+                   fmt::format("signal {:#x} was completed already", signal.value));
+    g->done = true;
+    g->error = error;
+    g->cv.notify_all();
+  }
+  void signal_destroy(int device, accelkit::SignalHandle signal) {
+    std::lock_guard<std::mutex> lock(signals_mutex_);
+    auto it = signals_.find(signal.value);
+    if (it == signals_.end())
+      driver_error(cudaErrorInvalidResourceHandle, "signal_destroy",
+                   fmt::format("signal {:#x} is not a live signal", signal.value));
+    Signal& g = *it->second;
+    if (g.device != device)
+      driver_error(cudaErrorInvalidValue, "signal_destroy",
+                   fmt::format("signal of device {} destroyed as device {}'s", g.device, device));
+    {
+      std::lock_guard<std::mutex> state(g.mutex);
+      if (!g.done && g.waiting > 0)
+        driver_error(cudaErrorNotPermitted, "signal_destroy",
+                     fmt::format("signal {:#x} is not completed and {} stream(s) wait for it: "
+                                 "complete it first",
+                                 signal.value, g.waiting));
+    }
+    signals_.erase(it);  // the waiting host functions keep its state alive
+  }
 
   accelkit::MemoryInfo memory_info(int device) {
     Guard g(device, "memory_info");
@@ -429,6 +516,62 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
 
   std::mutex peer_mutex_;
   std::set<std::pair<int, int>> peer_enabled_;
+
+  // Note [cudart host signals].
+  struct Signal {
+    int device = 0;
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool done = false;
+    int error = 0;
+    int waiting = 0;  // host functions queued on it that have not passed yet
+  };
+  struct Wait {
+    CudaRuntime* rt;
+    std::shared_ptr<Signal> signal;
+    // On CUDA's host-function thread: no CUDA call here.
+    static void CUDART_CB run(void* p) {
+      std::unique_ptr<Wait> w(static_cast<Wait*>(p));
+      Signal& g = *w->signal;
+      int error = 0;
+      {
+        std::unique_lock<std::mutex> lock(g.mutex);
+        g.cv.wait(lock, [&] { return g.done; });
+        --g.waiting;
+        error = g.error;
+      }
+      if (error != 0) {
+        std::lock_guard<std::mutex> lock(w->rt->signals_mutex_);
+        w->rt->signal_errors_.emplace(g.device, error);  // the first one is kept
+      }
+    }
+  };
+  std::shared_ptr<Signal> signal_of(accelkit::SignalHandle signal, const char* call) {
+    std::lock_guard<std::mutex> lock(signals_mutex_);
+    auto it = signals_.find(signal.value);
+    if (it == signals_.end())
+      driver_error(cudaErrorInvalidResourceHandle, call,
+                   fmt::format("signal {:#x} is not a live signal", signal.value));
+    return it->second;
+  }
+  // Throws, once, the error of a failed signal a stream of `device` waited for.
+  void report_signal_error(int device, const char* call) {
+    int error = 0;
+    {
+      std::lock_guard<std::mutex> lock(signals_mutex_);
+      auto it = signal_errors_.find(device);
+      if (it == signal_errors_.end()) return;
+      error = it->second;
+      signal_errors_.erase(it);
+    }
+    driver_error(error, call,
+                 fmt::format("asynchronous error of earlier work: a host signal a stream "
+                             "waited for (stream_wait_signal) was completed with error {}",
+                             error));
+  }
+  std::mutex signals_mutex_;
+  std::unordered_map<std::uintptr_t, std::shared_ptr<Signal>> signals_;
+  std::map<int, int> signal_errors_;  // device -> the error of a failed signal
 };
 
 }  // namespace cudart

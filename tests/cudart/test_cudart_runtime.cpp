@@ -91,3 +91,23 @@ TEST_CASE("cudart: a failed CUDA call is a DriverError with CUDA's code, name an
   }
   CHECK_NOTHROW(Rt::check(cudaSuccess, "malloc", "cudaMalloc"));
 }
+
+TEST_CASE("cudart: host signals are the runtime's own flags, checked without a device") {
+  STATIC_REQUIRE(accelkit::Backend<Rt>::has_stream_signals);
+  Rt rt;
+  auto code = [](auto&& f) -> std::int64_t {
+    try {
+      f();
+    } catch (const accelkit::DriverError& e) {
+      return e.code();
+    }
+    return 0;
+  };
+  accelkit::SignalHandle g = rt.signal_create(0);
+  CHECK(code([&] { rt.signal_complete(1, g, 0); }) == cudaErrorInvalidValue);
+  rt.signal_complete(0, g, 0);
+  CHECK(code([&] { rt.signal_complete(0, g, 0); }) == cudaErrorInvalidValue);
+  rt.signal_destroy(0, g);
+  CHECK(code([&] { rt.signal_destroy(0, g); }) == cudaErrorInvalidResourceHandle);
+  CHECK(code([&] { rt.signal_complete(0, g, 0); }) == cudaErrorInvalidResourceHandle);
+}
