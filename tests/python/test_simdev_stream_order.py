@@ -393,3 +393,41 @@ print('cpu', q.get(timeout=30).tolist())
     assert f"error {DEV}: a {DEV} tensor ({DEV}:0" in r.stdout, r.stdout + r.stderr
     assert "cannot be shared between processes" in r.stdout
     assert "cpu [1.0, 1.0, 1.0]" in r.stdout
+
+
+# ------------------------------------------------------------- host signals
+@simdev_only
+def test_a_stream_waits_for_a_host_signal_through_the_backends_operators():
+    """Note [Host signals]: the backend's operators (what accelkit.distributed
+    uses): work queued after a stream's wait runs once the host completes the
+    signal; a failed signal is the stream's error, once; destroying a signal
+    a stream still waits for is a clear error, and the signal stays usable."""
+    assert OPS.stream_signals()
+    s = torch.Stream(device=DEV)
+    x = torch.zeros(1 << 16, device=DEV)
+    src = torch.full((1 << 16,), 5.0).pin_memory()
+    torch.accelerator.synchronize()
+    g = OPS.signal_create(0)
+    OPS.stream_wait_signal(s, g)
+    with MOD.stream(s):
+        x.copy_(src, non_blocking=True)  # queued behind the wait
+    assert not s.query()
+    with pytest.raises(RuntimeError, match="simdev.*signal_destroy.*not completed"):
+        OPS.signal_destroy(0, g)
+    assert not s.query()
+    OPS.signal_complete(0, g, 0)
+    s.synchronize()
+    assert x.cpu().unique().tolist() == [5.0]
+    OPS.signal_destroy(0, g)
+    f = OPS.signal_create(0)
+    OPS.stream_wait_signal(s, f)
+    OPS.signal_complete(0, f, 9)
+    with pytest.raises(RuntimeError, match="simdev.*stream_wait_signal.*error 9"):
+        s.synchronize()
+    s.synchronize()  # once
+    OPS.signal_destroy(0, f)
+    with pytest.raises(RuntimeError, match="simdev.*not a live signal"):
+        OPS.signal_complete(0, f, 0)
+    # The SDK's own stream: not a pool stream, the same one each time.
+    own = OPS.sdk_stream(0)
+    assert own == OPS.sdk_stream(0) and own != torch.accelerator.current_stream(0)

@@ -16,7 +16,7 @@ imported torch (without the backend: autoloading is off, and the child
 imports torch_simdev itself), so that each pays for loading the backend,
 not for importing torch: that import was most of a case's time. It runs the workload (tensors on two devices, copies
 both ways including non-blocking pinned ones, operators on a side stream,
-streams and events, a wait across devices, a training step, empty_cache), compares every result
+streams and events, a wait across devices, a host signal, a training step, empty_cache), compares every result
 with the same workload on the CPU, runs it again with the fault gone, then
 empties the caches and compares the allocator's statistics, the driver's
 device bytes and pinned blocks with a reference process that ran without a
@@ -70,6 +70,7 @@ def run(dev0, dev1, a, w):
         z.record_stream(main)
         out = torch.empty(64, 64).pin_memory()
         out.copy_(z, non_blocking=True)               # device -> pinned, in flight
+        host_signal(side)
     else:
         out = (a * 2 + 1).relu()
     zeros = torch.zeros(4096, device=dev0)            # a fill
@@ -88,6 +89,25 @@ def run(dev0, dev1, a, w):
         torch.accelerator.synchronize(1)
     return {"z": out.clone(), "x1": x1.cpu(), "loss": loss.detach().cpu(),
             "w": wt.detach().cpu(), "sum": total}
+
+
+def host_signal(stream):
+    """A host signal the stream waits for, completed by the host (Note [Host
+    signals]); completed and destroyed whatever fails, as accelkit.distributed
+    does, so that no stream waits forever: a failed completion is tried once
+    more (a driver's failure there would leave the stream stuck)."""
+    ops = torch.ops.simdev
+    sig = ops.signal_create(0)
+    try:
+        ops.stream_wait_signal(stream, sig)
+    finally:
+        try:
+            ops.signal_complete(0, sig, 0)
+        except Exception:
+            ops.signal_complete(0, sig, 0)
+            raise
+        finally:
+            ops.signal_destroy(0, sig)
 
 
 def workload():
@@ -149,7 +169,7 @@ finish(outcome=outcome, message=message, recovered=recovered, level=lv)
 '''
 
 ASYNC = {"memcpy_async", "memset_async", "memcpy_peer_async", "event_record", "stream_wait_event",
-         "stream_wait_peer_event"}
+         "stream_wait_peer_event", "stream_wait_signal"}
 # Called only for memory the host reaches through maps (SIMDEV_HOST_VISIBLE=
 # mapped): swept in the mapped mode only (--memory mapped or all), and there
 # alone, since every other member is swept by the visible and hidden modes

@@ -9,6 +9,7 @@
 #include <accelkit/torch/kernels.hpp>
 #include <accelkit/torch/kineto.hpp>
 #include <accelkit/torch/ops.hpp>
+#include <accelkit/torch/signals.hpp>
 #include <accelkit/torch/sparse.hpp>
 
 #include <c10/core/impl/alloc_cpu.h>
@@ -145,6 +146,7 @@ bool register_backend() {
       if (Backend<R>::instance().is_initialized()) State<R>::get().host_memory().empty_cache();
     });
   });
+  register_signal_ops<R>(lib);  // Note [Host signals]
   lib.def("report_json() -> str", [] { return report_json(Backend<R>::instance()); });
   lib.def("report_text() -> str", [] { return report_text(Backend<R>::instance()); });
   lib.def("fallback_report() -> str", [] { return Fallback<R>::get().report(); });

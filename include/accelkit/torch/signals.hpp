@@ -1,0 +1,87 @@
+// accelkit: host signals (Note [Host signals] in device/backend.hpp) as
+// operators of the backend's library, torch.ops.<name>.*, for the SDK's
+// Python package: accelkit.distributed makes the current stream wait for a
+// collective that runs on host threads.
+#pragma once
+
+#include <accelkit/torch/adapter.hpp>
+
+#include <torch/library.h>
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <mutex>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace torch_adapter {
+
+// Devices are logical indices (a Stream's own); signals cross as the
+// handle's integer value.
+template <class R>
+device_index signal_device(int64_t d) {
+  TORCH_CHECK_INDEX(d >= 0 && d <= std::numeric_limits<int>::max(), R::name,
+                    ": invalid device index ", d);
+  return static_cast<device_index>(d);
+}
+
+template <class R>
+void register_signal_ops(::torch::Library& lib) {
+  // Whether streams wait for signals on the device (the runtime has the
+  // members); false: stream_wait_signal blocks the calling thread.
+  lib.def("stream_signals() -> bool", [] { return Backend<R>::has_stream_signals; });
+  lib.def("signal_create(int device) -> int", [](int64_t d) {
+    return translated([&] {
+      return static_cast<int64_t>(
+          Backend<R>::instance().signal_create(signal_device<R>(d)).value);
+    });
+  });
+  lib.def("stream_wait_signal(Stream stream, int signal) -> ()", [](c10::Stream s, int64_t g) {
+    translated([&] {
+      State<R>& st = State<R>::get();
+      StreamHandle h = st.streams().handle(st.from_c10(s));
+      // Queued through the backend, not the SDK's stream layer: said for
+      // the profiler (Note [Device work of an operator]).
+      note_device_work();
+      st.backend().stream_wait_signal(static_cast<device_index>(s.device_index()), h,
+                                      SignalHandle{static_cast<std::uintptr_t>(g)});
+    });
+  });
+  lib.def("signal_complete(int device, int signal, int error) -> ()",
+          [](int64_t d, int64_t g, int64_t error) {
+            TORCH_CHECK_VALUE(error >= std::numeric_limits<int>::min() &&
+                                  error <= std::numeric_limits<int>::max(),
+                              R::name, ": signal_complete: error ", error, " does not fit an int");
+            translated([&] {
+              Backend<R>::instance().signal_complete(signal_device<R>(d),
+                                                     SignalHandle{static_cast<std::uintptr_t>(g)},
+                                                     static_cast<int>(error));
+            });
+          });
+  lib.def("signal_destroy(int device, int signal) -> ()", [](int64_t d, int64_t g) {
+    translated([&] {
+      Backend<R>::instance().signal_destroy(signal_device<R>(d),
+                                            SignalHandle{static_cast<std::uintptr_t>(g)});
+    });
+  });
+  // The SDK's own stream of a device, made at its first use: never a pool or
+  // default stream, so never one that user code makes wait for a signal. The
+  // SDK's Python package queues there the device work its host threads do
+  // before they complete a signal (a staged collective's copy back), which
+  // a stream waiting for that signal must not hold up.
+  lib.def("sdk_stream(int device) -> Stream", [](int64_t d) {
+    return translated([&] {
+      static std::mutex mutex;
+      static std::map<device_index, Stream> made;
+      State<R>& st = State<R>::get();
+      device_index i = signal_device<R>(d);
+      std::lock_guard<std::mutex> lock(mutex);
+      auto it = made.find(i);
+      if (it == made.end()) it = made.emplace(i, st.streams().create_stream(i)).first;
+      return st.to_c10(it->second);
+    });
+  });
+}
+
+}  // namespace torch_adapter
+ACCELKIT_END_NAMESPACE
