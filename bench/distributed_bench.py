@@ -59,6 +59,8 @@ def _worker(rank, world, store_path, rounds, quick, queue):
         t0 = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(x)
+        if x.device.type != "cpu":  # wait() made the stream wait: the last one ends here
+            torch.accelerator.synchronize(x.device)
         return (time.perf_counter() - t0) / iters
 
     for nbytes, label, iters in SIZES:

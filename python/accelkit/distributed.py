@@ -23,14 +23,16 @@ tensors that are
 
 The collective is then running on gloo's threads and the call returns; the
 returned work's ``wait()`` (and ``async_op=False``) blocks the calling
-thread until gloo is done and the results are in device memory, so the work
-the caller queues afterwards on any stream sees them. This differs from
-CUDA's NCCL, where neither the start nor ``wait()`` blocks the host: a
-backend's runtime has no member that makes a stream wait for the host, so
-the stream cannot be made to wait for gloo. With ``async_op=True``, device
-work queued on the tensors between the call and ``wait()`` races with the
-collective (on CUDA it would run after it). The work's future (DDP's
-communication hooks) completes when the results are in device memory.
+thread until the results are in device memory; with ``pg.stream_wait``
+(``ACCELKIT_STREAM_WAIT=1``) it makes the device's current stream wait for
+it, on the device, and returns without blocking the calling thread, as
+CUDA's NCCL does, on a runtime with the host signal members (Note [wait()
+on the stream]). Unlike NCCL, the start
+blocks the calling thread (until the current stream's work is done). With
+``async_op=True``, device work queued on the tensors between the call and
+``wait()`` races with the collective (on CUDA it would run after it). The
+work's future (DDP's communication hooks) completes when the results are in
+device memory.
 
 CPU tensors go to the inner gloo group unchanged, so the group also serves
 ``cpu:`` when it is the only one (``init_process_group("simdev")``).
@@ -176,25 +178,242 @@ class _Host:
         return buf
 
     def finish(self):
-        """After gloo: the results into device memory (blocking copies)."""
-        for t, buf in self.back:
-            t.copy_(buf)
+        """After gloo: the results into device memory (blocking copies), on
+        the SDK's own stream of the device, which no stream waiting for a
+        collective holds up (a copy on the thread's current stream, the
+        default stream, would wait behind a wait() queued there for this
+        very collective: Note [wait() on the stream])."""
+        if not self.back:
+            return
+        stream = _sdk_stream(self.device)
+        previous = torch.accelerator.current_stream(self.device) if stream is not None else None
+        if stream is not None:
+            torch.accelerator.set_stream(stream)
+        try:
+            for t, buf in self.back:
+                t.copy_(buf)
+            if stream is not None:
+                stream.synchronize()
+        finally:
+            if previous is not None:
+                torch.accelerator.set_stream(previous)
         self.back = []
 
 
+def _signal_ops():
+    """The backend's host signal operators (Note [Host signals] in accelkit's
+    device/backend.hpp) when its streams wait for them on the device, else
+    None (the runtime lacks the members, or the library predates them)."""
+    global _SIGNALS
+    if _SIGNALS is None:
+        ops = getattr(torch.ops, _backend.name)
+        try:
+            _SIGNALS = ops if bool(ops.stream_signals()) else False
+        except (AttributeError, RuntimeError):
+            _SIGNALS = False
+    return _SIGNALS or None
+
+
+_SIGNALS = None
+_SDK_STREAMS = {}
+
+
+def _sdk_stream(device):
+    """The SDK's own stream of `device` (torch.ops.<name>.sdk_stream), or
+    None where the streams do not wait for signals."""
+    ops = _signal_ops()
+    if ops is None:
+        return None
+    if device.index not in _SDK_STREAMS:
+        _SDK_STREAMS[device.index] = ops.sdk_stream(device.index)
+    return _SDK_STREAMS[device.index]
+
+
+# The error a collective's failure completes its signals with: the streams
+# that wait for them report it as their asynchronous error.
+_SIGNAL_FAILED = 1
+
+
+def _finish_signal(index, signal, code):
+    """Completes and destroys a signal a stream waits for, never raising (on
+    a completion thread): a failed completion is tried once more, since a
+    signal left incomplete would hold its streams forever."""
+    ops = _signal_ops()
+    for attempt in range(2):
+        try:
+            ops.signal_complete(index, signal, code)
+            break
+        except Exception as e:  # noqa: BLE001
+            if attempt:
+                warnings.warn(f"{_backend.name}: a stream's wait for a collective could not be "
+                              f"released (its stream stays waiting): {e}", RuntimeWarning,
+                              stacklevel=1)
+                return
+    try:
+        ops.signal_destroy(index, signal)
+    except Exception as e:  # noqa: BLE001
+        warnings.warn(f"{_backend.name}: a collective's host signal was not destroyed: {e}",
+                      RuntimeWarning, stacklevel=1)
+
+
+class _Failures:
+    """Errors of collectives that failed after their work's wait() had
+    returned (Note [wait() on the stream]), raised by the group's next call,
+    once. Shared by the group and its works, which hold no group (Note [No
+    group in the callbacks])."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._errors = []
+
+    def add(self, error):
+        with self._lock:
+            self._errors.append(error)
+
+    def raise_first(self, name):
+        with self._lock:
+            errors, self._errors = self._errors, []
+        if errors:
+            raise RuntimeError(f"{name}: a collective failed after its work's wait() had "
+                               f"returned (the streams that waited for it report an error "
+                               f"too): {errors[0]}") from errors[0]
+
+
 class _Work(_C10D.Work):
-    """A collective in flight: `wait()` blocks the calling thread until its
-    results are in device memory and raises its error (gloo's, naming the
-    peer, for a rank that died); `get_future()` completes then, with the
-    output tensors. (PyTorch's future-wrapping work drops the error.)"""
+    """A collective in flight.
+
+    Note [wait() on the stream]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    As on CUDA's NCCL, `wait()` (and the implicit one of async_op=False)
+    makes the current stream of the collective's device wait for it and
+    returns without blocking the calling thread: it queues the stream's wait
+    for a host signal (Note [Host signals]) that the work's completion,
+    on the group's own thread once the results are in device memory,
+    completes, so the work queued afterwards on that stream runs after the
+    collective. A collective that fails completes its signals with an error:
+    the waiting streams report it as an asynchronous error at their next
+    synchronize or query (as CUDA reports a kernel's fault), the failure is
+    reported as a RuntimeWarning with its cause (gloo's, naming the peer),
+    and the group's next call raises it as a RuntimeError (as NCCL's next
+    call does after a communicator failed). A work already complete when
+    waited for needs no signal, and its wait() raises its error, as NCCL's
+    does. `wait(timeout)` with a timeout blocks the calling thread until the
+    results are in device memory, raising the error, or a RuntimeError past
+    the timeout (NCCL: "ran for ... before timing out"); `synchronize()` (and
+    `block_current_stream()`) queue the stream's wait without raising;
+    `is_completed()` never blocks; `get_future()` completes when the results
+    are in device memory. Where the stream cannot wait for the host (a
+    runtime without the signal members, or CPU tensors), wait() blocks the
+    calling thread as above.
+    The group does this only with `pg.stream_wait` set
+    (ACCELKIT_STREAM_WAIT=1); by default wait() blocks the calling thread
+    until the results are in device memory, because FSDP2's training
+    (test_fsdp2_trains_like_one_cpu_process) hangs with stream-side waits:
+    one rank's collective on gloo never completes while the other rank has
+    moved on to the next iteration's all-gather; the cause is not found yet
+    (blocking the host after queueing the stream's wait makes it pass)."""
 
     def __init__(self, fut):
         super().__init__()
         self._fut = fut
+        self._device = None  # set by _bind: the collective's device
+        self._failures = None
+        self._lock = threading.Lock()
+        self._signals = []  # (device index, signal) that streams wait for
+        self._settled = False  # _settle has run
+        self._settled_event = threading.Event()
+        self._hidden = False  # a wait() returned before the end
+        fut.add_done_callback(self._settle)
 
-    def wait(self, timeout=None):
+    def _bind(self, device, failures, stream_wait=True):
+        """The collective's device (None: CPU tensors, or `stream_wait` off:
+        the group's choice) and the group's failures; before the work is
+        handed out."""
+        if (stream_wait and device is not None and device.type == _backend.name
+                and _signal_ops() is not None):
+            self._device = device
+        self._failures = failures
+        return self
+
+    def _settle(self, fut):
+        """On the thread that completed the future: completes the signals the
+        streams wait for, and hands a hidden failure to the group."""
+        try:
+            fut.value()
+            error = None
+        except Exception as e:  # noqa: BLE001  the collective's error
+            error = e
+        with self._lock:
+            self._settled = True
+            signals = self._signals
+            self._signals = None
+            hidden = self._hidden
+        try:
+            if error is not None and hidden:
+                if self._failures is not None:
+                    self._failures.add(error)
+                warnings.warn(f"{_backend.name}: a collective failed after its work's wait() "
+                              f"had returned; the streams that wait for it report an error at "
+                              f"their next synchronize: {error}", RuntimeWarning, stacklevel=1)
+        except Exception:  # noqa: BLE001  nothing may raise on the completion thread
+            pass
+        code = 0 if error is None else _SIGNAL_FAILED
+        for index, signal in signals or ():
+            _finish_signal(index, signal, code)
+        self._settled_event.set()
+
+    def _stream_wait(self):
+        """Queues the current stream's wait for the collective; False when it
+        has completed already (nothing queued)."""
+        # Nothing that calls into torch (or allocates much: a garbage
+        # collection there may run finalizers that wait for this very work)
+        # runs under the lock, which _settle takes on the completion thread.
+        if self._settled:
+            return False
+        ops = _signal_ops()
+        index = self._device.index
+        signal = ops.signal_create(index)
+        try:
+            ops.stream_wait_signal(torch.accelerator.current_stream(self._device), signal)
+        except BaseException:
+            _finish_signal(index, signal, 0)
+            raise
+        with self._lock:
+            settled = self._settled
+            if not settled:
+                self._signals.append((index, signal))
+                self._hidden = True
+        if settled:  # completed meanwhile: nothing to wait for
+            _finish_signal(index, signal, 0 if self._fut.done() and self.is_success()
+                           else _SIGNAL_FAILED)
+            return False
+        return True
+
+    def _wait_host(self, timeout_s=None):
+        """Blocks until the results are in device memory (and the signals
+        completed); raises the collective's error, or past `timeout_s`."""
+        # The completion (_settle, which hands a failure to the group) first.
+        if not self._settled_event.wait(timeout_s):
+            raise RuntimeError(f"{_backend.name}: the collective did not complete within the "
+                               f"wait's timeout of {timeout_s:g} s")
         self._fut.wait()  # raises the collective's error
         return True
+
+    def wait(self, timeout=None):
+        seconds = timeout.total_seconds() if timeout is not None else 0
+        if seconds > 0:  # asked: the calling thread waits (0 is c10d's "no timeout")
+            return self._wait_host(seconds)
+        if self._device is None or not self._stream_wait():
+            return self._wait_host()
+        return True
+
+    def synchronize(self):
+        if self._device is None:
+            self._settled_event.wait()
+        else:
+            self._stream_wait()
+
+    block_current_stream = synchronize
 
     def get_future(self):
         return self._fut
@@ -472,6 +691,9 @@ class ProcessGroup(dist.ProcessGroup):
         self.check_agreement = True  # _agree
         self._timeout_s = timeout.total_seconds()
         self._last = (None, True)  # Note [Collectives in issue order]
+        self._failures = _Failures()  # Note [wait() on the stream]
+        # Off by default: FSDP2's training hangs with it (README).
+        self.stream_wait = os.environ.get("ACCELKIT_STREAM_WAIT", "0") == "1"
         # Note [Completion on a thread of the group's own]
         self._done = _Ordered("accelkit-completion", join_s=2 * self._timeout_s)
         # Note [The vendor collective slot]
@@ -619,20 +841,24 @@ class ProcessGroup(dist.ProcessGroup):
     # first waits, on the host, for the one issued before it, unless both run
     # on gloo in place; that earlier collective's error is left to its own
     # wait().
+    # (A failure of a collective whose wait() had returned is raised here,
+    # by the next call: Note [wait() on the stream].)
     def _order(self, switching=False):
         last, in_place = self._last
-        if last is None or (in_place and not switching) or last.is_completed():
-            return
-        try:
-            last.wait()
-        except Exception:  # noqa: BLE001  (raised by its own wait())
-            pass
+        if last is not None and not (in_place and not switching):
+            try:
+                last._wait_host()
+            except Exception:  # noqa: BLE001  (raised by its own wait())
+                pass
+        self._failures.raise_first(self.name)
 
-    def _issued(self, host, work):
-        """Records `work` as the last issued (host: its _Host; None: the
-        vendor's library) for _order; returns it."""
-        self._last = (work, host is not None and not host.back)
-        return work
+    def _issued(self, host, work, native=False):
+        """Records `work` as the last issued (host: its _Host; `native`: on
+        the vendor's library) for _order, and binds it to the collective's
+        device (Note [wait() on the stream]); returns it."""
+        self._last = (work, not native and not host.back)
+        return work._bind(host.device if host.on_device else None, self._failures,
+                          self.stream_wait)
 
     # -- collectives
     def allreduce(self, tensors, opts=None):
@@ -647,8 +873,8 @@ class ProcessGroup(dist.ProcessGroup):
         if native is not None and native.supports("all_reduce", _op_name(op), cpu):
             timeout = opts.timeout.total_seconds() if opts.timeout is not None else -1
             self._order(switching=True)
-            return self._issued(None, native.all_reduce(cpu[0], _op_name(op), timeout,
-                                                        host.finish, tensors))
+            return self._issued(host, native.all_reduce(cpu[0], _op_name(op), timeout,
+                                                        host.finish, tensors), native=True)
         o = dist.AllreduceOptions()
         o.reduceOp = gloo_op
         o.timeout = opts.timeout
@@ -658,7 +884,8 @@ class ProcessGroup(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors, opts=None):
         works = [self.allreduce([t], _allreduce_opts(opts)) for t in tensors]
-        return _all_of(works, tensors)
+        return _all_of(works, tensors)._bind(works[0]._device if works else None,
+                                              self._failures, self.stream_wait)
 
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else dist.BroadcastOptions()
@@ -762,6 +989,7 @@ class ProcessGroup(dist.ProcessGroup):
 
     def gather(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else dist.GatherOptions()
+        self._failures.raise_first(self.name)
         host = _Host(self, list(inputs) + [t for ts in output_lists for t in ts])
         cpu_in = [host.get(t, write=False) for t in inputs]
         cpu_out = [[host.get(t, read=False) for t in ts] for ts in output_lists]
@@ -770,6 +998,7 @@ class ProcessGroup(dist.ProcessGroup):
 
     def scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
+        self._failures.raise_first(self.name)
         host = _Host(self, list(outputs) + [t for ts in input_lists for t in ts])
         cpu_out = [host.get(t, read=False) for t in outputs]
         cpu_in = [[host.get(t, write=False) for t in ts] for ts in input_lists]
@@ -798,6 +1027,7 @@ class ProcessGroup(dist.ProcessGroup):
         return self._issued(host, _p2p(_gloo_job(work, host.finish), tensors, self._timeout_s))
 
     def barrier(self, opts=None):
+        self._failures.raise_first(self.name)
         return self.gloo.barrier(opts if opts is not None else dist.BarrierOptions())
 
 

@@ -189,9 +189,9 @@ def _collectives(rank, store_path):
     # async_op work objects: wait, is_completed, the future's value
     x = on(vals[rank])
     work = dist.all_reduce(x, async_op=True)
-    work.wait()
-    assert work.is_completed()
+    work.wait()  # the stream waits (Note [wait() on the stream]): x.cpu() comes after
     torch.testing.assert_close(x.cpu(), vals[0] + vals[1])
+    assert work.is_completed()
     y = on(vals[rank])
     fut = dist.all_reduce(y, async_op=True).get_future()
     res = fut.wait()
@@ -221,6 +221,7 @@ def _collectives(rank, store_path):
     assert c.tolist() == [3.0] * 4
     dist.barrier()
     _stream_order(rank)
+    _stream_side_wait(rank)
     _native_slot(rank)
     return "done"
 
@@ -252,6 +253,7 @@ def _native_slot(rank):
         before = native.reductions()
         x = values.to(dev)
         dist.all_reduce(x, op=op)
+        torch.accelerator.synchronize(dev)  # the stream waited for it: done by now
         assert native.reductions() == before + 1, f"{op} {values.dtype} did not run natively"
         pg.native = None  # the same on gloo, on both ranks
         try:
@@ -345,6 +347,45 @@ def _stream_order(rank):
         x.mul_(2)  # after the collective, on the same stream
     torch.accelerator.synchronize(dev)
     assert x.cpu().unique().tolist() == [6.0], x.cpu().unique()
+
+
+def _stream_side_wait(rank):
+    """wait() makes the current stream wait for the collective and returns
+    without blocking the calling thread (Note [wait() on the stream]): rank
+    1 joins the all_reduce only once rank 0's wait() has returned, so a
+    wait() that blocked would never return (the group's timeout would fail
+    it). Work queued on the stream after the wait, a copy out and a copy in
+    (queued copies of pinned memory, which block nothing), runs after the
+    collective: the copy out reads the reduced values, and the collective
+    does not overwrite the copy in."""
+    pg = _group()
+    pg.check_agreement = False  # its blocking exchange would wait for rank 1
+    pg.stream_wait = True  # (off by default: README, Distributed training)
+    store = dist.distributed_c10d._get_default_store()
+    dev = torch.device("simdev", rank)
+    n = 1 << 16
+    x = torch.full((n,), float(rank + 1), device=dev)
+    if rank == 0:
+        out = torch.empty(n).pin_memory()
+        src = torch.full((n,), 7.0).pin_memory()
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+        returned = not work.is_completed()
+        stream_busy = not torch.accelerator.current_stream(dev).query()
+        out.copy_(x, non_blocking=True)
+        x.copy_(src, non_blocking=True)
+        store.set("stream_side_wait", "rank 0's wait() returned")
+        torch.accelerator.synchronize(dev)
+        assert returned and stream_busy, (returned, stream_busy)
+        assert work.is_completed() and work.is_success()
+        assert out.unique().tolist() == [3.0], out.unique()
+        assert x.cpu().unique().tolist() == [7.0], x.cpu().unique()
+    else:
+        store.get("stream_side_wait")  # blocks until rank 0's wait() has returned
+        dist.all_reduce(x)
+        assert x.cpu().unique().tolist() == [3.0], x.cpu().unique()
+    pg.check_agreement = True
+    pg.stream_wait = False
 
 
 # ---------------------------------------------------------------------- errors
@@ -442,20 +483,43 @@ def _dead_rank(rank, store_path, native):
     # the collective itself meets the dead rank: simdev's shared-memory one,
     # or gloo's.
     _group().check_agreement = not native
+    _group().stream_wait = True  # (off by default: README, Distributed training)
     assert (_group().native is not None) == native
     dev = torch.device("simdev", rank)
     x = torch.ones(1 << 22, device=dev)
     dist.all_reduce(x)  # both alive
+    store = dist.distributed_c10d._get_default_store()
     if rank == 1:
-        dist.all_reduce(x, async_op=True)  # starts the next one, and dies in it
+        if native:
+            # Dies while rank 0's all_reduce waits for it, once rank 0's
+            # wait() of it has returned (Note [wait() on the stream]).
+            store.get("dead_rank/waited")
+        else:
+            dist.all_reduce(x, async_op=True)  # starts the next one, and dies in it
         os._exit(3)
     t0 = time.monotonic()
+    calls = 0
     try:
         dist.all_reduce(x)
+        calls += 1
+        store.set("dead_rank/waited", "1")
         dist.all_reduce(x)
+        calls += 1
     except Exception as e:  # noqa: BLE001  the error is the result
-        return (f"{type(e).__name__}: {e}", time.monotonic() - t0)
-    return (None, time.monotonic() - t0)
+        err = f"{type(e).__name__}: {e}"
+    else:
+        err = None
+    took = time.monotonic() - t0
+    # The stream that waited for the failed collective reports it too (Note
+    # [wait() on the stream]), once.
+    try:
+        torch.accelerator.synchronize(dev)
+    except Exception as e:  # noqa: BLE001  the error is the result
+        stream_err = f"{type(e).__name__}: {e}"
+    else:
+        stream_err = None
+    torch.accelerator.synchronize(dev)
+    return (err, took, calls, stream_err)
 
 
 @pytest.mark.parametrize("native", [
@@ -463,10 +527,13 @@ def _dead_rank(rank, store_path, native):
     pytest.param(False, id="gloo_checked", marks=pytest.mark.skipif(
         os.environ.get("SIMDEV_HOST_VISIBLE") == "0", reason="one memory mode is enough"))])
 def test_dead_rank_fails_within_timeout(tmp_path, native):
-    """Rank 1 dies inside an all_reduce: rank 0's next collective fails
-    within the group's timeout (5 s), never hangs: on simdev's shared-memory
-    collective (which names the rank that exited) and on gloo (the agreement
-    check's allgather meets the dead peer first)."""
+    """Rank 1 dies: rank 0's collectives fail within the group's timeout
+    (5 s), never hang: on simdev's shared-memory collective (which names the
+    rank that exited), rank 1 dies while rank 0's all_reduce waits for it,
+    after that all_reduce's implicit wait() made the stream wait and
+    returned: the error comes from rank 0's next call and from its stream
+    (Note [wait() on the stream]); on gloo, rank 1 dies inside an all_reduce
+    and the agreement check's allgather meets the dead peer first."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     store_path = str(tmp_path / "store")
@@ -481,11 +548,16 @@ def test_dead_rank_fails_within_timeout(tmp_path, native):
             if p.is_alive():
                 p.kill()
     assert (rank, status) == (0, "ok"), out
-    err, took = out
+    err, took, calls, stream_err = out
     assert err is not None and took < 20, out
     if native:
         assert err.startswith("RuntimeError") and "simdev_collectives" in err \
             and "rank 1" in err and "exited in the middle of the collective" in err, out
+        # The first all_reduce's implicit wait() made the stream wait and
+        # returned; its failure came from the next call, and from the stream.
+        assert calls == 1 and "after its work's wait() had returned" in err, out
+        assert stream_err is not None and stream_err.startswith("RuntimeError") \
+            and "stream_wait_signal" in stream_err and "error 1" in stream_err, out
     assert procs[1].exitcode == 3
 
 
