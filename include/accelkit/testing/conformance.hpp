@@ -650,6 +650,60 @@ struct Checks {
     b.stream_destroy(0, s1);
     b.stream_destroy(0, s2);
   }
+  // Note [Host signals]: work queued after a stream's wait for a signal runs
+  // only once the host completes it; a failed signal is the stream's error,
+  // once; a signal a stream waits for is not destroyed before completion.
+  static void signal_wait_orders(Kit& kit, Verdict& v) {
+    if (no_device(kit, v)) return;
+    if constexpr (!Kit::SdkBackend::has_stream_signals) {
+      v.skip("the runtime has no host signal members (signal_create, stream_wait_signal, "
+             "signal_complete, signal_destroy): the SDK waits for its own signals on the host");
+    } else {
+      auto& b = kit.backend();
+      StreamHandle s = b.stream_create(0, 0);
+      std::size_t n = 4096;
+      std::vector<unsigned char> out(n, 0);
+      void* a = b.raw_malloc(0, n);
+      b.memset_async(0, a, 0x11, n, s);
+      SignalHandle g = b.signal_create(0);
+      b.stream_wait_signal(0, s, g);
+      b.memset_async(0, a, 0x22, n, s);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      bool held = !b.stream_query(0, s);
+      bool refused = false;
+      try {
+        b.signal_destroy(0, g);
+      } catch (const DriverError&) {
+        refused = true;
+      }
+      b.signal_complete(0, g, 0);
+      b.stream_synchronize(0, s);
+      b.memcpy(0, out.data(), a, n, CopyKind::device_to_host);
+      if (!refused) v.require(false, "signal_destroy of a signal a stream waits for, not "
+                                     "completed, did not throw DriverError");
+      else b.signal_destroy(0, g);
+      v.require(held, "a stream waiting for a signal not completed was idle after 20 ms: the "
+                      "work queued after the wait ran");
+      v.require(out[0] == 0x22 && out[n - 1] == 0x22,
+                "the work queued after stream_wait_signal did not run once the signal was "
+                "completed");
+      SignalHandle f = b.signal_create(0);
+      b.stream_wait_signal(0, s, f);
+      b.signal_complete(0, f, 5);
+      bool failed = false;
+      try {
+        b.stream_synchronize(0, s);
+      } catch (const DriverError&) {
+        failed = true;
+      }
+      v.require(failed, "a stream that waited for a signal completed with an error did not "
+                        "report an asynchronous error at stream_synchronize");
+      b.stream_synchronize(0, s);  // once
+      b.signal_destroy(0, f);
+      b.raw_free(0, a, n);
+      b.stream_destroy(0, s);
+    }
+  }
   static void priorities_in_range(Kit& kit, Verdict& v) {
     if (no_device(kit, v)) return;
     auto& b = kit.backend();
@@ -915,6 +969,9 @@ ACCELKIT_END_NAMESPACE
   X(streams, stream_query_never_blocks, "stream_query never waits for queued work")             \
   X(streams, cross_stream_wait, "stream_wait_event orders later work after the event's work")   \
   X(streams, priorities_in_range, "every priority in the reported range makes a working stream") \
+  X(streams, signal_wait_orders,                                                                 \
+    "work queued after stream_wait_signal runs once the host completes the signal; a failed "    \
+    "signal is the stream's error, once; a signal waited for is not destroyed before completion") \
   X(events, event_query_before_record, "an event never recorded is complete")                   \
   X(events, event_rerecord_replaces, "recording an event again replaces its last record")       \
   X(device, device_synchronize_covers_streams, "device_synchronize waits for every stream")     \
