@@ -14,7 +14,10 @@
 #
 # makes:
 # - target <module>: the library _C, whose source is the one registration
-#   line, ACCELKIT_REGISTER_BACKEND(CLASS) (accelkit_register_backend.cpp);
+#   line, ACCELKIT_REGISTER_BACKEND(CLASS) (accelkit_register_backend.cpp),
+#   linked with the SDK's library part, the object library
+#   accelkit_torch_adapters (the torch adapters, compiled once per project:
+#   Note [Erased backend] in accelkit/torch/erased.hpp);
 # - <build>/python/<module>/: an importable package (put <build>/python on
 #   PYTHONPATH): _C, an __init__.py configured from torch_backend_init.py.in
 #   and the SDK's Python package as <module>/_accelkit (Note [The SDK's
@@ -71,6 +74,32 @@ set_property(GLOBAL PROPERTY ACCELKIT_BACKEND_INIT_TEMPLATE
 # variables are not seen.
 set_property(GLOBAL PROPERTY ACCELKIT_REGISTER_SOURCE
              "${_accelkit_torch_backend_dir}/accelkit_register_backend.cpp")
+set_property(GLOBAL PROPERTY ACCELKIT_ADAPTER_SOURCES
+             "${_accelkit_torch_backend_dir}/accelkit_torch_adapters.cpp")
+
+# The SDK's library part (Note [Erased backend] in accelkit/torch/erased.hpp):
+# the torch adapters compiled once per project, into the object library
+# accelkit_torch_adapters, which every backend's module (and any program
+# that uses ACCELKIT_REGISTER_BACKEND itself) links. Made by the first call;
+# sets <out> to the target's name.
+function(accelkit_torch_adapters out)
+  if(NOT TARGET accelkit_torch_adapters)
+    if(NOT TARGET accelkit::torch)
+      message(FATAL_ERROR "accelkit_torch_adapters: accelkit::torch is not available: libtorch "
+                          "was not found")
+    endif()
+    get_property(sources GLOBAL PROPERTY ACCELKIT_ADAPTER_SOURCES)
+    add_library(accelkit_torch_adapters OBJECT ${sources})
+    target_link_libraries(accelkit_torch_adapters PUBLIC accelkit::torch)
+    # Hidden, as ErasedRuntime is: GCC gives the guard variables of the
+    # adapters' function-local statics default visibility (STB_GNU_UNIQUE)
+    # even where the function is hidden; compiled hidden here, they are
+    # hidden in the module, whichever units also define them.
+    set_target_properties(accelkit_torch_adapters PROPERTIES POSITION_INDEPENDENT_CODE ON
+      CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
+  endif()
+  set(${out} accelkit_torch_adapters PARENT_SCOPE)
+endfunction()
 
 # Finds libtorch (target `torch`) as find_package(Torch) does, and failing
 # that through a Python interpreter that imports torch (Python_EXECUTABLE or
@@ -153,10 +182,11 @@ function(accelkit_add_torch_backend name)
   # The library: the registration source (Note [One registration source for
   # every build tree]) and the vendor's sources.
   set(package_dir "${PROJECT_BINARY_DIR}/python/${package}")
+  accelkit_torch_adapters(adapters)
   add_library(${package} MODULE "${register_source}" ${arg_SOURCES})
   target_compile_definitions(${package} PRIVATE
     "ACCELKIT_BACKEND_HEADER=\"${arg_HEADER}\"" "ACCELKIT_BACKEND_CLASS=${arg_CLASS}")
-  target_link_libraries(${package} PRIVATE ${arg_RUNTIME} accelkit::torch)
+  target_link_libraries(${package} PRIVATE ${arg_RUNTIME} accelkit::torch ${adapters})
   set_target_properties(${package} PROPERTIES
     PREFIX "" OUTPUT_NAME "_C" LIBRARY_OUTPUT_DIRECTORY "${package_dir}")
 

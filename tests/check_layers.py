@@ -10,7 +10,12 @@ Layers, bottom up (a header may include its own layer and those below):
   5  torch/    (the PyTorch adapters; the only headers that include torch)
 accelkit.hpp includes everything below torch/; testing/ (the conformance
 kit) sits above it and below torch/. Prints every arrow that runs
-up or sideways, and fails if there is one."""
+up or sideways, and fails if there is one.
+
+Two headers of torch/ are the registration unit's, which includes no
+PyTorch header (Note [Erased backend]: its compile time): register.hpp and
+erased.hpp, and whatever they include, must not include one, even through
+another accelkit header."""
 import pathlib
 import re
 import sys
@@ -42,6 +47,18 @@ def main():
                 wrong.append(f"{rel} (layer {layer(rel)}) includes {inc} (layer {layer(inc)})")
         if layer(rel) < 5 and re.search(r"#include <(torch|ATen|c10)/", text):
             wrong.append(f"{rel} includes a PyTorch header outside torch/")
+    torch_free = ["accelkit/torch/register.hpp", "accelkit/torch/erased.hpp"]
+    seen, todo = set(), list(torch_free)
+    while todo:
+        rel = todo.pop()
+        if rel in seen or not (ROOT / rel).exists():
+            continue
+        seen.add(rel)
+        text = (ROOT / rel).read_text()
+        if re.search(r"#include <(torch|ATen|c10)/", text):
+            wrong.append(f"{rel} includes a PyTorch header, and the registration unit "
+                         f"includes it ({', '.join(torch_free)})")
+        todo.extend(re.findall(r"#include <(accelkit/[^>]+)>", text))
     print(f"{len(headers)} headers")
     for w in wrong:
         print("upward:", w)

@@ -1,8 +1,8 @@
 // accelkit: the PyTorch side of a backend — device guard, allocators, hooks
-// — generated for a runtime R (the native operators, the CPU fallback and the
-// host kernels are in the headers beside it, which all include this one
-// first). Include the torch headers (via <accelkit/torch/register.hpp>) in
-// one vendor .cpp file.
+// — compiled once, for R = ErasedRuntime, in the SDK's library part (Note
+// [Erased backend] in torch/erased.hpp; the native operators, the CPU
+// fallback and the host kernels are in the headers beside it, which all
+// include this one first). Vendor kernels include <accelkit/torch/kernels.hpp>.
 //
 // Note [fmt beside libtorch]: the wheel's include directory carries its own
 // fmt headers, which shadow the system fmt in any translation unit that
@@ -30,6 +30,7 @@
 #endif
 
 #include <accelkit/accelkit.hpp>
+#include <accelkit/torch/erased.hpp>
 #include <accelkit/torch/generator.hpp>
 
 #include <ATen/ATen.h>
@@ -92,29 +93,25 @@ void reporting_failures(F&& f) noexcept {
   }
 }
 
-// Everything the adapters share for one runtime, created on first use and
-// never destroyed (PyTorch calls into it from static destructors).
+// Everything the adapters share for the module's backend (Note [Erased
+// backend]): views of the bound backend's core objects, created on first use
+// and never destroyed (PyTorch calls into them from static destructors).
+// Defined for ErasedRuntime only: the adapters are compiled for it, and the
+// runtime's own objects live in ErasedBackend<R> (torch/erased.hpp).
 template <class R>
-class State {
+class State;
+
+template <>
+class ACCELKIT_HIDDEN State<ErasedRuntime> {
  public:
   static State& get() {
     static State* const state = new State();
     return *state;
   }
-  Backend<R>& backend() { return backend_; }
-  Streams<R>& streams() { return streams_; }
-  CachingAllocator<R>& device_memory() {
-    memory_once_.call([this] {
-      device_memory_ = std::make_unique<CachingAllocator<R>>(
-          backend_, AllocatorConfig::from_environment(R::name, backend_.environment()),
-          [this](device_index d) { return &streams_.events(d, EventFlags::none); });
-    });
-    return *device_memory_;
-  }
-  HostAllocator<R>& host_memory() {
-    host_once_.call([this] { host_memory_ = std::make_unique<HostAllocator<R>>(backend_); });
-    return *host_memory_;
-  }
+  Backend<ErasedRuntime>& backend() { return backend_; }
+  Streams<ErasedRuntime>& streams() { return streams_; }
+  CachingAllocator<ErasedRuntime>& device_memory() { return device_memory_; }
+  HostAllocator<ErasedRuntime>& host_memory() { return host_memory_; }
 
   c10::Stream to_c10(const Stream& s) {
     return c10::Stream(c10::Stream::UNSAFE, c10::Device(kDeviceType, static_cast<c10::DeviceIndex>(s.device)), s.id);
@@ -125,12 +122,15 @@ class State {
   StreamHandle current_handle(device_index d) { return streams_.current_handle(d); }
 
  private:
-  State() : backend_(Backend<R>::instance()), streams_(backend_) {}
-  Backend<R>& backend_;
-  Streams<R> streams_;
-  detail::Once memory_once_, host_once_;  // their configuration may be malformed
-  std::unique_ptr<CachingAllocator<R>> device_memory_;
-  std::unique_ptr<HostAllocator<R>> host_memory_;
+  State()
+      : backend_(Backend<ErasedRuntime>::instance()),
+        streams_(backend_.erased()),
+        device_memory_(backend_.erased()),
+        host_memory_(backend_.erased()) {}
+  Backend<ErasedRuntime>& backend_;
+  Streams<ErasedRuntime> streams_;
+  CachingAllocator<ErasedRuntime> device_memory_;
+  HostAllocator<ErasedRuntime> host_memory_;
 };
 
 // ------------------------------------------------------------ device guard

@@ -22,7 +22,7 @@
 //   }
 //
 // Note [Vendor kernel registration]: the SDK registers each of its ATen
-// kernels for the backend (ACCELKIT_REGISTER_BACKEND: the native operators,
+// kernels for the backend (the SDK's library part: the native operators,
 // the host kernels, the CPU kernels over composites) through a table of its
 // own, one torch::Library per operator, instead of the one library of a
 // TORCH_LIBRARY_IMPL block. A vendor's ACCELKIT_KERNELS block, a static
@@ -65,7 +65,8 @@ struct KernelStream {
 namespace torch_adapter {
 
 // The backend's ATen kernels, the SDK's and the vendor's (Note [Vendor
-// kernel registration]). Never destroyed, as State<R>.
+// kernel registration]): one table per module, KernelTable<ErasedRuntime>
+// (Note [Erased backend]). Never destroyed, as State.
 template <class R>
 class KernelTable {
  public:
@@ -142,7 +143,7 @@ struct Kernels {
   // The calling thread's current stream of a device (-1: the current one).
   static KernelStream current_stream(c10::DeviceIndex device = -1) {
     return torch_adapter::translated([&] {
-      auto& st = torch_adapter::State<R>::get();
+      auto& st = torch_adapter::State<torch_adapter::ErasedRuntime>::get();
       device_index d = device == -1 ? st.backend().current_device() : device;
       Stream s = st.streams().current_stream(d);
       return KernelStream{st.to_c10(s), st.backend().physical(d), st.streams().handle(s)};
@@ -175,7 +176,7 @@ struct Kernels {
                       static_cast<int>(s.stream.device_index()));
     if (!t.storage().data()) return;
     torch_adapter::translated([&] {
-      torch_adapter::State<R>::get().device_memory().record_stream(
+      torch_adapter::State<torch_adapter::ErasedRuntime>::get().device_memory().record_stream(
           d, t.storage().data_ptr().get(), s.handle);
     });
   }
@@ -197,7 +198,8 @@ struct Kernels {
   // kernel does not take): fallback<at::_ops::add_Tensor>(self, other, alpha).
   template <class Op, class... A>
   static decltype(auto) fallback(A&&... a) {
-    return at::native::call_fallback_fn_symint<&torch_adapter::fallback<R>, Op>::call(
+    return at::native::call_fallback_fn_symint<&torch_adapter::fallback<torch_adapter::ErasedRuntime>,
+                                               Op>::call(
         std::forward<A>(a)...);
   }
 
@@ -219,13 +221,15 @@ class KernelLibrary {
   // torch::Library::impl takes it (TORCH_FN(f), a lambda, a boxed function).
   template <class F>
   KernelLibrary& impl(const char* name, F&& f) {
-    torch_adapter::KernelTable<R>::get().vendor_impl(name, std::forward<F>(f), file_, line_);
+    torch_adapter::KernelTable<torch_adapter::ErasedRuntime>::get().vendor_impl(
+        name, std::forward<F>(f), file_, line_);
     return *this;
   }
   // Operator `name` runs through the CPU fallback, not the SDK's host
   // kernel (Note [Host kernels]): a per-operator opt-out.
   KernelLibrary& fallback(const char* name) {
-    return impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_adapter::fallback<R>>());
+    return impl(name, torch::CppFunction::makeFromBoxedFunction<
+                          &torch_adapter::fallback<torch_adapter::ErasedRuntime>>());
   }
 
  private:

@@ -228,7 +228,7 @@ ACCELKIT_BEGIN_NAMESPACE
 namespace torch_adapter {
 // Both of the backend's profilers: the stubs of torch.autograd.profiler's
 // device times (Note [Profiler device times]) and Kineto's device
-// activities (Note [Kineto device activities]). From ACCELKIT_REGISTER_BACKEND.
+// activities (Note [Kineto device activities]). From the SDK's library part (registration.hpp).
 template <class R>
 void register_profilers() {
   register_profiler<R>();

@@ -169,8 +169,8 @@ class ProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
   }
 };
 
-// Registers the backend's stubs with PyTorch's profiler (once; from
-// ACCELKIT_REGISTER_BACKEND).
+// Registers the backend's stubs with PyTorch's profiler (once; from the
+// SDK's library part).
 template <class R>
 void register_profiler() {
   static ProfilerStubs<R>* const stubs = new ProfilerStubs<R>();

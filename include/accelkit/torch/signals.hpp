@@ -1,7 +1,8 @@
 // accelkit: host signals (Note [Host signals] in device/backend.hpp) as
 // operators of the backend's library, torch.ops.<name>.*, for the SDK's
 // Python package: accelkit.distributed makes the current stream wait for a
-// collective that runs on host threads.
+// collective that runs on host threads. Compiled for the erased backend,
+// in the library part (Note [Erased backend]).
 #pragma once
 
 #include <accelkit/torch/adapter.hpp>
@@ -29,7 +30,7 @@ template <class R>
 void register_signal_ops(::torch::Library& lib) {
   // Whether streams wait for signals on the device (the runtime has the
   // members); false: stream_wait_signal blocks the calling thread.
-  lib.def("stream_signals() -> bool", [] { return Backend<R>::has_stream_signals; });
+  lib.def("stream_signals() -> bool", [] { return Backend<R>::instance().stream_signals(); });
   lib.def("signal_create(int device) -> int", [](int64_t d) {
     return translated([&] {
       return static_cast<int64_t>(
