@@ -17,7 +17,7 @@
 // - the core classes are specialized for the tag ErasedRuntime, each member
 //   one virtual call to the bound interface, and the adapters are compiled
 //   for R = ErasedRuntime once, in the SDK's library sources
-//   (cmake/accelkit_torch_*.cpp, an object library that
+//   (cmake/accelkit_torch_adapters.cpp, an object library that
 //   accelkit_add_torch_backend links into each backend's module);
 // - ACCELKIT_REGISTER_BACKEND(R) defines bound_backend() and
 //   bound_backend_name() for R, which the library calls: one backend per
