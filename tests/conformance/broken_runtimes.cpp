@@ -10,9 +10,12 @@
 
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -106,6 +109,46 @@ struct FirstRecordKept : Wrap<FirstRecordKept, SimRuntime> {
       if (!recorded.insert(event.value).second) return;
     }
     inner().event_record(device, event, stream);
+  }
+};
+
+// Waits resolved late: stream_wait_event is applied only when the waiting
+// stream next gets work, against the record the event holds then, so
+// recording the event again releases a wait made before.
+struct LateWait : Wrap<LateWait, SimRuntime> {
+  std::mutex m;
+  std::map<std::pair<device_index, std::uintptr_t>, std::vector<EventHandle>> pending;
+  void stream_wait_event(device_index device, StreamHandle stream, EventHandle event) {
+    std::lock_guard<std::mutex> lock(m);
+    pending[{device, stream.value}].push_back(event);
+  }
+  void apply(device_index device, StreamHandle stream) {
+    std::vector<EventHandle> waits;
+    {
+      std::lock_guard<std::mutex> lock(m);
+      auto it = pending.find({device, stream.value});
+      if (it == pending.end()) return;
+      waits.swap(it->second);
+      pending.erase(it);
+    }
+    for (EventHandle e : waits) inner().stream_wait_event(device, stream, e);
+  }
+  void memcpy_async(device_index d, void* dst, const void* src, std::size_t n, CopyKind k,
+                    StreamHandle s, bool pinned) {
+    apply(d, s);
+    inner().memcpy_async(d, dst, src, n, k, s, pinned);
+  }
+  void memset_async(device_index d, void* p, int value, std::size_t n, StreamHandle s) {
+    apply(d, s);
+    inner().memset_async(d, p, value, n, s);
+  }
+  void event_record(device_index d, EventHandle e, StreamHandle s) {
+    apply(d, s);
+    inner().event_record(d, e, s);
+  }
+  void stream_synchronize(device_index d, StreamHandle s) {
+    apply(d, s);
+    inner().stream_synchronize(d, s);
   }
 };
 
@@ -211,6 +254,8 @@ TEST_CASE("conformance kit: each broken rule is reported, with the rule named") 
                 "stream_wait_event");
   expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(FirstRecordKept, events, event_rerecord_replaces),
                 "recorded again");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(LateWait, events, rerecord_keeps_earlier_waits),
+                "recorded again on an idle stream");
   expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(EarlySynchronize, ordering,
                                               no_free_under_queued_work),
                 "queued work");  // the observer's words, or simdev's own refusal

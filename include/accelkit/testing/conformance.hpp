@@ -767,6 +767,43 @@ struct Checks {
     b.stream_destroy(0, idle);
   }
 
+  // A wait made on an event's record stays on that record: recording the
+  // event again (here on an idle stream) must not release it. A driver that
+  // resolves waits late, against whatever the event holds when the waiting
+  // stream next runs, breaks this.
+  static void rerecord_keeps_earlier_waits(Kit& kit, Verdict& v) {
+    if (no_device(kit, v)) return;
+    auto& b = kit.backend();
+    StreamHandle s1 = b.stream_create(0, 0), s2 = b.stream_create(0, 0),
+                 s3 = b.stream_create(0, 0);
+    Busy w = make_busy(kit, 0);
+    std::size_t n = 1 << 20;
+    std::vector<unsigned char> out(n, 0);
+    queue_busy(kit, 0, w, s1, 8);
+    b.memset_async(0, w.b, 0x5a, n, s1);  // the last work before the first record
+    EventHandle e = b.event_create(0, EventFlags::none);
+    b.event_record(0, e, s1);
+    b.stream_wait_event(0, s2, e);
+    b.event_record(0, e, s3);  // again, on an idle stream: only later waits see it
+    void* c = b.raw_malloc(0, n);
+    b.memcpy_async(0, c, w.b, n, CopyKind::device_to_device, s2, false);
+    b.stream_synchronize(0, s2);
+    b.memcpy(0, out.data(), c, n, CopyKind::device_to_host);
+    std::size_t bad = static_cast<std::size_t>(
+        std::find_if(out.begin(), out.end(), [](unsigned char x) { return x != 0x5a; }) -
+        out.begin());
+    v.require(bad == n, fmt::format("a stream waiting on an event ran on when the event was "
+                                    "recorded again on an idle stream, before the work of the "
+                                    "record it waited on completed (byte {} of {} not yet "
+                                    "written)",
+                                    bad, n));
+    b.stream_synchronize(0, s1);
+    b.raw_free(0, c, n);
+    free_busy(kit, 0, w);
+    b.event_destroy(0, e);
+    for (StreamHandle s : {s1, s2, s3}) b.stream_destroy(0, s);
+  }
+
   // ---------------------------------------------------------------- device
   static void device_synchronize_covers_streams(Kit& kit, Verdict& v) {
     if (no_device(kit, v)) return;
@@ -974,6 +1011,9 @@ ACCELKIT_END_NAMESPACE
     "signal is the stream's error, once; a signal waited for is not destroyed before completion") \
   X(events, event_query_before_record, "an event never recorded is complete")                   \
   X(events, event_rerecord_replaces, "recording an event again replaces its last record")       \
+  X(events, rerecord_keeps_earlier_waits,                                                         \
+    "a wait on an event stays on the record it saw: recording the event again does not release "  \
+    "it")                                                                                        \
   X(device, device_synchronize_covers_streams, "device_synchronize waits for every stream")     \
   X(threads, threads_copy_independently, "streams, copies and pinned memory work from many threads") \
   X(errors, error_at_synchronize,                                                                \
