@@ -152,6 +152,11 @@ struct LateWait : Wrap<LateWait, SimRuntime> {
   }
 };
 
+// A wait across devices is a no-op.
+struct PeerWaitIgnored : Wrap<PeerWaitIgnored, SimRuntime> {
+  void stream_wait_peer_event(device_index, StreamHandle, device_index, EventHandle) {}
+};
+
 // stream_synchronize returns before the work is done: the SDK then frees
 // memory that queued work still uses.
 struct EarlySynchronize : Wrap<EarlySynchronize, SimRuntime> {
@@ -256,6 +261,8 @@ TEST_CASE("conformance kit: each broken rule is reported, with the rule named") 
                 "recorded again");
   expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(LateWait, events, rerecord_keeps_earlier_waits),
                 "recorded again on an idle stream");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(PeerWaitIgnored, events, cross_device_wait),
+                "awaited work was still running");
   expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(EarlySynchronize, ordering,
                                               no_free_under_queued_work),
                 "queued work");  // the observer's words, or simdev's own refusal

@@ -808,6 +808,35 @@ struct Checks {
     for (StreamHandle s : {s1, s2, s3}) b.stream_destroy(0, s);
   }
 
+  // A stream of device 1 waits for an event recorded on device 0 (the
+  // runtime's stream_wait_peer_event, or the SDK's wait on the host without
+  // it: Note [Cross-device waits]): an event recorded behind the wait
+  // completes only after the awaited event (asked of that event: simdev's
+  // stream_query may still answer false for a moment after an event
+  // recorded behind a stream's last work has completed).
+  static void cross_device_wait(Kit& kit, Verdict& v) {
+    if (no_device(kit, v)) return;
+    if (kit.devices() < 2) return v.skip("one device: no wait across devices to check");
+    auto& b = kit.backend();
+    StreamHandle s0 = b.stream_create(0, 0), s1 = b.stream_create(1, 0);
+    Busy w = make_busy(kit, 0);
+    queue_busy(kit, 0, w, s0, 8);
+    EventHandle e = b.event_create(0, EventFlags::none), after = b.event_create(1, EventFlags::none);
+    b.event_record(0, e, s0);  // the last work of s0
+    b.stream_wait_peer_event(1, s1, 0, e);
+    b.event_record(1, after, s1);
+    b.event_synchronize(1, after);
+    v.require(b.event_query(0, e),
+              "an event recorded on a stream of device 1 behind a wait for an event of device 0 "
+              "completed while the awaited work was still running");
+    b.stream_synchronize(0, s0);
+    free_busy(kit, 0, w);
+    b.event_destroy(0, e);
+    b.event_destroy(1, after);
+    b.stream_destroy(0, s0);
+    b.stream_destroy(1, s1);
+  }
+
   // ---------------------------------------------------------------- device
   static void device_synchronize_covers_streams(Kit& kit, Verdict& v) {
     if (no_device(kit, v)) return;
@@ -1018,6 +1047,8 @@ ACCELKIT_END_NAMESPACE
   X(events, rerecord_keeps_earlier_waits,                                                         \
     "a wait on an event stays on the record it saw: recording the event again does not release "  \
     "it")                                                                                        \
+  X(events, cross_device_wait,                                                                    \
+    "a stream waits for an event of another device: later work runs after the event's work")    \
   X(device, device_synchronize_covers_streams, "device_synchronize waits for every stream")     \
   X(threads, threads_copy_independently, "streams, copies and pinned memory work from many threads") \
   X(errors, error_at_synchronize,                                                                \
