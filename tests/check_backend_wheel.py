@@ -2,7 +2,7 @@
 `pip install`, and checks that plain `import torch` loads it in an
 environment where it is the only backend installed.
 
-    check_backend_wheel.py PACKAGE_DIR NAME WORK_DIR [--devices N]
+    check_backend_wheel.py PACKAGE_DIR NAME WORK_DIR [--devices N] [--build-dir DIR]
 
 PACKAGE_DIR is <build>/packages/torch_<name>; WORK_DIR is emptied and
 holds the installed package (WORK_DIR/site, `pip install --target`) and a
@@ -15,7 +15,8 @@ simdev) does not take PyTorch's one PrivateUse1 slot first. The checks run
   (NAME's device count is N, and with N > 0 a tensor is made there);
 - TORCH_DEVICE_BACKEND_AUTOLOAD=0: `import torch` leaves the slot alone, and
   `import torch_<name>` then installs the device.
-Prints "backend wheel: ok" at the end; exits non-zero at the first failure.
+--build-dir sets scikit-build-core's build directory (default: the one the
+package's pyproject.toml names, PACKAGE_DIR/build). Prints "backend wheel: ok" at the end; exits non-zero at the first failure.
 """
 import argparse
 import configparser
@@ -72,6 +73,7 @@ def main() -> None:
     ap.add_argument("name")
     ap.add_argument("work_dir", type=Path)
     ap.add_argument("--devices", type=int, default=0)
+    ap.add_argument("--build-dir", type=Path, default=None)
     args = ap.parse_args()
     package = f"torch_{args.name}"
     if not (args.package_dir / "pyproject.toml").is_file():
@@ -81,8 +83,9 @@ def main() -> None:
     view.mkdir(parents=True)
 
     # The wheel, built by scikit-build-core against this environment's torch.
+    settings = [f"--config-settings=build-dir={args.build_dir}"] if args.build_dir else []
     run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
-         "--disable-pip-version-check", "--no-input", "--target", str(site_dir),
+         "--disable-pip-version-check", "--no-input", "--target", str(site_dir), *settings,
          str(args.package_dir)])
     infos = list(site_dir.glob(f"{package}-*.dist-info"))
     if len(infos) != 1:
