@@ -222,8 +222,13 @@ def wait_for_stream(index) -> None:
 # functional forms allocate CPU tensors. So a graph that calls an ATen
 # operator on the device fails to compile with a RuntimeError saying so
 # (torch.compile reports it as InductorError); graphs of generated kernels
-# only (elementwise, reductions) compile and run. AOTInductor for the device
-# is not done either (the same shim, and an AOT wrapper of its own).
+# only (elementwise, reductions) compile and run, and so do operators
+# Inductor calls through the dispatcher (the device-generic aoti_torch_*
+# shims such as aoti_torch_copy_, and its runtime lookup of custom and
+# unlisted operators). AOTInductor for the device is not done either (the
+# same shim, and an AOT wrapper of its own): it fails with a RuntimeError.
+# A device without an index means the current device when the graph runs,
+# as in the Python wrapper.
 # A backend may ship its own wrapper (register_codegen(cpp_wrapper=...)).
 
 _CPP_WAIT_FOR_STREAM = """
@@ -231,6 +236,9 @@ _CPP_WAIT_FOR_STREAM = """
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 // Note [The C++ wrapper] (accelkit): the host waits for the device's current
 // stream before each generated kernel reads or writes its memory.
+static inline int accelkit_current_device() {
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getDevice().index();
+}
 static inline void accelkit_wait_for_stream(int index) {
   const c10::impl::DeviceGuardImplInterface* impl =
       c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1);
@@ -321,10 +329,6 @@ def _classes():
         after waiting for the current stream; ATen operators are refused
         (Note [The C++ wrapper])."""
 
-        @classmethod
-        def create(cls, is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
-            return cls()  # as CppWrapperCpu.create: subgraphs are not lifted
-
         @staticmethod
         def get_device_include_path_jit(device: str) -> str:
             return CppWrapperCpu.get_device_include_path_jit("cpu" if device == name else device)
@@ -333,24 +337,56 @@ def _classes():
         def get_device_include_path_aot(device: str) -> str:
             return CppWrapperCpu.get_device_include_path_aot("cpu" if device == name else device)
 
+        @classmethod
+        def create(cls, is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
+            if V.graph.aot_mode:
+                raise RuntimeError(
+                    f"{name}: AOTInductor (torch._inductor.aoti_compile_and_package, "
+                    "torch._export.aot_compile) is not supported for the device; use "
+                    "torch.compile (Note [The C++ wrapper] in accelkit/compile.py)")
+            return cls()  # as CppWrapperCpu.create: subgraphs are not lifted
+
         @staticmethod
         def get_c_shim_func_name(kernel: str, device: str) -> str:
-            if device != name:
-                return CppWrapperCpu.get_c_shim_func_name(kernel, device)
+            # Only the name (also asked for comments and provenance, and for
+            # operators called through the dispatcher at run time): emitting a
+            # device-specific shim call is refused in
+            # generate_c_shim_extern_kernel_call and _generate_scatter_fallback.
+            return CppWrapperCpu.get_c_shim_func_name(kernel, device)
+
+        @staticmethod
+        def _refuse_device_shim(kernel: str, device: str) -> None:
+            # aoti_torch_* names (aoti_torch_copy_, aoti_torch_index_put_out) are
+            # device-generic shims that call the operator through the dispatcher.
+            # Names come resolved (ExternKernel.get_kernel_name) or not.
+            shim = CppWrapperCpu.get_c_shim_func_name(kernel, device)
+            if device != name or not shim.startswith(f"aoti_torch_{name}_"):
+                return
             raise RuntimeError(
-                f"{name}: Inductor's C++ wrapper (torch._inductor.config.cpp_wrapper) calls the "
-                f"ATen operator {kernel} through the AOTInductor C shim of the device "
-                f"(aoti_torch_{name}_...), which PyTorch generates for cpu, cuda, xpu and mps "
-                "only; the CPU's shim would run the CPU kernel past the backend's operator "
-                "(its stream order, its own kernels). Graphs of generated kernels only "
-                "compile with it; use the Python wrapper (cpp_wrapper=False) otherwise "
-                "(Note [The C++ wrapper] in accelkit/compile.py)")
+                f"{name}: Inductor's C++ wrapper (torch._inductor.config.cpp_wrapper) would "
+                f"call the ATen operator {kernel} through {shim}, a function of the "
+                f"AOTInductor C shim, which PyTorch generates for cpu, cuda, xpu and mps "
+                "only (the CPU's would run the CPU kernel past the backend's operator: its "
+                "stream order, its own kernels). Graphs of generated kernels, and operators "
+                "Inductor calls through the dispatcher, compile with it; use the Python "
+                "wrapper (cpp_wrapper=False) otherwise (Note [The C++ wrapper] in "
+                "accelkit/compile.py)")
+
+        def generate_c_shim_extern_kernel_call(self, kernel, args, device, **kwargs):
+            self._refuse_device_shim(kernel, device)
+            return super().generate_c_shim_extern_kernel_call(kernel, args, device, **kwargs)
+
+        def _generate_scatter_fallback(self, output, inputs, cpp_kernel_name, *args):
+            self._refuse_device_shim(cpp_kernel_name, args[-1])  # args[-1]: the device
+            return super()._generate_scatter_fallback(output, inputs, cpp_kernel_name, *args)
 
         def codegen_device(self, device):
             if device.type != name:
                 return super().codegen_device(device)
             self.used_cached_devices.add("privateuse1")  # aoti_torch_device_type_privateuse1()
-            return f"cached_torch_device_type_privateuse1, {device.index or 0}"
+            # No index: the current device when the graph runs, as in the Python wrapper.
+            index = "accelkit_current_device()" if device.index is None else device.index
+            return f"cached_torch_device_type_privateuse1, {index}"
 
         def write_header(self) -> None:
             super().write_header()
@@ -360,7 +396,8 @@ def _classes():
                                          triton=True, **kwargs):
             device = device or V.graph.get_current_device_or_throw()
             if not triton and device.type == name:
-                self.writeline(f"accelkit_wait_for_stream({device.index or 0});")
+                index = "accelkit_current_device()" if device.index is None else device.index
+                self.writeline(f"accelkit_wait_for_stream({index});")
             return super()._generate_kernel_call_helper(kernel_name, call_args, device=device,
                                                         triton=triton, **kwargs)
 
@@ -591,6 +628,9 @@ def __getattr__(attr):
 # the host-visible defaults (the Python wrapper defaults to
 # HostVisibleWrapperCodegen, whose kernel calls wait for the current stream;
 # get_raw_stream gives a vendor's kernels the stream to queue on instead).
+# The C++ wrapper defaults to HostVisibleCppWrapperCodegen only for a
+# CppScheduling (or subclass): for another scheduling without a cpp_wrapper
+# of its own, cpp_wrapper=True fails with a RuntimeError naming the backend.
 # Registered before Inductor is imported, it is applied when it is.
 
 def register_codegen(scheduling, python_wrapper=None, cpp_wrapper=None, fx_wrapper=None,
@@ -620,15 +660,44 @@ def _register_inductor():
 
     scheduling, wrapper, cpp_wrapper, overrides = _classes()
     vendor = _vendor or {}
+    chosen = vendor.get("scheduling") or scheduling
+    if vendor.get("cpp_wrapper"):
+        cpp_wrapper = vendor["cpp_wrapper"]
+    elif not (isinstance(chosen, type) and issubclass(chosen, _cpp_scheduling())):
+        cpp_wrapper = _no_cpp_wrapper(chosen)  # the CPU's C++ host code fits C++ kernels only
     common.register_backend_for_device(
         _backend.name,
-        vendor.get("scheduling") or scheduling,
+        chosen,
         vendor.get("python_wrapper") or wrapper,
-        vendor.get("cpp_wrapper") or cpp_wrapper,
+        cpp_wrapper,
         vendor.get("fx_wrapper"))
     common.register_device_op_overrides(_backend.name,
                                         vendor.get("device_op_overrides") or overrides())
     _patch_cpu_checks()
+
+
+def _cpp_scheduling():
+    from torch._inductor.codegen.cpp import CppScheduling
+    return CppScheduling
+
+
+def _no_cpp_wrapper(scheduling):
+    """The C++ wrapper slot of a vendor scheduling that generates no C++
+    kernels and registered no C++ wrapper: refuses cpp_wrapper=True by name."""
+    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+    name = _backend.name
+
+    class NoCppWrapper(CppWrapperCpu):  # Inductor reads class attributes before create
+        @classmethod
+        def create(cls, *args, **kwargs):
+            raise RuntimeError(
+                f"{name}: torch._inductor.config.cpp_wrapper=True needs a C++ wrapper for the "
+                f"registered scheduling {scheduling.__qualname__}, which is not a CppScheduling "
+                "(the default C++ wrapper calls C++ kernels); pass one as "
+                "accelkit.compile.register_codegen(..., cpp_wrapper=...) or use the Python "
+                "wrapper (Note [The codegen slot] in accelkit/compile.py)")
+
+    return NoCppWrapper
 
 
 def _register_dynamo():

@@ -393,3 +393,64 @@ def test_without_host_visible_memory_a_clear_error_and_eager_fallback():
     assert r.returncode == 0, r.stderr[-3000:]
     assert "refused: " in r.stdout and "needs host-visible device memory" in r.stdout, r.stdout
     assert "simdev:0" in r.stdout and "eager True" in r.stdout and "aot_eager True" in r.stdout
+
+
+@host_visible
+def test_the_cpp_wrapper_calls_dispatched_operators_on_the_device():
+    # Finding: the device-generic shims (aoti_torch_index_put_out) and the
+    # runtime lookup of a custom operator go through the dispatcher (the
+    # backend's operators); they were refused as device-specific C shims.
+    import torch._inductor.config as iconfig
+    from torch._inductor.utils import run_and_get_code
+
+    @torch.library.custom_op("accelkit_tc2::twice", mutates_args=())
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @twice.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    def f(t, i, v):
+        t = t + 1
+        t.index_put_((i,), v, accumulate=True)
+        return twice(t) + 1
+
+    t, i, v = torch.zeros(6), torch.tensor([0, 2, 2]), torch.tensor([1.0, 2.0, 3.0])
+    with iconfig.patch(cpp_wrapper=True):
+        out, code = run_and_get_code(torch.compile(f), t.to(DEV), i.to(DEV), v.to(DEV))
+    src = "\n".join(code)
+    assert "accelkit_tc2" in src and "aoti_torch_simdev" not in src, src[-3000:]
+    assert out.device.type == DEV
+    torch.testing.assert_close(out.cpu(), f(t, i, v))
+
+
+def test_aot_inductor_is_refused_by_name():
+    class M(nn.Module):
+        def forward(self, x):
+            return x.sin() + 1
+
+    x = torch.ones(4, device=DEV)
+    ep = torch.export.export(M(), (x,))
+    with pytest.raises(Exception, match="AOTInductor") as e:
+        torch._inductor.aoti_compile_and_package(ep)
+    assert f"{DEV}: AOTInductor" in str(e.value)
+
+
+@host_visible
+def test_a_non_cpp_vendor_scheduling_refuses_the_cpp_wrapper_by_name():
+    import torch._inductor.config as iconfig
+    from torch._inductor.codegen.simd import SIMDScheduling
+    mod = _compile_module()
+
+    class NotCpp(SIMDScheduling):
+        pass
+
+    mod.register_codegen(NotCpp)
+    try:
+        with iconfig.patch(cpp_wrapper=True, fx_graph_cache=False):
+            with pytest.raises(Exception, match="NotCpp") as e:
+                torch.compile(lambda x: x.exp() + 1)(torch.ones(4, device=DEV))
+    finally:
+        mod.register_codegen(None)
+    assert f"{DEV}: torch._inductor.config.cpp_wrapper=True" in str(e.value)
