@@ -309,11 +309,16 @@ def test_compiled_kernels_wait_for_the_current_stream(cpp_wrapper):
     # read x after the copy lands. Without the wait it reads the zeros
     # (checked: with wait_for_stream a no-op, and with the C++ wrapper's
     # accelkit_wait_for_stream emptied, out is all ones).
+    import re
     import torch._inductor.config as iconfig
+    from torch._inductor.utils import run_and_get_code
     with iconfig.patch(cpp_wrapper=cpp_wrapper):
         f = torch.compile(lambda x: x * 2 + 1)
         src = torch.arange(4096, dtype=torch.float32).pin_memory()
-        f(torch.zeros(4096, device=DEV))  # compiled outside the hold
+        _, code = run_and_get_code(f, torch.zeros(4096, device=DEV))  # outside the hold
+        if cpp_wrapper:  # the wait is the line before the kernel's call
+            assert re.search(r"accelkit_wait_for_stream\(\d+\);\s*\n\s*cpp_fused\w*\(",
+                             "\n".join(code)), "\n".join(code)[-3000:]
         x = torch.zeros(4096, device=DEV)
         MOD.synchronize()
         s = MOD.current_stream()
