@@ -27,11 +27,16 @@ TEST_CASE("pointer map: find without a lock sees whole values while writers grow
   for (std::uint64_t i = 0; i < kStable; ++i) map.insert(key_of(i), {i, ~i});
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> wrong{0}, missing{0}, reads{0};
+  // The writer starts only once both readers are reading, so that they race
+  // it even where the scheduler runs the writer's rounds before the readers
+  // get a core (two cores under load).
+  std::atomic<int> reading{0};
   std::vector<std::thread> readers;
   for (int t = 0; t < 2; ++t)
     readers.emplace_back([&, t] {
       std::uint64_t n = 0;
       for (std::uint64_t i = static_cast<std::uint64_t>(t); !stop.load(std::memory_order_relaxed); ++i) {
+        if (n == 1) ++reading;
         std::uint64_t k = i % kStable;
         Pair v = map.find(key_of(k));
         if (v.a == 0 && v.b == 0) ++missing;
@@ -44,6 +49,7 @@ TEST_CASE("pointer map: find without a lock sees whole values while writers grow
       }
       reads += n;
     });
+  while (reading.load() < 2) std::this_thread::yield();
   // Insert and erase churning keys around the stable ones, so that erases
   // shift stable entries and inserts grow the tables.
   for (int round = 0; round < 20; ++round) {
@@ -55,7 +61,7 @@ TEST_CASE("pointer map: find without a lock sees whole values while writers grow
   }
   stop = true;
   for (std::thread& t : readers) t.join();
-  CHECK(reads.load() > 0);
+  CHECK(reads.load() >= 2);
   CHECK(wrong.load() == 0);
   CHECK(missing.load() == 0);
   CHECK(map.size() == kStable);
