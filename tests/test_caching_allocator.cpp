@@ -1,5 +1,6 @@
 // The caching device allocator (Note [Caching device allocator]) on simdev.
 #include "catch.hpp"
+#include "support.hpp"
 #include "live_ranges.hpp"
 
 #include <accelkit/accelkit.hpp>
@@ -23,15 +24,13 @@ using memory_constants::kMiB;
 using SimBackend = Backend<simdev::SimRuntime>;
 using Allocator = DeviceCachingAllocator<simdev::SimRuntime>;
 
+using namespace accelkit_tests;
 namespace {
-simdev::Config sim(std::uint64_t mib = 64, int devices = 1) {
+simdev::Config sized(std::uint64_t mib = 64, int devices = 1) {
   simdev::Config c;
   c.device_count = devices;
   c.memory_bytes = {mib << 20};
   return c;
-}
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 AllocatorConfig conf(const std::string& text) {
   return AllocatorConfig::parse("simdev", "SIMDEV_ALLOC_CONF", text);
@@ -57,7 +56,7 @@ void check_invariants(Allocator& a) {
 }  // namespace
 
 TEST_CASE("allocator: small requests split a 2 MiB segment, and frees merge back") {
-  SimBackend b(Environment::fixed({}), sim());
+  SimBackend b(Environment::fixed({}), sized());
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   char* p = static_cast<char*>(a.allocate(1000, s));
@@ -90,7 +89,7 @@ TEST_CASE("allocator: small requests split a 2 MiB segment, and frees merge back
 }
 
 TEST_CASE("allocator: a split counts the block leaving the bins before its remainder entering") {
-  SimBackend b(Environment::fixed({}), sim());
+  SimBackend b(Environment::fixed({}), sized());
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   void* p = a.allocate(512, s);
@@ -123,7 +122,7 @@ TEST_CASE("pending frees: a completion that throws stays queued, earlier ones le
 }
 
 TEST_CASE("allocator: large requests use large segments and best fit") {
-  SimBackend b(Environment::fixed({}), sim(1024));
+  SimBackend b(Environment::fixed({}), sized(1024));
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   // Note [Segment sizes]: in a small pool a 1-10 MiB request gets a segment
@@ -159,7 +158,7 @@ TEST_CASE("allocator: large requests use large segments and best fit") {
 }
 
 TEST_CASE("allocator: a block used on another stream waits for that stream") {
-  SimBackend b(Environment::fixed({}), sim());
+  SimBackend b(Environment::fixed({}), sized());
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s1 = b.stream_create(0, 0);
   StreamHandle s2 = b.stream_create(0, 0);
@@ -191,7 +190,7 @@ TEST_CASE("allocator: a block used on another stream waits for that stream") {
 }
 
 TEST_CASE("allocator: events for stream uses come from a pool, not one per free") {
-  SimBackend b(Environment::fixed({}), sim());
+  SimBackend b(Environment::fixed({}), sized());
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s1 = b.stream_create(0, 0);
   StreamHandle s2 = b.stream_create(0, 0);
@@ -207,7 +206,7 @@ TEST_CASE("allocator: events for stream uses come from a pool, not one per free"
 }
 
 TEST_CASE("allocator: out of memory frees the cache and retries, then raises, then recovers") {
-  SimBackend b(Environment::fixed({}), sim(64));
+  SimBackend b(Environment::fixed({}), sized(64));
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   void* big = a.allocate(40 * kMiB, s);
@@ -247,7 +246,7 @@ TEST_CASE("allocator: out of memory frees the cache and retries, then raises, th
 }
 
 TEST_CASE("allocator: a driver's refusal is a RuntimeError, not out of memory, and no retry") {
-  SimBackend b(Environment::fixed({}), sim(64));
+  SimBackend b(Environment::fixed({}), sized(64));
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   b.runtime().inject_refusal();
@@ -273,7 +272,7 @@ TEST_CASE("allocator: a driver's refusal is a RuntimeError, not out of memory, a
 
 TEST_CASE("allocator: every block is aligned to min(memory_alignment, 512) bytes") {
   for (std::size_t alignment : {std::size_t{128}, std::size_t{256}, std::size_t{1024}}) {
-    simdev::Config c = sim(64);
+    simdev::Config c = sized(64);
     c.alignment = alignment;
     SimBackend b(Environment::fixed({}), c);
     Allocator a(b, 0, AllocatorConfig{});
@@ -288,7 +287,7 @@ TEST_CASE("allocator: every block is aligned to min(memory_alignment, 512) bytes
 }
 
 TEST_CASE("allocator: the memory fraction caps reserved memory") {
-  SimBackend b(Environment::fixed({}), sim(64));
+  SimBackend b(Environment::fixed({}), sized(64));
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   a.set_memory_fraction(0.25);
@@ -317,7 +316,7 @@ TEST_CASE("allocator: the memory fraction caps reserved memory") {
 }
 
 TEST_CASE("allocator: empty_cache returns unused segments to the driver") {
-  SimBackend b(Environment::fixed({}), sim(64));
+  SimBackend b(Environment::fixed({}), sized(64));
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   std::vector<void*> ptrs;
@@ -341,7 +340,7 @@ TEST_CASE("allocator: empty_cache returns unused segments to the driver") {
 }
 
 TEST_CASE("allocator: max_split_size keeps oversize blocks whole and for large requests") {
-  SimBackend b(Environment::fixed({}), sim(256));
+  SimBackend b(Environment::fixed({}), sized(256));
   Allocator a(b, 0, conf("max_split_size_mb:32,max_non_split_rounding_mb:10"));
   StreamHandle s = b.stream_create(0, 0);
   void* p = a.allocate(40 * kMiB, s);
@@ -368,7 +367,7 @@ TEST_CASE("allocator: max_split_size keeps oversize blocks whole and for large r
 }
 
 TEST_CASE("allocator: the garbage collection threshold returns old cache before growing") {
-  SimBackend b(Environment::fixed({}), sim(64));
+  SimBackend b(Environment::fixed({}), sized(64));
   Allocator a(b, 0, conf("garbage_collection_threshold:0.5"));
   StreamHandle s = b.stream_create(0, 0);
   void* x = a.allocate(12 * kMiB, s);
@@ -383,7 +382,7 @@ TEST_CASE("allocator: the garbage collection threshold returns old cache before 
 }
 
 TEST_CASE("allocator: with caching off every allocation goes to the driver") {
-  SimBackend b(Environment::fixed({{"SIMDEV_NO_MEMORY_CACHING", "1"}}), sim(64));
+  SimBackend b(Environment::fixed({{"SIMDEV_NO_MEMORY_CACHING", "1"}}), sized(64));
   CachingAllocator<simdev::SimRuntime> all_devices(b);
   REQUIRE_FALSE(all_devices.config().caching);
   Allocator& a = all_devices.device(0);
@@ -402,7 +401,7 @@ TEST_CASE("allocator: with caching off every allocation goes to the driver") {
 }
 
 TEST_CASE("allocator: a double free is a RuntimeError and changes nothing") {
-  SimBackend b(Environment::fixed({}), sim());
+  SimBackend b(Environment::fixed({}), sized());
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   void* p = a.allocate(4096, s);
@@ -435,7 +434,7 @@ void check_all_freed(Allocator& a) {
 // Note [Mapped blocks]: a freed large block stays in the pointer map while
 // it is parked; what the map says is checked under the pool's lock.
 TEST_CASE("allocator: a parked large block is not live: a second free, record_stream and owns refuse it") {
-  SimBackend b(Environment::fixed({}), sim());
+  SimBackend b(Environment::fixed({}), sized());
   for (bool caching : {true, false}) {
     CAPTURE(caching);
     AllocatorConfig config;
@@ -484,7 +483,7 @@ TEST_CASE("allocator: a parked large block is not live: a second free, record_st
 // also where the free leaves the map before it is done (the block was used
 // on another stream, or caching is off).
 TEST_CASE("allocator: a large block freed twice at once is freed once") {
-  SimBackend b(Environment::fixed({}), sim());
+  SimBackend b(Environment::fixed({}), sized());
   for (bool caching : {true, false}) {
     CAPTURE(caching);
     AllocatorConfig config;
@@ -521,7 +520,7 @@ TEST_CASE("allocator: a large block freed twice at once is freed once") {
 }
 
 TEST_CASE("allocator: a pointer inside a small block, or off its start, is not freed") {
-  SimBackend b(Environment::fixed({}), sim());
+  SimBackend b(Environment::fixed({}), sized());
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   auto* p = static_cast<char*>(a.allocate(4096, s));
@@ -585,7 +584,7 @@ void check_small_blocks(Allocator& a, const std::map<std::uintptr_t, std::size_t
 }
 
 TEST_CASE("allocator: small blocks stay consistent through random splits and merges") {
-  SimBackend b(Environment::fixed({}), sim(256));
+  SimBackend b(Environment::fixed({}), sized(256));
   // Power-of-two divisions make the rounding up larger than 512 B.
   for (const char* text : {"", "roundup_power2_divisions:4"}) {
     CAPTURE(text);
@@ -642,7 +641,7 @@ bool frees_are_parked(Allocator& a, SimBackend& b, StreamHandle s) {
 }
 
 TEST_CASE("allocator: parking turns off while freed sizes do not come back, and on when they do") {
-  SimBackend b(Environment::fixed({}), sim(256));
+  SimBackend b(Environment::fixed({}), sized(256));
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   CHECK(frees_are_parked(a, b, s));  // a pool starts parking
@@ -677,7 +676,7 @@ TEST_CASE("allocator: small and large blocks are told apart while segments come 
   // Large frees remember that their address window holds no small segment
   // (Note [Small arena]); segments created and returned between rounds must
   // not be hidden by what was remembered.
-  SimBackend b(Environment::fixed({}), sim(512));
+  SimBackend b(Environment::fixed({}), sized(512));
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   std::mt19937 rng(11);
@@ -704,7 +703,7 @@ TEST_CASE("allocator: small and large blocks are told apart while segments come 
 }
 
 TEST_CASE("allocator: a driver failure while growing leaves the allocator consistent") {
-  SimBackend b(Environment::fixed({}), sim());
+  SimBackend b(Environment::fixed({}), sized());
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   b.runtime().inject_fault("malloc");
@@ -724,7 +723,7 @@ TEST_CASE("allocator: a driver failure while growing leaves the allocator consis
 }
 
 TEST_CASE("allocator: history and snapshot are exported as JSON, bounded") {
-  SimBackend b(Environment::fixed({}), sim());
+  SimBackend b(Environment::fixed({}), sized());
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   a.record_history(4);
@@ -753,7 +752,7 @@ TEST_CASE("allocator: history and snapshot are exported as JSON, bounded") {
 // A parked block is free at once: what statistics and snapshots report
 // must not lag behind a free that parked it (Note [Mapped blocks]).
 TEST_CASE("allocator: a free shows at once in statistics and in the snapshot") {
-  SimBackend b(Environment::fixed({}), sim());
+  SimBackend b(Environment::fixed({}), sized());
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   std::vector<void*> blocks;
@@ -807,7 +806,7 @@ TEST_CASE("allocator: a free shows at once in statistics and in the snapshot") {
 }
 
 TEST_CASE("allocator: statistics reset their peaks and totals") {
-  SimBackend b(Environment::fixed({}), sim());
+  SimBackend b(Environment::fixed({}), sized());
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   void* p = a.allocate(8192, s);
@@ -823,7 +822,7 @@ TEST_CASE("allocator: statistics reset their peaks and totals") {
 }
 
 TEST_CASE("allocator: many threads on many streams never hand out overlapping blocks") {
-  SimBackend b(Environment::fixed({}), sim(512));
+  SimBackend b(Environment::fixed({}), sized(512));
   Allocator a(b, 0, AllocatorConfig{});
   std::vector<StreamHandle> streams;
   for (int i = 0; i < 3; ++i) streams.push_back(b.stream_create(0, 0));
@@ -879,7 +878,7 @@ TEST_CASE("allocator: blocks freed by other threads while the cache is emptied")
   // Small blocks are found through remembered address windows (Note [Small
   // arena]); frees from threads that did not allocate, while empty_cache()
   // returns segments and new ones take their addresses, must find them all.
-  SimBackend b(Environment::fixed({}), sim(512));
+  SimBackend b(Environment::fixed({}), sized(512));
   Allocator a(b, 0, AllocatorConfig{});
   std::vector<StreamHandle> streams;
   for (int i = 0; i < 3; ++i) streams.push_back(b.stream_create(0, 0));
@@ -957,7 +956,7 @@ TEST_CASE("allocator: blocks freed by other threads while the cache is emptied")
 }
 
 TEST_CASE("allocator: one allocator per device through CachingAllocator") {
-  SimBackend b(Environment::fixed({{"SIMDEV_ALLOC_CONF", "max_split_size_mb:64"}}), sim(64, 2));
+  SimBackend b(Environment::fixed({{"SIMDEV_ALLOC_CONF", "max_split_size_mb:64"}}), sized(64, 2));
   CachingAllocator<simdev::SimRuntime> alloc(b);
   CHECK(alloc.config().max_split_size == 64 * kMiB);
   StreamHandle s0 = b.stream_create(0, 0);
@@ -972,12 +971,12 @@ TEST_CASE("allocator: one allocator per device through CachingAllocator") {
   alloc.empty_cache();
   CHECK(b.runtime().bytes_in_use(0) == 0);
   CHECK(b.runtime().bytes_in_use(1) == 0);
-  SimBackend bad(Environment::fixed({{"SIMDEV_ALLOC_CONF", "max_split_size_mb:x"}}), sim(64));
+  SimBackend bad(Environment::fixed({{"SIMDEV_ALLOC_CONF", "max_split_size_mb:x"}}), sized(64));
   CHECK_THROWS_AS(CachingAllocator<simdev::SimRuntime>(bad), ValueError);
 }
 
 TEST_CASE("allocator: a small request may reuse a free large block no bigger than 2 MiB") {
-  SimBackend b(Environment::fixed({}), sim(64));
+  SimBackend b(Environment::fixed({}), sized(64));
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   void* big = a.allocate(2 * kMiB, s);  // a large request: its own 2 MiB segment
@@ -989,7 +988,7 @@ TEST_CASE("allocator: a small request may reuse a free large block no bigger tha
 }
 
 TEST_CASE("allocator: contains() knows every address of its segments, allocated or cached") {
-  SimBackend b(Environment::fixed({}), sim(64));
+  SimBackend b(Environment::fixed({}), sized(64));
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   auto* small_p = static_cast<char*>(a.allocate(1000, s));

@@ -4,6 +4,7 @@
 // 0's work is held back by simdev's gate, so work of device 1 that ran too
 // early would see the old bytes.
 #include "catch.hpp"
+#include "support.hpp"
 
 #include <accelkit/accelkit.hpp>
 
@@ -19,14 +20,8 @@
 
 using namespace accelkit;
 
+using namespace accelkit_tests;
 namespace {
-simdev::Config sim() {
-  simdev::Config c;
-  c.device_count = 2;
-  c.memory_bytes = {64ull << 20};
-  return c;
-}
-
 // simdev without stream_wait_peer_event: everything else forwarded.
 struct NoPeerWait : Runtime<NoPeerWait> {
   static constexpr std::string_view name = "nopeerwait";

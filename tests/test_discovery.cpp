@@ -1,6 +1,7 @@
 // Device discovery, initialization, current device and fork behaviour of
 // Backend<R>, against the simdev runtime.
 #include "catch.hpp"
+#include "support.hpp"
 
 #include <accelkit/accelkit.hpp>
 
@@ -18,6 +19,7 @@
 using namespace accelkit;
 using SimBackend = Backend<simdev::SimRuntime>;
 
+using namespace accelkit_tests;
 namespace {
 simdev::Config devices(int n) {
   simdev::Config c;
@@ -30,9 +32,6 @@ Environment env(std::map<std::string, std::string> vars = {}) {
   return Environment::fixed(std::move(vars));
 }
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 }  // namespace
 
 TEST_CASE("discovery: device_count counts devices without creating a context") {

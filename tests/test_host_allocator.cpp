@@ -1,5 +1,6 @@
 // The pinned host allocator (Note [Pinned host allocator]) on simdev.
 #include "catch.hpp"
+#include "support.hpp"
 
 #include <accelkit/accelkit.hpp>
 
@@ -15,15 +16,7 @@ using namespace accelkit;
 using SimBackend = Backend<simdev::SimRuntime>;
 using Host = HostAllocator<simdev::SimRuntime>;
 
-namespace {
-simdev::Config sim() {
-  simdev::Config c;
-  c.device_count = 2;
-  c.memory_bytes = {64ull << 20};
-  return c;
-}
-}  // namespace
-
+using namespace accelkit_tests;
 TEST_CASE("host allocator: power-of-two blocks are cached and reused") {
   SimBackend b(Environment::fixed({}), sim());
   Host h(b);

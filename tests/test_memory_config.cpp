@@ -1,5 +1,6 @@
 // <NAME>_ALLOC_CONF parsing and size rounding (Note [Allocator configuration]).
 #include "catch.hpp"
+#include "support.hpp"
 
 #include <accelkit/memory/config.hpp>
 
@@ -8,6 +9,7 @@
 using namespace accelkit;
 using memory_constants::kMiB;
 
+using namespace accelkit_tests;
 namespace {
 AllocatorConfig parse(const std::string& text) {
   return AllocatorConfig::parse("acme", "ACME_ALLOC_CONF", text);
@@ -20,9 +22,6 @@ std::string error_of(const std::string& text) {
     return e.what();
   }
   return "";
-}
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 }  // namespace
 

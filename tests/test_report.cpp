@@ -1,5 +1,6 @@
 // The device and capability report.
 #include "catch.hpp"
+#include "support.hpp"
 
 #include <accelkit/accelkit.hpp>
 #include <accelkit/detail/json.hpp>
@@ -11,10 +12,8 @@
 using namespace accelkit;
 using SimBackend = Backend<simdev::SimRuntime>;
 
+using namespace accelkit_tests;
 namespace {
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 simdev::Config two_devices() {
   simdev::Config c;
   c.device_count = 2;

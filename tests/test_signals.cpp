@@ -3,6 +3,7 @@
 // contract (Note [simdev host signals]); the SDK's host wait for a runtime
 // without the members.
 #include "catch.hpp"
+#include "support.hpp"
 
 #include <accelkit/accelkit.hpp>
 
@@ -18,25 +19,8 @@ using namespace accelkit;
 using Sim = simdev::SimRuntime;
 using SimBackend = Backend<Sim>;
 
+using namespace accelkit_tests;
 namespace {
-simdev::Config sim() {
-  simdev::Config c;
-  c.device_count = 2;
-  c.memory_bytes = {64ull << 20};
-  return c;
-}
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-template <class F>
-std::int64_t driver_code(F&& f) {
-  try {
-    f();
-  } catch (const DriverError& e) {
-    return e.code();
-  }
-  return 0;
-}
 // One byte of device memory, read back synchronously.
 char read_byte(SimBackend& b, void* p) {
   char c = 0;

@@ -4,6 +4,7 @@
 // driver only after the work that used it (Note [Ordered release]), and the
 // SDK's state kept consistent when the driver fails, now or later.
 #include "catch.hpp"
+#include "support.hpp"
 #include "live_ranges.hpp"
 
 #include <accelkit/accelkit.hpp>
@@ -28,26 +29,8 @@ using SimStreams = Streams<Sim>;
 using Allocator = DeviceCachingAllocator<Sim>;
 constexpr auto all = static_cast<std::size_t>(StatType::aggregate);
 
+using namespace accelkit_tests;
 namespace {
-simdev::Config sim(int devices = 2, std::uint64_t mib = 64) {
-  simdev::Config c;
-  c.device_count = devices;
-  c.memory_bytes = {mib << 20};
-  return c;
-}
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-// The driver code of what f throws, or 0.
-template <class F>
-std::int64_t driver_code(F&& f) {
-  try {
-    f();
-  } catch (const DriverError& e) {
-    return e.code();
-  }
-  return 0;
-}
 // Opens a gate after a delay, from another thread.
 struct OpenLater {
   std::thread t;

@@ -1,6 +1,7 @@
 // Streams and events (Note [Stream pools]) on simdev, whose streams run
 // their work asynchronously on worker threads, so ordering bugs show.
 #include "catch.hpp"
+#include "support.hpp"
 
 #include <accelkit/accelkit.hpp>
 
@@ -18,16 +19,8 @@ using SimBackend = Backend<simdev::SimRuntime>;
 using SimStreams = Streams<simdev::SimRuntime>;
 using SimEvent = accelkit::Event<simdev::SimRuntime>;
 
+using namespace accelkit_tests;
 namespace {
-simdev::Config sim(int devices = 2) {
-  simdev::Config c;
-  c.device_count = devices;
-  c.memory_bytes = {64ull << 20};
-  return c;
-}
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 // Device buffers filled from the host.
 struct Buffers {
   SimBackend& b;
