@@ -971,6 +971,10 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::array<Range, kMaxTouches> touches{};
     bool fail = false;            // an injected asynchronous fault
     bool essential = false;       // a record or wait: done in order even when failing
+    // Run by the stream once it counts this work done, under its lock: an
+    // event's completion, so that a stream whose last work is that record
+    // is idle (stream_query true) by the time the event is complete.
+    std::function<void()> then;
     bool live(SimRuntime& rt) const {
       for (const Range& r : touches)
         if (r.ptr && !rt.is_live(r)) return false;
@@ -1038,7 +1042,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       Work w;
       w.device = device_;
       w.what = "event_record";
-      w.fn = [r] { r->complete(); };
+      w.then = [r] { r->complete(); };
       w.essential = true;
       w.fail = fail;
       enqueue(std::move(w));
@@ -1081,6 +1085,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
         lock.lock();
         running_ = {};
         ++completed_;
+        if (work.then) work.then();
         cv_.notify_all();
       }
     }
@@ -1158,7 +1163,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     if (w.fail) {
       set_async_error(w.device, kLaunchFailure,
                       fmt::format("queued {} failed: injected asynchronous fault", w.what));
-      if (w.essential) w.fn();
+      if (w.essential && w.fn) w.fn();
       return;
     }
     if (!w.live(*this)) {
@@ -1166,7 +1171,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
                       fmt::format("queued {} touches memory that was freed", w.what));
       return;
     }
-    w.fn();
+    if (w.fn) w.fn();
   }
 
   void set_async_error(int device, int code, std::string message) {

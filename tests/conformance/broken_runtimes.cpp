@@ -8,7 +8,9 @@
 #include <accelkit/testing/conformance.hpp>
 #include <simdev_runtime.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -75,6 +77,34 @@ struct BlockingQuery : Wrap<BlockingQuery, SimRuntime> {
   bool stream_query(device_index device, StreamHandle stream) {
     inner().stream_synchronize(device, stream);
     return true;
+  }
+};
+
+// An event completes before its stream counts the work before it done: the
+// first stream_query after an event_synchronize answers busy.
+struct BusyAfterEvent : Wrap<BusyAfterEvent, SimRuntime> {
+  void event_synchronize(device_index device, EventHandle event) {
+    inner().event_synchronize(device, event);
+    lagging = true;
+  }
+  bool stream_query(device_index device, StreamHandle stream) {
+    if (lagging.exchange(false)) return false;
+    return inner().stream_query(device, stream);
+  }
+  std::atomic<bool> lagging{false};
+};
+
+// The runtime applies <NAME>_VISIBLE_DEVICES itself, as a driver that reads
+// the variable would: it reports only as many devices as the variable names,
+// so the SDK, which applies the variable too, numbers them twice.
+struct FiltersVisibility : Wrap<FiltersVisibility, SimRuntime> {
+  int device_count() {
+    int n = inner().device_count();
+    const char* v = std::getenv("SIMDEV_VISIBLE_DEVICES");
+    if (v == nullptr) return n;
+    std::string s(v);
+    int named = s.empty() ? 0 : 1 + static_cast<int>(std::count(s.begin(), s.end(), ','));
+    return std::min(n, named);
   }
 };
 
@@ -251,6 +281,11 @@ TEST_CASE("conformance kit: each broken rule is reported, with the rule named") 
                 "never recorded");
   expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(BlockingQuery, streams, stream_query_never_blocks),
                 "waited for the work");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(BusyAfterEvent, streams, stream_idle_after_event),
+                "1000 times in 1000");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(FiltersVisibility, discovery,
+                                              visible_devices_select),
+                "leave the variable to the SDK");
   expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(WrongProperties, properties, properties_valid),
                 "max_allocation");
   expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(TailDroppingCopy, copies, copies_every_direction),

@@ -10,7 +10,9 @@ exit 1 and its report must fail the checks that use them, naming their rule:
 tensors/operators_match_the_cpu and the training checks (mm), and in the
 OpInfo group mm as a mismatch with its largest error, sin as an error, flip
 as a crash (forward; the backward's gradients are the tests of
-opinfo's own), while add, run after the crash, still matches; the report must follow the schema (check_conformance_report.py's
+opinfo's own), while add, run after the crash, still matches; the module
+also numbers devices as if <NAME>_VISIBLE_DEVICES were applied twice, which
+visibility/visible_devices must fail; the report must follow the schema (check_conformance_report.py's
 checks, except that failures are expected here); and under python -O (which
 strips the asserts the checks are made of) the kit must refuse to run."""
 import json
@@ -42,6 +44,16 @@ with warnings.catch_warnings():
     lib.impl("mm", wrong_mm, "PrivateUse1")
     lib.impl("sin", failing_sin, "PrivateUse1")
     lib.impl("flip", crashing_flip, "PrivateUse1")
+
+# Devices numbered as by a backend that applies <NAME>_VISIBLE_DEVICES a
+# second time: logical device i answers for the i-th device the variable names.
+_mod = getattr(torch, os.environ["BROKEN_BACKEND"])
+_order = os.environ.get(os.environ["BROKEN_BACKEND"].upper() + "_VISIBLE_DEVICES")
+if _order:
+    _order = [int(x) for x in _order.split(",")]
+    _properties = _mod.get_device_properties
+    _mod.get_device_properties = lambda device=None: _properties(
+        _order[device] if isinstance(device, int) and device < len(_order) else device)
 '''
 
 
@@ -51,11 +63,11 @@ def main():
     with open(os.path.join(work, "broken_kernels.py"), "w") as f:
         f.write(BROKEN)
     path = os.path.join(work, "broken.json")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    env = dict(os.environ, BROKEN_BACKEND=backend, PYTHONPATH=os.pathsep.join(
         [work] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     run = subprocess.run(
         [sys.executable, "-m", "accelkit.testing", "--device", backend, "--import",
-         "broken_kernels", "--groups", "tensors,training,opinfo", "--opinfo-ops",
+         "broken_kernels", "--groups", "tensors,training,visibility,opinfo", "--opinfo-ops",
          "mm,sin,flip,add", "--opinfo-dtypes", "float32", "--opinfo-directions", "forward",
          "--jobs", "1", "--report", path],
         env=env, capture_output=True, text=True, timeout=280)
@@ -77,6 +89,7 @@ def main():
         "opinfo/sin float32 forward": ("fail", "error: RuntimeError: broken_kernels: sin fails"),
         "opinfo/flip float32 forward": ("fail", "crash: the process died (70)"),
         "opinfo/add float32 forward": ("pass", ""),
+        "visibility/visible_devices": ("fail", "VISIBLE_DEVICES='1,0'"),
     }
     for name, (status, text) in expect.items():
         c = checks.get(name)

@@ -51,6 +51,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -294,6 +295,77 @@ struct Checks {
                                         "discovery must be refused device use with an error; it "
                                         "exited {} (10 used the device, negative a signal)",
                                         code));
+  }
+  // Sets (or, with nullptr, unsets) a process environment variable for a
+  // scope; the old value comes back after it.
+  class ScopedVariable {
+   public:
+    ScopedVariable(std::string name, const char* value) : name_(std::move(name)) {
+      if (const char* old = std::getenv(name_.c_str())) old_ = old;
+      if (value) ::setenv(name_.c_str(), value, 1);
+      else ::unsetenv(name_.c_str());
+    }
+    ~ScopedVariable() {
+      if (old_) ::setenv(name_.c_str(), old_->c_str(), 1);
+      else ::unsetenv(name_.c_str());
+    }
+    ScopedVariable(const ScopedVariable&) = delete;
+    ScopedVariable& operator=(const ScopedVariable&) = delete;
+
+   private:
+    std::string name_;
+    std::optional<std::string> old_;
+  };
+
+  // <NAME>_VISIBLE_DEVICES is the SDK's to apply (Note [Visible devices]):
+  // the runtime numbers every physical device whatever the variable says, so
+  // that the SDK's logical device i is the physical device the variable
+  // names i-th. A runtime (or its driver) that filters by the variable too
+  // applies it twice. The variable is set in the process's environment, where
+  // a driver would read it, before each fresh runtime is made.
+  static void visible_devices_select(Kit& kit, Verdict& v) {
+    const std::string var = visible_devices_variable(R::name);
+    std::vector<std::string> uuids;
+    {
+      ScopedVariable unset(var, nullptr);
+      auto b = kit.fresh_backend();
+      for (int d = 0; d < b->device_count(); ++d) uuids.push_back(b->properties(d).uuid);
+    }
+    if (uuids.empty()) return v.skip("no device");
+    auto selects = [&](const std::string& value, const std::vector<int>& physical) {
+      ScopedVariable set(var, value.c_str());
+      auto b = kit.fresh_backend();
+      int seen = b->device_count();
+      if (!v.require(seen == static_cast<int>(physical.size()),
+                     fmt::format("with {}='{}' the SDK saw {} device(s), not {}: the runtime must "
+                                 "number every physical device and leave the variable to the SDK",
+                                 var, value, seen, physical.size())))
+        return false;
+      for (std::size_t i = 0; i < physical.size(); ++i) {
+        int d = static_cast<int>(i);
+        std::string uuid = b->properties(d).uuid;
+        if (!v.require(uuid == uuids[static_cast<std::size_t>(physical[i])],
+                       fmt::format("with {}='{}' logical device {} has UUID {}, not physical "
+                                   "device {}'s {}",
+                                   var, value, i, uuid, physical[i],
+                                   uuids[static_cast<std::size_t>(physical[i])])))
+          return false;
+      }
+      if (physical.empty()) return true;
+      std::vector<unsigned char> in = pattern(4096, 7), out(in.size());
+      void* p = b->raw_malloc(0, in.size());
+      b->memcpy(0, p, in.data(), in.size(), CopyKind::host_to_device);
+      b->memcpy(0, out.data(), p, out.size(), CopyKind::device_to_host);
+      b->raw_free(0, p, in.size());
+      return v.require(in == out, fmt::format("with {}='{}' a copy through logical device 0 "
+                                              "came back different",
+                                              var, value));
+    };
+    int n = static_cast<int>(uuids.size());
+    for (int d = 0; d < std::min(n, 4); ++d)
+      if (!selects(std::to_string(d), {d})) return;
+    if (n >= 2 && !selects("1,0", {1, 0})) return;
+    selects("", {});
   }
   static void device_count_stable(Kit& kit, Verdict& v) {
     auto b = kit.fresh_backend();
@@ -622,6 +694,35 @@ struct Checks {
                             query * 1e3, work * 1e3));
     v.require(b.stream_query(0, s), "stream_query is false after stream_synchronize");
     free_busy(kit, 0, w);
+    b.stream_destroy(0, s);
+  }
+  // An event recorded behind a stream's last work completes no earlier than
+  // that work, so once it is complete the stream is idle (CUDA: an event's
+  // completion means the work before it is done). A runtime that signals the
+  // event before it counts the work done answers "busy" in between.
+  static void stream_idle_after_event(Kit& kit, Verdict& v) {
+    if (no_device(kit, v)) return;
+    auto& b = kit.backend();
+    StreamHandle s = b.stream_create(0, 0);
+    EventHandle e = b.event_create(0, EventFlags::none);
+    constexpr std::size_t n = 4096;
+    void* a = b.raw_malloc(0, n);
+    constexpr int kRounds = 1000;
+    int busy = 0;
+    for (int i = 0; i < kRounds; ++i) {
+      b.memset_async(0, a, i & 0xff, n, s);
+      b.event_record(0, e, s);
+      b.event_synchronize(0, e);
+      if (!b.stream_query(0, s)) ++busy;
+    }
+    b.stream_synchronize(0, s);
+    v.require(busy == 0,
+              fmt::format("stream_query was false right after event_synchronize returned for an "
+                          "event recorded behind the stream's last work, {} times in {}: the "
+                          "stream must be idle once that event is complete",
+                          busy, kRounds));
+    b.raw_free(0, a, n);
+    b.event_destroy(0, e);
     b.stream_destroy(0, s);
   }
   static void cross_stream_wait(Kit& kit, Verdict& v) {
@@ -1018,6 +1119,9 @@ ACCELKIT_END_NAMESPACE
   X(discovery, fork_after_discovery,                                                             \
     "a child forked after discovery uses the device, or is refused it with an error when "       \
     "fork_safe_discovery is false")                                                              \
+  X(discovery, visible_devices_select,                                                           \
+    "<NAME>_VISIBLE_DEVICES selects and orders the physical devices it names; the runtime "     \
+    "numbers every physical device and leaves the variable to the SDK")                          \
   X(discovery, device_count_stable,                                                              \
     "device_count fails only with DriverError, and the SDK's count is stable")       \
   X(discovery, discovery_starts_no_context,                                                      \
@@ -1037,6 +1141,8 @@ ACCELKIT_END_NAMESPACE
   X(copies, copies_every_direction, "copies in every direction and size are exact")             \
   X(copies, async_copies_ordered, "copies and fills queued on one stream run in order")         \
   X(streams, stream_query_never_blocks, "stream_query never waits for queued work")             \
+  X(streams, stream_idle_after_event,                                                            \
+    "stream_query is true once an event recorded behind the stream's last work is complete")    \
   X(streams, cross_stream_wait, "stream_wait_event orders later work after the event's work")   \
   X(streams, priorities_in_range, "every priority in the reported range makes a working stream") \
   X(streams, signal_wait_orders,                                                                 \

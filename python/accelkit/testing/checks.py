@@ -7,6 +7,10 @@ returning, fails by raising (the message says what broke the rule) and is
 skipped by raising Skip (e.g. a check of two devices on a backend with one).
 """
 import inspect
+import json
+import os
+import subprocess
+import sys
 import time
 import warnings
 
@@ -566,6 +570,61 @@ def operator_errors(ctx):
     expect_raises(IndexError, lambda: a[5])
     expect_raises(RuntimeError, lambda: a.view(4, 4))
     assert (a @ a.t()).cpu().tolist() == [[3.0, 3.0], [3.0, 3.0]]
+
+
+# ------------------------------------------------------------- visibility
+
+_VISIBLE_CHILD = r"""
+import importlib, json, os, sys
+import torch
+name = sys.argv[1]
+for module in ["torch_" + name, *filter(None, os.environ.get("ACCELKIT_TESTING_IMPORT", "").split(","))]:
+    importlib.import_module(module)
+mod = getattr(torch, name)
+n = mod.device_count()
+print(json.dumps({"count": n, "uuids": [mod.get_device_properties(i)["uuid"] for i in range(n)],
+                  "error": mod.init_error() if hasattr(mod, "init_error") else ""}))
+"""
+
+
+def _visible_in_child(ctx, value):
+    """torch.<name>'s devices (their UUIDs) in a new process whose
+    <NAME>_VISIBLE_DEVICES is `value` (None: unset)."""
+    var = f"{ctx.name.upper()}_VISIBLE_DEVICES"
+    env = dict(os.environ)
+    if value is None:
+        env.pop(var, None)
+    else:
+        env[var] = value
+    p = subprocess.run([sys.executable, "-c", _VISIBLE_CHILD, ctx.name], capture_output=True,
+                       text=True, env=env, timeout=300)
+    if p.returncode != 0 or not p.stdout.strip():
+        tail = (p.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+        raise AssertionError(f"with {var}={value!r} a new process could not list the devices: "
+                             f"{tail}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@check("visibility", "<NAME>_VISIBLE_DEVICES, set before a process loads the backend, selects and "
+                     "orders the devices it names (by UUID); an empty value hides them all")
+def visible_devices(ctx):
+    ctx.need_devices(1)
+    var = f"{ctx.name.upper()}_VISIBLE_DEVICES"
+    if var in os.environ:
+        uuids = _visible_in_child(ctx, None)["uuids"]
+    else:
+        uuids = [ctx.mod.get_device_properties(i)["uuid"] for i in range(ctx.devices)]
+    # A process each (a second of importing torch): "1,0" both selects and
+    # reorders, so a runtime that applies the variable too (and numbers the
+    # devices it names from 0) shows the wrong order.
+    cases = [("1,0", [1, 0])] if len(uuids) >= 2 else [("0", [0])]
+    cases.append(("", []))
+    for value, physical in cases:
+        got = _visible_in_child(ctx, value)
+        want = [uuids[d] for d in physical]
+        assert got["uuids"] == want, \
+            f"with {var}={value!r}, torch.{ctx.name} has the devices {got['uuids']}, not " \
+            f"{want} (physical {physical}){'; ' + got['error'] if got['error'] else ''}"
 
 
 GROUPS = list(dict.fromkeys(c.group for c in CHECKS))
