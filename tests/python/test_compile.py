@@ -209,6 +209,68 @@ def test_a_compiled_training_step_matches_eager_and_the_compiled_cpu(make, shape
         _close([torch.compile(m)(x.to(DEV)).cpu()], [m(x.to(DEV)).cpu()], rtol=1e-5, atol=1e-5)
 
 
+@host_visible
+def test_a_compiled_channels_last_convolution_has_the_strides_of_eager_and_the_compiled_cpu():
+    # Note [The convolution's strides under fake tensors]: a graph that ends
+    # in the convolution returns its output as the generated code made it,
+    # checked against what the fake convolution promised. With the fake's
+    # own answer (contiguous, PyTorch's for a PrivateUse1 device) the
+    # generated stride check fails; the SDK's convolution (the CPU's) returns
+    # channels-last, as eagerly.
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 8, 3, padding=1)
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    outs = {}
+    for device in (DEV, "cpu"):
+        torch.compiler.reset()
+        m = conv.to(device, memory_format=torch.channels_last)
+        outs[device] = (torch.compile(m)(x.to(device)), m(x.to(device)))
+    (compiled, eager), (cpu_compiled, _) = outs[DEV], outs["cpu"]
+    assert eager.is_contiguous(memory_format=torch.channels_last)
+    assert compiled.stride() == eager.stride() == cpu_compiled.stride()
+    _close([compiled.cpu()], [cpu_compiled], rtol=1e-5, atol=1e-5)
+
+
+@host_visible
+def test_layout_optimization_answers_for_the_device_as_for_the_cpu(monkeypatch):
+    # Note [Inductor's CPU checks]: GraphLowering.decide_layout_opt gives a
+    # graph of the device's convolutions the CPU's answer (channels-last
+    # convolutions inside the graph, where oneDNN is there); PyTorch's own
+    # answers no for a PrivateUse1 device.
+    from torch._inductor import config as iconfig
+    from torch._inductor import graph
+    _compile_module()._patch_cpu_checks()  # before the spy: it checks the source it replaces
+    answers = []
+    decide = graph.GraphLowering.decide_layout_opt
+
+    def spy(gm, *, is_inference):
+        answers.append(decide(gm, is_inference=is_inference))
+        return answers[-1]
+    monkeypatch.setattr(graph.GraphLowering, "decide_layout_opt", staticmethod(spy))
+    model = _cnn()
+    torch.manual_seed(1)
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))
+    seen = {}
+    with iconfig.patch(fx_graph_cache=False):  # a cached graph is not lowered again
+        for device in (DEV, "cpu"):
+            torch.compiler.reset()
+            answers.clear()
+            _train(model, x, y, device, compiled=True, steps=1)
+            seen[device] = list(answers)
+    assert seen[DEV] == seen["cpu"] and len(seen["cpu"]) == 2  # forward and backward graphs
+    if torch.backends.mkldnn.is_available():
+        assert seen["cpu"][0], seen  # the forward graph, whose convolution it is
+    assert getattr(decide, "_accelkit", False)  # the SDK's version, over PyTorch's
+    torch.compiler.reset()
+    answers.clear()
+    monkeypatch.setattr(graph.GraphLowering, "decide_layout_opt",
+                        staticmethod(lambda gm, *, is_inference: answers.append(
+                            decide.__wrapped__(gm, is_inference=is_inference)) or answers[-1]))
+    with iconfig.patch(fx_graph_cache=False):
+        _train(model, x, y, DEV, compiled=True, steps=1)
+    assert answers and not any(answers), answers  # PyTorch's own: no layout optimization
+
+
 class _Attention(nn.Module):
     def __init__(self, dim=32, heads=4):
         super().__init__()
