@@ -5,7 +5,8 @@ usage: python_kit_catches.py BACKEND WORKDIR
 Runs python -m accelkit.testing on BACKEND with a module imported (the
 kit's --import, so in its OpInfo children too) that registers deliberately
 broken kernels for the backend through torch.library: aten::mm answers the
-product plus one, aten::sin raises, aten::flip kills the process. The kit must
+product plus one, aten::sin raises, aten::flip kills the process,
+aten::convolution returns contiguous outputs for channels-last inputs. The kit must
 exit 1 and its report must fail the checks that use them, naming their rule:
 tensors/operators_match_the_cpu and the training checks (mm), and in the
 OpInfo group mm as a mismatch with its largest error, sin as an error, flip
@@ -39,11 +40,17 @@ def crashing_flip(x, dims):
     os._exit(70)
 
 
+def contiguous_convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    return torch.convolution(x.cpu(), w.cpu(), None if b is None else b.cpu(), stride, padding,
+                             dilation, transposed, output_padding, groups).contiguous().to(x.device)
+
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
     lib.impl("mm", wrong_mm, "PrivateUse1")
     lib.impl("sin", failing_sin, "PrivateUse1")
     lib.impl("flip", crashing_flip, "PrivateUse1")
+    lib.impl("convolution", contiguous_convolution, "PrivateUse1")
 
 # Devices numbered as by a backend that applies <NAME>_VISIBLE_DEVICES a
 # second time: logical device i answers for the i-th device the variable names.
@@ -84,6 +91,7 @@ def main():
     expect = {
         "tensors/operators_match_the_cpu": ("fail", "mm"),
         "tensors/factories": ("pass", ""),
+        "tensors/convolution_strides": ("fail", "strides (512, 64, 8, 1) on the device"),
         "training/mlp_sgd": ("fail", "losses"),
         "opinfo/mm float32 forward": ("fail", "mismatch: Mismatch: output 0"),
         "opinfo/sin float32 forward": ("fail", "error: RuntimeError: broken_kernels: sin fails"),

@@ -164,6 +164,23 @@ def operators_match_the_cpu(ctx):
         ctx.close(f(da, db, dc), f(a, b, c), name)
 
 
+@check("tensors", "a convolution gives the CPU's values and the CPU's strides (channels-last for "
+                  "a channels-last input), which torch.compile's fake convolution promises for "
+                  "the device")
+def convolution_strides(ctx):
+    g = torch.Generator().manual_seed(0)
+    w, bias = torch.randn(8, 3, 3, 3, generator=g), torch.randn(8, generator=g)
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        x = torch.randn(2, 3, 8, 8, generator=g).to(memory_format=fmt)
+        want = F.conv2d(x, w.to(memory_format=fmt), bias, padding=1)
+        got = F.conv2d(x.to(ctx.name), w.to(memory_format=fmt).to(ctx.name), bias.to(ctx.name),
+                       padding=1)
+        assert got.stride() == want.stride(), \
+            f"conv2d of a {fmt} input: strides {got.stride()} on the device, {want.stride()} on " \
+            "the CPU (a compiled graph's stride check fails on them)"
+        ctx.close(got, want, f"conv2d ({fmt})")
+
+
 @check("tensors", "item() and tolist() read device values; comparisons give bool tensors")
 def scalars(ctx):
     x = torch.tensor([1.5, -2.0, 3.25], device=ctx.name)
