@@ -22,12 +22,12 @@ tensors that are
   copied back to the device tensors when gloo is done.
 
 The collective is then running on gloo's threads and the call returns; the
-returned work's ``wait()`` (and ``async_op=False``) blocks the calling
-thread until the results are in device memory; with ``pg.stream_wait``
-(``ACCELKIT_STREAM_WAIT=1``) it makes the device's current stream wait for
-it, on the device, and returns without blocking the calling thread, as
-CUDA's NCCL does, on a runtime with the host signal members (Note [wait()
-on the stream]). Unlike NCCL, the start
+returned work's ``wait()`` (and ``async_op=False``) makes the device's
+current stream wait for it, on the device, and returns without blocking the
+calling thread, as CUDA's NCCL does, on a runtime with the host signal
+members (Note [wait() on the stream]); elsewhere, or with
+``pg.stream_wait = False`` (``ACCELKIT_STREAM_WAIT=0``), it blocks the
+calling thread until the results are in device memory. Unlike NCCL, the start
 blocks the calling thread (until the current stream's work is done). With
 ``async_op=True``, device work queued on the tensors between the call and
 ``wait()`` races with the collective (on CUDA it would run after it). The
@@ -305,13 +305,14 @@ class _Work(_C10D.Work):
     are in device memory. Where the stream cannot wait for the host (a
     runtime without the signal members, or CPU tensors), wait() blocks the
     calling thread as above.
-    The group does this only with `pg.stream_wait` set
-    (ACCELKIT_STREAM_WAIT=1); by default wait() blocks the calling thread
-    until the results are in device memory, because FSDP2's training
-    (test_fsdp2_trains_like_one_cpu_process) hangs with stream-side waits:
-    one rank's collective on gloo never completes while the other rank has
-    moved on to the next iteration's all-gather; the cause is not found yet
-    (blocking the host after queueing the stream's wait makes it pass)."""
+    With `pg.stream_wait = False` (ACCELKIT_STREAM_WAIT=0) wait() blocks the
+    calling thread until the results are in device memory instead.
+    The completion runs Python (this thread's _settle, the staged copy back),
+    so a thread that blocks on such a stream while holding the GIL would
+    deadlock the process: FSDP2's optimizer step did, in a foreach kernel
+    under DTensor's Python dispatch that waited for the stream. The SDK's
+    blocking waits release the GIL (Note [Blocking waits release the GIL] in
+    accelkit/torch/python_lock.hpp)."""
 
     def __init__(self, fut):
         super().__init__()
@@ -692,8 +693,8 @@ class ProcessGroup(dist.ProcessGroup):
         self._timeout_s = timeout.total_seconds()
         self._last = (None, True)  # Note [Collectives in issue order]
         self._failures = _Failures()  # Note [wait() on the stream]
-        # Off by default: FSDP2's training hangs with it (README).
-        self.stream_wait = os.environ.get("ACCELKIT_STREAM_WAIT", "0") == "1"
+        # Note [wait() on the stream]; ACCELKIT_STREAM_WAIT=0 makes wait() block the host.
+        self.stream_wait = os.environ.get("ACCELKIT_STREAM_WAIT", "1") != "0"
         # Note [Completion on a thread of the group's own]
         self._done = _Ordered("accelkit-completion", join_s=2 * self._timeout_s)
         # Note [The vendor collective slot]

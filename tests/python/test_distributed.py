@@ -222,6 +222,7 @@ def _collectives(rank, store_path):
     dist.barrier()
     _stream_order(rank)
     _stream_side_wait(rank)
+    _wait_holding_the_gil(rank)
     _native_slot(rank)
     return "done"
 
@@ -360,7 +361,7 @@ def _stream_side_wait(rank):
     does not overwrite the copy in."""
     pg = _group()
     pg.check_agreement = False  # its blocking exchange would wait for rank 1
-    pg.stream_wait = True  # (off by default: README, Distributed training)
+    assert pg.stream_wait  # the default (ACCELKIT_STREAM_WAIT=0 turns it off)
     store = dist.distributed_c10d._get_default_store()
     dev = torch.device("simdev", rank)
     n = 1 << 16
@@ -385,7 +386,38 @@ def _stream_side_wait(rank):
         dist.all_reduce(x)
         assert x.cpu().unique().tolist() == [3.0], x.cpu().unique()
     pg.check_agreement = True
-    pg.stream_wait = False
+
+
+def _wait_holding_the_gil(rank):
+    """A thread that blocks on a stream waiting for a collective while it
+    holds the GIL (an operator under DTensor's dispatch, which calls the
+    local kernels with the GIL taken: FSDP2's optimizer step) does not
+    deadlock the collective's completion, which runs Python on the group's
+    own thread (Note [Blocking waits release the GIL]). Rank 1 joins the
+    all_reduce half a second after rank 0 has started blocking."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate
+
+    pg = _group()
+    pg.check_agreement = False
+    store = dist.distributed_c10d._get_default_store()
+    dev = torch.device("simdev", rank)
+    mesh = init_device_mesh("simdev", (WORLD,))
+    x = torch.full((1 << 12,), float(rank + 1), device=dev)
+    y = DTensor.from_local(torch.ones(1 << 12, device=dev), mesh, [Replicate()], run_check=False)
+    if rank == 0:
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()  # the stream waits; this thread goes on
+        store.set("holding_the_gil", "rank 0 blocks next")
+        y.mul_(2)  # a host kernel (or the copying fallback) waits for the stream
+        assert work.is_completed()
+    else:
+        store.get("holding_the_gil")
+        time.sleep(0.5)
+        dist.all_reduce(x)
+    assert x.cpu().unique().tolist() == [3.0], x.cpu().unique()
+    assert y.to_local().cpu().unique().tolist() == [2.0 if rank == 0 else 1.0]
+    pg.check_agreement = True
 
 
 # ---------------------------------------------------------------------- errors
@@ -483,7 +515,7 @@ def _dead_rank(rank, store_path, native):
     # the collective itself meets the dead rank: simdev's shared-memory one,
     # or gloo's.
     _group().check_agreement = not native
-    _group().stream_wait = True  # (off by default: README, Distributed training)
+    assert _group().stream_wait  # the default
     assert (_group().native is not None) == native
     dev = torch.device("simdev", rank)
     x = torch.ones(1 << 22, device=dev)

@@ -34,6 +34,7 @@
 #include <accelkit/accelkit.hpp>
 #include <accelkit/detail/contract.hpp>
 #include <accelkit/detail/once.hpp>
+#include <accelkit/torch/python_lock.hpp>
 
 #include <fmt/format.h>
 
@@ -416,6 +417,10 @@ class ACCELKIT_HIDDEN ErasedBackend final : public BackendInterface {
   }
   void memcpy_async(device_index device, void* dst, const void* src, std::size_t bytes,
                     CopyKind kind, StreamHandle stream, bool host_pinned) override {
+    // A copy to or from pageable memory may wait for the stream in the
+    // driver (as cudaMemcpyAsync does).
+    std::optional<PythonLockRelease> unlocked;
+    if (!host_pinned && kind != CopyKind::device_to_device) unlocked.emplace();
     backend_.memcpy_async(device, dst, src, bytes, kind, stream, host_pinned);
   }
   void memset_async(device_index device, void* ptr, int value, std::size_t bytes,
@@ -427,7 +432,9 @@ class ACCELKIT_HIDDEN ErasedBackend final : public BackendInterface {
                          StreamHandle stream) override {
     backend_.memcpy_peer_async(dst, dst_device, src, src_device, bytes, stream);
   }
+  // The blocking waits release the GIL (Note [Blocking waits release the GIL]).
   void stream_synchronize(device_index d, StreamHandle s) override {
+    PythonLockRelease unlocked;
     backend_.stream_synchronize(d, s);
   }
   bool has_stream_signals() noexcept override { return Backend<R>::has_stream_signals; }
@@ -468,15 +475,24 @@ class ACCELKIT_HIDDEN ErasedBackend final : public BackendInterface {
   StreamHandle handle(const Stream& s) override { return streams_.handle(s); }
   StreamHandle current_handle(device_index d) override { return streams_.current_handle(d); }
   bool stream_query(const Stream& s) override { return streams_.query(s); }
-  void synchronize(const Stream& s) override { streams_.synchronize(s); }
-  void device_synchronize(device_index d) override { streams_.device_synchronize(d); }
+  void synchronize(const Stream& s) override {
+    PythonLockRelease unlocked;
+    streams_.synchronize(s);
+  }
+  void device_synchronize(device_index d) override {
+    PythonLockRelease unlocked;
+    streams_.device_synchronize(d);
+  }
 
   void* event_create(EventFlags flags) override { return new Event<R>(streams_, flags); }
   void event_delete(void* e) noexcept override { delete static_cast<Event<R>*>(e); }
   void event_record(void* e, const Stream& s) override { static_cast<Event<R>*>(e)->record(s); }
   void event_block(void* e, const Stream& s) override { static_cast<Event<R>*>(e)->block(s); }
   bool event_query(void* e) override { return static_cast<Event<R>*>(e)->query(); }
-  void event_synchronize(void* e) override { static_cast<Event<R>*>(e)->synchronize(); }
+  void event_synchronize(void* e) override {
+    PythonLockRelease unlocked;
+    static_cast<Event<R>*>(e)->synchronize();
+  }
   float event_elapsed_time(void* start, void* end) override {
     return static_cast<Event<R>*>(start)->elapsed_time(*static_cast<Event<R>*>(end));
   }
@@ -493,7 +509,10 @@ class ACCELKIT_HIDDEN ErasedBackend final : public BackendInterface {
   void device_record_stream(device_index d, void* ptr, StreamHandle stream) override {
     device_memory().record_stream(d, ptr, stream);
   }
-  void device_empty_cache() override { device_memory().empty_cache(); }
+  void device_empty_cache() override {
+    PythonLockRelease unlocked;  // waits for the work that used cached blocks
+    device_memory().empty_cache();
+  }
   DeviceStats device_stats(device_index d) override { return device_memory().device(d).stats(); }
   MemorySnapshot device_snapshot(device_index d) override {
     return device_memory().device(d).snapshot();
@@ -519,7 +538,10 @@ class ACCELKIT_HIDDEN ErasedBackend final : public BackendInterface {
   void host_record_stream(void* ptr, device_index d, StreamHandle stream) override {
     host_memory().record_stream(ptr, d, stream);
   }
-  void host_empty_cache() override { host_memory().empty_cache(); }
+  void host_empty_cache() override {
+    PythonLockRelease unlocked;
+    host_memory().empty_cache();
+  }
   HostStats host_stats() override { return host_memory().stats(); }
   void host_reset_peak_stats() override { host_memory().reset_peak_stats(); }
   void host_reset_accumulated_stats() override { host_memory().reset_accumulated_stats(); }

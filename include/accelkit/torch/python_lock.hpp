@@ -1,0 +1,69 @@
+// accelkit: the SDK's blocking waits release Python's GIL. Includes no
+// PyTorch or Python header.
+//
+// Note [Blocking waits release the GIL]
+// A thread may block in the SDK, waiting for a stream, an event or the
+// device, while it holds Python's GIL: PyTorch's Python bindings release it
+// around an operator, but an operator reached through Python dispatch
+// (DTensor's __torch_dispatch__, which FSDP2's sharded parameters use, or a
+// torch.library kernel written in Python) runs its C++ kernels with the GIL
+// taken again. When the work waited for can finish only after Python code
+// runs on another thread, the process deadlocks. It did: with
+// accelkit.distributed's stream-side wait(), a stream waits for a host signal
+// that the collective's completion thread (Python) completes, and FSDP2's
+// optimizer step, a foreach kernel under DTensor dispatch, waited for that
+// stream in a host kernel holding the GIL, while the completion thread,
+// gloo's work done, waited for the GIL. So every blocking wait of the torch
+// adapters (stream, event and device synchronize) releases the GIL for its
+// duration when the calling thread holds it, as torch.cuda.synchronize()'s
+// binding does. Python is not linked: its three functions are looked up once
+// in the process (dlsym); in a process without Python they are absent and
+// nothing is released.
+#pragma once
+
+#include <accelkit/config.hpp>
+
+#include <dlfcn.h>
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace torch_adapter {
+
+class PythonLockRelease {
+ public:
+  PythonLockRelease() noexcept {
+    const Api& api = python();
+    if (api.check != nullptr && api.check() != 0) state_ = api.save();
+  }
+  ~PythonLockRelease() {
+    if (state_ != nullptr) python().restore(state_);
+  }
+  PythonLockRelease(const PythonLockRelease&) = delete;
+  PythonLockRelease& operator=(const PythonLockRelease&) = delete;
+
+ private:
+  struct Api {
+    int (*check)() = nullptr;        // PyGILState_Check
+    void* (*save)() = nullptr;       // PyEval_SaveThread
+    void (*restore)(void*) = nullptr;  // PyEval_RestoreThread
+  };
+  static const Api& python() noexcept {
+    static const Api api = [] {
+      Api a;
+      auto check = reinterpret_cast<int (*)()>(::dlsym(RTLD_DEFAULT, "PyGILState_Check"));
+      auto save = reinterpret_cast<void* (*)()>(::dlsym(RTLD_DEFAULT, "PyEval_SaveThread"));
+      auto restore =
+          reinterpret_cast<void (*)(void*)>(::dlsym(RTLD_DEFAULT, "PyEval_RestoreThread"));
+      if (check != nullptr && save != nullptr && restore != nullptr) {
+        a.check = check;
+        a.save = save;
+        a.restore = restore;
+      }
+      return a;
+    }();
+    return api;
+  }
+  void* state_ = nullptr;
+};
+
+}  // namespace torch_adapter
+ACCELKIT_END_NAMESPACE
