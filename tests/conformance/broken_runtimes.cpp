@@ -108,6 +108,17 @@ struct FiltersVisibility : Wrap<FiltersVisibility, SimRuntime> {
   }
 };
 
+// device_count makes a context: it opens device 0 (an allocation, in
+// simdev) before it answers; simdev's context hook counts it.
+struct ContextAtDiscovery : Wrap<ContextAtDiscovery, SimRuntime> {
+  int device_count() {
+    int n = inner().device_count();
+    if (n > 0) inner().free(0, inner().malloc(0, 256));
+    return n;
+  }
+  int contexts_created() const { return inner().contexts_created(); }
+};
+
 // properties() claims more than the device has.
 struct WrongProperties : Wrap<WrongProperties, SimRuntime> {
   DeviceProperties properties(device_index device) {
@@ -286,6 +297,9 @@ TEST_CASE("conformance kit: each broken rule is reported, with the rule named") 
   expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(FiltersVisibility, discovery,
                                               visible_devices_select),
                 "leave the variable to the SDK");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(ContextAtDiscovery, discovery,
+                                              discovery_starts_no_context),
+                "made 1 device context(s)");
   expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(WrongProperties, properties, properties_valid),
                 "max_allocation");
   expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(TailDroppingCopy, copies, copies_every_direction),

@@ -73,6 +73,17 @@ inline constexpr bool has_fault_hook<
     R, std::void_t<decltype(std::declval<R&>().inject_fault(std::declval<const std::string&>(), 1,
                                                             true))>> = true;
 
+// Whether R offers the kit's context hook: `int contexts_created()`, how
+// many device contexts the runtime (its driver) has made so far. Not part of
+// the contract: a test hook, as simdev's, with which the kit sees a context
+// that the runtime makes inside its own members (a device_count that opens
+// the device), which counting the calls the SDK makes cannot see.
+template <class R, class = void>
+inline constexpr bool has_context_hook = false;
+template <class R>
+inline constexpr bool has_context_hook<
+    R, std::void_t<decltype(static_cast<int>(std::declval<R&>().contexts_created()))>> = true;
+
 // One check's verdict while it runs: the first broken rule fails it.
 class Verdict {
  public:
@@ -399,6 +410,13 @@ struct Checks {
                                             "time(s): it must not create a device context",
                                             member_names[static_cast<std::size_t>(m)], c[m])))
         return;
+    }
+    if constexpr (has_context_hook<R>) {
+      int made = b->runtime().inner().contexts_created();
+      v.require(made == 0, fmt::format("discovery (device_count, properties) made {} device "
+                                       "context(s) inside the runtime (its context hook, "
+                                       "contexts_created()): it must not create one",
+                                       made));
     }
   }
 
