@@ -14,11 +14,15 @@
 // optimizer step, a foreach kernel under DTensor dispatch, waited for that
 // stream in a host kernel holding the GIL, while the completion thread,
 // gloo's work done, waited for the GIL. So every blocking wait of the torch
-// adapters (stream, event and device synchronize) releases the GIL for its
-// duration when the calling thread holds it, as torch.cuda.synchronize()'s
-// binding does. Python is not linked: its three functions are looked up once
-// in the process (dlsym); in a process without Python they are absent and
-// nothing is released.
+// adapters (stream, event and device synchronize, empty_cache, a copy to or
+// from pageable memory, which a driver may make wait for the stream)
+// releases the GIL for its duration when the calling thread holds it, as
+// torch.cuda.synchronize()'s binding does. Python is not linked: its
+// functions are looked up once in the process (dlsym); in a process without
+// Python they are absent and nothing is released. A thread holds the GIL when
+// it has a Python thread state and PyGILState_Check says so (alone, that
+// answers yes on every thread once subinterpreters have turned its check
+// off).
 #pragma once
 
 #include <accelkit/config.hpp>
@@ -32,7 +36,8 @@ class PythonLockRelease {
  public:
   PythonLockRelease() noexcept {
     const Api& api = python();
-    if (api.check != nullptr && api.check() != 0) state_ = api.save();
+    if (api.check != nullptr && api.this_thread() != nullptr && api.check() != 0)
+      state_ = api.save();
   }
   ~PythonLockRelease() {
     if (state_ != nullptr) python().restore(state_);
@@ -42,19 +47,23 @@ class PythonLockRelease {
 
  private:
   struct Api {
-    int (*check)() = nullptr;        // PyGILState_Check
-    void* (*save)() = nullptr;       // PyEval_SaveThread
+    int (*check)() = nullptr;          // PyGILState_Check
+    void* (*this_thread)() = nullptr;  // PyGILState_GetThisThreadState
+    void* (*save)() = nullptr;         // PyEval_SaveThread
     void (*restore)(void*) = nullptr;  // PyEval_RestoreThread
   };
   static const Api& python() noexcept {
     static const Api api = [] {
       Api a;
       auto check = reinterpret_cast<int (*)()>(::dlsym(RTLD_DEFAULT, "PyGILState_Check"));
+      auto this_thread = reinterpret_cast<void* (*)()>(
+          ::dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState"));
       auto save = reinterpret_cast<void* (*)()>(::dlsym(RTLD_DEFAULT, "PyEval_SaveThread"));
       auto restore =
           reinterpret_cast<void (*)(void*)>(::dlsym(RTLD_DEFAULT, "PyEval_RestoreThread"));
-      if (check != nullptr && save != nullptr && restore != nullptr) {
+      if (check != nullptr && this_thread != nullptr && save != nullptr && restore != nullptr) {
         a.check = check;
+        a.this_thread = this_thread;
         a.save = save;
         a.restore = restore;
       }
