@@ -243,10 +243,14 @@ def test_layout_optimization_answers_for_the_device_as_for_the_cpu(monkeypatch):
     answers = []
     decide = graph.GraphLowering.decide_layout_opt
 
-    def spy(gm, *, is_inference):
-        answers.append(decide(gm, is_inference=is_inference))
-        return answers[-1]
-    monkeypatch.setattr(graph.GraphLowering, "decide_layout_opt", staticmethod(spy))
+    def spying_on(answer):
+        """Inductor's decide_layout_opt replaced by `answer`, whose answers
+        go to `answers`."""
+        def spy(gm, *, is_inference):
+            answers.append(answer(gm, is_inference=is_inference))
+            return answers[-1]
+        monkeypatch.setattr(graph.GraphLowering, "decide_layout_opt", staticmethod(spy))
+    spying_on(decide)
     model = _cnn()
     torch.manual_seed(1)
     x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))
@@ -263,9 +267,7 @@ def test_layout_optimization_answers_for_the_device_as_for_the_cpu(monkeypatch):
     assert getattr(decide, "_accelkit", False)  # the SDK's version, over PyTorch's
     torch.compiler.reset()
     answers.clear()
-    monkeypatch.setattr(graph.GraphLowering, "decide_layout_opt",
-                        staticmethod(lambda gm, *, is_inference: answers.append(
-                            decide.__wrapped__(gm, is_inference=is_inference)) or answers[-1]))
+    spying_on(decide.__wrapped__)
     with iconfig.patch(fx_graph_cache=False):
         _train(model, x, y, DEV, compiled=True, steps=1)
     assert answers and not any(answers), answers  # PyTorch's own: no layout optimization

@@ -604,10 +604,9 @@ print(json.dumps({"count": n, "uuids": [mod.get_device_properties(i)["uuid"] for
 """
 
 
-def _visible_in_child(ctx, value):
+def _visible_in_child(ctx, var, value):
     """torch.<name>'s devices (their UUIDs) in a new process whose
-    <NAME>_VISIBLE_DEVICES is `value` (None: unset)."""
-    var = f"{ctx.name.upper()}_VISIBLE_DEVICES"
+    visibility variable `var` is `value` (None: unset)."""
     env = dict(os.environ)
     if value is None:
         env.pop(var, None)
@@ -628,7 +627,7 @@ def visible_devices(ctx):
     ctx.need_devices(1)
     var = f"{ctx.name.upper()}_VISIBLE_DEVICES"
     if var in os.environ:
-        uuids = _visible_in_child(ctx, None)["uuids"]
+        uuids = _visible_in_child(ctx, var, None)["uuids"]
     else:
         uuids = [ctx.mod.get_device_properties(i)["uuid"] for i in range(ctx.devices)]
     # A process each (a second of importing torch): "1,0" both selects and
@@ -637,7 +636,7 @@ def visible_devices(ctx):
     cases = [("1,0", [1, 0])] if len(uuids) >= 2 else [("0", [0])]
     cases.append(("", []))
     for value, physical in cases:
-        got = _visible_in_child(ctx, value)
+        got = _visible_in_child(ctx, var, value)
         want = [uuids[d] for d in physical]
         assert got["uuids"] == want, \
             f"with {var}={value!r}, torch.{ctx.name} has the devices {got['uuids']}, not " \
