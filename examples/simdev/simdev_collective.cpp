@@ -1,10 +1,10 @@
-// simdev's own collective library: all_reduce between the processes of one
+// simdev's own collective library: collectives between the processes of one
 // host through POSIX shared memory, offered to accelkit's process group
 // through its vendor collective slot as torch.ops.simdev_collectives
 // (Note [The vendor collective slot] in python/accelkit/distributed.py).
 //
-// Note [simdev's shared-memory all_reduce]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Note [simdev's shared-memory collectives]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A communicator is one shared segment (shm_open): a header of per-rank
 // sequence counters and process ids, then one slot of `kSlotBytes` per
 // rank. Rank 0 creates it under a name the ranks agree on through the c10d
@@ -13,22 +13,34 @@
 // it created; a rank-0 process that dies between creating the segment and
 // unlinking it (killed while the others open it) leaves the name behind in
 // /dev/shm until reboot or a manual unlink, as any shm_open user does.
-// A tensor goes in chunks of at most a slot; for chunk number s each rank
-//   1. waits until every rank has finished reading chunk s-1 (done >= s-1),
+// Every collective is a sequence of steps (`step`); in step s each rank
+//   1. waits until every rank has finished reading step s-1 (done >= s-1),
 //      so its slot may be overwritten;
-//   2. copies its chunk into its slot and publishes arrived = s (release);
-//   3. waits until every rank has arrived at s (acquire), then reduces the
-//      slots in rank order into its own tensor, so every rank computes the
-//      same bits (with two ranks, gloo's bits too: a + b == b + a);
+//   2. writes its part into its slot and publishes arrived = s (release);
+//   3. waits until every rank has arrived at s (acquire), then reads the
+//      slots it needs;
 //   4. publishes done = s.
-// A wait that lasts longer than the group's timeout, or whose peer process
-// is gone (kill(pid, 0) fails with ESRCH: the ranks share a host, and a
-// pid namespace), raises a RuntimeError naming the rank, never hangs. The
-// data are the CPU tensors the process group hands this library (views of
-// host-visible device memory, or staged copies), contiguous; this library
-// takes float32 and float64 with SUM, AVG, MIN, MAX, and refuses the rest
-// through supports(), whose answer depends only on what the ranks agreed
-// on, so every rank takes the same path.
+// The ranks take the same number of steps: it depends only on what they
+// agreed on (the dtype and the element count, checked by the process group
+// before each collective). all_reduce and reduce move a tensor in chunks of
+// a slot and reduce the slots in rank order (so every rank computes the
+// same bits; with two ranks, gloo's bits too: a + b == b + a); reduce writes
+// the result on the root only. broadcast copies the root's slot; all_gather
+// copies every rank's slot into its place in the output; reduce_scatter
+// writes, for each rank, its share of the chunk at that rank's offset in the
+// slot and reduces the shares meant for it; barrier is one step without
+// data. A wait that lasts longer than the group's timeout, or whose peer
+// process is gone (kill(pid, 0) fails with ESRCH, or it is a zombie: the
+// ranks share a host, and a pid namespace), raises a RuntimeError naming
+// the collective and the rank, never hangs, and the communicator refuses
+// further collectives (the ranks' counters disagree). The data are the CPU
+// tensors the process group hands this library (views of host-visible
+// device memory, or staged copies), contiguous. supports(): the
+// reductions (all_reduce, reduce, reduce_scatter) take float32 and float64
+// with SUM, AVG, MIN, MAX; broadcast and all_gather copy bytes, any dtype;
+// barrier; the rest (all_to_all, integer or bfloat16 reductions, PRODUCT,
+// the bitwise ops) go to gloo. The answer depends only on what the ranks
+// agreed on, so every rank takes the same path.
 #include <torch/library.h>
 
 #include <ATen/Tensor.h>
@@ -76,16 +88,27 @@ constexpr std::size_t kHeaderBytes = (sizeof(Header) + 4095) / 4096 * 4096;
 
 enum class Op { sum, avg, min, max };
 
+// What each communicator ran (the tests' counters): one per collective.
+constexpr const char* kCollectives[] = {"all_reduce", "reduce", "broadcast", "all_gather",
+                                        "reduce_scatter", "barrier"};
+constexpr int kKinds = sizeof kCollectives / sizeof kCollectives[0];
+
+int kind_of(const std::string& collective) {
+  for (int k = 0; k < kKinds; ++k)
+    if (collective == kCollectives[k]) return k;
+  return -1;
+}
+
 struct Comm {
   std::string name;
   int rank = 0;
   int size = 0;
   void* base = nullptr;
   std::size_t bytes = 0;
-  std::uint64_t seq = 0;       // chunks done by this rank
-  std::uint64_t reduces = 0;   // all_reduce calls done here (the test's counter)
-  bool broken = false;         // a wait failed: the ranks' counters disagree
-  std::mutex busy;             // one collective at a time on a communicator
+  std::uint64_t seq = 0;              // steps done by this rank
+  std::uint64_t calls[kKinds] = {};   // collectives done here, per kind
+  bool broken = false;                // a wait failed: the ranks' counters disagree
+  std::mutex busy;                    // one collective at a time on a communicator
 
   Header* header() const { return static_cast<Header*>(base); }
   char* slot(int r) const { return static_cast<char*>(base) + kHeaderBytes + r * kSlotBytes; }
@@ -105,15 +128,19 @@ std::shared_ptr<Comm> find(int64_t id, const char* what) {
   return it->second;
 }
 
-Op parse_op(const std::string& op) {
+bool reduce_op(const std::string& op) {
+  return op == "SUM" || op == "AVG" || op == "MIN" || op == "MAX";
+}
+
+Op parse_op(const std::string& op, const char* what) {
   if (op == "SUM") return Op::sum;
   if (op == "AVG") return Op::avg;
   if (op == "MIN") return Op::min;
   if (op == "MAX") return Op::max;
-  TORCH_CHECK_VALUE(false, "simdev_collectives: all_reduce: unsupported reduce op ", op);
+  TORCH_CHECK_VALUE(false, "simdev_collectives: ", what, ": unsupported reduce op ", op);
 }
 
-bool supported_dtype(c10::ScalarType t) {
+bool float_dtype(c10::ScalarType t) {
   return t == c10::ScalarType::Float || t == c10::ScalarType::Double;
 }
 
@@ -135,7 +162,7 @@ bool gone(pid_t pid) {
 // Waits until every rank's `counters` reach `target`; raises naming the
 // first rank that is late past the deadline or whose process is gone.
 void wait_all(const Comm& c, Counter* counters, std::uint64_t target, double timeout_s,
-              const char* step) {
+              const char* what, const char* step) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + std::chrono::duration<double>(timeout_s);
   int spins = 0;
@@ -149,11 +176,11 @@ void wait_all(const Comm& c, Counter* counters, std::uint64_t target, double tim
       if (spins % 64 != 0) continue;
       const std::int64_t pid = c.header()->pid[r].load(std::memory_order_acquire);
       if (pid > 0 && gone(static_cast<pid_t>(pid))) {
-        TORCH_CHECK(false, "simdev_collectives: all_reduce: rank ", r, " (pid ", pid,
+        TORCH_CHECK(false, "simdev_collectives: ", what, ": rank ", r, " (pid ", pid,
                     ") exited in the middle of the collective (", step, ")");
       }
       if (std::chrono::steady_clock::now() > deadline) {
-        TORCH_CHECK(false, "simdev_collectives: all_reduce: rank ", r,
+        TORCH_CHECK(false, "simdev_collectives: ", what, ": rank ", r,
                     " did not take part within the group's timeout of ", timeout_s, " s (",
                     step, ")");
       }
@@ -161,59 +188,153 @@ void wait_all(const Comm& c, Counter* counters, std::uint64_t target, double tim
   }
 }
 
+// One step of the protocol (Note [simdev's shared-memory collectives]):
+// `write(slot)` fills this rank's slot, `read()` reads the slots once every
+// rank has written its own.
+template <typename Write, typename Read>
+void step(Comm& c, double timeout_s, const char* what, Write write, Read read) {
+  Header* h = c.header();
+  const std::uint64_t s = ++c.seq;
+  wait_all(c, h->done, s - 1, timeout_s, what, "waiting for the ranks to read the last step");
+  write(c.slot(c.rank));
+  h->arrived[c.rank].value.store(s, std::memory_order_release);
+  wait_all(c, h->arrived, s, timeout_s, what, "waiting for the ranks' data");
+  read();
+  h->done[c.rank].value.store(s, std::memory_order_release);
+}
+
+// out[0, n) = the slots' elements [first, first + n) reduced in rank order.
 template <typename T>
-void reduce_into(const Comm& c, T* out, std::size_t offset, std::size_t n, Op op) {
-  const T* first = reinterpret_cast<const T*>(c.slot(0));
-  std::copy(first, first + n, out + offset);
+void reduce_slots(const Comm& c, T* out, std::size_t first, std::size_t n, Op op) {
+  const T* in0 = reinterpret_cast<const T*>(c.slot(0)) + first;
+  std::copy(in0, in0 + n, out);
   for (int r = 1; r < c.size; ++r) {
-    const T* in = reinterpret_cast<const T*>(c.slot(r));
-    T* o = out + offset;
+    const T* in = reinterpret_cast<const T*>(c.slot(r)) + first;
     switch (op) {
       case Op::sum:
       case Op::avg:
-        for (std::size_t i = 0; i < n; ++i) o[i] = o[i] + in[i];
+        for (std::size_t i = 0; i < n; ++i) out[i] = out[i] + in[i];
         break;
       case Op::min:
-        for (std::size_t i = 0; i < n; ++i) o[i] = in[i] < o[i] ? in[i] : o[i];
+        for (std::size_t i = 0; i < n; ++i) out[i] = in[i] < out[i] ? in[i] : out[i];
         break;
       case Op::max:
-        for (std::size_t i = 0; i < n; ++i) o[i] = in[i] > o[i] ? in[i] : o[i];
+        for (std::size_t i = 0; i < n; ++i) out[i] = in[i] > out[i] ? in[i] : out[i];
         break;
     }
   }
   if (op == Op::avg) {
     const T size = static_cast<T>(c.size);
-    T* o = out + offset;
-    for (std::size_t i = 0; i < n; ++i) o[i] = o[i] / size;
+    for (std::size_t i = 0; i < n; ++i) out[i] = out[i] / size;
   }
 }
 
+// all_reduce (root < 0) or reduce to `root`, in place.
 template <typename T>
-void all_reduce(Comm& c, T* data, std::size_t count, Op op, double timeout_s) {
-  const std::size_t per_chunk = kSlotBytes / sizeof(T);
-  Header* h = c.header();
-  for (std::size_t offset = 0; offset < count; offset += per_chunk) {
-    const std::size_t n = std::min(per_chunk, count - offset);
-    const std::uint64_t s = ++c.seq;
-    wait_all(c, h->done, s - 1, timeout_s, "waiting for the ranks to read the last chunk");
-    std::memcpy(c.slot(c.rank), data + offset, n * sizeof(T));
-    h->arrived[c.rank].value.store(s, std::memory_order_release);
-    wait_all(c, h->arrived, s, timeout_s, "waiting for the ranks' data");
-    reduce_into(c, data, offset, n, op);
-    h->done[c.rank].value.store(s, std::memory_order_release);
+void reduce_chunks(Comm& c, T* data, std::size_t count, Op op, int root, double timeout_s,
+                   const char* what) {
+  const std::size_t per_step = kSlotBytes / sizeof(T);
+  for (std::size_t offset = 0; offset < count; offset += per_step) {
+    const std::size_t n = std::min(per_step, count - offset);
+    step(
+        c, timeout_s, what,
+        [&](char* mine) { std::memcpy(mine, data + offset, n * sizeof(T)); },
+        [&] {
+          if (root < 0 || root == c.rank) reduce_slots(c, data + offset, 0, n, op);
+        });
   }
+}
+
+// reduce_scatter: `in` has size x n elements, rank r gets the reduction of
+// every rank's [r n, (r + 1) n) in `out`.
+template <typename T>
+void reduce_scatter(Comm& c, T* out, const T* in, std::size_t n, Op op, double timeout_s) {
+  const std::size_t per_step = kSlotBytes / sizeof(T) / static_cast<std::size_t>(c.size);
+  for (std::size_t offset = 0; offset < n; offset += per_step) {
+    const std::size_t m = std::min(per_step, n - offset);
+    step(
+        c, timeout_s, "reduce_scatter",
+        [&](char* mine) {
+          T* slot = reinterpret_cast<T*>(mine);
+          for (int d = 0; d < c.size; ++d)
+            std::memcpy(slot + d * m, in + d * n + offset, m * sizeof(T));
+        },
+        [&] { reduce_slots(c, out + offset, static_cast<std::size_t>(c.rank) * m, m, op); });
+  }
+}
+
+// broadcast from `root`, in place, any dtype (bytes).
+void broadcast(Comm& c, char* data, std::size_t bytes, int root, double timeout_s) {
+  for (std::size_t offset = 0; offset < bytes; offset += kSlotBytes) {
+    const std::size_t n = std::min(kSlotBytes, bytes - offset);
+    step(
+        c, timeout_s, "broadcast",
+        [&](char* mine) {
+          if (c.rank == root) std::memcpy(mine, data + offset, n);
+        },
+        [&] {
+          if (c.rank != root) std::memcpy(data + offset, c.slot(root), n);
+        });
+  }
+}
+
+// all_gather: rank r's `in` (bytes) into [r bytes, (r + 1) bytes) of `out`.
+void all_gather(Comm& c, char* out, const char* in, std::size_t bytes, double timeout_s) {
+  for (std::size_t offset = 0; offset < bytes; offset += kSlotBytes) {
+    const std::size_t n = std::min(kSlotBytes, bytes - offset);
+    step(
+        c, timeout_s, "all_gather", [&](char* mine) { std::memcpy(mine, in + offset, n); },
+        [&] {
+          for (int r = 0; r < c.size; ++r) std::memcpy(out + r * bytes + offset, c.slot(r), n);
+        });
+  }
+}
+
+void check_tensor(const at::Tensor& t, const char* what, const char* name) {
+  TORCH_CHECK_VALUE(t.device().is_cpu() && t.is_contiguous(), "simdev_collectives: ", what,
+                    " takes contiguous CPU tensors, got ", name, " on ", t.device(),
+                    t.is_contiguous() ? "" : " (not contiguous)");
+}
+
+void check_float(const at::Tensor& t, const char* what) {
+  TORCH_CHECK_VALUE(float_dtype(t.scalar_type()), "simdev_collectives: ", what,
+                    ": unsupported dtype ", t.scalar_type());
+}
+
+void check_root(const Comm& c, int64_t root, const char* what) {
+  TORCH_CHECK_VALUE(root >= 0 && root < c.size, "simdev_collectives: ", what, ": root rank ",
+                    root, " of ", c.size, " ranks");
+}
+
+// Runs `body` as collective `kind` on communicator `id`: one at a time,
+// refused once a collective failed, counted once done.
+// `check(comm)` raises on a bad argument before anything is exchanged.
+template <typename Check, typename Body>
+void run(int64_t id, int kind, Check check, Body body) {
+  const char* what = kCollectives[kind];
+  std::shared_ptr<Comm> c = find(id, what);
+  check(*c);
+  std::lock_guard<std::mutex> lock(c->busy);
+  TORCH_CHECK(!c->broken, "simdev_collectives: ", what, ": the communicator failed in an "
+              "earlier collective (a rank died or timed out); make a new group");
+  c->broken = true;  // until this collective completes
+  body(*c);
+  c->broken = false;
+  ++c->calls[kind];
 }
 
 }  // namespace
 
-// The library, from Python (accelkit's slot adapter calls these):
+// The library, from Python (accelkit's slot adapter calls these; each
+// collective in place or into `output`, on contiguous CPU tensors, blocking
+// until this rank's part is done, raising past `timeout_s`):
 // - open(name, rank, size, create) -> communicator: rank 0 with create=True
 //   makes the segment, the others open it after (the store says when);
 // - unlink(name): rank 0, once every rank has opened it;
 // - supports(collective, op, dtype): what this library implements;
-// - all_reduce(comm, tensor, op, timeout_s): in place, on a contiguous CPU
-//   tensor, blocking until every rank's share is reduced;
-// - reduces(comm): how many all_reduce calls this communicator ran;
+// - all_reduce, reduce, broadcast, all_gather, reduce_scatter, barrier;
+// - calls(comm, collective): how many of that collective this communicator
+//   ran (the tests' counter);
 // - close(comm).
 TORCH_LIBRARY(simdev_collectives, m) {
   m.def("open(str name, int rank, int size, bool create) -> int",
@@ -277,36 +398,94 @@ TORCH_LIBRARY(simdev_collectives, m) {
   m.def("unlink(str name) -> ()", [](std::string name) { shm_unlink(name.c_str()); });
   m.def("supports(str collective, str op, ScalarType dtype) -> bool",
         [](std::string collective, std::string op, c10::ScalarType dtype) {
-          return collective == "all_reduce" &&
-                 (op == "SUM" || op == "AVG" || op == "MIN" || op == "MAX") &&
-                 supported_dtype(dtype);
+          if (collective == "all_reduce" || collective == "reduce" ||
+              collective == "reduce_scatter")
+            return reduce_op(op) && float_dtype(dtype);
+          return collective == "broadcast" || collective == "all_gather" ||
+                 collective == "barrier";
         });
   m.def("all_reduce(int comm, Tensor(a!) tensor, str op, float timeout_s) -> ()",
         [](int64_t id, at::Tensor t, std::string op_name, double timeout_s) {
-          std::shared_ptr<Comm> c = find(id, "all_reduce");
-          const Op op = parse_op(op_name);
-          TORCH_CHECK_VALUE(t.device().is_cpu() && t.is_contiguous(),
-                            "simdev_collectives: all_reduce takes a contiguous CPU tensor, got ",
-                            t.device(), t.is_contiguous() ? "" : " (not contiguous)");
-          TORCH_CHECK_VALUE(supported_dtype(t.scalar_type()),
-                            "simdev_collectives: all_reduce: unsupported dtype ", t.scalar_type());
-          std::lock_guard<std::mutex> lock(c->busy);
-          TORCH_CHECK(!c->broken, "simdev_collectives: all_reduce: the communicator failed "
-                      "in an earlier collective (a rank died or timed out); make a new group");
-          const auto count = static_cast<std::size_t>(t.numel());
-          c->broken = true;  // until this collective completes
-          if (t.scalar_type() == c10::ScalarType::Float) {
-            all_reduce(*c, t.data_ptr<float>(), count, op, timeout_s);
-          } else {
-            all_reduce(*c, t.data_ptr<double>(), count, op, timeout_s);
-          }
-          c->broken = false;
-          ++c->reduces;
+          const Op op = parse_op(op_name, "all_reduce");
+          check_tensor(t, "all_reduce", "the tensor");
+          check_float(t, "all_reduce");
+          run(id, 0, [](const Comm&) {}, [&](Comm& c) {
+            const auto count = static_cast<std::size_t>(t.numel());
+            if (t.scalar_type() == c10::ScalarType::Float)
+              reduce_chunks(c, t.data_ptr<float>(), count, op, -1, timeout_s, "all_reduce");
+            else
+              reduce_chunks(c, t.data_ptr<double>(), count, op, -1, timeout_s, "all_reduce");
+          });
         });
-  m.def("reduces(int comm) -> int", [](int64_t id) {
-    std::shared_ptr<Comm> c = find(id, "reduces");
+  m.def("reduce(int comm, Tensor(a!) tensor, int root, str op, float timeout_s) -> ()",
+        [](int64_t id, at::Tensor t, int64_t root, std::string op_name, double timeout_s) {
+          const Op op = parse_op(op_name, "reduce");
+          check_tensor(t, "reduce", "the tensor");
+          check_float(t, "reduce");
+          run(id, 1, [&](const Comm& c) { check_root(c, root, "reduce"); }, [&](Comm& c) {
+            const auto count = static_cast<std::size_t>(t.numel());
+            const int r = static_cast<int>(root);
+            if (t.scalar_type() == c10::ScalarType::Float)
+              reduce_chunks(c, t.data_ptr<float>(), count, op, r, timeout_s, "reduce");
+            else
+              reduce_chunks(c, t.data_ptr<double>(), count, op, r, timeout_s, "reduce");
+          });
+        });
+  m.def("broadcast(int comm, Tensor(a!) tensor, int root, float timeout_s) -> ()",
+        [](int64_t id, at::Tensor t, int64_t root, double timeout_s) {
+          check_tensor(t, "broadcast", "the tensor");
+          run(id, 2, [&](const Comm& c) { check_root(c, root, "broadcast"); }, [&](Comm& c) {
+            broadcast(c, static_cast<char*>(t.data_ptr()), t.nbytes(), static_cast<int>(root),
+                      timeout_s);
+          });
+        });
+  m.def("all_gather(int comm, Tensor(a!) output, Tensor input, float timeout_s) -> ()",
+        [](int64_t id, at::Tensor out, at::Tensor in, double timeout_s) {
+          check_tensor(out, "all_gather", "the output");
+          check_tensor(in, "all_gather", "the input");
+          run(id, 3, [&](const Comm& c) {
+            TORCH_CHECK_VALUE(out.scalar_type() == in.scalar_type() &&
+                                  out.nbytes() == in.nbytes() * static_cast<std::size_t>(c.size),
+                              "simdev_collectives: all_gather: the output (", out.scalar_type(),
+                              " x ", out.numel(), ") is not ", c.size, " inputs (",
+                              in.scalar_type(), " x ", in.numel(), ")");
+          }, [&](Comm& c) {
+            all_gather(c, static_cast<char*>(out.data_ptr()),
+                       static_cast<const char*>(in.data_ptr()), in.nbytes(), timeout_s);
+          });
+        });
+  m.def("reduce_scatter(int comm, Tensor(a!) output, Tensor input, str op, float timeout_s) -> ()",
+        [](int64_t id, at::Tensor out, at::Tensor in, std::string op_name, double timeout_s) {
+          const Op op = parse_op(op_name, "reduce_scatter");
+          check_tensor(out, "reduce_scatter", "the output");
+          check_tensor(in, "reduce_scatter", "the input");
+          check_float(in, "reduce_scatter");
+          const auto n = static_cast<std::size_t>(out.numel());
+          run(id, 4, [&](const Comm& c) {
+            TORCH_CHECK_VALUE(out.scalar_type() == in.scalar_type() &&
+                                  static_cast<std::size_t>(in.numel()) ==
+                                      n * static_cast<std::size_t>(c.size),
+                              "simdev_collectives: reduce_scatter: the input (", in.scalar_type(),
+                              " x ", in.numel(), ") is not ", c.size, " outputs (",
+                              out.scalar_type(), " x ", out.numel(), ")");
+          }, [&](Comm& c) {
+            if (in.scalar_type() == c10::ScalarType::Float)
+              reduce_scatter(c, out.data_ptr<float>(), in.data_ptr<float>(), n, op, timeout_s);
+            else
+              reduce_scatter(c, out.data_ptr<double>(), in.data_ptr<double>(), n, op, timeout_s);
+          });
+        });
+  m.def("barrier(int comm, float timeout_s) -> ()", [](int64_t id, double timeout_s) {
+    run(id, 5, [](const Comm&) {}, [&](Comm& c) {
+      step(c, timeout_s, "barrier", [](char*) {}, [] {});
+    });
+  });
+  m.def("calls(int comm, str collective) -> int", [](int64_t id, std::string collective) {
+    const int kind = kind_of(collective);
+    TORCH_CHECK_VALUE(kind >= 0, "simdev_collectives: calls: no collective named ", collective);
+    std::shared_ptr<Comm> c = find(id, "calls");
     std::lock_guard<std::mutex> lock(c->busy);
-    return static_cast<int64_t>(c->reduces);
+    return static_cast<int64_t>(c->calls[kind]);
   });
   m.def("close(int comm) -> ()", [](int64_t id) {
     std::lock_guard<std::mutex> lock(comms_mutex);

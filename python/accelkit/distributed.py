@@ -14,25 +14,25 @@ tensors that are
 
 - views of the device memory itself when the device's memory is
   host-visible and the tensor is contiguous (zero-copy: gloo reads and
-  writes the device memory in place), taken once the work queued on the
-  device's current stream is done (the caller's thread waits for that
-  stream: ``stream.synchronize()``);
-- otherwise, blocks of the backend's pinned pool, filled from the device by
-  a copy on the current stream (which the caller's thread waits for), and
-  copied back to the device tensors when gloo is done.
+  writes the device memory in place);
+- otherwise, blocks of the backend's pinned pool, filled from the device
+  at the collective's start, and copied back to the device tensors when
+  gloo is done.
 
-The collective is then running on gloo's threads and the call returns; the
-returned work's ``wait()`` (and ``async_op=False``) makes the device's
-current stream wait for it, on the device, and returns without blocking the
-calling thread, as CUDA's NCCL does, on a runtime with the host signal
-members (Note [wait() on the stream]); elsewhere, or with
-``pg.stream_wait = False`` (``ACCELKIT_STREAM_WAIT=0``), it blocks the
-calling thread until the results are in device memory. Unlike NCCL, the start
-blocks the calling thread (until the current stream's work is done). With
-``async_op=True``, device work queued on the tensors between the call and
-``wait()`` races with the collective (on CUDA it would run after it). The
-work's future (DDP's communication hooks) completes when the results are in
-device memory.
+The collective starts after the work queued on the device's current
+stream, without blocking the calling thread (Note [The start on the group's
+thread]): the call records an event on that stream and returns; a thread of
+the group's own waits for the event, copies staged inputs to pinned memory
+and then calls gloo, in the order the collectives were issued. The returned
+work's ``wait()`` (and ``async_op=False``) makes the device's current stream
+wait for it, on the device, and returns without blocking the calling thread,
+as CUDA's NCCL does, on a runtime with the host signal members (Note [wait()
+on the stream]); elsewhere, or with ``pg.stream_wait = False``
+(``ACCELKIT_STREAM_WAIT=0``), it blocks the calling thread until the results
+are in device memory. With ``async_op=True``, device work queued on the
+tensors between the call and ``wait()`` races with the collective (on CUDA
+it would run after it). The work's future (DDP's communication hooks)
+completes when the results are in device memory.
 
 CPU tensors go to the inner gloo group unchanged, so the group also serves
 ``cpu:`` when it is the only one (``init_process_group("simdev")``).
@@ -45,12 +45,18 @@ Note [The vendor collective slot]
 A backend whose library ships its own collectives replaces gloo for the
 ones it implements by registering PyTorch operators in the namespace
 ``<name>_collectives`` (``TORCH_LIBRARY(<name>_collectives, m)`` in the
-backend library; each member optional, the slot unused without them)::
+backend library). ``open``, ``unlink``, ``supports`` and ``close`` make the
+slot; each collective is optional (README's slot table has the schemas)::
 
     open(str name, int rank, int size, bool create) -> int   # a communicator
     unlink(str name) -> ()                # rank 0, once every rank opened it
     supports(str collective, str op, ScalarType dtype) -> bool
     all_reduce(int comm, Tensor(a!) t, str op, float timeout_s) -> ()
+    reduce(int comm, Tensor(a!) t, int root, str op, float timeout_s) -> ()
+    broadcast(int comm, Tensor(a!) t, int root, float timeout_s) -> ()
+    all_gather(int comm, Tensor(a!) output, Tensor input, float timeout_s) -> ()
+    reduce_scatter(int comm, Tensor(a!) output, Tensor input, str op, float timeout_s) -> ()
+    barrier(int comm, float timeout_s) -> ()
     close(int comm) -> ()
 
 The group connects them when it is made (``_Native.connect``): through the
@@ -60,19 +66,23 @@ opens a communicator under a fresh name (``/accelkit-<name>-<pid>-<hex>``)
 and publishes it, the others open it, every rank reports success, and rank
 0 unlinks the name; one failure anywhere leaves the whole group on gloo.
 ``pg.native`` is then the connection, or None (``ACCELKIT_NATIVE_COLLECTIVES=0``
-on every rank turns it off). A collective goes to the library when
-``supports(collective, op, dtype)`` says so: its answer depends only on
-values the ranks agreed on (_agree checks the dtype, the element count and,
-for reductions, the op), so all ranks take the same path; everything else
-runs on gloo. The library works on the same CPU tensors gloo would get
-(views of host-visible device memory, or staged blocks; contiguous), after
-the same stream synchronize, on one thread of the connection's own in the
-order of the calls (the returned work completes when it and the copy back
-are done), with the group's timeout. Only ``all_reduce`` is routed today;
-another collective is a ``supports`` answer and a method here away.
-simdev implements ``all_reduce`` of float32/float64 with SUM, AVG, MIN, MAX
-through POSIX shared memory (examples/simdev/simdev_collective.cpp, Note
-[simdev's shared-memory all_reduce]).
+on every rank turns it off). A collective goes to the library when it
+registers the operator and ``supports(collective, op, dtype)`` says so (op:
+the reduce op's name, "" for the others; barrier asks with torch.uint8):
+the answer depends only on values the ranks agreed on (_agree checks the
+dtype, the element count and, for reductions, the op, and the root), so all
+ranks take the same path; everything else runs on gloo (all_to_all_single,
+gather, scatter, the list form of reduce_scatter, send and recv always do).
+all_gather's list form goes through the library's all_gather into one
+tensor, then into the list. The library works on the same CPU tensors gloo
+would get (views of host-visible device memory, or staged blocks;
+contiguous; CPU tensors as given, contiguous copies where they are not),
+once the stream's work is done (Note [The start on the group's thread]), on
+one thread of the connection's own in the order of the calls (the returned
+work completes when it and the copy back are done), with the group's
+timeout. simdev implements all six through POSIX shared memory
+(examples/simdev/simdev_collective.cpp, Note [simdev's shared-memory
+collectives]).
 """
 import atexit
 import collections
@@ -119,15 +129,19 @@ def _dtype_code(dtype) -> int:
 
 
 class _Host:
-    """The CPU tensors one collective hands gloo for its device tensors, and
-    the copies back to the device once gloo is done (Note [Collectives on
-    gloo]). Keeps the device tensors alive until then."""
+    """The CPU tensors one collective hands gloo (or the vendor's library)
+    for its device tensors, the copies to them before (staged inputs) and
+    back to the device after, and the event the start waits for (Note
+    [Collectives on gloo]). Keeps the device tensors and the CPU tensors
+    alive until the collective is done."""
 
     def __init__(self, pg, tensors):
         # Holds no reference to the group: the last one must not go on a
         # gloo thread, whose destructor would join itself (Note [No group
         # in the callbacks]).
         self.keep = list(tensors)
+        self.cpu = []  # the CPU tensors handed out (kept: Note [Completion on a thread ...])
+        self.fills = []  # (device tensor, CPU tensor) to copy to the host at the start
         self.back = []  # (device tensor, CPU tensor) to copy back
         devices = {t.device for t in tensors}
         if len(devices) > 1:
@@ -135,14 +149,7 @@ class _Host:
                              f"tensors on {', '.join(sorted(str(d) for d in devices))}")
         self.device = devices.pop() if devices else torch.device("cpu")
         self.on_device = self.device.type == pg.name
-        self.visible = False
-        if self.on_device:
-            self.visible = pg.host_visible(self.device.index)
-            # The collective comes after the work queued on the current stream:
-            # gloo reads host-visible memory in place, and the results of a
-            # staged collective are copied back on a gloo thread, on another
-            # stream.
-            torch.accelerator.current_stream(self.device).synchronize()
+        self.visible = self.on_device and pg.host_visible(self.device.index)
 
     def _view(self, t):
         """A CPU tensor over `t`'s memory that owns nothing (the device
@@ -159,44 +166,62 @@ class _Host:
         storage = make(t.data_ptr(), torch.device("cpu"), n)
         return torch.empty(0, dtype=t.dtype).set_(storage, 0, t.shape, t.stride())
 
-    def _staged(self, t, fill):
-        buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        if fill:
-            buf.copy_(t)  # on the current stream, which this thread waits for
-        return buf
-
     def get(self, t, read=True, write=True):
         """The CPU tensor gloo uses for `t`: `read` if gloo reads it, `write`
-        if it writes the result there."""
+        if it writes the result there. Staged, it is filled at the start
+        (stage), after the stream's work."""
         if not self.on_device:
             return t
         if self.visible and t.is_contiguous():
-            return self._view(t)
-        buf = self._staged(t, read)
-        if write:
-            self.back.append((t, buf))
-        return buf
+            cpu = self._view(t)
+        else:
+            cpu = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            if read:
+                self.fills.append((t, cpu))
+            if write:
+                self.back.append((t, cpu))
+        self.cpu.append(cpu)
+        return cpu
 
-    def finish(self):
-        """After gloo: the results into device memory (blocking copies), on
-        the SDK's own stream of the device, which no stream waiting for a
-        collective holds up (a copy on the thread's current stream, the
-        default stream, would wait behind a wait() queued there for this
-        very collective: Note [wait() on the stream])."""
-        if not self.back:
-            return
+    def _on_sdk_stream(self, copy):
+        """Runs the blocking copies `copy()` on the SDK's own stream of the
+        device, which no stream waiting for a collective holds up (a copy on
+        the thread's current stream, the default stream, would wait behind
+        a wait() queued there for this very collective: Note [wait() on the
+        stream])."""
         stream = _sdk_stream(self.device)
         previous = torch.accelerator.current_stream(self.device) if stream is not None else None
         if stream is not None:
             torch.accelerator.set_stream(stream)
         try:
-            for t, buf in self.back:
-                t.copy_(buf)
+            copy()
             if stream is not None:
                 stream.synchronize()
         finally:
             if previous is not None:
                 torch.accelerator.set_stream(previous)
+
+    def stage(self):
+        """At the start, once the stream's work is done: the staged inputs
+        from device memory (blocking copies)."""
+        if not self.fills:
+            return
+
+        def copy():
+            for t, buf in self.fills:
+                buf.copy_(t)
+        self._on_sdk_stream(copy)
+        self.fills = []
+
+    def finish(self):
+        """After gloo: the results into device memory (blocking copies)."""
+        if not self.back:
+            return
+
+        def copy():
+            for t, buf in self.back:
+                t.copy_(buf)
+        self._on_sdk_stream(copy)
         self.back = []
 
 
@@ -493,12 +518,11 @@ class _Ordered:
         """Ends the thread once the queued jobs are done (not waiting)."""
         self._finalizer()
 
-    def submit(self, run, result):
-        """A work whose future completes with `result` once `run()` returned
-        on this thread (or fails with its exception)."""
-        fut = torch.futures.Future()
+    def put(self, run, fut, result):
+        """Completes `fut` with `result` once `run()` returned on this thread
+        (or fails it with its exception); `fut` None: `run()` alone (it
+        raises nothing)."""
         self._jobs.put((run, fut, result))
-        return _Work(fut)
 
     def close(self):
         """Ends the thread once the queued jobs are done, and joins it."""
@@ -543,9 +567,11 @@ def _serve(jobs, on_exit):
         try:
             run()
         except Exception as e:  # handed to the waiter of the work
-            fut.set_exception(e)
+            if fut is not None:
+                fut.set_exception(e)
         else:
-            fut.set_result(result)
+            if fut is not None:
+                fut.set_result(result)
         retired.append(job)
         del job, run, fut, result
     # Not dropped here either: gloo's thread may not have dropped its
@@ -575,6 +601,50 @@ def _gloo_job(work, finish):
     return run
 
 
+class _Starter:
+    """Starts the group's collectives in the order they were issued (Note
+    [The start on the group's thread]): inline on the calling thread when
+    nothing is queued and nothing needs waiting for, else on a thread of
+    the group's own. Holds no group (Note [No group in the callbacks])."""
+
+    def __init__(self, join_s):
+        self.lock = threading.Lock()
+        self._pending = [0]  # starts queued on the thread, not yet done
+        self._thread = _Ordered("accelkit-start", join_s=join_s)
+
+    def start(self, start, fut, inline):
+        """`start()` now if `inline` and nothing is queued (its error
+        raised to the caller, and `fut` failed with it), else on the
+        thread (its error fails `fut`). Called with `lock` held, which
+        keeps the issue order."""
+        if inline and self._pending[0] == 0:
+            try:
+                start()
+            except BaseException as e:
+                if not fut.done():
+                    fut.set_exception(e)
+                raise
+            return
+        self._pending[0] += 1
+        pending, lock = self._pending, self.lock
+        self._thread.put(lambda: _start_queued(start, fut, pending, lock), None, None)
+
+    def close(self):
+        self._thread.close()
+
+
+def _start_queued(start, fut, pending, lock):
+    """A start on the _Starter's thread (which this holds no reference to)."""
+    try:
+        start()
+    except Exception as e:  # noqa: BLE001  the work's error
+        if not fut.done():
+            fut.set_exception(e)
+    finally:
+        with lock:
+            pending[0] -= 1
+
+
 def _host_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -588,11 +658,23 @@ class _Native:
     """The vendor's collective library connected for one group (Note [The
     vendor collective slot])."""
 
-    MEMBERS = ("open", "unlink", "supports", "all_reduce", "close")
+    MEMBERS = ("open", "unlink", "supports", "close")
+    # The collectives the group routes to the library when it registers them
+    # (README's slot table has their schemas).
+    COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter",
+                   "barrier")
 
     def __init__(self, ops, comm, timeout_s):
         self.ops, self.comm, self.timeout_s = ops, comm, timeout_s
-        self.calls = 0  # collectives handed to the library
+        self.calls = collections.Counter()  # collectives handed to the library
+        self.has = set()
+        for c in self.COLLECTIVES:
+            try:
+                getattr(ops, c)
+            except (AttributeError, RuntimeError):
+                continue
+            self.has.add(c)
+        self._answers = {}
         close = ops.close
         self._thread = _Ordered("accelkit-native", on_exit=lambda: close(comm),
                                 join_s=2 * timeout_s)
@@ -655,28 +737,61 @@ class _Native:
             return None
         return cls(ops, comm, timeout.total_seconds())
 
-    def supports(self, collective, op, tensors):
-        return (len(tensors) == 1 and op in _REDUCE_NAMES.values()
-                and bool(self.ops.supports(collective, op, tensors[0].dtype)))
+    def supports(self, collective, op, dtype):
+        """Whether the library runs `collective` with reduce op `op` ("" for
+        the others) on `dtype` (barrier: torch.uint8): it registers the
+        operator and its supports() says so. The answer depends only on
+        these, which the ranks agreed on: kept."""
+        if collective not in self.has:
+            return False
+        key = (collective, op, dtype)
+        if key not in self._answers:
+            self._answers[key] = bool(self.ops.supports(collective, op, dtype))
+        return self._answers[key]
+
+    def count(self, collective):
+        """How many `collective`s the library ran (its own count, where it
+        keeps one: simdev's calls(comm, collective)), else handed to it."""
+        if hasattr(self.ops, "calls"):
+            return int(self.ops.calls(self.comm, collective))
+        return self.calls[collective]
 
     def reductions(self):
-        """all_reduce calls the library ran (its own count)."""
-        return int(self.ops.reduces(self.comm)) if hasattr(self.ops, "reduces") else self.calls
+        """all_reduce calls the library ran."""
+        return self.count("all_reduce")
 
-    def all_reduce(self, cpu, op, timeout_s, finish, result):
-        """Queues the library's all_reduce of the CPU tensor `cpu`; returns
-        the work."""
-        self.calls += 1
-        work = cpu if cpu.is_contiguous() else cpu.contiguous()
-        ops, comm = self.ops, self.comm
+    def call(self, collective, outputs, *args, timeout_s=-1):
+        """The library's `collective(comm, *args, timeout_s)` as a function
+        for the connection's thread (`run`). The library takes contiguous
+        CPU tensors: others among `args` go as contiguous copies, and those
+        in `outputs` are copied back."""
+        self.calls[collective] += 1
+        op = getattr(self.ops, collective)
+        comm = self.comm
         timeout_s = timeout_s if timeout_s > 0 else self.timeout_s
+        back = []
+        given = []
+        for a in args:
+            if isinstance(a, torch.Tensor) and not a.is_contiguous():
+                c = a.contiguous()
+                if any(a is o for o in outputs):
+                    back.append((a, c))
+                a = c
+            given.append(a)
 
         def run():
-            ops.all_reduce(comm, work, op, timeout_s)
-            if work is not cpu:
-                cpu.copy_(work)
+            op(comm, *given, timeout_s)
+            for a, c in back:
+                a.copy_(c)
+        return run
+
+    def run(self, call, finish, fut, result):
+        """Queues `call()` then `finish()` on the connection's thread; `fut`
+        completes with `result` after both."""
+        def job():
+            call()
             finish()
-        return self._thread.submit(run, result)
+        self._thread.put(job, fut, result)
 
 
 class ProcessGroup(dist.ProcessGroup):
@@ -688,10 +803,20 @@ class ProcessGroup(dist.ProcessGroup):
         self._rank, self._size = rank, size
         self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("accelkit-gloo/", store), rank, size,
                                           timeout)
+        # The ranks' agreement (_agree) on a gloo group of its own: it runs on
+        # the calling thread, the collectives on the group's (Note [The start
+        # on the group's thread]), and one gloo group's calls must come in the
+        # same order on every rank.
+        self._check_gloo = dist.ProcessGroupGloo(dist.PrefixStore("accelkit-check/", store), rank,
+                                                 size, timeout)
         self._visible = {}
         self.check_agreement = True  # _agree
         self._timeout_s = timeout.total_seconds()
-        self._last = (None, True)  # Note [Collectives in issue order]
+        # Note [Collectives in issue order]: the last work issued, whether its
+        # results reach memory late (staged, or the vendor's library), and
+        # whether it is a send or receive.
+        self._last = (None, False, False)
+        self._starter = _Starter(join_s=2 * self._timeout_s)
         self._failures = _Failures()  # Note [wait() on the stream]
         # Note [wait() on the stream]; ACCELKIT_STREAM_WAIT=0 makes wait() block the host.
         self.stream_wait = os.environ.get("ACCELKIT_STREAM_WAIT", "1") != "0"
@@ -727,6 +852,7 @@ class ProcessGroup(dist.ProcessGroup):
         vendor slot) end here, after the jobs queued on them (Note
         [Completion on a thread of the group's own])."""
         native, self.native = self.native, None
+        self._starter.close()  # the queued starts first: they hand work to the others
         if native is not None:
             native.close()
         self._done.close()
@@ -775,25 +901,26 @@ class ProcessGroup(dist.ProcessGroup):
                 s()
         return run
 
-    def _agree(self, what: str, tensor, numel=None, failed=False, op=None):
+    def _agree(self, what: str, tensor, numel=None, failed=False, op=None, root=None):
         """Refuses a collective whose ranks disagree on the tensor's dtype or
-        element count, or on the reduce `op` (gloo itself aborts the process
-        on a size mismatch, and the vendor slot's choice depends on these:
-        Note [The vendor collective slot]): a small allgather of each rank's
-        (dtype, count, failed, op) first, so every rank raises the same
-        ValueError, naming the collective and the values. A rank whose own
-        checks `failed` takes part too, and the others raise naming it (it
-        raises its own error). Off when `check_agreement` is False."""
+        element count, on the reduce `op` or on the `root` rank (gloo itself
+        aborts the process on a size mismatch, and the vendor slot's choice
+        depends on these: Note [The vendor collective slot]): a small
+        allgather of each rank's (dtype, count, failed, op, root) first, on a
+        gloo group of its own, so every rank raises the same ValueError,
+        naming the collective and the values. A rank whose own checks
+        `failed` takes part too, and the others raise naming it (it raises
+        its own error). Off when `check_agreement` is False."""
         if not self.check_agreement or self._size == 1:
             return
         numel = tensor.numel() if numel is None else numel
         code = -1 if op is None else list(_REDUCE_NAMES.values()).index(_op_name(op)) \
             if _op_name(op) in _REDUCE_NAMES.values() else len(_REDUCE_NAMES)
-        mine = torch.tensor([_dtype_code(tensor.dtype), numel, int(failed), code],
-                            dtype=torch.int64)
-        every = torch.empty(4 * self._size, dtype=torch.int64)
-        self.gloo._allgather_base(every, mine).wait()
-        rows = every.view(self._size, 4).tolist()
+        mine = torch.tensor([_dtype_code(tensor.dtype), numel, int(failed), code,
+                             -1 if root is None else root], dtype=torch.int64)
+        every = torch.empty(5 * self._size, dtype=torch.int64)
+        self._check_gloo._allgather_base(every, mine).wait()
+        rows = every.view(self._size, 5).tolist()
         if failed:
             return  # the caller raises this rank's own error
         refused = [i for i, r in enumerate(rows) if r[2]]
@@ -808,6 +935,9 @@ class ProcessGroup(dist.ProcessGroup):
             raise ValueError(f"{self.name}: {what}: the ranks' reduce ops disagree: "
                              + ", ".join(f"rank {i} has {opname(r[3])}"
                                          for i, r in enumerate(rows)))
+        if any(r[4] != rows[0][4] for r in rows):
+            raise ValueError(f"{self.name}: {what}: the ranks' root ranks disagree: "
+                             + ", ".join(f"rank {i} has root {r[4]}" for i, r in enumerate(rows)))
         rows = [r[:2] for r in rows]
         if any(r != rows[0] for r in rows):
             def desc(r):
@@ -816,50 +946,129 @@ class ProcessGroup(dist.ProcessGroup):
             raise ValueError(f"{self.name}: {what}: the ranks' tensors disagree: "
                              + ", ".join(f"rank {i} has {desc(r)}" for i, r in enumerate(rows)))
 
-    def _checked(self, what: str, tensor, check, numel=None, op=None):
+    def _checked(self, what: str, tensor, check, numel=None, op=None, root=None):
         """Runs this rank's own checks (`check()`, which raises ValueError
         and returns what the collective needs), then the ranks' agreement
         (_agree), which a rank whose check failed joins too, so that no rank
         is left waiting for it: every rank raises."""
-        self._order()
+        self._failures.raise_first(self.name)
         try:
             result, failed = check(), None
         except ValueError as e:
             result, failed = None, e
-        self._agree(what, tensor, numel, failed=failed is not None, op=op)
+        self._agree(what, tensor, numel, failed=failed is not None, op=op, root=root)
         if failed is not None:
             raise failed
         return result
 
+    # Note [The start on the group's thread]
+    # A collective starts after the work queued on the current stream of its
+    # device, as on CUDA, without blocking the calling thread: the call
+    # records an event on that stream (none when the stream is idle), and the
+    # start (the event's wait, the staged inputs' copy to pinned memory, the
+    # call into gloo or the vendor's library) runs on a thread of the group's
+    # own, in the order the collectives were issued (so every gloo call of
+    # the group is made on one thread, in the same order on every rank), or
+    # inline on the calling thread when nothing is queued there, the stream
+    # is idle and nothing needs waiting for or copying. The ranks' agreement
+    # (_agree) stays on the calling thread, on a gloo group of its own: it
+    # blocks until every rank has issued the collective, not for the stream.
+    # A start that fails (the stream's asynchronous error, gloo's refusal)
+    # fails the work.
+    #
     # Note [Collectives in issue order]
     # c10d runs a group's collectives in the order they were issued, and a
     # later one sees what an earlier one wrote (NCCL: one stream). gloo keeps
     # that order among its own collectives on memory it reads and writes in
     # place; it does not when a collective's results reach device memory
-    # only later (staged: copied back on completion, while the next one's
-    # staging copy is read at issue), nor across engines (the vendor's
-    # library runs on a thread of its own). So a collective (or send, recv)
-    # first waits, on the host, for the one issued before it, unless both run
-    # on gloo in place; that earlier collective's error is left to its own
-    # wait().
-    # (A failure of a collective whose wait() had returned is raised here,
-    # by the next call: Note [wait() on the stream].)
-    def _order(self, switching=False):
-        last, in_place = self._last
-        if last is not None and not (in_place and not switching):
-            try:
-                last._wait_host()
-            except Exception:  # noqa: BLE001  (raised by its own wait())
-                pass
-        self._failures.raise_first(self.name)
+    # only later (staged: copied back on completion), when a collective reads
+    # its inputs outside gloo (staged: the copy to pinned memory at its
+    # start), nor across engines (the vendor's library runs on a thread of
+    # its own). So the start of a collective first waits, on the group's
+    # thread, for the one issued before it, unless both run on gloo in place
+    # (or both are sends and receives, whose staged inputs do not wait for
+    # each other: a receive issued before a send would wait for the peer's
+    # send, itself behind the peer's receive); that earlier collective's
+    # error is left to its own wait(). The calling thread does not wait.
+    # (A failure of a collective whose wait() had returned is raised by the
+    # next call: Note [wait() on the stream].)
+    def _ready_event(self, host):
+        """An event recorded on the current stream of the collective's
+        device, or None when the stream is idle (or the tensors are on the
+        CPU)."""
+        if not host.on_device:
+            return None
+        stream = torch.accelerator.current_stream(host.device)
+        try:
+            if stream.query():
+                return None
+            return stream.record_event()
+        except RuntimeError:
+            # The stream's asynchronous error: a collective's failure that
+            # completed its signal with an error is the cause to report.
+            self._failures.raise_first(self.name)
+            raise
 
-    def _issued(self, host, work, native=False):
-        """Records `work` as the last issued (host: its _Host; `native`: on
-        the vendor's library) for _order, and binds it to the collective's
-        device (Note [wait() on the stream]); returns it."""
-        self._last = (work, not native and not host.back)
-        return work._bind(host.device if host.on_device else None, self._failures,
-                          self.stream_wait)
+    def _launch(self, host, result, gloo=None, native=None, post=None, p2p=False):
+        """Issues the collective whose start calls `gloo()` (which returns
+        gloo's work) or runs `native` (a _Native.call) on the vendor's
+        library, with `post()` run on its CPU tensors before the copy back
+        (Note [The start on the group's thread]); returns its work."""
+        finish = host.finish if post is None else self._chain(post, host.finish)
+        fut = torch.futures.Future()
+        work = _Work(fut)._bind(host.device if host.on_device else None, self._failures,
+                                self.stream_wait)
+        ready = self._ready_event(host)
+        late = native is not None or bool(host.back)
+        outside = native is not None or bool(host.fills)
+        done = self._done
+        connection = self.native if native is not None else None
+        timeout_s = self._timeout_s
+        with self._starter.lock:
+            prev, prev_late, prev_p2p = self._last
+            self._last = (work, late, p2p)
+            wait_prev = prev is not None and (prev_late or native is not None or (
+                outside and not (p2p and prev_p2p)))
+
+            def start():
+                if ready is not None:
+                    ready.synchronize()
+                if wait_prev:
+                    try:
+                        prev._wait_host()
+                    except Exception:  # noqa: BLE001  (raised by its own wait())
+                        pass
+                host.stage()
+                if connection is not None:
+                    connection.run(native, finish, fut, result)
+                    return
+                job = _gloo_job(gloo(), finish)
+                if p2p:
+                    # On a thread of its own: a receive waits for its peer,
+                    # whose send may come only after collectives of this rank
+                    # that must complete first (one thread for both would
+                    # deadlock).
+                    thread = _Ordered("accelkit-p2p", join_s=2 * timeout_s)
+                    thread.put(job, fut, result)
+                    thread.end()
+                else:
+                    done.put(job, fut, result)
+            inline = (ready is None and not host.fills
+                      and (not wait_prev or prev._settled_event.is_set()))
+            self._starter.start(start, fut, inline)
+        return work
+
+    def _native_for(self, collective, op, dtype):
+        """The vendor's library when it runs this collective (Note [The
+        vendor collective slot]), else None."""
+        native = self.native
+        if native is not None and native.supports(collective, op, dtype):
+            return native
+        return None
+
+    @staticmethod
+    def _timeout(opts):
+        return opts.timeout.total_seconds() if getattr(opts, "timeout", None) is not None else -1
 
     # -- collectives
     def allreduce(self, tensors, opts=None):
@@ -870,18 +1079,17 @@ class ProcessGroup(dist.ProcessGroup):
         for t in tensors[1:]:
             self._agree("all_reduce", t, op=op)
         cpu = [host.get(t) for t in tensors]
-        native = self.native
-        if native is not None and native.supports("all_reduce", _op_name(op), cpu):
-            timeout = opts.timeout.total_seconds() if opts.timeout is not None else -1
-            self._order(switching=True)
-            return self._issued(host, native.all_reduce(cpu[0], _op_name(op), timeout,
-                                                        host.finish, tensors), native=True)
+        native = self._native_for("all_reduce", _op_name(op), tensors[0].dtype) \
+            if len(tensors) == 1 else None
+        if native is not None:
+            return self._launch(host, tensors, native=native.call(
+                "all_reduce", cpu, cpu[0], _op_name(op), timeout_s=self._timeout(opts)))
         o = dist.AllreduceOptions()
         o.reduceOp = gloo_op
         o.timeout = opts.timeout
-        work = self.gloo.allreduce(cpu, o)
-        post = self._avg(cpu) if op == ReduceOp.AVG else (lambda: None)
-        return self._issued(host, self._done.submit(_gloo_job(work, self._chain(post, host.finish)), tensors))
+        gloo = self.gloo
+        post = self._avg(cpu) if op == ReduceOp.AVG else None
+        return self._launch(host, tensors, gloo=lambda: gloo.allreduce(cpu, o), post=post)
 
     def allreduce_coalesced(self, tensors, opts=None):
         works = [self.allreduce([t], _allreduce_opts(opts)) for t in tensors]
@@ -890,54 +1098,95 @@ class ProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else dist.BroadcastOptions()
-        host = self._checked("broadcast", tensors[0], lambda: _Host(self, tensors))
+        host = self._checked("broadcast", tensors[0], lambda: _Host(self, tensors),
+                             root=opts.rootRank)
         for t in tensors[1:]:
-            self._agree("broadcast", t)
+            self._agree("broadcast", t, root=opts.rootRank)
         root = opts.rootRank == self._rank
         cpu = [host.get(t, read=root, write=not root) for t in tensors]
-        work = self.gloo.broadcast(cpu, opts)
-        return self._issued(host, self._done.submit(_gloo_job(work, host.finish), tensors))
+        native = self._native_for("broadcast", "", tensors[0].dtype) if len(tensors) == 1 else None
+        if native is not None:
+            return self._launch(host, tensors, native=native.call(
+                "broadcast", cpu, cpu[0], opts.rootRank, timeout_s=self._timeout(opts)))
+        gloo = self.gloo
+        return self._launch(host, tensors, gloo=lambda: gloo.broadcast(cpu, opts))
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
         op = opts.reduceOp
         host, gloo_op = self._checked("reduce", tensors[0], lambda: (
-            _Host(self, tensors), self._reduce_op(op, tensors)), op=op)
+            _Host(self, tensors), self._reduce_op(op, tensors)), op=op, root=opts.rootRank)
         for t in tensors[1:]:
-            self._agree("reduce", t)
+            self._agree("reduce", t, op=op, root=opts.rootRank)
         root = opts.rootRank == self._rank
         cpu = [host.get(t, write=root) for t in tensors]
+        native = self._native_for("reduce", _op_name(op), tensors[0].dtype) \
+            if len(tensors) == 1 else None
+        if native is not None:
+            return self._launch(host, tensors, native=native.call(
+                "reduce", cpu, cpu[0], opts.rootRank, _op_name(op),
+                timeout_s=self._timeout(opts)))
         o = dist.ReduceOptions()
         o.reduceOp, o.rootRank, o.rootTensor, o.timeout = gloo_op, opts.rootRank, opts.rootTensor, opts.timeout
-        work = self.gloo.reduce(cpu, o)
-        post = self._avg(cpu) if op == ReduceOp.AVG and root else (lambda: None)
-        return self._issued(host, self._done.submit(_gloo_job(work, self._chain(post, host.finish)), tensors))
+        gloo = self.gloo
+        post = self._avg(cpu) if op == ReduceOp.AVG and root else None
+        return self._launch(host, tensors, gloo=lambda: gloo.reduce(cpu, o), post=post)
 
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
-        host = self._checked("all_gather", inputs[0], lambda: _Host(
-            self, list(inputs) + [t for ts in output_lists for t in ts]))
+
+        def check():
+            host = _Host(self, list(inputs) + [t for ts in output_lists for t in ts])
+            for ts, t in zip(output_lists, inputs):
+                if len(ts) != self._size or any(o.numel() != t.numel() or o.dtype != t.dtype
+                                                for o in ts):
+                    raise ValueError(
+                        f"{self.name}: all_gather: the output list has "
+                        f"{[(o.dtype, o.numel()) for o in ts]}, expected {self._size} tensors "
+                        f"of {t.dtype} x {t.numel()}")
+            return host
+        host = self._checked("all_gather", inputs[0], check)
         for t in inputs[1:]:
             self._agree("all_gather", t)
         cpu_in = [host.get(t, write=False) for t in inputs]
         cpu_out = [[host.get(t, read=False) for t in ts] for ts in output_lists]
-        work = self.gloo.allgather(cpu_out, cpu_in, opts)
-        return self._issued(host, self._done.submit(_gloo_job(work, host.finish), output_lists))
+        native = self._native_for("all_gather", "", inputs[0].dtype) if len(inputs) == 1 else None
+        if native is not None:
+            # The library gathers into one tensor; the list's tensors from it.
+            flat = torch.empty(self._size * inputs[0].numel(), dtype=inputs[0].dtype)
+            host.cpu.append(flat)
+            outs, n = cpu_out[0], inputs[0].numel()
+
+            def split():
+                for r, o in enumerate(outs):
+                    o.copy_(flat[r * n:(r + 1) * n].view(o.shape))
+            return self._launch(host, output_lists, native=native.call(
+                "all_gather", [flat], flat, cpu_in[0], timeout_s=self._timeout(opts)), post=split)
+        gloo = self.gloo
+        return self._launch(host, output_lists, gloo=lambda: gloo.allgather(cpu_out, cpu_in, opts))
 
     def _allgather_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
 
         def check():
+            host = _Host(self, [output, input])
             if output.numel() != input.numel() * self._size:
                 raise ValueError(f"{self.name}: all_gather_into_tensor: the output has "
                                  f"{output.numel()} elements, expected {input.numel()} x "
                                  f"{self._size} ranks")
-            return _Host(self, [output, input])
+            if output.dtype != input.dtype:
+                raise ValueError(f"{self.name}: all_gather_into_tensor: the output is "
+                                 f"{output.dtype}, the input {input.dtype}")
+            return host
         host = self._checked("all_gather_into_tensor", input, check)
         cpu_in = host.get(input, write=False)
         cpu_out = host.get(output, read=False)
-        work = self.gloo._allgather_base(cpu_out, cpu_in, opts)
-        return self._issued(host, self._done.submit(_gloo_job(work, host.finish), [output]))
+        native = self._native_for("all_gather", "", input.dtype)
+        if native is not None:
+            return self._launch(host, [output], native=native.call(
+                "all_gather", [cpu_out], cpu_out, cpu_in, timeout_s=self._timeout(opts)))
+        gloo = self.gloo
+        return self._launch(host, [output], gloo=lambda: gloo._allgather_base(cpu_out, cpu_in, opts))
 
     all_gather_single = _allgather_base
 
@@ -951,28 +1200,39 @@ class ProcessGroup(dist.ProcessGroup):
         cpu_in = [[host.get(t, write=False) for t in ts] for ts in input_lists]
         o = dist.ReduceScatterOptions()
         o.reduceOp, o.timeout = gloo_op, opts.timeout
-        work = self.gloo.reduce_scatter(cpu_out, cpu_in, o)
-        post = self._avg(cpu_out) if op == ReduceOp.AVG else (lambda: None)
-        return self._issued(host, self._done.submit(_gloo_job(work, self._chain(post, host.finish)), outputs))
+        gloo = self.gloo
+        post = self._avg(cpu_out) if op == ReduceOp.AVG else None
+        return self._launch(host, outputs, gloo=lambda: gloo.reduce_scatter(cpu_out, cpu_in, o),
+                            post=post)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         op = opts.reduceOp
 
         def check():
+            host = _Host(self, [output, input])
             if input.numel() != output.numel() * self._size:
                 raise ValueError(f"{self.name}: reduce_scatter_tensor: the input has "
                                  f"{input.numel()} elements, expected {output.numel()} x "
                                  f"{self._size} ranks")
-            return _Host(self, [output, input]), self._reduce_op(op, [output])
+            if output.dtype != input.dtype:
+                raise ValueError(f"{self.name}: reduce_scatter_tensor: the output is "
+                                 f"{output.dtype}, the input {input.dtype}")
+            return host, self._reduce_op(op, [output])
         host, gloo_op = self._checked("reduce_scatter_tensor", input, check, op=op)
         cpu_out = host.get(output, read=False)
         cpu_in = host.get(input, write=False)
+        native = self._native_for("reduce_scatter", _op_name(op), input.dtype)
+        if native is not None:
+            return self._launch(host, [output], native=native.call(
+                "reduce_scatter", [cpu_out], cpu_out, cpu_in, _op_name(op),
+                timeout_s=self._timeout(opts)))
         o = dist.ReduceScatterOptions()
         o.reduceOp, o.timeout = gloo_op, opts.timeout
-        work = self.gloo._reduce_scatter_base(cpu_out, cpu_in, o)
-        post = self._avg([cpu_out]) if op == ReduceOp.AVG else (lambda: None)
-        return self._issued(host, self._done.submit(_gloo_job(work, self._chain(post, host.finish)), [output]))
+        gloo = self.gloo
+        post = self._avg([cpu_out]) if op == ReduceOp.AVG else None
+        return self._launch(host, [output], gloo=lambda: gloo._reduce_scatter_base(cpu_out, cpu_in, o),
+                            post=post)
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -982,9 +1242,10 @@ class ProcessGroup(dist.ProcessGroup):
                              numel=0)  # the dtype
         cpu_out = host.get(output, read=False)
         cpu_in = host.get(input, write=False)
-        work = self.gloo.alltoall_base(cpu_out, cpu_in, list(output_split_sizes),
-                                       list(input_split_sizes), opts)
-        return self._issued(host, self._done.submit(_gloo_job(work, host.finish), [output]))
+        gloo = self.gloo
+        outs, ins = list(output_split_sizes), list(input_split_sizes)
+        return self._launch(host, [output], gloo=lambda: gloo.alltoall_base(
+            cpu_out, cpu_in, outs, ins, opts))
 
     all_to_all_single = alltoall_base
 
@@ -994,8 +1255,8 @@ class ProcessGroup(dist.ProcessGroup):
         host = _Host(self, list(inputs) + [t for ts in output_lists for t in ts])
         cpu_in = [host.get(t, write=False) for t in inputs]
         cpu_out = [[host.get(t, read=False) for t in ts] for ts in output_lists]
-        work = self.gloo.gather(cpu_out, cpu_in, opts)
-        return self._issued(host, self._done.submit(_gloo_job(work, host.finish), output_lists))
+        gloo = self.gloo
+        return self._launch(host, output_lists, gloo=lambda: gloo.gather(cpu_out, cpu_in, opts))
 
     def scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
@@ -1003,43 +1264,40 @@ class ProcessGroup(dist.ProcessGroup):
         host = _Host(self, list(outputs) + [t for ts in input_lists for t in ts])
         cpu_out = [host.get(t, read=False) for t in outputs]
         cpu_in = [[host.get(t, write=False) for t in ts] for ts in input_lists]
-        work = self.gloo.scatter(cpu_out, cpu_in, opts)
-        return self._issued(host, self._done.submit(_gloo_job(work, host.finish), outputs))
+        gloo = self.gloo
+        return self._launch(host, outputs, gloo=lambda: gloo.scatter(cpu_out, cpu_in, opts))
 
     def send(self, tensors, dst: int, tag: int = 0):
-        self._order()
+        self._failures.raise_first(self.name)
         host = _Host(self, tensors)
         cpu = [host.get(t, write=False) for t in tensors]
-        work = self.gloo.send(cpu, dst, tag)
-        return self._issued(host, _p2p(_gloo_job(work, host.finish), tensors, self._timeout_s))
+        gloo = self.gloo
+        return self._launch(host, tensors, gloo=lambda: gloo.send(cpu, dst, tag), p2p=True)
 
     def recv(self, tensors, src: int, tag: int = 0):
-        self._order()
+        self._failures.raise_first(self.name)
         host = _Host(self, tensors)
         cpu = [host.get(t, read=False) for t in tensors]
-        work = self.gloo.recv(cpu, src, tag)
-        return self._issued(host, _p2p(_gloo_job(work, host.finish), tensors, self._timeout_s))
+        gloo = self.gloo
+        return self._launch(host, tensors, gloo=lambda: gloo.recv(cpu, src, tag), p2p=True)
 
     def recv_anysource(self, tensors, tag: int = 0):
-        self._order()
+        self._failures.raise_first(self.name)
         host = _Host(self, tensors)
         cpu = [host.get(t, read=False) for t in tensors]
-        work = self.gloo.recv_anysource(cpu, tag)
-        return self._issued(host, _p2p(_gloo_job(work, host.finish), tensors, self._timeout_s))
+        gloo = self.gloo
+        return self._launch(host, tensors, gloo=lambda: gloo.recv_anysource(cpu, tag), p2p=True)
 
     def barrier(self, opts=None):
+        opts = opts if opts is not None else dist.BarrierOptions()
         self._failures.raise_first(self.name)
-        return self.gloo.barrier(opts if opts is not None else dist.BarrierOptions())
-
-
-def _p2p(run, result, timeout_s):
-    """A send's or receive's completion, on a thread of its own: a receive
-    waits for its peer, whose send may come only after collectives of this
-    rank that must complete first (one thread for both would deadlock)."""
-    thread = _Ordered("accelkit-p2p", join_s=2 * timeout_s)
-    work = thread.submit(run, result)
-    thread.end()
-    return work
+        host = _Host(self, [])
+        native = self._native_for("barrier", "", torch.uint8)
+        if native is not None:
+            return self._launch(host, [], native=native.call(
+                "barrier", [], timeout_s=self._timeout(opts)))
+        gloo = self.gloo
+        return self._launch(host, [], gloo=lambda: gloo.barrier(opts))
 
 
 def _allreduce_opts(coalesced):

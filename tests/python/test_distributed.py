@@ -221,6 +221,7 @@ def _collectives(rank, store_path):
     assert c.tolist() == [3.0] * 4
     dist.barrier()
     _stream_order(rank)
+    _start_does_not_block(rank)
     _stream_side_wait(rank)
     _wait_holding_the_gil(rank)
     _native_slot(rank)
@@ -263,6 +264,7 @@ def _native_slot(rank):
         finally:
             pg.native = native
         assert torch.equal(x.cpu(), y.cpu()), f"native {op} differs from gloo's"
+    _native_collectives(rank, pg, native, dev)
     # async, and a CPU tensor through the same group
     x = torch.full((4096,), float(rank + 1), device=dev)
     work = dist.all_reduce(x, async_op=True)
@@ -322,6 +324,110 @@ def _native_slot(rank):
     assert not left, left
 
 
+class _Refusing:
+    """A vendor library whose supports() refuses `collective` (the rest of
+    it the real one's)."""
+
+    def __init__(self, ops, collective):
+        self._ops, self._collective = ops, collective
+
+    def __getattr__(self, member):
+        return getattr(self._ops, member)
+
+    def supports(self, collective, op, dtype):
+        return collective != self._collective and self._ops.supports(collective, op, dtype)
+
+
+def _native_collectives(rank, pg, native, dev):
+    """The collectives other than all_reduce that simdev's library
+    implements (Note [simdev's shared-memory collectives]) go through the
+    slot: each moves its own counter by one and gives gloo's results for the
+    same inputs; what it refuses (an integer reduce_scatter, or a collective
+    its supports() refuses) runs on gloo, the counter unmoved."""
+    n = 3 << 19  # 6 MiB of float32: two steps of the 4 MiB slots
+    mine = torch.randn(n, generator=torch.Generator().manual_seed(10 + rank))
+    theirs = [torch.randn(n, generator=torch.Generator().manual_seed(10 + r)) for r in range(WORLD)]
+
+    def both(name, run):
+        """run() through the slot (its counter moves by one), then on gloo;
+        both results on the CPU."""
+        before = native.count(name)
+        a = run()
+        torch.accelerator.synchronize(dev)
+        assert native.count(name) == before + 1, f"{name} did not run natively"
+        pg.native = None  # the same on gloo, on both ranks
+        try:
+            b = run()
+        finally:
+            pg.native = native
+        return a, b
+
+    def bcast(values):
+        def run():
+            x = values.to(dev) if rank == 1 else torch.zeros_like(values, device=dev)
+            dist.broadcast(x, src=1)
+            return x.cpu()
+        return run
+    a, b = both("broadcast", bcast(theirs[1]))
+    assert torch.equal(a, theirs[1]) and torch.equal(a, b)
+    ints = torch.arange(1000, dtype=torch.int64) * 7  # any dtype: bytes
+    a, b = both("broadcast", bcast(ints))
+    assert torch.equal(a, ints) and torch.equal(b, ints)
+
+    def reduce():
+        x = mine.to(dev)
+        dist.reduce(x, dst=0, op=ReduceOp.SUM)
+        return x.cpu()
+    a, b = both("reduce", reduce)
+    if rank == 0:
+        assert torch.equal(a, b) and torch.equal(a, theirs[0] + theirs[1])
+    else:
+        assert torch.equal(a, mine)  # a reduce leaves the others' tensors
+
+    def gather_list():
+        outs = [torch.empty(n, device=dev) for _ in range(WORLD)]
+        dist.all_gather(outs, mine.to(dev))
+        return torch.stack([o.cpu() for o in outs])
+    a, b = both("all_gather", gather_list)
+    assert torch.equal(a, b) and torch.equal(a, torch.stack(theirs))
+
+    def gather_flat():
+        out = torch.empty(WORLD * n, device=dev)
+        dist.all_gather_into_tensor(out, mine.to(dev))
+        return out.cpu()
+    a, b = both("all_gather", gather_flat)
+    assert torch.equal(a, b) and torch.equal(a, torch.cat(theirs))
+
+    for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX):
+        def scatter():
+            out = torch.empty(n // WORLD, device=dev)
+            dist.reduce_scatter_tensor(out, mine.to(dev), op=op)
+            return out.cpu()
+        a, b = both("reduce_scatter", scatter)
+        assert torch.equal(a, b), f"native reduce_scatter {op} differs from gloo's"
+    half = slice(rank * n // WORLD, (rank + 1) * n // WORLD)
+    torch.testing.assert_close(a, torch.maximum(theirs[0][half], theirs[1][half]))
+
+    before = native.count("barrier")
+    dist.barrier()
+    assert native.count("barrier") == before + 1
+
+    # Refused: gloo, right, the counter unmoved.
+    before = native.count("reduce_scatter")
+    out = torch.empty(4, device=dev, dtype=torch.int64)
+    dist.reduce_scatter_tensor(out, torch.arange(8, device=dev, dtype=torch.int64) * (rank + 1))
+    assert out.cpu().tolist() == [3 * v for v in range(rank * 4, rank * 4 + 4)]
+    assert native.count("reduce_scatter") == before
+    real = native.ops
+    native.ops, native._answers = _Refusing(real, "broadcast"), {}
+    try:
+        before = native.count("broadcast")
+        a = bcast(theirs[1])()
+        assert torch.equal(a, theirs[1]) and native.count("broadcast") == before
+    finally:
+        native.ops, native._answers = real, {}
+
+
 def test_collectives_two_ranks(tmp_path):
     """Every collective, then one queued behind a held stream, then the
     native collective of the vendor slot (one process pair for all:
@@ -348,6 +454,52 @@ def _stream_order(rank):
         x.mul_(2)  # after the collective, on the same stream
     torch.accelerator.synchronize(dev)
     assert x.cpu().unique().tolist() == [6.0], x.cpu().unique()
+
+
+def _start_does_not_block(rank):
+    """The start does not block the calling thread (Note [The start on the
+    group's thread]): with the current stream held and a write queued on
+    it, all_reduce returns while the stream is still held, on gloo and
+    through the vendor slot, and the collective sees the write once the
+    stream is released (staged: the copy to pinned memory comes after it
+    too). A start that blocked would return only when the timer releases
+    the stream, 10 s later."""
+    pg = _group()
+    native = pg.native
+    dev = torch.device("simdev", rank)
+    n = 1 << 16
+    for slot, async_op in ((False, False), (True, True), (False, True)):
+        pg.native = native if slot else None
+        before = native.reductions()
+        s = torch.simdev.Stream(dev)
+        x = torch.zeros(n, device=dev)
+        src = torch.full((n,), float(rank + 1)).pin_memory()
+        torch.accelerator.synchronize(dev)
+        released = threading.Event()
+        with torch.simdev.stream(s):
+            gate = torch.ops.simdev_driver.hold(s)
+            x.copy_(src, non_blocking=True)  # queued behind the gate
+
+            def release():
+                if not released.is_set():
+                    released.set()
+                    torch.ops.simdev_driver.release(gate)
+            timer = threading.Timer(10.0, release)
+            timer.start()
+            t0 = time.monotonic()
+            work = dist.all_reduce(x, async_op=async_op)
+            if async_op:
+                work.wait()  # the stream waits: returns too
+            took = time.monotonic() - t0
+            held = not released.is_set() and not s.query()
+            timer.cancel()
+            release()
+        torch.accelerator.synchronize(dev)
+        pg.native = native
+        assert held, f"all_reduce (slot {slot}, async {async_op}) returned only after the " \
+                     f"stream was released ({took:.1f} s)"
+        assert x.cpu().unique().tolist() == [3.0], (slot, async_op, x.cpu().unique())
+        assert native.reductions() == before + int(slot), (slot, native.reductions(), before)
 
 
 def _stream_side_wait(rank):
@@ -473,6 +625,8 @@ def _mismatch(rank, store_path):
             torch.empty(8 + rank, device=dev), torch.ones(4, device=dev)),
         "op": lambda: dist.all_reduce(torch.ones(8, device=dev),
                                       op=ReduceOp.SUM if rank == 0 else ReduceOp.MAX),
+        # (gloo would wait for a root that sends nothing; simdev's library too)
+        "root": lambda: dist.broadcast(torch.ones(8, device=dev), src=rank),
     }
     out = {}
     for kind, call in cases.items():
@@ -504,10 +658,12 @@ def test_mismatch_across_ranks_is_an_error(tmp_path):
             in out["one rank's size"], (rank, out)
         assert out["op"].startswith("ValueError") and "all_reduce" in out["op"] \
             and "rank 0 has ReduceOp.SUM, rank 1 has ReduceOp.MAX" in out["op"], (rank, out)
+        assert out["root"].startswith("ValueError") and "broadcast" in out["root"] \
+            and "rank 0 has root 0, rank 1 has root 1" in out["root"], (rank, out)
         assert out["after"] == [2.0] * 10
 
 
-def _dead_rank(rank, store_path, native):
+def _dead_rank(rank, store_path, native, collective):
     if not native:
         os.environ["ACCELKIT_NATIVE_COLLECTIVES"] = "0"
     _init(store_path, rank, timeout_s=5)
@@ -520,21 +676,36 @@ def _dead_rank(rank, store_path, native):
     dev = torch.device("simdev", rank)
     x = torch.ones(1 << 22, device=dev)
     dist.all_reduce(x)  # both alive
+    torch.accelerator.synchronize(dev)  # and done: the stream waited for it
     store = dist.distributed_c10d._get_default_store()
     if rank == 1:
         if native:
-            # Dies while rank 0's all_reduce waits for it, once rank 0's
+            # Dies while rank 0's collective waits for it, once rank 0's
             # wait() of it has returned (Note [wait() on the stream]).
             store.get("dead_rank/waited")
         else:
             dist.all_reduce(x, async_op=True)  # starts the next one, and dies in it
         os._exit(3)
+    issue = {
+        "all_reduce": lambda: dist.all_reduce(x, async_op=True),
+        "broadcast": lambda: dist.broadcast(x, src=0, async_op=True),
+        "all_gather": lambda: dist.all_gather_into_tensor(
+            torch.empty(2 << 20, device=dev), x[:1 << 20], async_op=True),
+    }[collective]
     t0 = time.monotonic()
-    calls = 0
+    calls, own = 0, None
     try:
-        dist.all_reduce(x)
+        work = issue()
+        work.wait()  # the stream waits for it; this thread goes on
         calls += 1
         store.set("dead_rank/waited", "1")
+        if native:
+            # The calling thread waits for the failure (its own error), which
+            # the group's next call raises too.
+            try:
+                work.wait(datetime.timedelta(seconds=20))
+            except Exception as e:  # noqa: BLE001  the error is the result
+                own = f"{type(e).__name__}: {e}"
         dist.all_reduce(x)
         calls += 1
     except Exception as e:  # noqa: BLE001  the error is the result
@@ -551,25 +722,31 @@ def _dead_rank(rank, store_path, native):
     else:
         stream_err = None
     torch.accelerator.synchronize(dev)
-    return (err, took, calls, stream_err)
+    return (err, took, calls, stream_err, own)
 
 
-@pytest.mark.parametrize("native", [
-    pytest.param(True, id="native_unchecked"),
-    pytest.param(False, id="gloo_checked", marks=pytest.mark.skipif(
+@pytest.mark.parametrize("native,collective", [
+    pytest.param(True, "all_reduce", id="native_unchecked"),
+    pytest.param(True, "all_gather", id="native_all_gather"),
+    pytest.param(True, "broadcast", id="native_broadcast", marks=pytest.mark.skipif(
+        os.environ.get("SIMDEV_HOST_VISIBLE") == "0", reason="one memory mode is enough")),
+    pytest.param(False, "all_reduce", id="gloo_checked", marks=pytest.mark.skipif(
         os.environ.get("SIMDEV_HOST_VISIBLE") == "0", reason="one memory mode is enough"))])
-def test_dead_rank_fails_within_timeout(tmp_path, native):
+def test_dead_rank_fails_within_timeout(tmp_path, native, collective):
     """Rank 1 dies: rank 0's collectives fail within the group's timeout
-    (5 s), never hang: on simdev's shared-memory collective (which names the
-    rank that exited), rank 1 dies while rank 0's all_reduce waits for it,
-    after that all_reduce's implicit wait() made the stream wait and
-    returned: the error comes from rank 0's next call and from its stream
-    (Note [wait() on the stream]); on gloo, rank 1 dies inside an all_reduce
-    and the agreement check's allgather meets the dead peer first."""
+    (5 s), never hang: on simdev's shared-memory collectives (which name the
+    collective and the rank that exited), rank 1 dies while rank 0's
+    collective waits for it, after that collective's wait() made the stream
+    wait and returned: the error comes from the work's wait with a timeout
+    (which blocks the calling thread), from rank 0's next call and from its
+    stream (Note [wait() on the stream]); on gloo, rank 1 dies inside an
+    all_reduce and the agreement check's allgather (or gloo's collective)
+    meets the dead peer."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     store_path = str(tmp_path / "store")
-    procs = [ctx.Process(target=_entry, args=(_dead_rank, r, store_path, queue, (native,))) for r in range(2)]
+    procs = [ctx.Process(target=_entry, args=(_dead_rank, r, store_path, queue,
+                                              (native, collective))) for r in range(2)]
     for p in procs:
         p.start()
     try:
@@ -580,13 +757,16 @@ def test_dead_rank_fails_within_timeout(tmp_path, native):
             if p.is_alive():
                 p.kill()
     assert (rank, status) == (0, "ok"), out
-    err, took, calls, stream_err = out
+    err, took, calls, stream_err, own = out
     assert err is not None and took < 20, out
     if native:
-        assert err.startswith("RuntimeError") and "simdev_collectives" in err \
-            and "rank 1" in err and "exited in the middle of the collective" in err, out
-        # The first all_reduce's implicit wait() made the stream wait and
-        # returned; its failure came from the next call, and from the stream.
+        named = f"simdev_collectives: {collective}: rank 1"
+        assert own is not None and own.startswith("RuntimeError") and named in own \
+            and "exited in the middle of the collective" in own, out
+        assert err.startswith("RuntimeError") and named in err \
+            and "exited in the middle of the collective" in err, out
+        # The collective's wait() made the stream wait and returned; its
+        # failure came from the next call, and from the stream.
         assert calls == 1 and "after its work's wait() had returned" in err, out
         assert stream_err is not None and stream_err.startswith("RuntimeError") \
             and "stream_wait_signal" in stream_err and "error 1" in stream_err, out
