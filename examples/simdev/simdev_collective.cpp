@@ -28,7 +28,9 @@
 // the result on the root only. broadcast copies the root's slot; all_gather
 // copies every rank's slot into its place in the output; reduce_scatter
 // writes, for each rank, its share of the chunk at that rank's offset in the
-// slot and reduces the shares meant for it; barrier is one step without
+// slot and reduces the shares meant for it; all_to_all first exchanges the
+// ranks' splits (every rank checks the whole matrix alike), then moves each
+// pair's segment in pieces of a slot's share; barrier is one step without
 // data. A wait that lasts longer than the group's timeout, or whose peer
 // process is gone (kill(pid, 0) fails with ESRCH, or it is a zombie: the
 // ranks share a host, and a pid namespace), raises a RuntimeError naming
@@ -37,9 +39,9 @@
 // tensors the process group hands this library (views of host-visible
 // device memory, or staged copies), contiguous. supports(): the
 // reductions (all_reduce, reduce, reduce_scatter) take float32 and float64
-// with SUM, AVG, MIN, MAX; broadcast and all_gather copy bytes, any dtype;
-// barrier; the rest (all_to_all, integer or bfloat16 reductions, PRODUCT,
-// the bitwise ops) go to gloo. The answer depends only on what the ranks
+// with SUM, AVG, MIN, MAX; broadcast, all_gather and all_to_all copy bytes,
+// any dtype; barrier; the rest (integer or bfloat16 reductions, PRODUCT, the
+// bitwise ops) go to gloo. The answer depends only on what the ranks
 // agreed on, so every rank takes the same path.
 #include <torch/library.h>
 
@@ -59,6 +61,7 @@
 #include <new>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -90,7 +93,7 @@ enum class Op { sum, avg, min, max };
 
 // What each communicator ran (the tests' counters): one per collective.
 constexpr const char* kCollectives[] = {"all_reduce", "reduce", "broadcast", "all_gather",
-                                        "reduce_scatter", "barrier"};
+                                        "reduce_scatter", "barrier", "all_to_all"};
 constexpr int kKinds = sizeof kCollectives / sizeof kCollectives[0];
 
 int kind_of(const std::string& collective) {
@@ -290,6 +293,70 @@ void all_gather(Comm& c, char* out, const char* in, std::size_t bytes, double ti
   }
 }
 
+// all_to_all: rank r sends in[in_off[d], + in_splits[d]) to rank d, which
+// puts it at out[out_off[r], + out_splits[r]) (elements of `elem` bytes).
+// The first step exchanges every rank's splits, so that each rank knows the
+// whole matrix: the ranks check it alike (a rank's send to d must be the
+// size d expects) and take as many steps as the largest pair needs.
+void all_to_all(Comm& c, char* out, const char* in, std::size_t elem,
+                const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
+                double timeout_s) {
+  const auto size = static_cast<std::size_t>(c.size);
+  std::vector<int64_t> sends(size * size), recvs(size * size);  // [rank][peer]
+  step(
+      c, timeout_s, "all_to_all",
+      [&](char* mine) {
+        std::memcpy(mine, in_splits.data(), size * sizeof(int64_t));
+        std::memcpy(mine + size * sizeof(int64_t), out_splits.data(), size * sizeof(int64_t));
+      },
+      [&] {
+        for (std::size_t r = 0; r < size; ++r) {
+          std::memcpy(&sends[r * size], c.slot(static_cast<int>(r)), size * sizeof(int64_t));
+          std::memcpy(&recvs[r * size], c.slot(static_cast<int>(r)) + size * sizeof(int64_t),
+                      size * sizeof(int64_t));
+        }
+      });
+  int64_t largest = 0;
+  for (std::size_t r = 0; r < size; ++r)
+    for (std::size_t d = 0; d < size; ++d) {
+      if (sends[r * size + d] != recvs[d * size + r]) {
+        c.broken = false;  // every rank stops here alike: the counters agree
+        TORCH_CHECK_VALUE(false, "simdev_collectives: all_to_all: the ranks' splits disagree: "
+                          "rank ", r, " sends ", sends[r * size + d], " element(s) to rank ",
+                          d, ", which expects ", recvs[d * size + r]);
+      }
+      largest = std::max(largest, sends[r * size + d]);
+    }
+  std::vector<std::size_t> in_off(size), out_off(size);
+  for (std::size_t d = 1; d < size; ++d) {
+    in_off[d] = in_off[d - 1] + static_cast<std::size_t>(in_splits[d - 1]);
+    out_off[d] = out_off[d - 1] + static_cast<std::size_t>(out_splits[d - 1]);
+  }
+  const std::size_t per_pair = kSlotBytes / elem / size;  // elements per pair and step
+  const auto me = static_cast<std::size_t>(c.rank);
+  for (std::size_t k = 0; k < static_cast<std::size_t>(largest); k += per_pair) {
+    step(
+        c, timeout_s, "all_to_all",
+        [&](char* mine) {
+          for (std::size_t d = 0; d < size; ++d) {
+            const auto seg = static_cast<std::size_t>(in_splits[d]);
+            if (k >= seg) continue;
+            const std::size_t n = std::min(per_pair, seg - k);
+            std::memcpy(mine + d * per_pair * elem, in + (in_off[d] + k) * elem, n * elem);
+          }
+        },
+        [&] {
+          for (std::size_t q = 0; q < size; ++q) {
+            const auto seg = static_cast<std::size_t>(out_splits[q]);
+            if (k >= seg) continue;
+            const std::size_t n = std::min(per_pair, seg - k);
+            std::memcpy(out + (out_off[q] + k) * elem,
+                        c.slot(static_cast<int>(q)) + me * per_pair * elem, n * elem);
+          }
+        });
+  }
+}
+
 void check_tensor(const at::Tensor& t, const char* what, const char* name) {
   TORCH_CHECK_VALUE(t.device().is_cpu() && t.is_contiguous(), "simdev_collectives: ", what,
                     " takes contiguous CPU tensors, got ", name, " on ", t.device(),
@@ -332,7 +399,8 @@ void run(int64_t id, int kind, Check check, Body body) {
 //   makes the segment, the others open it after (the store says when);
 // - unlink(name): rank 0, once every rank has opened it;
 // - supports(collective, op, dtype): what this library implements;
-// - all_reduce, reduce, broadcast, all_gather, reduce_scatter, barrier;
+// - all_reduce, reduce, broadcast, all_gather, reduce_scatter, all_to_all,
+//   barrier;
 // - calls(comm, collective): how many of that collective this communicator
 //   ran (the tests' counter);
 // - close(comm).
@@ -402,7 +470,7 @@ TORCH_LIBRARY(simdev_collectives, m) {
               collective == "reduce_scatter")
             return reduce_op(op) && float_dtype(dtype);
           return collective == "broadcast" || collective == "all_gather" ||
-                 collective == "barrier";
+                 collective == "all_to_all" || collective == "barrier";
         });
   m.def("all_reduce(int comm, Tensor(a!) tensor, str op, float timeout_s) -> ()",
         [](int64_t id, at::Tensor t, std::string op_name, double timeout_s) {
@@ -480,6 +548,37 @@ TORCH_LIBRARY(simdev_collectives, m) {
       step(c, timeout_s, "barrier", [](char*) {}, [] {});
     });
   });
+  m.def("all_to_all(int comm, Tensor(a!) output, Tensor input, int[] output_splits, "
+        "int[] input_splits, float timeout_s) -> ()",
+        [](int64_t id, at::Tensor out, at::Tensor in, std::vector<int64_t> out_splits,
+           std::vector<int64_t> in_splits, double timeout_s) {
+          check_tensor(out, "all_to_all", "the output");
+          check_tensor(in, "all_to_all", "the input");
+          run(id, 6, [&](const Comm& c) {
+            const auto size = static_cast<std::size_t>(c.size);
+            TORCH_CHECK_VALUE(out.scalar_type() == in.scalar_type(),
+                              "simdev_collectives: all_to_all: the output is ", out.scalar_type(),
+                              ", the input ", in.scalar_type());
+            TORCH_CHECK_VALUE(out_splits.size() == size && in_splits.size() == size,
+                              "simdev_collectives: all_to_all: ", out_splits.size(), " and ",
+                              in_splits.size(), " splits for ", size, " ranks");
+            int64_t outs = 0, ins = 0;
+            for (std::size_t r = 0; r < size; ++r) {
+              TORCH_CHECK_VALUE(out_splits[r] >= 0 && in_splits[r] >= 0,
+                                "simdev_collectives: all_to_all: a negative split");
+              outs += out_splits[r];
+              ins += in_splits[r];
+            }
+            TORCH_CHECK_VALUE(outs == out.numel() && ins == in.numel(),
+                              "simdev_collectives: all_to_all: the splits sum to ", outs, " and ",
+                              ins, " elements, the output has ", out.numel(), " and the input ",
+                              in.numel());
+          }, [&](Comm& c) {
+            all_to_all(c, static_cast<char*>(out.data_ptr()),
+                       static_cast<const char*>(in.data_ptr()), in.element_size(), out_splits,
+                       in_splits, timeout_s);
+          });
+        });
   m.def("calls(int comm, str collective) -> int", [](int64_t id, std::string collective) {
     const int kind = kind_of(collective);
     TORCH_CHECK_VALUE(kind >= 0, "simdev_collectives: calls: no collective named ", collective);

@@ -56,6 +56,8 @@ slot; each collective is optional (README's slot table has the schemas)::
     broadcast(int comm, Tensor(a!) t, int root, float timeout_s) -> ()
     all_gather(int comm, Tensor(a!) output, Tensor input, float timeout_s) -> ()
     reduce_scatter(int comm, Tensor(a!) output, Tensor input, str op, float timeout_s) -> ()
+    all_to_all(int comm, Tensor(a!) output, Tensor input, int[] output_splits,
+               int[] input_splits, float timeout_s) -> ()   # splits in elements
     barrier(int comm, float timeout_s) -> ()
     close(int comm) -> ()
 
@@ -71,8 +73,8 @@ registers the operator and ``supports(collective, op, dtype)`` says so (op:
 the reduce op's name, "" for the others; barrier asks with torch.uint8):
 the answer depends only on values the ranks agreed on (_agree checks the
 dtype, the element count and, for reductions, the op, and the root), so all
-ranks take the same path; everything else runs on gloo (all_to_all_single,
-gather, scatter, the list form of reduce_scatter, send and recv always do).
+ranks take the same path; everything else runs on gloo (gather, scatter,
+the list form of reduce_scatter, send and recv always do).
 all_gather's list form goes through the library's all_gather into one
 tensor, then into the list. The library works on the same CPU tensors gloo
 would get (views of host-visible device memory, or staged blocks;
@@ -80,7 +82,7 @@ contiguous; CPU tensors as given, contiguous copies where they are not),
 once the stream's work is done (Note [The start on the group's thread]), on
 one thread of the connection's own in the order of the calls (the returned
 work completes when it and the copy back are done), with the group's
-timeout. simdev implements all six through POSIX shared memory
+timeout. simdev implements all seven through POSIX shared memory
 (examples/simdev/simdev_collective.cpp, Note [simdev's shared-memory
 collectives]).
 """
@@ -662,7 +664,7 @@ class _Native:
     # The collectives the group routes to the library when it registers them
     # (README's slot table has their schemas).
     COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter",
-                   "barrier")
+                   "all_to_all", "barrier")
 
     def __init__(self, ops, comm, timeout_s):
         self.ops, self.comm, self.timeout_s = ops, comm, timeout_s
@@ -985,11 +987,15 @@ class ProcessGroup(dist.ProcessGroup):
     # its inputs outside gloo (staged: the copy to pinned memory at its
     # start), nor across engines (the vendor's library runs on a thread of
     # its own). So the start of a collective first waits, on the group's
-    # thread, for the one issued before it, unless both run on gloo in place
-    # (or both are sends and receives, whose staged inputs do not wait for
-    # each other: a receive issued before a send would wait for the peer's
-    # send, itself behind the peer's receive); that earlier collective's
-    # error is left to its own wait(). The calling thread does not wait.
+    # thread, for the one issued before it when that one's results come late
+    # (staged, or the library's), or when this one runs on the library or
+    # stages its inputs; a staged send after a send or an in-place receive
+    # does not wait (a receive issued before a send on both ranks would wait
+    # for the peer's send, itself behind the peer's receive). With the
+    # earlier one waited for whenever its results come late, no two such are
+    # ever in flight, and the rule holds across any run of collectives. That
+    # earlier collective's error is left to its own wait(). The calling
+    # thread does not wait.
     # (A failure of a collective whose wait() had returned is raised by the
     # next call: Note [wait() on the stream].)
     def _ready_event(self, host):
@@ -1238,12 +1244,36 @@ class ProcessGroup(dist.ProcessGroup):
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         opts = opts if opts is not None else dist.AllToAllOptions()
-        host = self._checked("all_to_all_single", input, lambda: _Host(self, [output, input]),
-                             numel=0)  # the dtype
+        outs, ins = list(output_split_sizes), list(input_split_sizes)
+
+        def elements(t, splits, which):
+            """c10d's splits (rows of dim 0; even when not given) in
+            elements, checked against the tensor."""
+            rows = t.size(0) if t.dim() > 0 else 1
+            row = t.numel() // rows if rows else 0
+            if not splits:
+                if rows % self._size:
+                    raise ValueError(f"{self.name}: all_to_all_single: the {which}'s {rows} "
+                                     f"rows do not split evenly between {self._size} ranks")
+                splits = [rows // self._size] * self._size
+            if len(splits) != self._size or sum(splits) != rows or min(splits) < 0:
+                raise ValueError(f"{self.name}: all_to_all_single: {which} splits {splits} for "
+                                 f"{self._size} ranks and {rows} rows")
+            return [int(n) * row for n in splits]
+
+        def check():
+            host = _Host(self, [output, input])
+            return host, elements(output, outs, "output"), elements(input, ins, "input")
+        host, out_elems, in_elems = self._checked("all_to_all_single", input, check,
+                                                  numel=0)  # the dtype
         cpu_out = host.get(output, read=False)
         cpu_in = host.get(input, write=False)
+        native = self._native_for("all_to_all", "", input.dtype)
+        if native is not None:
+            return self._launch(host, [output], native=native.call(
+                "all_to_all", [cpu_out], cpu_out, cpu_in, out_elems, in_elems,
+                timeout_s=self._timeout(opts)))
         gloo = self.gloo
-        outs, ins = list(output_split_sizes), list(input_split_sizes)
         return self._launch(host, [output], gloo=lambda: gloo.alltoall_base(
             cpu_out, cpu_in, outs, ins, opts))
 

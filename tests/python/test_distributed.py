@@ -340,7 +340,9 @@ class _Refusing:
 
 def _native_collectives(rank, pg, native, dev):
     """The collectives other than all_reduce that simdev's library
-    implements (Note [simdev's shared-memory collectives]) go through the
+    implements (Note [simdev's shared-memory collectives]: reduce,
+    broadcast, all_gather in both forms, reduce_scatter_tensor,
+    all_to_all_single with even and uneven splits, barrier) go through the
     slot: each moves its own counter by one and gives gloo's results for the
     same inputs; what it refuses (an integer reduce_scatter, or a collective
     its supports() refuses) runs on gloo, the counter unmoved."""
@@ -407,6 +409,23 @@ def _native_collectives(rank, pg, native, dev):
         assert torch.equal(a, b), f"native reduce_scatter {op} differs from gloo's"
     half = slice(rank * n // WORLD, (rank + 1) * n // WORLD)
     torch.testing.assert_close(a, torch.maximum(theirs[0][half], theirs[1][half]))
+
+    def a2a(inp, out_rows, out_splits=None, in_splits=None):
+        def run():
+            out = torch.empty((out_rows,) + tuple(inp.shape[1:]), device=dev)
+            dist.all_to_all_single(out, inp.to(dev), out_splits, in_splits)
+            return out.cpu()
+        return run
+    rows = mine.view(-1, 8)  # rows of 8: two steps per pair
+    a, b = both("all_to_all", a2a(rows, rows.size(0)))
+    half = rows.size(0) // 2
+    assert torch.equal(a, b) and torch.equal(a, torch.cat(
+        [t.view(-1, 8)[rank * half:(rank + 1) * half] for t in theirs]))
+    small = torch.arange(4, dtype=torch.float32) + 10 * rank
+    a, b = both("all_to_all", a2a(small, 3 if rank == 0 else 5, [1, 2] if rank == 0 else [3, 2],
+                                  [1, 3] if rank == 0 else [2, 2]))
+    assert torch.equal(a, b) and a.tolist() == ([0.0, 10.0, 11.0] if rank == 0
+                                                else [1.0, 2.0, 3.0, 12.0, 13.0])
 
     before = native.count("barrier")
     dist.barrier()
