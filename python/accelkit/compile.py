@@ -265,8 +265,8 @@ def _classes():
 
         def __init__(self, scheduler):
             if scheduler is not None:  # None: a query of the backend's features
-                if _patch_error:
-                    raise RuntimeError(_patch_error)
+                if _patch_error or _conv_error:
+                    raise RuntimeError(_patch_error or _conv_error)
                 devices = sorted(V.graph.device_idxs) or [mod_current()]
                 refused = [i for i in devices if not host_visible(i)]
                 if refused:
@@ -474,13 +474,14 @@ def _cpp_like(device_type) -> bool:
     return isinstance(scheduling, type) and issubclass(scheduling, CppScheduling)
 
 
-def _changed(checks):
-    """Why `checks` ({(module, qualified name): a line of its source}) do not
-    hold in this PyTorch, or None (Note [Inductor's CPU checks])."""
+def _changed(checks, what="torch.compile's C++ code generation", note="Inductor's CPU checks"):
+    """Why `checks` ({(module, qualified name): a line of its source, or a
+    tuple of lines}) do not hold in this PyTorch, or None (Note [Inductor's
+    CPU checks]); `what` was checked, as its Note `note` says."""
     import importlib
     import inspect
 
-    for (module, qualname), line in checks.items():
+    for (module, qualname), lines in checks.items():
         try:
             obj = importlib.import_module(module)
             for part in qualname.split("."):
@@ -488,12 +489,15 @@ def _changed(checks):
             source = inspect.getsource(obj)  # unwraps a replaced helper
         except (ImportError, AttributeError, OSError, TypeError):
             source = ""
-        if line not in source:
-            return (f"{_backend.name}: torch.compile's C++ code generation was checked against "
-                    f"PyTorch 2.13's {module}.{qualname}, which this PyTorch "
-                    f"({torch.__version__}) changed or lacks (Note [Inductor's CPU checks] in "
-                    "accelkit/compile.py)")
+        if not all(line in source for line in ((lines,) if isinstance(lines, str) else lines)):
+            return _unchecked(f"{module}.{qualname}", what, note)
     return None
+
+
+def _unchecked(where, what, note):
+    return (f"{_backend.name}: {what} was checked against PyTorch 2.13's {where}, which this "
+            f"PyTorch ({torch.__version__}) changed or lacks (Note [{note}] in "
+            "accelkit/compile.py)")
 
 
 def _patch_cpu_checks():
@@ -567,26 +571,61 @@ def _patch_cpu_checks():
 # (tests/python/test_compile.py, channels-last inputs); with it, Inductor's
 # layout optimization (channels-last convolutions, Note [Inductor's CPU
 # checks]) serves the device as it serves the CPU.
+# Checked, as Note [Inductor's CPU checks] (the same _changed): at install
+# the source of fake_impls' conv must still choose the memory format through
+# _select_conv_backend and _conv_determine_backend_memory_format on the
+# inputs' device and make its outputs fake tensors of that device, its
+# dispatch must still go through op_implementations_dict (_CONV_CHECKS), and
+# that table must hold that conv for each of the four operators; if not,
+# nothing is replaced and compiling for the device with its C++ code
+# generation (HostVisibleScheduling, a vendor's subclass of it) raises a
+# RuntimeError naming the backend and what changed, rather than trace the
+# device's convolutions on unchecked assumptions (and give the layout
+# optimization above fake strides that disagree with the SDK's).
 
 _CONV_OPS = ("convolution.default", "_convolution.default", "_convolution.deprecated",
              "convolution_backward.default")
+_CONV_WHAT, _CONV_NOTE = ("the device's convolution under torch.compile's fake tensors",
+                          "The convolution's strides under fake tensors")
+_CONV_CHECKS = {  # (module, qualified name): lines its source must hold
+    # fake tensors run the four operators through the table
+    ("torch._subclasses.fake_impls", "dispatch_to_op_implementations_dict"):
+        "return op_implementations_dict[func](fake_mode, func, *args, **kwargs)",
+    # the outputs' memory format is that of the backend ATen selects for the
+    # inputs' device, the outputs fake tensors of that device
+    ("torch._subclasses.fake_impls", "conv"): (
+        "conv_backend = torch._C._select_conv_backend(",
+        "mem_fmt = torch._C._conv_determine_backend_memory_format(",
+        "return FakeTensor(fake_mode, t, device)"),
+}
+_conv_error = None  # why the fake convolution was not patched (None: patched, or not yet tried)
 
 
 def _patch_fake_convolution():
     """Note [The convolution's strides under fake tensors]."""
+    global _conv_error
     from torch._subclasses import fake_impls
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils import _pytree as pytree
 
     name = _backend.name
-    table = fake_impls.op_implementations_dict
+    table = getattr(fake_impls, "op_implementations_dict", None)
+    _conv_error = _changed(_CONV_CHECKS, _CONV_WHAT, _CONV_NOTE)
+    origs = {}
     for op in _CONV_OPS:
         packet, overload = op.split(".")
-        func = getattr(getattr(torch.ops.aten, packet), overload)
-        orig = table.get(func)
-        if orig is None or getattr(orig, "_accelkit", False):
-            continue
+        func = getattr(getattr(torch.ops.aten, packet, None), overload, None)
+        orig = table.get(func) if isinstance(table, dict) else None
+        if getattr(orig, "_accelkit", False):
+            continue  # patched already
+        if _conv_error is None and orig is not fake_impls.conv:
+            _conv_error = _unchecked(f"torch._subclasses.fake_impls.op_implementations_dict"
+                                     f"[aten.{op}]", _CONV_WHAT, _CONV_NOTE)
+        origs[func] = orig
+    if _conv_error:
+        return  # nothing replaced; compiling for the device raises it
 
+    for func, orig in origs.items():
         def conv(fake_mode, func, *args, _orig=orig, **kwargs):
             flat, spec = pytree.tree_flatten((args, kwargs))
             device = next((a.fake_device for a in flat if isinstance(a, FakeTensor)

@@ -113,6 +113,43 @@ def test_inductor_s_cpu_checks_are_replaced_only_where_their_source_still_matche
     assert why and DEV in why and "torch._inductor.ir.is_cpu" in why and torch.__version__ in why
 
 
+@host_visible
+def test_the_fake_convolution_is_replaced_only_where_its_source_and_table_still_match():
+    # Note [The convolution's strides under fake tensors]: checked at install
+    # as Inductor's helpers are (the same _changed). Here they match ...
+    from torch._subclasses import fake_impls
+    mod = _compile_module()
+    assert mod._conv_error is None
+    assert mod._changed(mod._CONV_CHECKS, mod._CONV_WHAT, mod._CONV_NOTE) is None
+    assert getattr(fake_impls.op_implementations_dict[torch.ops.aten.convolution.default],
+                   "_accelkit", False)
+    # ... and in a child whose table holds another implementation for one of
+    # the four operators when the backend installs, nothing is replaced and
+    # compiling for the device raises, naming the backend and the entry
+    # (without the check the SDK wrapped the other implementation and compiled).
+    r = _run("""
+        import torch
+        from torch._subclasses import fake_impls
+        table, op = fake_impls.op_implementations_dict, torch.ops.aten.convolution_backward.default
+        theirs = table[op]
+        table[op] = lambda fake_mode, func, *args, **kwargs: theirs(fake_mode, func, *args, **kwargs)
+        import torch_simdev
+        import torch._inductor.config as c
+        c.compile_threads, c.fx_graph_cache = 1, False  # a cached graph is not generated again
+        print('replaced:', [getattr(f, '_accelkit', False) for f in table.values()].count(True))
+        try:
+            torch.compile(lambda x: x.sin() + 1)(torch.ones(4, device='simdev'))
+            print('compiled')
+        except Exception as e:
+            print('refused:', type(e).__name__, ' '.join(str(e).split()))
+    """, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "replaced: 0" in r.stdout and "refused: " in r.stdout, r.stdout
+    assert renamed("RuntimeError: simdev: the device's convolution under torch.compile's fake "
+                   "tensors was checked against PyTorch 2.13's torch._subclasses.fake_impls."
+                   "op_implementations_dict[aten.convolution_backward.default]") in r.stdout, r.stdout
+
+
 # --------------------------------------------------------------- models and checks
 
 def _mlp():
@@ -331,6 +368,11 @@ def test_a_view_heavy_graph_with_an_input_mutated_through_a_view():
     assert kernels > 0
     _close([g.cpu() for g in got], [w.cpu() for w in want], rtol=0, atol=0)
     torch.testing.assert_close(yc.cpu(), y_eager.cpu(), rtol=0, atol=0)
+    torch.compiler.reset()  # and the compiled CPU's: outputs, their strides, the mutated input
+    cpu = torch.compile(_views)(x, y_cpu := y.clone())
+    _close([g.cpu() for g in got], list(cpu), rtol=0, atol=0)
+    assert [g.stride() for g in got] == [c.stride() for c in cpu]
+    torch.testing.assert_close(yc.cpu(), y_cpu, rtol=0, atol=0)
 
 
 def _count_recompiles(device):
