@@ -6,6 +6,8 @@ memory] in python/accelkit/compile.py).
   python bench/compile_torch_bench.py           the full run
   python bench/compile_torch_bench.py --quick   few rounds, to check that it runs
   python bench/compile_torch_bench.py --no-first-compile   the per-call figures only
+  python bench/compile_torch_bench.py --cpu-time   per-call figures in the process's CPU time
+  taskset -c 1 python bench/compile_torch_bench.py   on one core (every thread, the children too)
 
 Figures, per model (an MLP 64-256-256-10 on a batch of 128; a CNN of two
 3x3 convolutions, batch norm, pooling and a linear layer on 32 images of
@@ -71,14 +73,14 @@ def setup(make, device, compiled):
     return forward, step
 
 
-def timed(calls):
+def timed(calls, clock=time.perf_counter):
     def measure(f):
         torch.accelerator.synchronize()
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(calls):
             f()
         torch.accelerator.synchronize()
-        return (time.perf_counter() - t0) / calls * 1e3
+        return (clock() - t0) / calls * 1e3
     return measure
 
 
@@ -112,6 +114,9 @@ def main():
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-first-compile", action="store_true",
                    help="skip the first-compile times (minutes: four children compiling afresh)")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time the calls in the process's CPU time (all its threads) instead of "
+                        "wall time: on a shared machine, leaves out other processes' turns")
     p.add_argument("--first-compile-child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.first_compile_child:
@@ -121,9 +126,11 @@ def main():
     iconfig.compile_threads = 1
     torch._dynamo.config.cache_size_limit = 64
     calls, rounds = (3, 3) if args.quick else (10, 11)
+    clock = time.process_time if args.cpu_time else time.perf_counter
 
     print(machine_line())
-    print("torch.compile, one thread; host-visible simdev (Inductor's C++ kernels on device memory)")
+    print("torch.compile, one thread; host-visible simdev (Inductor's C++ kernels on device memory)"
+          + ("; the process's CPU time, not wall time" if args.cpu_time else ""))
     print()
     if not args.no_first_compile:
         print(f"{'first compile of the training step':38s} {'simdev s':>10s} {'cpu s':>10s} "
@@ -139,7 +146,7 @@ def main():
         sides = [setup(make, DEV, True), setup(make, "cpu", True), setup(make, DEV, False)]
         for what, k in (("forward", 0), ("train step", 1)):
             fns = [side[k] for side in sides]
-            sc, cc, se = rounds_of(fns, rounds, timed(calls))
+            sc, cc, se = rounds_of(fns, rounds, timed(calls, clock))
             r1 = spread([a / b for a, b in zip(sc, cc)]).split(" ", 1)
             r2 = spread([a / b for a, b in zip(sc, se)]).split(" ", 1)
             print(f"{name + ' ' + what:22s} {spread(sc, 3):>22s} {spread(cc, 3):>22s} "
@@ -152,7 +159,7 @@ def main():
     for device in (DEV, "cpu"):
         w = torch.ones(16, device=device, requires_grad=True)
         tiny.append(lambda w=w: (w * 2).sum().backward())
-    sd, cd = rounds_of(tiny, rounds, timed(calls * 10))
+    sd, cd = rounds_of(tiny, rounds, timed(calls * 10, clock))
     r = spread([a / b for a, b in zip(sd, cd)]).split(" ", 1)
     print(f"{'backward of w * 2':22s} {spread([v * 1e3 for v in sd], 1) + ' us':>22s} "
           f"{spread([v * 1e3 for v in cd], 1) + ' us':>22s} {'(autograd on the device thread)':>22s} "
