@@ -169,11 +169,61 @@ def host_visible(index: int) -> bool:
                 .get("host_visible_memory"))
 
 
+def _refusal(devices):
+    """Why Inductor's C++ kernels may not run on `devices` (indices), or None."""
+    if _patch_error or _conv_error:
+        return _patch_error or _conv_error
+    refused = [i for i in devices if not host_visible(i)]
+    if refused:
+        name = _backend.name
+        return (f"{name}: Inductor's C++ code generator runs kernels on the host and needs "
+                f"host-visible device memory, which {name}:{refused[0]} does not have; use "
+                "torch.compile(backend='aot_eager') (or set "
+                "torch._dynamo.config.suppress_errors=True to run such graphs eagerly), or "
+                "register a code generator of the backend's own "
+                "(accelkit.compile.register_codegen)")
+    return None
+
+
+_allowed = set()  # device indices whose generated kernels passed _refusal in this process
+
+
 def wait_for_stream(index) -> None:
     """Blocks the host until the work queued so far on device `index`'s
     (None: the current device's) current stream is done: what each compiled
-    kernel calls first."""
+    kernel calls first. The first call for a device also checks that its
+    kernels may run here (Note [Generated code from the cache])."""
+    if index not in _allowed:
+        device = getattr(torch, _backend.name).current_device() if index is None else index
+        if device not in _allowed:
+            why = _refusal([device])
+            if why:
+                raise RuntimeError(
+                    f"{why}. This graph's kernels were not generated in this process: they "
+                    "were loaded from Inductor's cache (TORCHINDUCTOR_CACHE_DIR), written "
+                    "where they were allowed; set torch._inductor.config.fx_graph_cache = "
+                    "False and torch._functorch.config.enable_autograd_cache = False, or use "
+                    "a cache directory of this configuration's own (Note [Generated code "
+                    "from the cache] in accelkit/compile.py)")
+            _allowed.add(device)
+        if index is not None:
+            _allowed.add(index)
     torch.accelerator.current_stream(index).synchronize()
+
+
+# Note [Generated code from the cache]
+# The scheduling refuses to generate C++ kernels for a device whose memory
+# is not host-visible, or where the checks of Notes [Inductor's CPU checks]
+# and [The convolution's strides under fake tensors] failed. But Inductor's
+# FX graph cache and AOT autograd's cache hand back a graph's generated code
+# without generating it again, and their keys hold neither the device's
+# host visibility nor those checks (a graph compiled with
+# SIMDEV_HOST_VISIBLE=1 came back, and ran its host kernels, in a process
+# with SIMDEV_HOST_VISIBLE=0). So the Python wrapper's kernel calls check
+# too: the first wait_for_stream of each device in a process asks the same
+# question (_refusal) and raises a RuntimeError naming the backend and the
+# device before any kernel touches its memory; later calls cost a set
+# lookup. The C++ wrapper's waits (Note [The C++ wrapper]) do not check.
 
 
 # Note [Compiled kernels on host-visible memory]
@@ -265,18 +315,9 @@ def _classes():
 
         def __init__(self, scheduler):
             if scheduler is not None:  # None: a query of the backend's features
-                if _patch_error or _conv_error:
-                    raise RuntimeError(_patch_error or _conv_error)
-                devices = sorted(V.graph.device_idxs) or [mod_current()]
-                refused = [i for i in devices if not host_visible(i)]
-                if refused:
-                    raise RuntimeError(
-                        f"{name}: Inductor's C++ code generator runs kernels on the host and "
-                        f"needs host-visible device memory, which {name}:{refused[0]} does not "
-                        "have; use torch.compile(backend='aot_eager') (or set "
-                        "torch._dynamo.config.suppress_errors=True to run such graphs "
-                        "eagerly), or register a code generator of the backend's own "
-                        "(accelkit.compile.register_codegen)")
+                why = _refusal(sorted(V.graph.device_idxs) or [mod_current()])
+                if why:
+                    raise RuntimeError(why)
             super().__init__(scheduler)
 
     class HostVisibleWrapperCodegen(PythonWrapperCodegen):

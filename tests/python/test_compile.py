@@ -506,6 +506,32 @@ def test_without_host_visible_memory_a_clear_error_and_eager_fallback():
     assert "simdev:0" in r.stdout and "eager True" in r.stdout and "aot_eager True" in r.stdout
 
 
+@simdev_only
+def test_kernels_from_the_cache_are_refused_without_host_visible_memory(tmp_path):
+    # Note [Generated code from the cache]: the second child finds the first
+    # one's graph in the shared Inductor cache, generated where the memory
+    # was host-visible; its kernels must not run on memory that is not (the
+    # old code ran them: the scheduling's refusal never came).
+    code = """
+        import torch, torch_simdev
+        import torch._inductor.config as c
+        c.compile_threads = 1
+        try:
+            f = torch.compile(lambda x: x.sin() + 1)
+            print('result', f(torch.zeros(4, device='simdev')).cpu().tolist())
+        except Exception as e:
+            print('refused:', type(e).__name__, ' '.join(str(e).split()))
+    """
+    env = dict(TORCHINDUCTOR_CACHE_DIR=str(tmp_path), SIMDEV_DEVICE_COUNT="1",
+               TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    first = _run(code, SIMDEV_HOST_VISIBLE="1", **env)
+    assert "result [1.0, 1.0, 1.0, 1.0]" in first.stdout, first.stdout + first.stderr[-3000:]
+    second = _run(code, SIMDEV_HOST_VISIBLE="0", **env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "refused: RuntimeError simdev: Inductor's C++ code generator" in second.stdout, second.stdout
+    assert "simdev:0 does not have" in second.stdout and "Inductor's cache" in second.stdout
+
+
 @host_visible
 def test_the_cpp_wrapper_calls_dispatched_operators_on_the_device():
     # Finding: the device-generic shims (aoti_torch_index_put_out) and the
