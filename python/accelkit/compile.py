@@ -188,6 +188,13 @@ def _refusal(devices):
 _allowed = set()  # device indices whose generated kernels passed _refusal in this process
 
 
+def _host_kernels() -> bool:
+    """Whether the registered scheduling is the C++ one (HostVisibleScheduling
+    or a vendor's subclass of it), whose kernels run on the host."""
+    chosen = (_vendor or {}).get("scheduling")
+    return chosen is None or (isinstance(chosen, type) and issubclass(chosen, _classes()[0]))
+
+
 def wait_for_stream(index) -> None:
     """Blocks the host until the work queued so far on device `index`'s
     (None: the current device's) current stream is done: what each compiled
@@ -196,7 +203,7 @@ def wait_for_stream(index) -> None:
     if index not in _allowed:
         device = getattr(torch, _backend.name).current_device() if index is None else index
         if device not in _allowed:
-            why = _refusal([device])
+            why = _refusal([device]) if _host_kernels() else None
             if why:
                 raise RuntimeError(
                     f"{why}. This graph's kernels were not generated in this process: they "
@@ -223,7 +230,10 @@ def wait_for_stream(index) -> None:
 # too: the first wait_for_stream of each device in a process asks the same
 # question (_refusal) and raises a RuntimeError naming the backend and the
 # device before any kernel touches its memory; later calls cost a set
-# lookup. The C++ wrapper's waits (Note [The C++ wrapper]) do not check.
+# lookup. Only while the registered scheduling is the C++ one (or a
+# subclass): a vendor's own scheduling may call its kernels through this
+# wrapper on any memory (register_codegen starts the checks afresh). The
+# C++ wrapper's waits (Note [The C++ wrapper]) do not check.
 
 
 # Note [Compiled kernels on host-visible memory]
@@ -728,6 +738,7 @@ def register_codegen(scheduling, python_wrapper=None, cpp_wrapper=None, fx_wrapp
         raise ValueError(f"{_backend.name}: register_codegen expects a scheduling class, "
                          f"got {scheduling!r}")
     with _lock:
+        _allowed.clear()  # Note [Generated code from the cache]
         _vendor = None if scheduling is None else dict(
             scheduling=scheduling, python_wrapper=python_wrapper, cpp_wrapper=cpp_wrapper,
             fx_wrapper=fx_wrapper, device_op_overrides=device_op_overrides)
