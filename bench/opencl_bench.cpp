@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -42,6 +43,12 @@ void ok(cl_int err, const char* what) {
 int main(int argc, char** argv) {
   bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   bench::print_machine();
+  auto print_load = [](const char* when) {  // a loaded machine's figures read differently
+    double load[3] = {0, 0, 0};
+    if (getloadavg(load, 3) == 3)
+      std::printf("load average at the %s: %.1f %.1f %.1f\n", when, load[0], load[1], load[2]);
+  };
+  print_load("start");
   OclBackend backend(Environment::fixed({}));
   if (backend.device_count() < 1) {
     std::puts("opencl_bench: no OpenCL device with SVM");
@@ -198,5 +205,6 @@ int main(int argc, char** argv) {
   std::puts("\n(raw/ocl: above 1 the backend is faster for times; for bandwidth the ratio is "
             "the backend's share of the raw figure)");
   clReleaseCommandQueue(raw_q);
+  print_load("end");
   return 0;
 }

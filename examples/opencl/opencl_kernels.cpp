@@ -21,10 +21,12 @@
 // an input a kernel does not take, such as an out-of-range dim) goes through
 // the SDK's CPU fallback (Kernels<R>::fallback), which computes, or raises,
 // as the CPU does. Outputs come from the caching pool on the current stream
-// (at::empty/at::empty_like); inputs are recorded on that stream (they may
-// come from another); each launch is reported (Kernels<R>::enqueued) and
-// becomes the stream's last command (OpenCLRuntime::enqueue_on, Note [ocl
-// last command]), so stream and event queries stay right.
+// (the backend's c10 allocator, laid out as at::empty_like or at::empty
+// would, without a dispatcher call: empty_out); inputs are recorded on that
+// stream (they may come from another); each launch is reported
+// (Kernels<R>::enqueued) and becomes the stream's last command
+// (OpenCLRuntime::enqueue_on, Note [ocl last command]), so stream and event
+// queries stay right.
 //
 // The program is built with clBuildProgram once per device, at the first
 // launch there (Note [ocl kernel program]). OCL_NATIVE_KERNELS=0 at the
@@ -48,16 +50,18 @@
 
 #include "opencl_kernels.hpp"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/core/DimVector.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
 #include <ATen/ops/mm_ops.h>
 #include <ATen/ops/mul_ops.h>
 #include <ATen/ops/relu_ops.h>
 #include <ATen/ops/sum_ops.h>
 #include <ATen/ops/threshold_backward_ops.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/DeviceGuard.h>
 
 #include <array>
 #include <atomic>
@@ -193,7 +197,11 @@ struct Built {
   std::string error;  // a failed build's RuntimeError message
 };
 std::mutex build_mutex;
-std::map<int, Built> built;  // by physical device
+std::map<int, Built> built;  // by physical device; entries never erased
+// The built programs of devices 0..kFast-1, read without the mutex at each
+// launch once built (a failed build stays on the mutex's path, to raise).
+constexpr int kFast = 64;
+std::array<std::atomic<Program*>, kFast> ready{};
 
 std::string build_log(cl_program p, cl_device_id id) {
   std::size_t n = 0;
@@ -308,27 +316,60 @@ std::size_t round_up(std::int64_t n, std::size_t m) {
   return (static_cast<std::size_t>(n) + m - 1) / m * m;
 }
 
-// Drops size-1 dims and merges each dim into the next where every stride
-// list allows; false when more than kMaxDims remain.
-bool collapse(c10::IntArrayRef size, std::vector<std::vector<std::int64_t>>& strides,
-              std::vector<std::int64_t>& out_size) {
-  std::vector<std::vector<std::int64_t>> merged(strides.size());
-  out_size.clear();
+// Drops the size-1 dims of `size` and merges each dim into the next where
+// every stride list allows, writing the dims left to out_size and, for each
+// stride list o, out[o] (at most kMaxDims each, fixed arrays: no heap
+// allocation per launch); false when more than kMaxDims remain.
+template <std::size_t N>
+bool collapse(c10::IntArrayRef size, const std::array<const std::int64_t*, N>& strides,
+              cl_long* out_size, const std::array<cl_long*, N>& out, cl_long& ndim) {
+  int n = 0;
   for (std::size_t d = 0; d < size.size(); ++d) {
     if (size[d] == 1) continue;
-    bool mergeable = !out_size.empty();
-    for (std::size_t o = 0; o < strides.size() && mergeable; ++o)
-      mergeable = merged[o].back() == strides[o][d] * size[d];
+    bool mergeable = n > 0;
+    for (std::size_t o = 0; o < N && mergeable; ++o)
+      mergeable = out[o][n - 1] == strides[o][d] * size[d];
     if (mergeable) {
-      out_size.back() *= size[d];
-      for (std::size_t o = 0; o < strides.size(); ++o) merged[o].back() = strides[o][d];
-    } else {
-      out_size.push_back(size[d]);
-      for (std::size_t o = 0; o < strides.size(); ++o) merged[o].push_back(strides[o][d]);
+      out_size[n - 1] *= size[d];
+      for (std::size_t o = 0; o < N; ++o) out[o][n - 1] = strides[o][d];
+      continue;
     }
+    if (n == kMaxDims) return false;  // merging never lowers the count again
+    out_size[n] = size[d];
+    for (std::size_t o = 0; o < N; ++o) out[o][n] = strides[o][d];
+    ++n;
   }
-  strides = std::move(merged);
-  return out_size.size() <= static_cast<std::size_t>(kMaxDims);
+  ndim = n;
+  return true;
+}
+
+// The strides of `t` expanded to `shape` (0 where a dim is broadcast), as
+// t.expand(shape).strides() gives them without making the view (a
+// dispatcher call and a TensorImpl per operand). Leading dims `t` lacks get
+// 0; the stride of a size-1 dim does not matter (collapse drops it).
+void broadcast_strides(const at::Tensor& t, c10::IntArrayRef shape, std::int64_t* out) {
+  c10::IntArrayRef ts = t.sizes(), st = t.strides();
+  std::size_t lead = shape.size() - ts.size();
+  for (std::size_t d = 0; d < shape.size(); ++d)
+    out[d] = d < lead || ts[d - lead] != shape[d] ? 0 : st[d - lead];
+}
+
+// An uninitialized float32 output on `device`'s device, from the caching
+// pool on the current stream (the device's c10 allocator, the SDK's), made
+// without the dispatcher: laid out as at::empty_like(*like) lays it out
+// (its strides where dense and non-overlapping, else dense strides in the
+// order of its own), or contiguous with `shape` where `like` is null.
+at::Tensor empty_out(const at::Tensor& device, c10::IntArrayRef shape, const at::Tensor* like) {
+  c10::DeviceGuard guard(device.device());  // the allocator takes the current device
+  constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
+  c10::Allocator* alloc = c10::GetAllocator(c10::DeviceType::PrivateUse1);
+  if (!like) return at::detail::empty_generic(shape, alloc, keys, at::kFloat, std::nullopt);
+  if (like->is_non_overlapping_and_dense())
+    return at::detail::empty_strided_generic(like->sizes(), like->strides(), alloc, keys,
+                                             at::kFloat);
+  return at::detail::empty_strided_generic(
+      like->sizes(), at::infer_dense_strides(like->sizes(), like->strides()), alloc, keys,
+      at::kFloat);
 }
 
 bool on_ocl(const at::Tensor& t) {
@@ -354,25 +395,19 @@ std::optional<float> real(const at::Scalar& s) {
 // out = op(a, b, s), broadcast; nullopt where the layout does not fit.
 std::optional<at::Tensor> elementwise(Op op, Counter counter, const at::Tensor& a,
                                       const at::Tensor* b, float s) {
-  std::vector<std::int64_t> shape = b ? at::infer_size(a.sizes(), b->sizes()) : a.sizes().vec();
-  at::Tensor out = a.sizes() == c10::IntArrayRef(shape) ? at::empty_like(a)
-                   : b && b->sizes() == c10::IntArrayRef(shape) ? at::empty_like(*b)
-                                                                 : at::empty(shape, a.options());
+  at::DimVector shape = b ? at::infer_size_dimvector(a.sizes(), b->sizes()) : at::DimVector(a.sizes());
+  c10::IntArrayRef sh(shape);
+  at::Tensor out = empty_out(a, sh, a.sizes() == sh ? &a : b && b->sizes() == sh ? b : nullptr);
   if (out.numel() == 0) return out;
-  std::vector<std::vector<std::int64_t>> strides = {
-      out.strides().vec(), a.expand(shape).strides().vec(),
-      b ? b->expand(shape).strides().vec() : a.expand(shape).strides().vec()};
-  std::vector<std::int64_t> size;
-  if (!collapse(shape, strides, size)) return std::nullopt;
+  at::DimVector sa(shape.size()), sb(shape.size());
+  broadcast_strides(a, sh, sa.data());
+  if (b) broadcast_strides(*b, sh, sb.data());
+  else sb = sa;
   Geom g{};
   g.n = out.numel();
-  g.ndim = static_cast<cl_long>(size.size());
-  for (std::size_t d = 0; d < size.size(); ++d) {
-    g.size[d] = size[d];
-    g.so[d] = strides[0][d];
-    g.sa[d] = strides[1][d];
-    g.sb[d] = strides[2][d];
-  }
+  if (!collapse<3>(sh, {out.strides().data(), sa.data(), sb.data()}, g.size, {g.so, g.sa, g.sb},
+                   g.ndim))
+    return std::nullopt;
   accelkit::KernelStream st = K::current_stream(a);
   K::record_stream(a, st);  // the inputs may come from another stream
   if (b) K::record_stream(*b, st);
@@ -440,10 +475,10 @@ std::optional<at::Tensor> matmul(Counter counter, const at::Tensor& bias, const 
   if (!fa || !fb) return std::nullopt;
   std::int64_t m = a.size(0), n = b.size(1), k = a.size(1);
   bool has_bias = bias.defined() && *fb != 0.0f;
-  std::vector<std::int64_t> mn = {m, n};
+  std::array<std::int64_t, 2> mn = {m, n};
   if (bias.defined() && (!f32(bias, a) || bias.dim() > 2 || !at::is_expandable_to(bias.sizes(), mn)))
     return std::nullopt;
-  at::Tensor out = at::empty({m, n}, a.options());
+  at::Tensor out = empty_out(a, mn, nullptr);
   if (out.numel() == 0) return out;
   accelkit::KernelStream st = K::current_stream(a);
   K::record_stream(a, st);
@@ -498,7 +533,7 @@ std::optional<at::Tensor> reduce_sum(const at::Tensor& self, at::OptionalIntArra
                                      bool keepdim, std::optional<at::ScalarType> dtype) {
   if (!f32(self) || (dtype && *dtype != at::kFloat)) return std::nullopt;
   std::int64_t nd = self.dim();
-  std::vector<bool> reduced(static_cast<std::size_t>(nd), !dims || dims->empty());
+  c10::SmallVector<bool, kMaxDims> reduced(static_cast<std::size_t>(nd), !dims || dims->empty());
   if (dims && !dims->empty()) {
     for (std::int64_t d : *dims) {
       std::int64_t w = d < 0 ? d + std::max<std::int64_t>(nd, 1) : d;
@@ -508,7 +543,7 @@ std::optional<at::Tensor> reduce_sum(const at::Tensor& self, at::OptionalIntArra
       reduced[static_cast<std::size_t>(w)] = true;
     }
   }
-  std::vector<std::int64_t> shape, ksize, kstride, rsize, rstride;
+  at::DimVector shape, ksize, kstride, rsize, rstride;
   for (std::int64_t d = 0; d < nd; ++d) {
     auto u = static_cast<std::size_t>(d);
     if (reduced[u]) {
@@ -521,25 +556,15 @@ std::optional<at::Tensor> reduce_sum(const at::Tensor& self, at::OptionalIntArra
       kstride.push_back(self.stride(d));
     }
   }
-  at::Tensor out = at::empty(shape, self.options());
+  at::Tensor out = empty_out(self, shape, nullptr);
   if (out.numel() == 0) return out;
-  std::vector<std::vector<std::int64_t>> ks = {kstride}, rs = {rstride};
-  std::vector<std::int64_t> kept, red;
-  if (!collapse(ksize, ks, kept) || !collapse(rsize, rs, red)) return std::nullopt;
   Red g{};
+  if (!collapse<1>(ksize, {kstride.data()}, g.ksize, {g.kstride}, g.nk) ||
+      !collapse<1>(rsize, {rstride.data()}, g.rsize, {g.rstride}, g.nr))
+    return std::nullopt;
   g.nout = out.numel();
   g.nred = 1;
   for (std::int64_t v : rsize) g.nred *= v;
-  g.nk = static_cast<cl_long>(kept.size());
-  g.nr = static_cast<cl_long>(red.size());
-  for (std::size_t d = 0; d < kept.size(); ++d) {
-    g.ksize[d] = kept[d];
-    g.kstride[d] = ks[0][d];
-  }
-  for (std::size_t d = 0; d < red.size(); ++d) {
-    g.rsize[d] = red[d];
-    g.rstride[d] = rs[0][d];
-  }
   accelkit::KernelStream st = K::current_stream(self);
   K::record_stream(self, st);
   Program& p = program(st.device);
@@ -578,6 +603,10 @@ std::atomic<bool> registered{false};
 }  // namespace
 
 Program& program(int device) {
+  bool fast = device >= 0 && device < kFast;
+  if (fast)
+    if (Program* p = ready[static_cast<std::size_t>(device)].load(std::memory_order_acquire))
+      return *p;
   std::lock_guard<std::mutex> lock(build_mutex);  // Note [ocl kernel program]
   Built& b = built[device];
   if (!b.program && b.error.empty()) {
@@ -586,6 +615,7 @@ Program& program(int device) {
     else b.program = std::move(p);
   }
   TORCH_CHECK(b.program, b.error);
+  if (fast) ready[static_cast<std::size_t>(device)].store(b.program.get(), std::memory_order_release);
   return *b.program;
 }
 

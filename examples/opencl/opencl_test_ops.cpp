@@ -5,13 +5,17 @@
 //   enabled() says whether they were registered (OCL_NATIVE_KERNELS);
 // - gate = hold() stops the current stream at this point (a barrier on an
 //   OpenCL user event) until release(gate);
-// - add_directly(a, b, out, iters) enqueues the native `add` kernel on the
-//   current stream's queue `iters` times with raw OpenCL calls (arguments
-//   set, clEnqueueNDRangeKernel without an event, one clFlush at the end),
-//   and add_through_backend(a, b, iters) calls at::add `iters` times from
-//   C++: the benchmark's baseline and its C++ loop (bench/opencl_bench.py).
-//   The direct enqueues bypass the stream's last-command tracking, so
-//   synchronize the device (torch.ocl.synchronize) after them;
+// - add_directly(a, b, out, iters, track=0) enqueues the native `add`
+//   kernel on the current stream's queue `iters` times with raw OpenCL
+//   calls (arguments set, clEnqueueNDRangeKernel without an event, one
+//   clFlush at the end); `track` adds what the runtime's enqueue adds per
+//   launch: 1 an event asked for and the previous one released, 2 a
+//   clFlush, 3 both; and
+//   add_through_backend(a, b, iters) calls at::add `iters` times from C++:
+//   the benchmark's baseline, its decomposition and its C++ loop
+//   (bench/opencl_bench.py). The direct enqueues bypass the stream's
+//   last-command tracking, so synchronize the device (torch.ocl.synchronize)
+//   after them;
 // - OCL_TEST_SECOND_RELU=1 at load registers a second vendor kernel for
 //   `relu` (returning its input): the SDK refuses it and reports both
 //   places through the diagnostics hook (Note [Vendor kernel registration]).
@@ -74,7 +78,10 @@ void release(std::int64_t id) {
 }
 
 void add_directly(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out,
-                  std::int64_t iters) {
+                  std::int64_t iters, std::int64_t track) {
+  TORCH_CHECK_VALUE(track >= 0 && track <= 3, "ocl: add_directly: track=", track,
+                    ": expected 0, 1 (an event), 2 (a clFlush) or 3 (both)");
+  bool event = (track & 1) != 0, flush = (track & 2) != 0;
   for (const at::Tensor* t : {&a, &b, &out})
     TORCH_CHECK_VALUE(t->device().type() == c10::DeviceType::PrivateUse1 &&
                           t->scalar_type() == at::kFloat && t->is_contiguous() &&
@@ -95,6 +102,13 @@ void add_directly(const at::Tensor& a, const at::Tensor& b, const at::Tensor& ou
   std::size_t global = (static_cast<std::size_t>(g.n) + local - 1) / local * local;
   std::lock_guard<std::mutex> lock(p.elementwise.mutex);
   cl_kernel k = p.elementwise.k;
+  cl_event last = nullptr;  // with an event per launch: the last one
+  struct Release {
+    cl_event& e;
+    ~Release() {
+      if (e) clReleaseEvent(e);
+    }
+  } release{last};
   for (std::int64_t i = 0; i < iters; ++i) {
     check(clSetKernelArg(k, 0, sizeof g, &g), "clSetKernelArg");
     check(clSetKernelArg(k, 1, sizeof op, &op), "clSetKernelArg");
@@ -102,8 +116,15 @@ void add_directly(const at::Tensor& a, const at::Tensor& b, const at::Tensor& ou
     check(clSetKernelArgSVMPointer(k, 3, out.data_ptr()), "clSetKernelArgSVMPointer");
     check(clSetKernelArgSVMPointer(k, 4, a.data_ptr()), "clSetKernelArgSVMPointer");
     check(clSetKernelArgSVMPointer(k, 5, b.data_ptr()), "clSetKernelArgSVMPointer");
-    check(clEnqueueNDRangeKernel(q, k, 1, nullptr, &global, &local, 0, nullptr, nullptr),
+    cl_event e = nullptr;
+    check(clEnqueueNDRangeKernel(q, k, 1, nullptr, &global, &local, 0, nullptr,
+                                 event ? &e : nullptr),
           "clEnqueueNDRangeKernel");
+    if (event) {
+      if (last) clReleaseEvent(last);
+      last = e;
+    }
+    if (flush) check(clFlush(q), "clFlush");
   }
   check(clFlush(q), "clFlush");
 }
@@ -119,7 +140,8 @@ TORCH_LIBRARY(ocl_kernels, m) {
   m.def("enabled() -> bool", [] { return ocl::kernels::enabled(); });
   m.def("hold() -> int", &hold);
   m.def("release(int gate) -> ()", &release);
-  m.def("add_directly(Tensor a, Tensor b, Tensor(a!) out, int iters) -> ()", &add_directly);
+  m.def("add_directly(Tensor a, Tensor b, Tensor(a!) out, int iters, int track=0) -> ()",
+        &add_directly);
   m.def("add_through_backend(Tensor a, Tensor b, int iters) -> ()", &add_through_backend);
 }
 

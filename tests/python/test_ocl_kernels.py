@@ -402,3 +402,18 @@ def test_a_second_vendor_kernel_for_one_operator_is_reported_and_the_first_stays
     assert "relu [0.0, 2.0] 1" in r.stdout, r.stdout
     for op in ["aten::add.Tensor", "aten::mm", "aten::sum.dim_IntList", "aten::relu"]:
         assert f"{op} True 1" in r.stdout, r.stdout
+
+
+def test_the_benchmarks_direct_enqueue_equals_the_cpu_and_a_bad_track_names_itself():
+    # torch.ops.ocl_kernels.add_directly, bench/opencl_bench.py's baseline: the native add
+    # enqueued with raw OpenCL calls, without and with the runtime's per-launch tracking
+    # (track: 1 an event per launch, 2 a clFlush, 3 both).
+    a, b = _randn(1000, seed=23), _randn(1000, seed=24)
+    ad, bd = a.to(DEV), b.to(DEV)
+    for track in range(4):
+        out = torch.empty(1000, device=DEV)
+        KOPS.add_directly(ad, bd, out, 3, track)
+        torch.ocl.synchronize()  # the direct enqueues bypass the stream's last command
+        torch.testing.assert_close(out.cpu(), a + b, **EXACT)
+    with pytest.raises(ValueError, match="track=4: expected 0, 1"):
+        KOPS.add_directly(ad, bd, torch.empty(1000, device=DEV), 1, 4)
