@@ -988,7 +988,8 @@ class ProcessGroup(dist.ProcessGroup):
     # start), nor across engines (the vendor's library runs on a thread of
     # its own). So the start of a collective first waits, on the group's
     # thread, for the one issued before it when that one's results come late
-    # (staged, or the library's), or when this one runs on the library or
+    # (staged, the library's, or an AVG's, divided on the completion thread
+    # after gloo's sum), or when this one runs on the library or
     # stages its inputs; a staged send after a send or an in-place receive
     # does not wait (a receive issued before a send on both ranks would wait
     # for the peer's send, itself behind the peer's receive). With the
@@ -1025,7 +1026,9 @@ class ProcessGroup(dist.ProcessGroup):
         work = _Work(fut)._bind(host.device if host.on_device else None, self._failures,
                                 self.stream_wait)
         ready = self._ready_event(host)
-        late = native is not None or bool(host.back)
+        # (AVG's division, post, runs on the completion thread: its results
+        # come late even on memory gloo reads and writes in place.)
+        late = native is not None or bool(host.back) or post is not None
         outside = native is not None or bool(host.fills)
         done = self._done
         connection = self.native if native is not None else None

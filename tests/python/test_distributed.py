@@ -212,8 +212,27 @@ def _collectives(rank, store_path):
     second = dist.all_reduce(z, async_op=True)
     first.wait()
     second.wait()
-    _group().check_agreement = True
     assert z.cpu().unique().tolist() == [6.0], z.cpu().unique()
+    # An AVG on gloo, then a SUM of the same tensor: the SUM reduces the
+    # averages (AVG's division runs on the completion thread, after gloo's
+    # sum: on host-visible memory, where gloo works in place, the SUM must
+    # still wait for it). Repeated: the race was lost about half the time.
+    pg, native = _group(), _group().native
+    pg.native = None  # the library divides inside its own collective
+    try:
+        wrong = []
+        for i in range(10):
+            a = on(torch.full((1 << 18,), float(rank + 1) * 2))  # 2, 4 -> 3 -> 6
+            avg = dist.all_reduce(a, op=ReduceOp.AVG, async_op=True)
+            total = dist.all_reduce(a, op=ReduceOp.SUM, async_op=True)
+            avg.wait()
+            total.wait()
+            if a.cpu().unique().tolist() != [6.0]:
+                wrong.append((i, a.cpu().unique().tolist()))
+    finally:
+        pg.native = native
+    _group().check_agreement = True
+    assert not wrong, f"AVG then SUM on one tensor: {wrong}"
 
     # CPU tensors through the same group
     c = torch.full((4,), float(rank + 1))
