@@ -13,12 +13,24 @@ set -euo pipefail
 ACCELKIT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ACCELKIT_BUILD="${ACCELKIT_BUILD:-$ACCELKIT_ROOT/build}"
 ACCELKIT_VENV="$ACCELKIT_ROOT/.venv"
+# simdev's wheel is configured and built in a folder beside build/, so that
+# its compile commands, relative to the folder (CCACHE_BASEDIR below), are
+# build/'s, and ccache serves them (tests/CMakeLists.txt's python.simdev.autoload
+# builds it there again).
+ACCELKIT_WHEEL_BUILD="$ACCELKIT_BUILD.wheel.torch_simdev"
 TORCH_VERSION=2.13.0
 
 # ccache keys objects with debug information by their build directory too
 # (hash_dir); without it, the wheel's build and the build-option tests get
 # this build's objects (Note [One registration source for every build tree]).
 export CCACHE_NOHASHDIR=1
+# ccache also keys objects by the absolute paths on their command lines. With
+# the checkout as its base directory it keys them by the paths relative to
+# the build folder instead, so that a build in another clone (CI's) and
+# builds that sit at the same place relative to the sources (the build-option
+# builds, beside build/; the skeleton's builds and its wheel, siblings under
+# build/) get the objects compiled once.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$ACCELKIT_ROOT}"
 
 log() { printf '[accelkit setup] %s\n' "$*" >&2; }
 
@@ -99,7 +111,8 @@ install_simdev() {
   fi
   log "building simdev's wheel and installing it into $ACCELKIT_VENV"
   TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$ACCELKIT_VENV/bin/pip" install -q --disable-pip-version-check \
-    --no-build-isolation --no-deps --force-reinstall "$pkg"
+    --no-build-isolation --no-deps --force-reinstall \
+    --config-settings=build-dir="$ACCELKIT_WHEEL_BUILD" "$pkg"
   touch "$stamp"
 }
 
