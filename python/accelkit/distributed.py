@@ -903,7 +903,8 @@ class ProcessGroup(dist.ProcessGroup):
                 s()
         return run
 
-    def _agree(self, what: str, tensor, numel=None, failed=False, op=None, root=None):
+    def _agree(self, what: str, tensor, numel=None, failed=False, op=None, root=None,
+               splits=None):
         """Refuses a collective whose ranks disagree on the tensor's dtype or
         element count, on the reduce `op` or on the `root` rank (gloo itself
         aborts the process on a size mismatch, and the vendor slot's choice
@@ -912,17 +913,24 @@ class ProcessGroup(dist.ProcessGroup):
         gloo group of its own, so every rank raises the same ValueError,
         naming the collective and the values. A rank whose own checks
         `failed` takes part too, and the others raise naming it (it raises
-        its own error). Off when `check_agreement` is False."""
+        its own error). `splits` (all_to_all_single: this rank's output and
+        input splits in elements, one per rank each) join the row, and every
+        rank checks that each rank sends each peer what that peer expects
+        (gloo aborts the process otherwise). Off when `check_agreement` is
+        False."""
         if not self.check_agreement or self._size == 1:
             return
         numel = tensor.numel() if numel is None else numel
         code = -1 if op is None else list(_REDUCE_NAMES.values()).index(_op_name(op)) \
             if _op_name(op) in _REDUCE_NAMES.values() else len(_REDUCE_NAMES)
+        extra = [] if splits is None else (
+            [0] * (2 * self._size) if failed else [int(n) for n in splits])
         mine = torch.tensor([_dtype_code(tensor.dtype), numel, int(failed), code,
-                             -1 if root is None else root], dtype=torch.int64)
-        every = torch.empty(5 * self._size, dtype=torch.int64)
+                             -1 if root is None else root] + extra, dtype=torch.int64)
+        width = 5 + len(extra)
+        every = torch.empty(width * self._size, dtype=torch.int64)
         self._check_gloo._allgather_base(every, mine).wait()
-        rows = every.view(self._size, 5).tolist()
+        rows = every.view(self._size, width).tolist()
         if failed:
             return  # the caller raises this rank's own error
         refused = [i for i, r in enumerate(rows) if r[2]]
@@ -940,6 +948,18 @@ class ProcessGroup(dist.ProcessGroup):
         if any(r[4] != rows[0][4] for r in rows):
             raise ValueError(f"{self.name}: {what}: the ranks' root ranks disagree: "
                              + ", ".join(f"rank {i} has root {r[4]}" for i, r in enumerate(rows)))
+        if extra:
+            n = self._size
+            outs = [r[5:5 + n] for r in rows]
+            ins = [r[5 + n:5 + 2 * n] for r in rows]
+            bad = [(i, j) for i in range(n) for j in range(n) if ins[i][j] != outs[j][i]]
+            if bad:
+                i, j = bad[0]
+                raise ValueError(
+                    f"{self.name}: {what}: the ranks' splits disagree (rank {i} sends "
+                    f"{ins[i][j]} elements to rank {j}, which expects {outs[j][i]}): "
+                    + ", ".join(f"rank {r} has input splits {ins[r]} and output splits "
+                                f"{outs[r]}" for r in range(n)) + " (in elements)")
         rows = [r[:2] for r in rows]
         if any(r != rows[0] for r in rows):
             def desc(r):
@@ -948,7 +968,8 @@ class ProcessGroup(dist.ProcessGroup):
             raise ValueError(f"{self.name}: {what}: the ranks' tensors disagree: "
                              + ", ".join(f"rank {i} has {desc(r)}" for i, r in enumerate(rows)))
 
-    def _checked(self, what: str, tensor, check, numel=None, op=None, root=None):
+    def _checked(self, what: str, tensor, check, numel=None, op=None, root=None,
+                 splits=None):
         """Runs this rank's own checks (`check()`, which raises ValueError
         and returns what the collective needs), then the ranks' agreement
         (_agree), which a rank whose check failed joins too, so that no rank
@@ -958,7 +979,9 @@ class ProcessGroup(dist.ProcessGroup):
             result, failed = check(), None
         except ValueError as e:
             result, failed = None, e
-        self._agree(what, tensor, numel, failed=failed is not None, op=op, root=root)
+        self._agree(what, tensor, numel, failed=failed is not None, op=op, root=root,
+                    splits=None if splits is None else splits(result) if failed is None
+                    else [])
         if failed is not None:
             raise failed
         return result
@@ -1267,8 +1290,9 @@ class ProcessGroup(dist.ProcessGroup):
         def check():
             host = _Host(self, [output, input])
             return host, elements(output, outs, "output"), elements(input, ins, "input")
-        host, out_elems, in_elems = self._checked("all_to_all_single", input, check,
-                                                  numel=0)  # the dtype
+        # The dtype (numel 0) and the splits, in elements.
+        host, out_elems, in_elems = self._checked("all_to_all_single", input, check, numel=0,
+                                                  splits=lambda r: r[1] + r[2])
         cpu_out = host.get(output, read=False)
         cpu_in = host.get(input, write=False)
         native = self._native_for("all_to_all", "", input.dtype)

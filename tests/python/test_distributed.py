@@ -701,6 +701,45 @@ def test_mismatch_across_ranks_is_an_error(tmp_path):
         assert out["after"] == [2.0] * 10
 
 
+def _mismatched_splits(rank, store_path, native):
+    if not native:
+        os.environ["ACCELKIT_NATIVE_COLLECTIVES"] = "0"
+    _init(store_path, rank, timeout_s=5)
+    assert (_group().native is not None) == native
+    dev = torch.device("simdev", rank)
+    inp = torch.arange(4, dtype=torch.float32, device=dev) + 10 * rank
+    in_splits = [1, 3] if rank == 0 else [2, 2]
+    out_splits = [1, 2] if rank == 0 else [2, 2]  # rank 1 expects 2 from rank 0, gets 3
+    out = torch.empty(sum(out_splits), device=dev)
+    try:
+        dist.all_to_all_single(out, inp, out_splits, in_splits)
+        torch.accelerator.synchronize(dev)
+    except Exception as e:  # noqa: BLE001  the error is the result
+        err = f"{type(e).__name__}: {e}"
+    else:
+        err = None
+    x = torch.ones(10, device=dev)
+    dist.all_reduce(x)  # the group stays usable
+    return err, x.cpu().tolist()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "gloo"])
+def test_mismatched_all_to_all_splits_are_an_error(tmp_path, native):
+    """all_to_all_single whose splits disagree across the ranks (gloo
+    aborts the process on them): every rank raises the same ValueError
+    naming the ranks' splits, on gloo (ACCELKIT_NATIVE_COLLECTIVES=0) and
+    through the vendor slot, and the group stays usable."""
+    res = _spawn(_mismatched_splits, tmp_path, args=(native,), timeout=120)
+    for rank, (err, after) in res.items():
+        assert err is not None and err.startswith("ValueError: simdev: all_to_all_single"), \
+            (rank, err)
+        assert "rank 0 sends 3 elements to rank 1, which expects 2" in err \
+            and "rank 0 has input splits [1, 3] and output splits [1, 2]" in err \
+            and "rank 1 has input splits [2, 2] and output splits [2, 2]" in err, (rank, err)
+        assert after == [2.0] * 10, (rank, after)
+    assert res[0][0] == res[1][0]
+
+
 def _dead_rank(rank, store_path, native, collective):
     if not native:
         os.environ["ACCELKIT_NATIVE_COLLECTIVES"] = "0"
