@@ -434,11 +434,18 @@ TORCH_LIBRARY(simdev_collectives, m) {
               if (create) shm_unlink(name.c_str());
             }
           } undo{name, create};
-          if (create && ftruncate(fd, static_cast<off_t>(c->bytes)) != 0) {
-            const int err = errno;
-            close(fd);
-            TORCH_CHECK(false, "simdev_collectives: open: ftruncate(", name, ", ", c->bytes,
-                        "): ", std::strerror(err));
+          // The segment's pages reserved now: ftruncate alone reserves
+          // nothing on tmpfs, and a /dev/shm too small for them would raise
+          // SIGBUS at the first touch of a page it cannot give, in the
+          // middle of a collective. posix_fallocate sets the size too.
+          if (create) {
+            const int err = posix_fallocate(fd, 0, static_cast<off_t>(c->bytes));
+            if (err != 0) {
+              close(fd);
+              TORCH_CHECK(false, "simdev_collectives: open: could not reserve ", c->bytes,
+                          " bytes of shared memory for ", name, " (", size,
+                          " ranks): posix_fallocate: ", std::strerror(err));
+            }
           }
           void* p = mmap(nullptr, c->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
           const int err = errno;
@@ -450,7 +457,7 @@ TORCH_LIBRARY(simdev_collectives, m) {
           c->base = p;
           Header* h = c->header();
           if (create) {
-            new (h) Header();  // zeroed counters (ftruncate zero-fills too)
+            new (h) Header();  // zeroed counters (posix_fallocate zero-fills too)
             h->size = size;
             std::atomic_thread_fence(std::memory_order_release);
             h->magic = kMagic;

@@ -719,8 +719,13 @@ class _Native:
             else:
                 shm = store.get("name").decode()
                 comm = ops.open(shm, rank, size, False) if shm else None
-        except RuntimeError:
+        except RuntimeError as e:
+            # (simdev's: too little room in /dev/shm for the segment.) The
+            # group runs on gloo, as when the library is absent.
             comm = None
+            warnings.warn(f"accelkit: {name}: the vendor collective library did not connect, "
+                          f"the group's collectives run on gloo: {e}", RuntimeWarning,
+                          stacklevel=2)
         ok = comm is not None
         store.set(f"open/{rank}", str(int(ok)))
         every = [store.get(f"open/{r}") == b"1" for r in range(size)]

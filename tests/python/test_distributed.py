@@ -941,3 +941,56 @@ def test_a_failed_unlink_does_not_make_the_ranks_diverge(monkeypatch):
         for c in results.values():
             if c is not None:
                 c.close()
+
+
+def _small_shm(rank, store_path):
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _init(store_path, rank)
+    dev = torch.device("simdev", rank)
+    x = torch.full((1 << 20,), float(rank + 1), device=dev)  # 4 MiB: past the room there is
+    dist.all_reduce(x)
+    return (_group().native is None, [str(w.message) for w in caught
+                                      if "vendor collective library" in str(w.message)],
+            x.cpu().unique().tolist())
+
+
+_SMALL_SHM_CHILD = """
+import pathlib, sys
+sys.path.insert(0, sys.argv[1])
+import test_distributed
+print("RESULT", repr(test_distributed._spawn(test_distributed._small_shm, pathlib.Path(sys.argv[2]))))
+"""
+
+
+def test_a_small_dev_shm_falls_back_to_gloo(tmp_path):
+    """simdev's library reserves its segment's pages when it creates it: in
+    a /dev/shm too small for them (a private mount namespace's 256 KiB
+    tmpfs; the segment of two ranks is 8 MiB and its header) open raises a
+    RuntimeError naming the library and the size, which rank 0 reports as
+    a warning, and both ranks run on gloo (with ftruncate alone, the first
+    collective that touched a page past the room died of SIGBUS)."""
+    import shutil
+    import subprocess
+    if os.geteuid() != 0 or shutil.which("unshare") is None \
+            or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a private mount namespace (unshare -m, as root)")
+    script = 'mount -t tmpfs -o size=256k tmpfs /dev/shm && exec "$0" -c "$1" "$2" "$3"'
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script, sys.executable, _SMALL_SHM_CHILD,
+                           os.path.dirname(os.path.abspath(__file__)), str(tmp_path)],
+                          capture_output=True, text=True, timeout=180)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, (proc.returncode, proc.stdout[-3000:],
+                                            proc.stderr[-3000:])
+    res = eval(lines[-1][len("RESULT "):])  # noqa: S307  (our own child's repr)
+    for rank, (on_gloo, warned, values) in res.items():
+        assert on_gloo and values == [3.0], (rank, res)
+    (warning,) = res[0][1]
+    import re
+    reserved = re.search(r"simdev_collectives: open: could not reserve (\d+) bytes of shared "
+                         r"memory for /accelkit-simdev-\S+ \(2 ranks\)", warning)
+    assert warning.startswith("accelkit: simdev: the vendor collective library did not connect") \
+        and reserved and int(reserved.group(1)) > 8 << 20 \
+        and "No space left on device" in warning, warning
+    assert res[1][1] == [], res
