@@ -586,19 +586,35 @@ def _serve(jobs, on_exit):
         _Ordered._live.pop(threading.current_thread(), None)
 
 
-def _gloo_job(work, finish):
-    """The completion of gloo's `work` (Note [Completion on a thread of the
-    group's own])."""
+def _on_gloo_failed(name, what, e):
+    """gloo's error `e` in `what` as the error the caller sees, naming the
+    backend and the collective (a DistBackendError stays one)."""
+    cls = dist.DistBackendError if isinstance(e, getattr(dist, "DistBackendError", ())) \
+        else RuntimeError
+    return cls(f"{name}: {what} on gloo failed: {e}")
+
+
+def _gloo_job(start, finish, name, what):
+    """Starts gloo's work (`start()`), and returns its completion (Note
+    [Completion on a thread of the group's own]); gloo's errors, from
+    either, name the backend and the collective."""
+    try:
+        work = start()
+    except RuntimeError as e:
+        raise _on_gloo_failed(name, what, e) from e
     try:
         fut = work.get_future()
     except RuntimeError:
         fut = None  # send and receive have no future in gloo
 
     def run():
-        if fut is not None:
-            fut.wait()  # raises gloo's error
-        else:
-            work.wait()
+        try:
+            if fut is not None:
+                fut.wait()  # raises gloo's error
+            else:
+                work.wait()
+        except RuntimeError as e:
+            raise _on_gloo_failed(name, what, e) from e
         finish()
     return run
 
@@ -934,7 +950,10 @@ class ProcessGroup(dist.ProcessGroup):
                              -1 if root is None else root] + extra, dtype=torch.int64)
         width = 5 + len(extra)
         every = torch.empty(width * self._size, dtype=torch.int64)
-        self._check_gloo._allgather_base(every, mine).wait()
+        try:
+            self._check_gloo._allgather_base(every, mine).wait()
+        except RuntimeError as e:
+            raise _on_gloo_failed(self.name, f"{what} (the ranks' agreement)", e) from e
         rows = every.view(self._size, width).tolist()
         if failed:
             return  # the caller raises this rank's own error
@@ -1044,11 +1063,12 @@ class ProcessGroup(dist.ProcessGroup):
             self._failures.raise_first(self.name)
             raise
 
-    def _launch(self, host, result, gloo=None, native=None, post=None, p2p=False):
+    def _launch(self, host, result, gloo=None, native=None, post=None, p2p=False, what=""):
         """Issues the collective whose start calls `gloo()` (which returns
         gloo's work) or runs `native` (a _Native.call) on the vendor's
         library, with `post()` run on its CPU tensors before the copy back
-        (Note [The start on the group's thread]); returns its work."""
+        (Note [The start on the group's thread]); returns its work. `what`:
+        the collective's name, for gloo's errors."""
         finish = host.finish if post is None else self._chain(post, host.finish)
         fut = torch.futures.Future()
         work = _Work(fut)._bind(host.device if host.on_device else None, self._failures,
@@ -1061,6 +1081,7 @@ class ProcessGroup(dist.ProcessGroup):
         done = self._done
         connection = self.native if native is not None else None
         timeout_s = self._timeout_s
+        name = self.name
         with self._starter.lock:
             prev, prev_late, prev_p2p = self._last
             self._last = (work, late, p2p)
@@ -1079,7 +1100,7 @@ class ProcessGroup(dist.ProcessGroup):
                 if connection is not None:
                     connection.run(native, finish, fut, result)
                     return
-                job = _gloo_job(gloo(), finish)
+                job = _gloo_job(gloo, finish, name, what)
                 if p2p:
                     # On a thread of its own: a receive waits for its peer,
                     # whose send may come only after collectives of this rank
@@ -1126,7 +1147,8 @@ class ProcessGroup(dist.ProcessGroup):
         o.timeout = opts.timeout
         gloo = self.gloo
         post = self._avg(cpu) if op == ReduceOp.AVG else None
-        return self._launch(host, tensors, gloo=lambda: gloo.allreduce(cpu, o), post=post)
+        return self._launch(host, tensors, what="all_reduce",
+                            gloo=lambda: gloo.allreduce(cpu, o), post=post)
 
     def allreduce_coalesced(self, tensors, opts=None):
         works = [self.allreduce([t], _allreduce_opts(opts)) for t in tensors]
@@ -1146,7 +1168,7 @@ class ProcessGroup(dist.ProcessGroup):
             return self._launch(host, tensors, native=native.call(
                 "broadcast", cpu, cpu[0], opts.rootRank, timeout_s=self._timeout(opts)))
         gloo = self.gloo
-        return self._launch(host, tensors, gloo=lambda: gloo.broadcast(cpu, opts))
+        return self._launch(host, tensors, what="broadcast", gloo=lambda: gloo.broadcast(cpu, opts))
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
@@ -1167,7 +1189,8 @@ class ProcessGroup(dist.ProcessGroup):
         o.reduceOp, o.rootRank, o.rootTensor, o.timeout = gloo_op, opts.rootRank, opts.rootTensor, opts.timeout
         gloo = self.gloo
         post = self._avg(cpu) if op == ReduceOp.AVG and root else None
-        return self._launch(host, tensors, gloo=lambda: gloo.reduce(cpu, o), post=post)
+        return self._launch(host, tensors, what="reduce",
+                            gloo=lambda: gloo.reduce(cpu, o), post=post)
 
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
@@ -1200,7 +1223,8 @@ class ProcessGroup(dist.ProcessGroup):
             return self._launch(host, output_lists, native=native.call(
                 "all_gather", [flat], flat, cpu_in[0], timeout_s=self._timeout(opts)), post=split)
         gloo = self.gloo
-        return self._launch(host, output_lists, gloo=lambda: gloo.allgather(cpu_out, cpu_in, opts))
+        return self._launch(host, output_lists, what="all_gather",
+                            gloo=lambda: gloo.allgather(cpu_out, cpu_in, opts))
 
     def _allgather_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
@@ -1223,7 +1247,8 @@ class ProcessGroup(dist.ProcessGroup):
             return self._launch(host, [output], native=native.call(
                 "all_gather", [cpu_out], cpu_out, cpu_in, timeout_s=self._timeout(opts)))
         gloo = self.gloo
-        return self._launch(host, [output], gloo=lambda: gloo._allgather_base(cpu_out, cpu_in, opts))
+        return self._launch(host, [output], what="all_gather_into_tensor",
+                            gloo=lambda: gloo._allgather_base(cpu_out, cpu_in, opts))
 
     all_gather_single = _allgather_base
 
@@ -1239,7 +1264,8 @@ class ProcessGroup(dist.ProcessGroup):
         o.reduceOp, o.timeout = gloo_op, opts.timeout
         gloo = self.gloo
         post = self._avg(cpu_out) if op == ReduceOp.AVG else None
-        return self._launch(host, outputs, gloo=lambda: gloo.reduce_scatter(cpu_out, cpu_in, o),
+        return self._launch(host, outputs, what="reduce_scatter",
+                            gloo=lambda: gloo.reduce_scatter(cpu_out, cpu_in, o),
                             post=post)
 
     def _reduce_scatter_base(self, output, input, opts=None):
@@ -1268,7 +1294,8 @@ class ProcessGroup(dist.ProcessGroup):
         o.reduceOp, o.timeout = gloo_op, opts.timeout
         gloo = self.gloo
         post = self._avg([cpu_out]) if op == ReduceOp.AVG else None
-        return self._launch(host, [output], gloo=lambda: gloo._reduce_scatter_base(cpu_out, cpu_in, o),
+        return self._launch(host, [output], what="reduce_scatter_tensor",
+                            gloo=lambda: gloo._reduce_scatter_base(cpu_out, cpu_in, o),
                             post=post)
 
     reduce_scatter_single = _reduce_scatter_base
@@ -1306,7 +1333,8 @@ class ProcessGroup(dist.ProcessGroup):
                 "all_to_all", [cpu_out], cpu_out, cpu_in, out_elems, in_elems,
                 timeout_s=self._timeout(opts)))
         gloo = self.gloo
-        return self._launch(host, [output], gloo=lambda: gloo.alltoall_base(
+        return self._launch(host, [output], what="all_to_all_single",
+                            gloo=lambda: gloo.alltoall_base(
             cpu_out, cpu_in, outs, ins, opts))
 
     all_to_all_single = alltoall_base
@@ -1318,7 +1346,8 @@ class ProcessGroup(dist.ProcessGroup):
         cpu_in = [host.get(t, write=False) for t in inputs]
         cpu_out = [[host.get(t, read=False) for t in ts] for ts in output_lists]
         gloo = self.gloo
-        return self._launch(host, output_lists, gloo=lambda: gloo.gather(cpu_out, cpu_in, opts))
+        return self._launch(host, output_lists, what="gather",
+                            gloo=lambda: gloo.gather(cpu_out, cpu_in, opts))
 
     def scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
@@ -1327,28 +1356,32 @@ class ProcessGroup(dist.ProcessGroup):
         cpu_out = [host.get(t, read=False) for t in outputs]
         cpu_in = [[host.get(t, write=False) for t in ts] for ts in input_lists]
         gloo = self.gloo
-        return self._launch(host, outputs, gloo=lambda: gloo.scatter(cpu_out, cpu_in, opts))
+        return self._launch(host, outputs, what="scatter",
+                            gloo=lambda: gloo.scatter(cpu_out, cpu_in, opts))
 
     def send(self, tensors, dst: int, tag: int = 0):
         self._failures.raise_first(self.name)
         host = _Host(self, tensors)
         cpu = [host.get(t, write=False) for t in tensors]
         gloo = self.gloo
-        return self._launch(host, tensors, gloo=lambda: gloo.send(cpu, dst, tag), p2p=True)
+        return self._launch(host, tensors, what="send",
+                            gloo=lambda: gloo.send(cpu, dst, tag), p2p=True)
 
     def recv(self, tensors, src: int, tag: int = 0):
         self._failures.raise_first(self.name)
         host = _Host(self, tensors)
         cpu = [host.get(t, read=False) for t in tensors]
         gloo = self.gloo
-        return self._launch(host, tensors, gloo=lambda: gloo.recv(cpu, src, tag), p2p=True)
+        return self._launch(host, tensors, what="recv",
+                            gloo=lambda: gloo.recv(cpu, src, tag), p2p=True)
 
     def recv_anysource(self, tensors, tag: int = 0):
         self._failures.raise_first(self.name)
         host = _Host(self, tensors)
         cpu = [host.get(t, read=False) for t in tensors]
         gloo = self.gloo
-        return self._launch(host, tensors, gloo=lambda: gloo.recv_anysource(cpu, tag), p2p=True)
+        return self._launch(host, tensors, what="recv",
+                            gloo=lambda: gloo.recv_anysource(cpu, tag), p2p=True)
 
     def barrier(self, opts=None):
         opts = opts if opts is not None else dist.BarrierOptions()
@@ -1359,7 +1392,7 @@ class ProcessGroup(dist.ProcessGroup):
             return self._launch(host, [], native=native.call(
                 "barrier", [], timeout_s=self._timeout(opts)))
         gloo = self.gloo
-        return self._launch(host, [], gloo=lambda: gloo.barrier(opts))
+        return self._launch(host, [], what="barrier", gloo=lambda: gloo.barrier(opts))
 
 
 def _allreduce_opts(coalesced):

@@ -818,7 +818,7 @@ def test_dead_rank_fails_within_timeout(tmp_path, native, collective):
     (which blocks the calling thread), from rank 0's next call and from its
     stream (Note [wait() on the stream]); on gloo, rank 1 dies inside an
     all_reduce and the agreement check's allgather (or gloo's collective)
-    meets the dead peer."""
+    meets the dead peer: the error names the backend and the collective."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     store_path = str(tmp_path / "store")
@@ -847,6 +847,11 @@ def test_dead_rank_fails_within_timeout(tmp_path, native, collective):
         assert calls == 1 and "after its work's wait() had returned" in err, out
         assert stream_err is not None and stream_err.startswith("RuntimeError") \
             and "stream_wait_signal" in stream_err and "error 1" in stream_err, out
+    else:
+        # gloo's error (from the agreement or the collective), naming the
+        # backend and the collective.
+        assert err.startswith(("RuntimeError", "DistBackendError")) \
+            and "simdev: all_reduce" in err and " on gloo failed: " in err, out
     assert procs[1].exitcode == 3
 
 
