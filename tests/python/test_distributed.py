@@ -319,17 +319,20 @@ def _native_slot(rank):
     assert native.reductions() == before
     # A collective on gloo completes on the group's own thread, never
     # running Python on one of gloo's (Note [Completion on a thread of the
-    # group's own]): rank 1 joins late, so the callback is chained before
-    # the work completes.
+    # group's own]): rank 1 joins only once rank 0 has chained the callback
+    # (the store says when), so rank 0's work completes after that.
     # (Unchecked: the agreement check's blocking exchange would wait for
-    # rank 1, and the work could then complete before the callback is chained.)
+    # rank 1, which waits for rank 0's callback.)
     pg.check_agreement = False
+    store = dist.distributed_c10d._get_default_store()
     y = torch.full((1000,), float(rank), device=dev, dtype=torch.int64)
     if rank == 1:
-        time.sleep(0.5)
+        store.get("completion_thread")
     work = dist.all_reduce(y, async_op=True)
     ran_on = []
     chained = work.get_future().then(lambda f: ran_on.append(threading.current_thread().name))
+    if rank == 0:
+        store.set("completion_thread", "rank 0 chained its callback")
     work.wait()
     chained.wait()
     pg.check_agreement = True
