@@ -594,6 +594,20 @@ def _on_gloo_failed(name, what, e):
     return cls(f"{name}: {what} on gloo failed: {e}")
 
 
+def _overlap(tensors, others):
+    """Whether any of `tensors` shares memory with any of `others` (the
+    bytes each spans in its storage)."""
+    def span(t):
+        if t.numel() == 0:
+            return None
+        start = t.storage_offset()
+        end = start + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0) + 1
+        return (t.untyped_storage().data_ptr(), start * t.element_size(), end * t.element_size())
+    mine = [x for x in map(span, tensors) if x is not None]
+    theirs = [x for x in map(span, others) if x is not None]
+    return any(a[0] == b[0] and a[1] < b[2] and b[1] < a[2] for a in mine for b in theirs)
+
+
 def _gloo_job(start, finish, name, what):
     """Starts gloo's work (`start()`), and returns its completion (Note
     [Completion on a thread of the group's own]); gloo's errors, from
@@ -839,6 +853,9 @@ class ProcessGroup(dist.ProcessGroup):
         # results reach memory late (staged, or the vendor's library), and
         # whether it is a send or receive.
         self._last = (None, False, False)
+        # The receives still in flight, with their tensors and whether their
+        # results come late (staged): Note [Collectives in issue order].
+        self._p2p_writes = []
         self._starter = _Starter(join_s=2 * self._timeout_s)
         self._failures = _Failures()  # Note [wait() on the stream]
         # Note [wait() on the stream]; ACCELKIT_STREAM_WAIT=0 makes wait() block the host.
@@ -1037,13 +1054,18 @@ class ProcessGroup(dist.ProcessGroup):
     # thread, for the one issued before it when that one's results come late
     # (staged, the library's, or an AVG's, divided on the completion thread
     # after gloo's sum), or when this one runs on the library or
-    # stages its inputs; a staged send after a send or an in-place receive
-    # does not wait (a receive issued before a send on both ranks would wait
-    # for the peer's send, itself behind the peer's receive). With the
-    # earlier one waited for whenever its results come late, no two such are
-    # ever in flight, and the rule holds across any run of collectives. That
-    # earlier collective's error is left to its own wait(). The calling
-    # thread does not wait.
+    # stages its inputs. A send or receive waits only for what it must: the
+    # collective before it (not a send or receive) on that rule, and an
+    # earlier receive still in flight only where this one's tensors overlap
+    # that one's (a send of what is being received; on either memory): a
+    # receive issued before a send on both ranks (batch_isend_irecv([irecv,
+    # isend])) would otherwise wait for the peer's send, itself behind the
+    # peer's receive. The receives in flight are kept (_p2p_writes), and the
+    # next collective that is neither waits for the staged ones (their
+    # results come late). With every collective whose results come late
+    # waited for by the next one that is not a send or receive, the rule
+    # holds across any run of collectives. The earlier ones' errors are left
+    # to their own wait(). The calling thread does not wait.
     # (A failure of a collective whose wait() had returned is raised by the
     # next call: Note [wait() on the stream].)
     def _ready_event(self, host):
@@ -1063,12 +1085,14 @@ class ProcessGroup(dist.ProcessGroup):
             self._failures.raise_first(self.name)
             raise
 
-    def _launch(self, host, result, gloo=None, native=None, post=None, p2p=False, what=""):
+    def _launch(self, host, result, gloo=None, native=None, post=None, p2p=False, what="",
+                writes=False):
         """Issues the collective whose start calls `gloo()` (which returns
         gloo's work) or runs `native` (a _Native.call) on the vendor's
         library, with `post()` run on its CPU tensors before the copy back
         (Note [The start on the group's thread]); returns its work. `what`:
-        the collective's name, for gloo's errors."""
+        the collective's name, for gloo's errors; `writes`: a receive (into
+        `result`)."""
         finish = host.finish if post is None else self._chain(post, host.finish)
         fut = torch.futures.Future()
         work = _Work(fut)._bind(host.device if host.on_device else None, self._failures,
@@ -1085,15 +1109,28 @@ class ProcessGroup(dist.ProcessGroup):
         with self._starter.lock:
             prev, prev_late, prev_p2p = self._last
             self._last = (work, late, p2p)
-            wait_prev = prev is not None and (prev_late or native is not None or (
-                outside and not (p2p and prev_p2p)))
+            # Note [Collectives in issue order]: the works this one's start
+            # waits for.
+            pending = [e for e in self._p2p_writes if not e[0]._settled_event.is_set()]
+            if p2p:
+                waits = [prev] if prev is not None and not prev_p2p and (prev_late or outside) \
+                    else []
+                waits += [w for w, outs, _ in pending if _overlap(result, outs)]
+                if writes:
+                    pending.append((work, list(result), late))
+            else:
+                waits = [prev] if prev is not None and (
+                    prev_late or native is not None or outside) else []
+                waits += [w for w, _, w_late in pending if w_late and w is not prev]
+                pending = [e for e in pending if not e[2]]
+            self._p2p_writes = pending
 
             def start():
                 if ready is not None:
                     ready.synchronize()
-                if wait_prev:
+                for w in waits:
                     try:
-                        prev._wait_host()
+                        w._wait_host()
                     except Exception:  # noqa: BLE001  (raised by its own wait())
                         pass
                 host.stage()
@@ -1112,7 +1149,7 @@ class ProcessGroup(dist.ProcessGroup):
                 else:
                     done.put(job, fut, result)
             inline = (ready is None and not host.fills
-                      and (not wait_prev or prev._settled_event.is_set()))
+                      and all(w._settled_event.is_set() for w in waits))
             self._starter.start(start, fut, inline)
         return work
 
@@ -1373,7 +1410,8 @@ class ProcessGroup(dist.ProcessGroup):
         cpu = [host.get(t, read=False) for t in tensors]
         gloo = self.gloo
         return self._launch(host, tensors, what="recv",
-                            gloo=lambda: gloo.recv(cpu, src, tag), p2p=True)
+                            gloo=lambda: gloo.recv(cpu, src, tag), p2p=True,
+                            writes=True)
 
     def recv_anysource(self, tensors, tag: int = 0):
         self._failures.raise_first(self.name)
@@ -1381,7 +1419,8 @@ class ProcessGroup(dist.ProcessGroup):
         cpu = [host.get(t, read=False) for t in tensors]
         gloo = self.gloo
         return self._launch(host, tensors, what="recv",
-                            gloo=lambda: gloo.recv_anysource(cpu, tag), p2p=True)
+                            gloo=lambda: gloo.recv_anysource(cpu, tag), p2p=True,
+                            writes=True)
 
     def barrier(self, opts=None):
         opts = opts if opts is not None else dist.BarrierOptions()

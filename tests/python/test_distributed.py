@@ -185,6 +185,29 @@ def _collectives(rank, store_path):
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     assert ops[1].tensor.cpu().tolist() == [float(peer)] * 3
+    # The receive first on both ranks: staged, the send does not wait for
+    # the receive, which waits for the peer's send (Note [Collectives in
+    # issue order]); a send of the tensor being received does wait for it
+    # (rank 0 forwards what it received: 2 back to rank 1, which sums), and
+    # a later all_reduce of the received tensor sees what came in.
+    t0 = time.monotonic()
+    got = torch.empty(3, device=dev)
+    ops = [dist.P2POp(dist.irecv, got, peer),
+           dist.P2POp(dist.isend, on(torch.full((3,), float(rank + 1))), peer)]
+    works = dist.batch_isend_irecv(ops)
+    if rank == 0:
+        works.append(dist.isend(got, dst=1))  # after the receive into it
+    else:
+        back = torch.empty(3, device=dev)
+        works.append(dist.irecv(back, src=0))
+    reduced = dist.all_reduce(got, async_op=True)  # after the receive
+    for w in works + [reduced]:
+        w.wait()
+    took = time.monotonic() - t0
+    assert took < 10, f"irecv before isend on both ranks took {took:.1f} s"
+    if rank == 1:
+        assert back.cpu().tolist() == [2.0] * 3, back.cpu()  # rank 0 forwarded rank 1's 2
+    assert got.cpu().tolist() == [3.0] * 3, got.cpu()  # 2 + 1
 
     # async_op work objects: wait, is_completed, the future's value
     x = on(vals[rank])
