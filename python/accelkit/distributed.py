@@ -728,6 +728,20 @@ class _Native:
             return None
         return ns
 
+    @staticmethod
+    def _open(ops, name, shm, rank, size, create):
+        """The library's open(), or None when it fails (any error of the
+        library: simdev's when /dev/shm has too little room for the
+        segment): the group then runs on gloo, as when the library is
+        absent."""
+        try:
+            return ops.open(shm, rank, size, create)
+        except Exception as e:  # noqa: BLE001 (any failure of the library)
+            warnings.warn(f"accelkit: {name}: the vendor collective library did not connect, "
+                          f"the group's collectives run on gloo: {e}", RuntimeWarning,
+                          stacklevel=4)
+            return None
+
     @classmethod
     def connect(cls, name, store, rank, size, timeout):
         ops = cls.library(name)
@@ -743,31 +757,33 @@ class _Native:
             if rank == 0:
                 shm = f"/accelkit-{name}-{os.getpid()}-{secrets.token_hex(6)}"
                 try:
-                    comm = ops.open(shm, 0, size, True)
+                    comm = cls._open(ops, name, shm, 0, size, True)
                 finally:
                     store.set("name", shm if comm is not None else "")
             else:
                 shm = store.get("name").decode()
-                comm = ops.open(shm, rank, size, False) if shm else None
-        except RuntimeError as e:
-            # (simdev's: too little room in /dev/shm for the segment.) The
-            # group runs on gloo, as when the library is absent.
-            comm = None
-            warnings.warn(f"accelkit: {name}: the vendor collective library did not connect, "
-                          f"the group's collectives run on gloo: {e}", RuntimeWarning,
-                          stacklevel=2)
-        ok = comm is not None
-        store.set(f"open/{rank}", str(int(ok)))
-        every = [store.get(f"open/{r}") == b"1" for r in range(size)]
-        if rank == 0 and comm is not None:
-            # Every rank decides below from the same `every`: a failed unlink
-            # (the name is then left in /dev/shm) must not make rank 0 leave
-            # while the others go on.
-            try:
-                ops.unlink(shm)
-            except Exception as e:  # noqa: BLE001 (any failure of the library)
-                warnings.warn(f"accelkit: {name}: could not unlink the shared segment {shm}: {e}",
-                              RuntimeWarning, stacklevel=2)
+                comm = cls._open(ops, name, shm, rank, size, False) if shm else None
+            store.set(f"open/{rank}", str(int(comm is not None)))
+            every = [store.get(f"open/{r}") == b"1" for r in range(size)]
+        except BaseException:
+            # The store failed (its timeout): the group does not come up.
+            if comm is not None:
+                try:
+                    ops.close(comm)
+                except Exception:  # noqa: BLE001  (the store's error is the one to raise)
+                    pass
+            raise
+        finally:
+            # Rank 0 unlinks the name once every rank opened it, or when
+            # connecting failed: none is left in /dev/shm. Every rank decides
+            # below from the same `every`: a failed unlink must not make rank 0
+            # leave while the others go on.
+            if rank == 0 and comm is not None:
+                try:
+                    ops.unlink(shm)
+                except Exception as e:  # noqa: BLE001 (any failure of the library)
+                    warnings.warn(f"accelkit: {name}: could not unlink the shared segment "
+                                  f"{shm}: {e}", RuntimeWarning, stacklevel=3)
         if not all(every):
             if comm is not None:
                 ops.close(comm)

@@ -1025,3 +1025,80 @@ def test_a_small_dev_shm_falls_back_to_gloo(tmp_path):
         and reserved and int(reserved.group(1)) > 8 << 20 \
         and "No space left on device" in warning, warning
     assert res[1][1] == [], res
+
+
+def _connect_both(ad, store):
+    """_Native.connect on ranks 0 and 1 (threads); {rank: connection or the
+    error's text}."""
+    results = {}
+
+    def connect(rank):
+        try:
+            results[rank] = ad._Native.connect("simdev", store, rank, 2,
+                                               datetime.timedelta(seconds=5))
+        except Exception as e:  # noqa: BLE001  the error is the result
+            results[rank] = f"{type(e).__name__}: {e}"
+    threads = [threading.Thread(target=connect, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results
+
+
+def test_a_failed_connect_falls_back_and_leaves_no_segment(monkeypatch):
+    """A library whose open() raises something other than a RuntimeError
+    (here a ValueError on rank 0) leaves both ranks on gloo, with a warning
+    (it had raised out of rank 0's connect while rank 1 waited for it); and
+    a store that fails after rank 0 created the segment (its timeout) raises
+    out of connect on both ranks, rank 0 unlinking the name (it was left in
+    /dev/shm)."""
+    import warnings
+    from accelkit import distributed as ad
+
+    real = ad._Native.library("simdev")
+    assert real is not None
+    monkeypatch.setenv("ACCELKIT_NATIVE_COLLECTIVES", "1")
+
+    class Refusing:
+        def __getattr__(self, member):
+            return getattr(real, member)
+
+        def open(self, name, rank, size, create):
+            if create:
+                raise ValueError("simdev_collectives: open refused (injected)")
+            return real.open(name, rank, size, create)
+
+    monkeypatch.setattr(ad._Native, "library", staticmethod(lambda name: Refusing()))
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=5))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = _connect_both(ad, store)
+    assert results == {0: None, 1: None}, results
+    assert any("the vendor collective library did not connect" in str(w.message)
+               and "open refused (injected)" in str(w.message) for w in caught), \
+        [str(w.message) for w in caught]
+
+    # The store fails once rank 0 has created the segment.
+    monkeypatch.setattr(ad._Native, "library", staticmethod(lambda name: real))
+
+    class FailingStore:
+        def __init__(self, store):
+            self._store = store
+
+        def set(self, key, value):
+            self._store.set(key, value)
+
+        def get(self, key):
+            if key.startswith("open/"):
+                raise RuntimeError("store timeout (injected)")
+            return self._store.get(key)
+    monkeypatch.setattr(dist, "PrefixStore", lambda prefix, store: FailingStore(store))
+    mine = f"accelkit-simdev-{os.getpid()}-"
+    before = {n for n in os.listdir("/dev/shm") if n.startswith(mine)}
+    results = _connect_both(ad, dist.HashStore())
+    assert all(isinstance(r, str) and "store timeout (injected)" in r
+               for r in results.values()), results
+    left = {n for n in os.listdir("/dev/shm") if n.startswith(mine)} - before
+    assert not left, left
