@@ -1049,10 +1049,10 @@ class ProcessGroup(dist.ProcessGroup):
     # records an event on that stream (none when the stream is idle), and the
     # start (the event's wait, the staged inputs' copy to pinned memory, the
     # call into gloo or the vendor's library) runs on a thread of the group's
-    # own, in the order the collectives were issued (so every gloo call of
-    # the group is made on one thread, in the same order on every rank), or
-    # inline on the calling thread when nothing is queued there, the stream
-    # is idle and nothing needs waiting for or copying. The ranks' agreement
+    # own, in the order the collectives were issued, or inline on the
+    # calling thread when nothing is queued there, the stream is idle and
+    # nothing needs waiting for or copying: either way the group's gloo
+    # calls come in issue order, the same on every rank. The ranks' agreement
     # (_agree) stays on the calling thread, on a gloo group of its own: it
     # blocks until every rank has issued the collective, not for the stream.
     # A start that fails (the stream's asynchronous error, gloo's refusal)
