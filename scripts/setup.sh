@@ -6,18 +6,25 @@
 #                    expecttest (PyTorch's operator database needs it),
 #                    scikit-build-core (builds backends' wheels)
 #   build/:          configured with Ninja and ccache, then built
-#   simdev:          its pip package (build/packages/torch_simdev) installed into
-#                    .venv, so that `import torch` there loads it (autoload)
+#   simdev:          its pip package (build/packages/torch_simdev, built in
+#                    build.wheel.torch_simdev) installed into .venv, so that
+#                    `import torch` there loads it (autoload)
 set -euo pipefail
 
 ACCELKIT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ACCELKIT_BUILD="${ACCELKIT_BUILD:-$ACCELKIT_ROOT/build}"
+case "$ACCELKIT_BUILD" in /*) ;; *) ACCELKIT_BUILD="$PWD/$ACCELKIT_BUILD" ;; esac
 ACCELKIT_VENV="$ACCELKIT_ROOT/.venv"
-# simdev's wheel is configured and built in a folder beside build/, so that
-# its compile commands, relative to the folder (CCACHE_BASEDIR below), are
-# build/'s, and ccache serves them (tests/CMakeLists.txt's python.simdev.autoload
-# builds it there again).
-ACCELKIT_WHEEL_BUILD="$ACCELKIT_BUILD.wheel.torch_simdev"
+# simdev's wheel is configured and built (scikit-build-core's build-dir) in
+# <build>.wheel.torch_simdev when the build folder sits in the checkout, so
+# that its compile commands, relative to the folder (CCACHE_BASEDIR below),
+# are the build's, and ccache serves them; elsewhere in scikit-build-core's
+# default, <build>/packages/torch_simdev/build. tests/CMakeLists.txt's
+# python.simdev.autoload builds it again in the same folder, by the same rule.
+ACCELKIT_WHEEL_BUILD=""
+if [ "$(dirname "$ACCELKIT_BUILD")" = "$ACCELKIT_ROOT" ]; then
+  ACCELKIT_WHEEL_BUILD="$ACCELKIT_BUILD.wheel.torch_simdev"
+fi
 TORCH_VERSION=2.13.0
 
 # ccache keys objects with debug information by their build directory too
@@ -30,7 +37,7 @@ export CCACHE_NOHASHDIR=1
 # builds that sit at the same place relative to the sources (the build-option
 # builds, beside build/; the skeleton's builds and its wheel, siblings under
 # build/) get the objects compiled once.
-export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$ACCELKIT_ROOT}"
+export CCACHE_BASEDIR="$ACCELKIT_ROOT"
 
 log() { printf '[accelkit setup] %s\n' "$*" >&2; }
 
@@ -91,7 +98,7 @@ configure_and_build() {
 # simdev's pip package, made by accelkit_add_torch_backend: pip builds its
 # wheel with scikit-build-core against the venv's torch (no build isolation,
 # which would fetch a torch of its own; no dependency resolution, which could
-# replace the pinned torch) in build/packages/torch_simdev/build, and installs
+# replace the pinned torch) in $ACCELKIT_WHEEL_BUILD (above), and installs
 # it. Skipped while nothing it is built from changed since the last install.
 # Autoload is off for the build, whose CMake may import torch: an installed
 # simdev that is out of date must not be what it loads.
@@ -112,7 +119,7 @@ install_simdev() {
   log "building simdev's wheel and installing it into $ACCELKIT_VENV"
   TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$ACCELKIT_VENV/bin/pip" install -q --disable-pip-version-check \
     --no-build-isolation --no-deps --force-reinstall \
-    --config-settings=build-dir="$ACCELKIT_WHEEL_BUILD" "$pkg"
+    ${ACCELKIT_WHEEL_BUILD:+--config-settings=build-dir="$ACCELKIT_WHEEL_BUILD"} "$pkg"
   touch "$stamp"
 }
 
