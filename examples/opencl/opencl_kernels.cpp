@@ -483,18 +483,21 @@ std::optional<at::Tensor> matmul(Counter counter, const at::Tensor& bias, const 
   accelkit::KernelStream st = K::current_stream(a);
   K::record_stream(a, st);
   K::record_stream(b, st);
-  at::Tensor c = has_bias ? bias.expand(mn) : a;
   if (has_bias) K::record_stream(bias, st);
+  // The bias's own data and its strides as broadcast to (m, n), without an
+  // expand view (0-dim, a row, a column, stride 0 and strided biases alike).
+  std::array<std::int64_t, 2> sc = {0, 0};
+  if (has_bias) broadcast_strides(bias, mn, sc.data());
   Program& p = program(st.device);
   std::size_t global[2] = {round_up(n, p.tile), round_up(m, p.tile)}, local[2] = {p.tile, p.tile};
   cl_long lm = m, ln = n, lk = k;
   cl_long sa0 = a.stride(0), sa1 = a.stride(1), sb0 = b.stride(0), sb1 = b.stride(1);
-  cl_long sc0 = has_bias ? c.stride(0) : 0, sc1 = has_bias ? c.stride(1) : 0;
+  cl_long sc0 = sc[0], sc1 = sc[1];
   cl_int hb = has_bias ? 1 : 0;
   float al = *fa, be = *fb;
   const void* pa = a.const_data_ptr();
   const void* pb = b.const_data_ptr();
-  const void* pc = c.const_data_ptr();
+  const void* pc = has_bias ? bias.const_data_ptr() : pa;  // pa: never read
   void* po = out.mutable_data_ptr();
   launch(st, p.addmm, counter, 2, global, local, [&](cl_kernel kn) {
     set_arg(kn, 0, lm);

@@ -142,6 +142,71 @@ def test_mm_of_transposed_and_sliced_operands():
     _check("addmm", lambda c, x, y: torch.addmm(c[:1], x.t(), y.t()), strided_bias, a, b, tol=CLOSE)
 
 
+@pytest.mark.parametrize("bias_shape,view", [
+    ((), None), ((9,), None), ((1, 9), None), ((6, 1), None), ((6, 9), None),
+    ((9,), "expand"),        # (6, 9) with strides (0, 1)
+    ((6, 1), "expand"),      # (6, 9) with strides (1, 0)
+    ((9, 6), "t"),           # (6, 9) with strides (1, 6)
+    ((6, 18), "step"),       # (6, 9) with strides (18, 2)
+])
+def test_addmm_broadcast_and_strided_bias(bias_shape, view):
+    a, b = _randn(6, 5, seed=23), _randn(5, 9, seed=24)
+    bias = _randn(*bias_shape, seed=25)
+    shape = {None: lambda c: c, "expand": lambda c: c.expand(6, 9), "t": lambda c: c.t(),
+             "step": lambda c: c[:, ::2]}[view]
+    _check("addmm", lambda c, x, y: torch.addmm(shape(c), x, y), bias, a, b, tol=CLOSE)
+    _check("addmm", lambda c, x, y: torch.addmm(shape(c), x, y, beta=-1.5, alpha=0.25),
+           bias, a, b, tol=CLOSE)
+
+
+def _dispatcher_calls(f):
+    """The operators f() calls through the dispatcher, nested calls included."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.ocl.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        f()
+    torch.ocl.synchronize()
+    return sorted(e.name for e in prof.events())
+
+
+def _operands():
+    x, w = _randn(6, 5, seed=26).to(DEV), _randn(9, 5, seed=28).to(DEV)
+    row, bias = _randn(5, seed=27).to(DEV), _randn(9, seed=29).to(DEV)
+    return dict(x=x, xt=x.t(), wt=w.t(), row=row, col=_randn(6, 1).to(DEV),
+                row6=_randn(1, 6).to(DEV), bias=bias, bias0=bias.expand(6, 9), bias1=bias[:1])
+
+
+NO_DISPATCH = {  # case: (kernel, operator, operand names, extra arguments)
+    "add_broadcast": ("add", torch.add, ("x", "row"), {}),
+    "add_transposed": ("add", torch.add, ("xt", "row6"), {}),
+    "add_alpha": ("add", torch.add, ("x", "row"), dict(alpha=2)),
+    "mul_column": ("mul", torch.mul, ("x", "col"), {}),
+    "relu": ("relu", torch.relu, ("xt",), {}),
+    "threshold_backward": ("threshold_backward", torch.ops.aten.threshold_backward,
+                           ("x", "row"), dict(threshold=0.0)),
+    "mm": ("mm", torch.mm, ("x", "wt"), {}),
+    "addmm_linear": ("addmm", torch.addmm, ("bias", "x", "wt"), {}),
+    "addmm_stride0": ("addmm", torch.addmm, ("bias0", "x", "wt"), {}),
+    "addmm_one": ("addmm", torch.addmm, ("bias1", "x", "wt"), {}),
+    "sum": ("sum", torch.sum, ("x",), {}),
+    "sum_dim": ("sum", torch.sum, ("xt",), dict(dim=0)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NO_DISPATCH))
+def test_kernels_make_no_views_or_outputs_through_the_dispatcher(case):
+    # The output comes from empty_generic/empty_strided_generic on the allocator and broadcast
+    # strides are computed: the operator's own aten:: call is the only dispatcher call (no
+    # aten::empty*, expand or its as_strided per call).
+    kernel, f, names, kwargs = NO_DISPATCH[case]
+    ops = _operands()
+    args = [ops[n] for n in names]
+    n0 = KOPS.launches(kernel)
+    calls = _dispatcher_calls(lambda: f(*args, **kwargs))
+    assert KOPS.launches(kernel) - n0 == 1, kernel
+    assert calls == [f"aten::{kernel}"], calls
+
+
 SUMS = [
     ((1000,), None, False), ((7,), 0, False), ((1,), None, False), ((0,), None, False),
     ((0, 4), 0, False), ((4, 0), 1, True), ((), None, False), ((), 0, True),
