@@ -381,11 +381,18 @@ bool f32(const at::Tensor& t, const at::Tensor& like) {
          !t.is_conj() && !t.is_neg();
 }
 bool f32(const at::Tensor& t) { return f32(t, t); }
-// A Python number as the second operand of a float32 operation.
+// A Python number as the second operand of a float32 operation, read from
+// its wrapped CPU tensor (double, int64 or bool) without item()'s two
+// dispatcher calls; a complex number, or anything else, is not taken.
 std::optional<float> number(const at::Tensor& t) {
-  if (!t.defined() || !t.unsafeGetTensorImpl()->is_wrapped_number() || t.is_complex())
+  if (!t.defined() || !t.unsafeGetTensorImpl()->is_wrapped_number() || !t.device().is_cpu())
     return std::nullopt;
-  return static_cast<float>(t.item().toDouble());
+  switch (t.scalar_type()) {
+    case at::kDouble: return static_cast<float>(*t.const_data_ptr<double>());
+    case at::kLong: return static_cast<float>(*t.const_data_ptr<std::int64_t>());
+    case at::kBool: return *t.const_data_ptr<bool>() ? 1.0f : 0.0f;
+    default: return std::nullopt;
+  }
 }
 std::optional<float> real(const at::Scalar& s) {
   if (s.isComplex()) return std::nullopt;

@@ -181,6 +181,9 @@ NO_DISPATCH = {  # case: (kernel, operator, operand names, extra arguments)
     "add_transposed": ("add", torch.add, ("xt", "row6"), {}),
     "add_alpha": ("add", torch.add, ("x", "row"), dict(alpha=2)),
     "mul_column": ("mul", torch.mul, ("x", "col"), {}),
+    "mul_float": ("mul", lambda t: torch.mul(t, 2.5), ("x",), {}),
+    "add_int": ("add", lambda t: torch.add(t, 3, alpha=2), ("x",), {}),
+    "add_bool": ("add", lambda t: t + True, ("x",), {}),
     "relu": ("relu", torch.relu, ("xt",), {}),
     "threshold_backward": ("threshold_backward", torch.ops.aten.threshold_backward,
                            ("x", "row"), dict(threshold=0.0)),
@@ -196,8 +199,9 @@ NO_DISPATCH = {  # case: (kernel, operator, operand names, extra arguments)
 @pytest.mark.parametrize("case", sorted(NO_DISPATCH))
 def test_kernels_make_no_views_or_outputs_through_the_dispatcher(case):
     # The output comes from empty_generic/empty_strided_generic on the allocator and broadcast
-    # strides are computed: the operator's own aten:: call is the only dispatcher call (no
-    # aten::empty*, expand or its as_strided per call).
+    # strides are computed, a Python number is read from its wrapped tensor: the operator's own
+    # aten:: call is the only dispatcher call (no aten::empty*, expand or its as_strided, item
+    # or its _local_scalar_dense per call).
     kernel, f, names, kwargs = NO_DISPATCH[case]
     ops = _operands()
     args = [ops[n] for n in names]
