@@ -32,7 +32,9 @@ machine inflates less than wall time).
   python bench/opencl_bench.py --add-only --against DIR     the add rows of the build in DIR
       (a copy of an earlier build's build/python: its torch_ocl and accelkit) beside this
       one's, in child processes taking turns (--pairs of them), each child measuring its
-      own direct baseline: before and after a change, in one run
+      own direct baseline: before and after a change, in one run; each child reports the
+      torch_ocl it imported, and the run stops with an error naming DIR unless 'before'
+      came from DIR and 'after' did not
 """
 import argparse
 import gc
@@ -81,7 +83,7 @@ def child(quick, add_only):
     launches0 = kops.launches()
     steps = {} if add_only else {"ocl": mlp_step("ocl"), "cpu": mlp_step("cpu")}
     no_sync = lambda: None  # noqa: E731
-    out = {"native": native}
+    out = {"native": native, "torch_ocl": os.path.realpath(torch_ocl.__file__)}
     if not add_only:
         out["mlp"] = measure({"ocl": (repeat(steps["ocl"]), torch.ocl.synchronize),
                               "cpu": (repeat(steps["cpu"]), no_sync)},
@@ -125,6 +127,10 @@ def main():
         return
     if args.against and not args.add_only:
         parser.error("--against needs --add-only")
+    before = os.path.realpath(args.against) if args.against else None
+    if before and not os.path.isdir(os.path.join(before, "torch_ocl")):
+        sys.exit(f"opencl_bench: --against {args.against}: no torch_ocl package in "
+                 f"{before} (expected a copy of an earlier build's build/python)")
     import torch  # noqa: F401  (its version in the machine line)
     print(machine_line())
     print(f"load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
@@ -137,6 +143,9 @@ def main():
         ratios = [x / y for x, y in zip(ocl, base)]
         print(f"{name:46s} {spread(ocl, 3):>24s} {spread(base, 3):>24s} {unit:4s} "
               f"{spread(ratios, 3) + 'x':>22s}")
+
+    def under(path, folder):
+        return os.path.commonpath([path, folder]) == folder
 
     def run_child(svm, native, pythonpath=None):
         env = dict(os.environ, OCL_SVM=svm, OCL_NATIVE_KERNELS=native, OMP_NUM_THREADS="1",
@@ -168,19 +177,29 @@ def main():
     if args.against:
         # Children of the two builds take turns; each child measures its own direct
         # baseline, so a ratio compares a build with the raw enqueue in the same process.
-        builds = [("before", os.path.abspath(args.against)), ("after", None)]
+        builds = [("before", before), ("after", None)]
         sides = ("python", "cxx", "direct", "tracked")
         got = {name: {k: [] for k in sides} for name, _ in builds}
         for name, _ in builds:
             got[name]["thread_cpu"] = {k: [] for k in sides}
+        loaded = {}  # build: the folder its torch_ocl came from
         for i in range(args.pairs):
             for name, path in (builds if i % 2 == 0 else builds[::-1]):
-                s = run_child("fine", "1", path)["add"]
+                out = run_child("fine", "1", path)
+                # A child imports whatever torch_ocl its PYTHONPATH finds first: refuse a
+                # 'before' that is not DIR's or an 'after' that is (its figures would compare
+                # a build with itself).
+                if (name == "before") != under(out["torch_ocl"], before):
+                    sys.exit(f"opencl_bench: --against {args.against}: the '{name}' child "
+                             f"loaded torch_ocl from {out['torch_ocl']}, which is "
+                             f"{'not ' if name == 'before' else ''}under {before}")
+                loaded[name] = os.path.dirname(os.path.dirname(out["torch_ocl"]))
+                s = out["add"]
                 for k in sides:
                     got[name][k] += s.get(k, [])
                     got[name]["thread_cpu"][k] += s["thread_cpu"].get(k, [])
         for name, path in builds:
-            add_rows(got[name], "fine", f" ({name}{': ' + path if path else ': this build'})")
+            add_rows(got[name], "fine", f" ({name}: {loaded[name]})")
         print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         return
 
