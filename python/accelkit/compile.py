@@ -28,7 +28,8 @@ seconds to import, and ``import torch`` loads neither; a backend must not
 pay for them at import. So install() only puts a finder on sys.meta_path
 that registers into each table right after its module has been executed
 (or at once, when it has been already), and takes itself off once both are
-done. Dynamo reads the device interface only through
+done; the first of the two also checks and replaces the fake convolution
+(Note [The convolution's strides under fake tensors]). Dynamo reads the device interface only through
 ``get_interface_for_device`` and Inductor the code generators only through
 ``get_scheduling_for_device`` and friends, all after those imports.
 """
@@ -169,20 +170,54 @@ def host_visible(index: int) -> bool:
                 .get("host_visible_memory"))
 
 
-def _refusal(devices):
-    """Why Inductor's C++ kernels may not run on `devices` (indices), or None."""
+def _refusal(devices, at_compile=True):
+    """Why Inductor's C++ kernels may not run on `devices` (indices), or None.
+    `at_compile`: asked while compiling (where suppress_errors falls back to
+    eager), not by a graph already compiled."""
     if _patch_error or _conv_error:
         return _patch_error or _conv_error
     refused = [i for i in devices if not host_visible(i)]
     if refused:
         name = _backend.name
+        eager = (" (or set torch._dynamo.config.suppress_errors=True to run such graphs "
+                 "eagerly)") if at_compile else ""
         return (f"{name}: Inductor's C++ code generator runs kernels on the host and needs "
                 f"host-visible device memory, which {name}:{refused[0]} does not have; use "
-                "torch.compile(backend='aot_eager') (or set "
-                "torch._dynamo.config.suppress_errors=True to run such graphs eagerly), or "
+                f"torch.compile(backend='aot_eager'){eager}, or "
                 "register a code generator of the backend's own "
                 "(accelkit.compile.register_codegen)")
     return None
+
+
+def _qualified(obj) -> str:
+    if not isinstance(obj, type) and not hasattr(obj, "__qualname__"):
+        obj = type(obj)
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', '?')}"
+
+
+def _cache_conditions():
+    """What the generated code of a graph for the device depends on beyond
+    what Inductor's cache keys hold (Note [Generated code from the cache])."""
+    mod = getattr(torch, _backend.name)
+    scheduling = (_vendor or {}).get("scheduling") or _classes()[0]
+    return (f"accelkit:{_backend.name}", _qualified(scheduling),
+            tuple(host_visible(i) for i in range(mod.device_count())),
+            _patch_error, _conv_error)
+
+
+def _cache_key_pass():
+    """The device's custom pass (register_backend_for_device): it changes no
+    graph; its uuid puts _cache_conditions into the caches' keys."""
+    from torch._inductor.custom_graph_pass import CustomGraphModulePass
+
+    class CacheConditions(CustomGraphModulePass):
+        def __call__(self, gm) -> None:
+            pass
+
+        def uuid(self):
+            return repr(_cache_conditions())
+
+    return CacheConditions()
 
 
 _allowed = set()  # device indices whose generated kernels passed _refusal in this process
@@ -201,20 +236,24 @@ def wait_for_stream(index) -> None:
     kernel calls first. The first call for a device also checks that its
     kernels may run here (Note [Generated code from the cache])."""
     if index not in _allowed:
-        device = getattr(torch, _backend.name).current_device() if index is None else index
+        mod = getattr(torch, _backend.name)
+        device = mod.current_device() if index is None else index
         if device not in _allowed:
-            why = _refusal([device]) if _host_kernels() else None
+            why = _refusal([device], at_compile=False) if _host_kernels() else None
             if why:
                 raise RuntimeError(
-                    f"{why}. This graph's kernels were not generated in this process: they "
-                    "were loaded from Inductor's cache (TORCHINDUCTOR_CACHE_DIR), written "
-                    "where they were allowed; set torch._inductor.config.fx_graph_cache = "
-                    "False and torch._functorch.config.enable_autograd_cache = False, or use "
-                    "a cache directory of this configuration's own (Note [Generated code "
-                    "from the cache] in accelkit/compile.py)")
+                    f"{why}. This graph's kernels were not generated for this configuration: "
+                    "they came back from Inductor's cache (TORCHINDUCTOR_CACHE_DIR), whose "
+                    "keys should have told the configurations apart; set "
+                    "torch._inductor.config.fx_graph_cache = False and "
+                    "torch._functorch.config.enable_autograd_cache = False, or use a cache "
+                    "directory of this configuration's own (Note [Generated code from the "
+                    "cache] in accelkit/compile.py)")
             _allowed.add(device)
         if index is not None:
             _allowed.add(index)
+        elif _allowed.issuperset(range(mod.device_count())):
+            _allowed.add(None)  # whichever device is current, it was checked
     torch.accelerator.current_stream(index).synchronize()
 
 
@@ -223,17 +262,30 @@ def wait_for_stream(index) -> None:
 # is not host-visible, or where the checks of Notes [Inductor's CPU checks]
 # and [The convolution's strides under fake tensors] failed. But Inductor's
 # FX graph cache and AOT autograd's cache hand back a graph's generated code
-# without generating it again, and their keys hold neither the device's
-# host visibility nor those checks (a graph compiled with
-# SIMDEV_HOST_VISIBLE=1 came back, and ran its host kernels, in a process
-# with SIMDEV_HOST_VISIBLE=0). So the Python wrapper's kernel calls check
-# too: the first wait_for_stream of each device in a process asks the same
-# question (_refusal) and raises a RuntimeError naming the backend and the
-# device before any kernel touches its memory; later calls cost a set
-# lookup. Only while the registered scheduling is the C++ one (or a
-# subclass): a vendor's own scheduling may call its kernels through this
-# wrapper on any memory (register_codegen starts the checks afresh). The
-# C++ wrapper's waits (Note [The C++ wrapper]) do not check.
+# without generating it again, and by themselves their keys hold neither
+# the device's host visibility, nor those checks, nor which scheduling
+# generated the code (a graph compiled with SIMDEV_HOST_VISIBLE=1 came back,
+# and ran its host kernels, in a process with SIMDEV_HOST_VISIBLE=0). So
+# these go into the keys: the device is registered with a custom pass
+# (register_backend_for_device's device_custom_pass) that changes no graph
+# and whose uuid() is _cache_conditions (the backend, the registered
+# scheduling's qualified name, every device's host visibility, the two
+# checks' errors); FxGraphHashDetails hashes every device's custom pass and
+# AOTAutogradCacheDetails is one, so both caches, the C++ wrapper's graphs
+# included, miss when any of them differs, and the scheduling refuses at
+# compile time, where torch.compile reports a BackendCompilerFailed and
+# suppress_errors runs the graph eagerly. A backstop stays for code that
+# comes back anyway (a cache written by another build of the SDK under the
+# same conditions' text, say): the first wait_for_stream of each device in
+# a process asks the same question (_refusal, of the scheduling registered
+# now) and raises a RuntimeError naming the backend and the device before
+# any kernel touches its memory; later calls cost a set lookup (None, the
+# current device, once every device was checked). Only while the registered
+# scheduling is the C++ one (or a subclass): a vendor's own scheduling may
+# call its kernels through this wrapper on any memory (register_codegen
+# starts the checks afresh). At run time Dynamo's fallback is past, so the
+# backstop's error does not offer suppress_errors. The C++ wrapper's waits
+# (Note [The C++ wrapper]) do not check.
 
 
 # Note [Compiled kernels on host-visible memory]
@@ -622,8 +674,13 @@ def _patch_cpu_checks():
 # (tests/python/test_compile.py, channels-last inputs); with it, Inductor's
 # layout optimization (channels-last convolutions, Note [Inductor's CPU
 # checks]) serves the device as it serves the CPU.
-# Checked, as Note [Inductor's CPU checks] (the same _changed): at install
-# the source of fake_impls' conv must still choose the memory format through
+# Checked, as Note [Inductor's CPU checks] (the same _changed), when Dynamo
+# or Inductor registers the backend (Note [Registering without importing the
+# compiler]; not at install, where reading the sources cost 2-4 ms of every
+# `import torch` that autoloads the backend; torch.compile and
+# torch.export import torch._dynamo before they trace, while fake tensors of
+# a FakeTensorMode used before that get PyTorch's contiguous answer): the
+# source of fake_impls' conv must still choose the memory format through
 # _select_conv_backend and _conv_determine_backend_memory_format on the
 # inputs' device and make its outputs fake tensors of that device, its
 # dispatch must still go through op_implementations_dict (_CONV_CHECKS), and
@@ -650,11 +707,15 @@ _CONV_CHECKS = {  # (module, qualified name): lines its source must hold
         "return FakeTensor(fake_mode, t, device)"),
 }
 _conv_error = None  # why the fake convolution was not patched (None: patched, or not yet tried)
+_conv_checked = False  # whether _patch_fake_convolution ran
 
 
 def _patch_fake_convolution():
     """Note [The convolution's strides under fake tensors]."""
-    global _conv_error
+    global _conv_error, _conv_checked
+    if _conv_checked:
+        return
+    _conv_checked = True
     from torch._subclasses import fake_impls
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils import _pytree as pytree
@@ -761,7 +822,8 @@ def _register_inductor():
         chosen,
         vendor.get("python_wrapper") or wrapper,
         cpp_wrapper,
-        vendor.get("fx_wrapper"))
+        vendor.get("fx_wrapper"),
+        device_custom_pass=_cache_key_pass())  # Note [Generated code from the cache]
     common.register_device_op_overrides(_backend.name,
                                         vendor.get("device_op_overrides") or overrides())
     _patch_cpu_checks()
@@ -804,6 +866,7 @@ def _done(module: str) -> None:
         if module in _registered:
             return
         _registered.add(module)
+        _patch_fake_convolution()  # before either table serves the device
         (_register_dynamo if module == _DYNAMO else _register_inductor)()
         if len(_registered) == 2 and _finder in sys.meta_path:
             sys.meta_path.remove(_finder)
@@ -850,6 +913,5 @@ def install() -> None:
         _done(_DYNAMO)
     if _INDUCTOR in sys.modules:
         _done(_INDUCTOR)
-    _patch_fake_convolution()
     if len(_registered) < 2 and _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)

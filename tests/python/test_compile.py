@@ -8,6 +8,7 @@ code runs where, and that it computes what eager and the CPU compute."""
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -49,9 +50,14 @@ def _reset_dynamo():
 
 
 def _run(code, timeout=300, **env):
-    full = {**os.environ, **{renamed(k): v for k, v in env.items()}}
-    return subprocess.run([sys.executable, "-c", renamed(textwrap.dedent(code))],
-                          capture_output=True, text=True, env=full, timeout=timeout)
+    """Runs `code` in a child; its Inductor cache is a private one unless
+    `env` names TORCHINDUCTOR_CACHE_DIR (the machine's could hand it graphs
+    compiled elsewhere)."""
+    with tempfile.TemporaryDirectory(prefix="accelkit-inductor-") as cache:
+        full = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache,
+                **{renamed(k): v for k, v in env.items()}}
+        return subprocess.run([sys.executable, "-c", renamed(textwrap.dedent(code))],
+                              capture_output=True, text=True, env=full, timeout=timeout)
 
 
 # ---------------------------------------------------------------- device interface
@@ -92,13 +98,22 @@ def test_the_device_interface_answers_as_torch_cuda_s_does():
 
 
 def test_installing_the_backend_imports_neither_dynamo_nor_inductor():
+    # Nor does it check or replace the fake convolution (reading PyTorch's
+    # sources cost 2-4 ms of `import torch`): Dynamo's registration does.
     r = _run("""
         import sys, torch, torch_simdev
+        from torch._subclasses import fake_impls
         print('dynamo' if 'torch._dynamo' in sys.modules else 'no dynamo',
               'inductor' if 'torch._inductor' in sys.modules else 'no inductor')
+        replaced = lambda: [getattr(f, '_accelkit', False)
+                            for f in fake_impls.op_implementations_dict.values()].count(True)
+        print('replaced at install:', replaced())
+        import torch._dynamo
+        print('replaced with dynamo:', replaced())
     """, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     assert r.returncode == 0, r.stderr
     assert "no dynamo no inductor" in r.stdout, r.stdout
+    assert "replaced at install: 0" in r.stdout and "replaced with dynamo: 4" in r.stdout, r.stdout
 
 
 def test_inductor_s_cpu_checks_are_replaced_only_where_their_source_still_matches():
@@ -115,8 +130,9 @@ def test_inductor_s_cpu_checks_are_replaced_only_where_their_source_still_matche
 
 @host_visible
 def test_the_fake_convolution_is_replaced_only_where_its_source_and_table_still_match():
-    # Note [The convolution's strides under fake tensors]: checked at install
-    # as Inductor's helpers are (the same _changed). Here they match ...
+    # Note [The convolution's strides under fake tensors]: checked when Dynamo
+    # or Inductor registers the backend, as Inductor's helpers are (the same
+    # _changed), not at install. Here they match ...
     from torch._subclasses import fake_impls
     mod = _compile_module()
     assert mod._conv_error is None
@@ -124,7 +140,7 @@ def test_the_fake_convolution_is_replaced_only_where_its_source_and_table_still_
     assert getattr(fake_impls.op_implementations_dict[torch.ops.aten.convolution.default],
                    "_accelkit", False)
     # ... and in a child whose table holds another implementation for one of
-    # the four operators when the backend installs, nothing is replaced and
+    # the four operators when torch.compile registers the backend, nothing is replaced and
     # compiling for the device raises, naming the backend and the entry
     # (without the check the SDK wrapped the other implementation and compiled).
     r = _run("""
@@ -136,12 +152,12 @@ def test_the_fake_convolution_is_replaced_only_where_its_source_and_table_still_
         import torch_simdev
         import torch._inductor.config as c
         c.compile_threads, c.fx_graph_cache = 1, False  # a cached graph is not generated again
-        print('replaced:', [getattr(f, '_accelkit', False) for f in table.values()].count(True))
         try:
             torch.compile(lambda x: x.sin() + 1)(torch.ones(4, device='simdev'))
             print('compiled')
         except Exception as e:
             print('refused:', type(e).__name__, ' '.join(str(e).split()))
+        print('replaced:', [getattr(f, '_accelkit', False) for f in table.values()].count(True))
     """, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "replaced: 0" in r.stdout and "refused: " in r.stdout, r.stdout
@@ -507,20 +523,33 @@ def test_without_host_visible_memory_a_clear_error_and_eager_fallback():
 
 
 @simdev_only
-def test_kernels_from_the_cache_are_refused_without_host_visible_memory(tmp_path):
-    # Note [Generated code from the cache]: the second child finds the first
-    # one's graph in the shared Inductor cache, generated where the memory
-    # was host-visible; its kernels must not run on memory that is not (the
-    # old code ran them: the scheduling's refusal never came).
+def test_a_graph_cached_with_host_visible_memory_is_compiled_again_without_it(tmp_path):
+    # Note [Generated code from the cache]: the device's custom pass puts its
+    # host visibility into the caches' keys, so the second child, sharing the
+    # first one's Inductor cache but without host-visible memory, misses it
+    # and the scheduling refuses at compile time: a BackendCompilerFailed,
+    # and with suppress_errors the graph runs eagerly (the old code found
+    # the graph in the cache and raised at its first kernel, suppress_errors
+    # or not). A third child like the first finds the graph in the cache.
     code = """
         import torch, torch_simdev
-        import torch._inductor.config as c
+        import torch._dynamo, torch._inductor.config as c
+        from torch._dynamo.utils import counters
         c.compile_threads = 1
+        f = lambda x: x.sin() + 1
+        x = torch.zeros(4, device='simdev')
         try:
-            f = torch.compile(lambda x: x.sin() + 1)
-            print('result', f(torch.zeros(4, device='simdev')).cpu().tolist())
+            print('result', torch.compile(f)(x).cpu().tolist())
+        except Exception as e:  # InductorError, a BackendCompilerFailed
+            print('refused:', isinstance(e, torch._dynamo.exc.BackendCompilerFailed),
+                  ' '.join(str(e).split()))
+        torch._dynamo.reset()
+        torch._dynamo.config.suppress_errors = True
+        try:
+            print('suppressed', torch.compile(f)(x).cpu().tolist())
         except Exception as e:
-            print('refused:', type(e).__name__, ' '.join(str(e).split()))
+            print('raised:', type(e).__name__, ' '.join(str(e).split()))
+        print('hits', counters['inductor']['fxgraph_cache_hit'])
     """
     env = dict(TORCHINDUCTOR_CACHE_DIR=str(tmp_path), SIMDEV_DEVICE_COUNT="1",
                TORCH_DEVICE_BACKEND_AUTOLOAD="0")
@@ -528,8 +557,36 @@ def test_kernels_from_the_cache_are_refused_without_host_visible_memory(tmp_path
     assert "result [1.0, 1.0, 1.0, 1.0]" in first.stdout, first.stdout + first.stderr[-3000:]
     second = _run(code, SIMDEV_HOST_VISIBLE="0", **env)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "refused: RuntimeError simdev: Inductor's C++ code generator" in second.stdout, second.stdout
-    assert "simdev:0 does not have" in second.stdout and "Inductor's cache" in second.stdout
+    assert "refused: True" in second.stdout, second.stdout  # at compile time, not run time
+    assert renamed("simdev: Inductor's C++ code generator") in second.stdout, second.stdout
+    assert renamed("simdev:0 does not have") in second.stdout, second.stdout
+    assert "suppressed [1.0, 1.0, 1.0, 1.0]" in second.stdout, second.stdout
+    assert "hits 0" in second.stdout, second.stdout
+    third = _run(code, SIMDEV_HOST_VISIBLE="1", **env)
+    assert "result [1.0, 1.0, 1.0, 1.0]" in third.stdout, third.stdout + third.stderr[-3000:]
+    assert "hits 0" not in third.stdout, third.stdout  # the cache still serves its configuration
+
+
+@host_visible
+def test_wait_for_stream_checks_each_device_once(monkeypatch):
+    # Note [Generated code from the cache]: the backstop asks once per device;
+    # None (the current device) joins the checked ones once every device has
+    # been (the old code asked for the current device at every None call).
+    mod = _compile_module()
+    monkeypatch.setattr(mod, "_allowed", set())
+    mod.wait_for_stream(None)
+    for i in range(MOD.device_count()):
+        mod.wait_for_stream(i)
+    mod.wait_for_stream(None)
+    assert mod._allowed == {None, *range(MOD.device_count())}
+    # Without host-visible memory it refuses, by name, and does not offer
+    # suppress_errors: a graph that runs is past Dynamo's fallback.
+    monkeypatch.setattr(mod, "_allowed", set())
+    monkeypatch.setattr(mod, "host_visible", lambda index: False)
+    with pytest.raises(RuntimeError, match=f"needs host-visible device memory, which {DEV}:0") as e:
+        mod.wait_for_stream(0)
+    assert "suppress_errors" not in str(e.value) and "Inductor's cache" in str(e.value)
+    assert 0 not in mod._allowed
 
 
 @host_visible
