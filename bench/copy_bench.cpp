@@ -13,7 +13,10 @@
 //   - glibc, d = 64: memcpy from page-aligned "device" memory into a buffer
 //     64 bytes into its page, as a CPU tensor's data is (the 4K-aliasing
 //     shape, Note [Copy direction and 4K aliasing]);
-//   - engine, d = 64: the same copy through simdev::copy_bytes;
+//   - engine, d = 64: the same copy through simdev::copy_bytes (pipelined
+//     where the CPU has AVX2, else staged);
+//   - staged, d = 64: the same copy staged through the engine's buffer, to
+//     compare the two paths in one run;
 //   - engine, d = 0: a copy the engine leaves to the C library (pinned memory).
 #include "copy_engine.hpp"
 #include "machine.hpp"
@@ -24,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace {
@@ -51,25 +55,33 @@ void bench_size(std::size_t n, int rounds) {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return static_cast<double>(n) / s / 1e9;
   };
-  std::vector<double> base, glibc, engine, engine0;
+  std::vector<double> base, glibc, engine, staged, engine0;
   for (int r = 0; r < rounds; ++r) {
     double m = gbps([&] { std::memcpy(other.get() + 64, host.get() + 64, n); });
     base.push_back(m);
     glibc.push_back(gbps([&] { std::memcpy(host.get() + 64, dev.get(), n); }) / m);
     engine.push_back(gbps([&] { simdev::copy_bytes(host.get() + 64, dev.get(), n); }) / m);
+#if SIMDEV_COPY_ENGINE_X86
+    staged.push_back(gbps([&] { simdev::detail::copy_staged(host.get() + 64, dev.get(), n); }) / m);
+#endif
     engine0.push_back(gbps([&] { simdev::copy_bytes(other.get(), dev.get(), n); }) / m);
   }
   if (std::memcmp(host.get() + 64, dev.get(), n) != 0) {
     std::fprintf(stderr, "copy_bench: the engine's copy differs from its source\n");
     std::exit(1);
   }
-  bool staged = simdev::copies_staged(reinterpret_cast<std::uintptr_t>(host.get() + 64),
-                                      reinterpret_cast<std::uintptr_t>(dev.get()), n);
-  std::printf("%4zu MiB  memcpy (d = 0) %s GB/s | glibc, d = 64: %sx | engine, d = 64%s: %sx | "
+  simdev::CopyPath path = simdev::copy_path(reinterpret_cast<std::uintptr_t>(host.get() + 64),
+                                            reinterpret_cast<std::uintptr_t>(dev.get()), n);
+  const char* how = path == simdev::CopyPath::pipelined ? " (pipelined)"
+                    : path == simdev::CopyPath::staged  ? " (staged)"
+                                                        : " (C library)";
+  std::string staged_row =
+      staged.empty() ? "" : " | staged, d = 64: " + bench::format(bench::spread(staged), 2) + "x";
+  std::printf("%4zu MiB  memcpy (d = 0) %s GB/s | glibc, d = 64: %sx | engine, d = 64%s: %sx%s | "
               "engine, d = 0: %sx\n",
               n >> 20, bench::format(bench::spread(base), 2).c_str(),
-              bench::format(bench::spread(glibc), 2).c_str(), staged ? " (staged)" : " (C library)",
-              bench::format(bench::spread(engine), 2).c_str(),
+              bench::format(bench::spread(glibc), 2).c_str(), how,
+              bench::format(bench::spread(engine), 2).c_str(), staged_row.c_str(),
               bench::format(bench::spread(engine0), 2).c_str());
 }
 

@@ -26,8 +26,13 @@ constexpr std::uintptr_t kSrc = std::uintptr_t{1} << 40;
 constexpr std::uintptr_t kDst = kSrc + (std::uintptr_t{1} << 30);
 constexpr std::size_t kFrom = 64 * kMiB;  // the engine's threshold in these checks
 
+using simdev::CopyPath;
+// The engine's path for a copy, on a CPU with AVX2 or without.
+CopyPath path(std::uintptr_t dst, std::uintptr_t src, std::size_t n, bool avx2 = false) {
+  return simdev::copy_path(dst, src, n, kFrom, avx2);
+}
 bool staged(std::uintptr_t dst, std::uintptr_t src, std::size_t n) {
-  return simdev::copies_staged(dst, src, n, kFrom);
+  return path(dst, src, n) == CopyPath::staged;
 }
 }  // namespace
 
@@ -36,6 +41,13 @@ TEST_CASE("simdev stages large copies through its buffer when dst lies just past
   CHECK(staged(kDst + 64, kSrc, 256 * kMiB) == bool(SIMDEV_COPY_ENGINE_X86));
   for (std::uintptr_t d : {1, 16, 256, 2047})
     CHECK(staged(kDst + d, kSrc, kFrom) == bool(SIMDEV_COPY_ENGINE_X86));
+  // With AVX2, those under kLag bytes past go in one pipelined pass instead.
+  const CopyPath taken = SIMDEV_COPY_ENGINE_X86 ? CopyPath::pipelined : CopyPath::library;
+  for (std::uintptr_t d : {1, 16, 64, 255}) CHECK(path(kDst + d, kSrc, kFrom, true) == taken);
+  for (std::uintptr_t d : {256, 2047})
+    CHECK(path(kDst + d, kSrc, kFrom, true) ==
+          (SIMDEV_COPY_ENGINE_X86 ? CopyPath::staged : CopyPath::library));
+  CHECK(path(kDst + 64, kSrc, kFrom - 1, true) == CopyPath::library);
   // Forward copies that meet no store of theirs: the C library's.
   for (std::uintptr_t d : {0, 2048, 4032, 4095}) CHECK_FALSE(staged(kDst + d, kSrc, 256 * kMiB));
   // The other direction (host-to-device: dst 64 bytes before src's offset).
@@ -50,11 +62,13 @@ TEST_CASE("simdev stages large copies through its buffer when dst lies just past
 }
 
 #if SIMDEV_COPY_ENGINE_X86
-TEST_CASE("simdev's staged copy gives memcpy's bytes at every size and offset, SSE2 and AVX2") {
+TEST_CASE("simdev's staged and pipelined copies give memcpy's bytes at every size and offset") {
   namespace d = simdev::detail;
+  // The staged copy with SSE2 and with AVX2, and the pipelined one (nullptr
+  // here), where the CPU has AVX2.
   std::vector<d::StageCopy> stages = {d::stage_sse2};
 #if defined(__GNUC__)
-  if (d::has_avx2()) stages.push_back(d::stage_avx2);
+  if (d::has_avx2()) stages.push_back(d::stage_avx2), stages.push_back(nullptr);
 #endif
   constexpr std::size_t kGuard = 64;
   const std::size_t sizes[] = {0,    1,    63,   64,   127,   128,   200,  2047,
@@ -72,9 +86,13 @@ TEST_CASE("simdev's staged copy gives memcpy's bytes at every size and offset, S
           std::fill(dst_buf.begin(), dst_buf.end(), 0xEE);
           const unsigned char* src = src_buf.data() + src_off;
           unsigned char* dst = dst_buf.data() + kGuard + dst_off;
-          d::copy_staged(reinterpret_cast<char*>(dst), reinterpret_cast<const char*>(src), n,
-                         stages[g]);
-          INFO((g == 0 ? "SSE2, " : "AVX2, ") << n << " bytes, src +" << src_off << ", dst +" << dst_off);
+          if (stages[g])
+            d::copy_staged(reinterpret_cast<char*>(dst), reinterpret_cast<const char*>(src), n,
+                           stages[g]);
+          else
+            d::copy_pipelined(reinterpret_cast<char*>(dst), reinterpret_cast<const char*>(src), n);
+          INFO((g == 0 ? "staged SSE2, " : g == 1 ? "staged AVX2, " : "pipelined AVX2, ")
+               << n << " bytes, src +" << src_off << ", dst +" << dst_off);
           REQUIRE(std::memcmp(dst, src, n) == 0);
           bool guards = true;
           for (std::size_t i = 0; i < dst_buf.size(); ++i)
@@ -110,8 +128,8 @@ TEST_CASE("simdev: a device-to-host copy into pageable memory through the engine
   std::vector<unsigned char> host(n + 2 * 4096);
   auto* out = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<std::uintptr_t>(host.data()) + 4095) / 4096 * 4096 + 64);
-  REQUIRE(simdev::copies_staged(reinterpret_cast<std::uintptr_t>(out),
-                                  reinterpret_cast<std::uintptr_t>(dev), n) ==
+  REQUIRE((simdev::copy_path(reinterpret_cast<std::uintptr_t>(out),
+                             reinterpret_cast<std::uintptr_t>(dev), n) != CopyPath::library) ==
           bool(SIMDEV_COPY_ENGINE_X86));
   // The fill is queued behind a gate opened later from another thread: the
   // copy, which returns only when done, must wait for it.
