@@ -191,34 +191,38 @@ __attribute__((target("avx2"))) inline void stream32(char* p, __m256i v) {
 }
 __attribute__((target("avx2"))) inline void blocks_pipelined(char* d, const char* s,
                                                              std::size_t n) {
-  const auto load = load32;
-  const auto stream = stream32;
-  __m256i a0 = load(s), a1 = load(s + 32), a2 = load(s + 64), a3 = load(s + 96),
-          a4 = load(s + 128), a5 = load(s + 160), a6 = load(s + 192), a7 = load(s + 224);
+  __m256i a0 = load32(s), a1 = load32(s + 32), a2 = load32(s + 64), a3 = load32(s + 96),
+          a4 = load32(s + 128), a5 = load32(s + 160), a6 = load32(s + 192), a7 = load32(s + 224);
   std::size_t o = 0;
   for (; o + 2 * kLag <= n; o += kLag) {
     const char* p = s + o + kLag;
-    __m256i b0 = load(p), b1 = load(p + 32), b2 = load(p + 64), b3 = load(p + 96),
-            b4 = load(p + 128), b5 = load(p + 160), b6 = load(p + 192), b7 = load(p + 224);
+    __m256i b0 = load32(p), b1 = load32(p + 32), b2 = load32(p + 64), b3 = load32(p + 96),
+            b4 = load32(p + 128), b5 = load32(p + 160), b6 = load32(p + 192), b7 = load32(p + 224);
     char* q = d + o;
-    stream(q, a0), stream(q + 32, a1), stream(q + 64, a2), stream(q + 96, a3);
-    stream(q + 128, a4), stream(q + 160, a5), stream(q + 192, a6), stream(q + 224, a7);
+    stream32(q, a0), stream32(q + 32, a1), stream32(q + 64, a2), stream32(q + 96, a3);
+    stream32(q + 128, a4), stream32(q + 160, a5), stream32(q + 192, a6), stream32(q + 224, a7);
     a0 = b0, a1 = b1, a2 = b2, a3 = b3, a4 = b4, a5 = b5, a6 = b6, a7 = b7;
   }
   char* q = d + o;
-  stream(q, a0), stream(q + 32, a1), stream(q + 64, a2), stream(q + 96, a3);
-  stream(q + 128, a4), stream(q + 160, a5), stream(q + 192, a6), stream(q + 224, a7);
+  stream32(q, a0), stream32(q + 32, a1), stream32(q + 64, a2), stream32(q + 96, a3);
+  stream32(q + 128, a4), stream32(q + 160, a5), stream32(q + 192, a6), stream32(q + 224, a7);
 }
 #endif
+
+// Copies the bytes before dst's first 64-byte boundary (all n if fewer) and
+// advances the three past them: the head of both engine copies.
+inline void copy_to_line(char*& dst, const char*& src, std::size_t& n) {
+  std::size_t head = std::min(n, (kLine - (reinterpret_cast<std::uintptr_t>(dst) & (kLine - 1))) & (kLine - 1));
+  std::memcpy(dst, src, head);
+  dst += head, src += head, n -= head;
+}
 
 // Copies [src, src + n) to [dst, dst + n) forward in one pass, loads kLag
 // bytes ahead of stores (Note [Copy direction and 4K aliasing]): the bytes
 // before dst's first 64-byte boundary, then whole blocks, then the rest. The
 // ranges must not overlap; the CPU must have AVX2.
 inline void copy_pipelined(char* dst, const char* src, std::size_t n) {
-  std::size_t head = std::min(n, (kLine - (reinterpret_cast<std::uintptr_t>(dst) & (kLine - 1))) & (kLine - 1));
-  std::memcpy(dst, src, head);
-  dst += head, src += head, n -= head;
+  copy_to_line(dst, src, n);
 #if defined(__GNUC__)
   if (n >= 2 * kLag) {
     std::size_t body = n / kLag * kLag;
@@ -241,9 +245,7 @@ inline void copy_staged(char* dst, const char* src, std::size_t n, StageCopy sta
     if (has_avx2()) stage = stage_avx2;
 #endif
   }
-  std::size_t head = std::min(n, (kLine - (reinterpret_cast<std::uintptr_t>(dst) & (kLine - 1))) & (kLine - 1));
-  std::memcpy(dst, src, head);
-  dst += head, src += head, n -= head;
+  copy_to_line(dst, src, n);
   if (n >= kStage) {
     // A page and a stage: the stage starts anywhere in the first page.
     alignas(kCopyPage) static thread_local char buffer[kCopyPage + kStage];
