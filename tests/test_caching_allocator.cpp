@@ -550,6 +550,59 @@ TEST_CASE("allocator: a pointer inside a small block, or off its start, is not f
   check_invariants(a);
 }
 
+// Note [Chunk index]: a block is found by its address through the count of
+// blocks before its 128 KiB chunk, then among the chunk's blocks: the eight
+// from there compared at once (reading past the chunk, and past the last
+// descriptor), or by bisection when the chunk holds more than eight.
+TEST_CASE("allocator: small blocks are found by address whatever their chunk holds") {
+  constexpr std::size_t kChunk = 128 * 1024;
+  SimBackend b(Environment::fixed({}), sized());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  std::mt19937 rng(11);
+  // Chunks of 1 to 17 blocks: k blocks of about 128 KiB / k and what is left
+  // of the chunk, carved in order from a fresh segment (the first request
+  // makes it), so that chunk k - 1 holds them.
+  std::map<char*, std::size_t> live;
+  std::vector<char*> order;
+  auto take = [&](std::size_t n) {
+    auto* p = static_cast<char*>(a.allocate(n, s));
+    REQUIRE(live.emplace(p, n).second);
+    return p;
+  };
+  for (std::size_t k = 1; k <= 16; ++k) {
+    std::size_t size = kChunk / k / 512 * 512;
+    for (std::size_t j = 0; j < k; ++j) order.push_back(take(size));
+    if (std::size_t rest = kChunk - k * size) order.push_back(take(rest));
+  }
+  REQUIRE(live.rbegin()->first + live.rbegin()->second ==
+          live.begin()->first + 2 * kMiB);  // one segment, in order
+  auto check_all = [&] {
+    for (auto [p, n] : live) {
+      CHECK(a.owns(p));
+      if (n > 512) CHECK_FALSE(a.owns(p + 512));  // inside it
+    }
+  };
+  check_all();
+  // Free in a random order, checking every block still held after some
+  // frees (the descriptors move, the counts change, chunks empty), and fill
+  // some of the holes with blocks of random sizes.
+  std::shuffle(order.begin(), order.end(), rng);
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    a.deallocate(order[i]);
+    live.erase(order[i]);
+    CHECK_FALSE(a.owns(order[i]));
+    if (i % 7 == 0) check_all();
+    if (i % 3 == 0) take((rng() % 64 + 1) * 512);
+  }
+  check_all();
+  for (auto [p, n] : live) a.deallocate(p);
+  b.device_synchronize(0);
+  a.empty_cache();
+  CHECK(a.reserved_bytes() == 0);
+  check_invariants(a);
+}
+
 // Every small segment's blocks tile it, and the statistics agree with the
 // blocks the snapshot shows and with what the caller holds.
 void check_small_blocks(Allocator& a, const std::map<std::uintptr_t, std::size_t>& held) {

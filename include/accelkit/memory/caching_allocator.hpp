@@ -177,6 +177,7 @@ class DeviceCachingAllocator {
     }
     // Small blocks are found through their segment (Note [Small arena]).
     if (t.unmapped) map_block(pool, t.block);
+    if (!t.block) tls_last_small_ = {t.ptr, t.index};
     if (trace_.on())
       trace_.record(TraceEntry::Action::alloc, t.ptr, t.size, stream);
     return t.ptr;
@@ -189,7 +190,8 @@ class DeviceCachingAllocator {
   // falls back to synchronizing those streams).
   void deallocate(void* ptr) {
     if (!ptr) return;
-    if (SmallHold h = small_index_.hold(ptr); h.seg) {
+    std::size_t hint = ptr == tls_last_small_.ptr ? tls_last_small_.index : kNoHint;
+    if (SmallHold h = small_index_.hold(ptr, hint); h.seg) {
       free_small(h, static_cast<char*>(ptr));
       return;
     }
@@ -432,6 +434,7 @@ class DeviceCachingAllocator {
     char* ptr = nullptr;  // null: nothing was taken
     std::size_t size = 0;
     bool unmapped = false;  // a record not in the pointer map yet (Note [Mapped blocks])
+    std::size_t index = 0;  // a small block's index in its segment (Note [The last block taken])
   };
   // Under the pool lock: the allocation of record `b`, which the caller
   // puts into the map (map_block) after unlocking, unless it is there.
@@ -460,6 +463,23 @@ class DeviceCachingAllocator {
   };
   static inline thread_local std::array<PoolCacheEntry, 4> tls_pools_{};
   static inline thread_local unsigned tls_next_ = 0;
+
+  // Note [The last block taken]
+  // Freeing a small block finds its descriptor from its address (Note
+  // [Chunk index]), which costs as much as the rest of a free on the hit path
+  // (allocate and free of one size), where the block freed is the one this
+  // thread was handed last. So each thread keeps that block's address and
+  // index, and a free of that address tries the index first
+  // (SmallSegment::index_of(p, hint) checks it against the descriptor there,
+  // so a stale one, of another allocator or moved since, costs a compare).
+  // Other frees do not pay for it: their addresses differ, a branch that is
+  // predicted.
+  struct LastSmall {
+    const void* ptr = nullptr;
+    std::size_t index = 0;
+  };
+  static constexpr std::size_t kNoHint = ~std::size_t{0};
+  static inline thread_local LastSmall tls_last_small_{};
 
   Pool& pool_for(StreamHandle stream) {
     for (const PoolCacheEntry& e : tls_pools_)
@@ -621,7 +641,7 @@ class DeviceCachingAllocator {
         h.seg->blocks[j] = make(offset(h.seg->blocks[j]), granules(h.seg->blocks[j]),
                                 detail::small_block::allocated, false, requested);
         count_alloc(pool, size, requested, true);
-        return {nullptr, h.ptr, size};
+        return {nullptr, h.ptr, size, false, j};
       }
       Block* b = h.block;
       leave_parking(pool, b);
@@ -658,7 +678,7 @@ class DeviceCachingAllocator {
         bool whole = h.seg->blocks.size() == 1;
         count_inactive(pool, best_size, true, whole, false);
         try {
-          return {nullptr, carve_small(pool, *h.seg, j, size, requested), size};
+          return {nullptr, carve_small(pool, *h.seg, j, size, requested), size, false, j};
         } catch (...) {
           pool.park(pool.parked_count++, h, best_size, true);  // back where it was
           count_inactive(pool, best_size, true, whole, true);
@@ -675,7 +695,7 @@ class DeviceCachingAllocator {
         bool whole = seg->blocks.size() == 1;
         count_inactive(pool, block, true, whole, false);
         try {
-          return {nullptr, carve_small(pool, *seg, i, size, requested), size};
+          return {nullptr, carve_small(pool, *seg, i, size, requested), size, false, i};
         } catch (...) {
           pool.arena.bin(*seg, i);  // cannot throw: its bin entry was just freed
           count_inactive(pool, block, true, whole, true);
@@ -1013,15 +1033,15 @@ class DeviceCachingAllocator {
     if (next) {
       count_inactive(pool, bytes(seg.blocks[i + 1]), true, false, false);
       pool.arena.unbin(seg, i + 1);
-      seg.erase_block(i + 1);
     }
     if (prev) {
       count_inactive(pool, bytes(seg.blocks[i - 1]), true, false, false);
       pool.arena.unbin(seg, i - 1);
       off = offset(seg.blocks[i - 1]);
-      seg.erase_block(i);
       --i;
     }
+    // The descriptors merged into block i go in one move (Note [Moving descriptors]).
+    if (std::size_t gone = std::size_t{next} + std::size_t{prev}) seg.erase_blocks(i + 1, gone);
     seg.blocks[i] = make(off, total, parked, false, 0);
     ACCELKIT_ASSERT(seg.chunks_agree(), "a small segment's chunk index counts its blocks");
     pool.arena.bin(seg, i);

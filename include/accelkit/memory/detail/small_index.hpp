@@ -65,7 +65,8 @@ class SmallIndex {
   SmallIndex& operator=(const SmallIndex&) = delete;
 
   // The small segment that contains `p`, locked; seg null when none does.
-  ACCELKIT_ALWAYS_INLINE Hold hold(const void* p) {
+  // The block's index is looked for at `hint` first (SmallSegment::index_of).
+  ACCELKIT_ALWAYS_INLINE Hold hold(const void* p, std::size_t hint = ~std::size_t{0}) {
     const void* key = window_key(p);
     CacheEntry& cached = tls_entry(key);
     for (int attempt = 0; attempt < 2; ++attempt) {
@@ -85,7 +86,8 @@ class SmallIndex {
         if (!r.pool) return {};
       }
       std::unique_lock<SpinLock> lock(r.pool->lock);
-      if (SmallSegment* seg = segment_of(r)) return {r.pool, seg, seg->index_of(p), std::move(lock)};
+      if (SmallSegment* seg = segment_of(r))
+        return {r.pool, seg, seg->index_of(p, hint), std::move(lock)};
       // Released since the window was read: ask the map (again).
     }
     return {};
@@ -144,10 +146,16 @@ class SmallIndex {
     return reinterpret_cast<const void*>((reinterpret_cast<std::uintptr_t>(p) & ~(n - 1)) + n);
   }
   static Ref in_window(const SmallWindow& w, const void* p) noexcept {
-    for (int k = 0; k < 2; ++k)
-      if (w.pool[k] && p >= w.base[k] && p < w.base[k] + memory_constants::kSmallBuffer)
-        return {w.pool[k], w.base[k], w.id[k]};
-    return {};
+    // Which of the two holds `p` is chosen without a branch (when a window
+    // holds two, a free is as likely in either).
+    auto at = reinterpret_cast<std::uintptr_t>(p);
+    auto inside = [&](int k) {
+      auto base = reinterpret_cast<std::uintptr_t>(w.base[k]);
+      return w.pool[k] && at - base < memory_constants::kSmallBuffer;
+    };
+    int k = inside(1) ? 1 : 0;
+    if (!inside(k)) return {};
+    return {w.pool[k], w.base[k], w.id[k]};
   }
   bool add_window(const void* key, Pool& pool, const SmallSegment& seg) {
     bool added = false;
