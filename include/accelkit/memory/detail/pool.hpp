@@ -41,12 +41,16 @@ struct alignas(64) Block {
   Block* next = nullptr;
   Block* next_spare = nullptr;  // the pool's spare list
   Segment* segment = nullptr;
-  std::uint64_t requested : 60;
-  std::uint64_t allocated : 1;
-  std::uint64_t cached : 1;      // in the pool's bins or large set (mergeable)
-  std::uint64_t has_uses : 1;    // used on other streams (Pool::uses)
-  std::uint64_t mapped : 1;      // in the device pool's pointer map (Note [Mapped blocks])
-  Block() : requested(0), allocated(0), cached(0), has_uses(0), mapped(0) {}
+  std::size_t requested = 0;
+  // Bytes, not bits of one word: the hit path sets allocated, requested and
+  // mapped one after another, and bit fields made each a read-modify-write
+  // of the word the one before had just written (callgrind: 427 -> 414
+  // instructions per allocate and free of a 16 MiB block, memory_bench's
+  // hit path).
+  bool allocated = false;
+  bool cached = false;    // in the pool's bins or large set (mergeable)
+  bool has_uses = false;  // used on other streams (Pool::uses)
+  bool mapped = false;    // in the device pool's pointer map (Note [Mapped blocks])
 };
 static_assert(sizeof(Block) == 64, "Note [Block records]");
 
