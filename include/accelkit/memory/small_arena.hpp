@@ -171,13 +171,9 @@ class DescArray {
   ~DescArray() { release(data_, capacity_); }
 
   std::size_t size() const noexcept { return size_; }
-  bool empty() const noexcept { return size_ == 0; }
-  Desc* data() noexcept { return data_; }
   const Desc* data() const noexcept { return data_; }
   Desc& operator[](std::size_t i) noexcept { return data_[i]; }
   const Desc& operator[](std::size_t i) const noexcept { return data_[i]; }
-  const Desc* begin() const noexcept { return data_; }
-  const Desc* end() const noexcept { return data_ + size_; }
 
   // Room for `n` descriptors (and the eight past them). May throw bad_alloc.
   void reserve(std::size_t n) {
