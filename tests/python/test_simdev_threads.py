@@ -1,6 +1,7 @@
 """simdev from many Python threads at once: PyTorch releases the GIL inside operators, so the
 allocator, the current-stream registry, the host kernels, the fallback and its report are
 all entered concurrently. Each thread checks its own results against the CPU."""
+import gc
 import threading
 
 import torch
@@ -39,6 +40,11 @@ def _work(x, w):
 
 
 def test_operators_from_many_threads_match_the_cpu():
+    # The baseline without earlier tests' garbage: a device tensor left in a
+    # reference cycle was counted here and freed by a collection during the
+    # threads below (after == before failed once, [0] against [1024]).
+    gc.collect()
+    torch.accelerator.synchronize()
     before = [MOD.memory_allocated(d) for d in range(MOD.device_count())]
     MOD.reset_fallback_report()
 
