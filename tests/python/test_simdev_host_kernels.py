@@ -172,6 +172,41 @@ def test_convolution_backward_matches_the_cpu():
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_convolution_results_are_made_in_device_memory_the_host_addresses():
+    # Note [CPU results in device memory] (torch/host_results.hpp): where the host
+    # addresses the device's memory directly, the CPU convolution's results are made
+    # there and adopted, not copied (no aten::copy_ inside the operator); elsewhere
+    # they are copied. Either way nothing the CPU kernels took is kept.
+    x, w, b = (t.clone().to(DEV).requires_grad_() for t in (X4, KW, KB))
+    MOD.synchronize()
+    base = MOD.memory_allocated()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y = F.conv2d(x, w, b, padding=1)
+        y.square().sum().backward()
+
+    def under(e, names):
+        while e is not None:
+            if e.name in names:
+                return True
+            e = e.cpu_parent
+        return False
+
+    ops = {"aten::convolution_overrideable", "aten::convolution_backward_overrideable"}
+    copies = [e for e in prof.events() if e.name == "aten::copy_" and under(e, ops)]
+    direct = MOD.get_device_properties(0).host_access == "direct"
+    assert (not copies) == direct, [e.name for e in copies]
+    xc, wc, bc = (t.clone().requires_grad_() for t in (X4, KW, KB))
+    want = F.conv2d(xc, wc, bc, padding=1)
+    want.square().sum().backward()
+    torch.testing.assert_close(y.cpu(), want.detach(), rtol=0, atol=0)
+    for got, ref in ((x, xc), (w, wc), (b, bc)):
+        torch.testing.assert_close(got.grad.cpu(), ref.grad, rtol=0, atol=0)
+        got.grad = None
+    del y
+    MOD.synchronize()
+    assert MOD.memory_allocated() == base
+
+
 def test_device_work_queued_inside_a_kernel_is_waited_for():
     # nll_loss_backward zeroes its output on the device (an asynchronous memset on
     # simdev's stream) before its CPU code writes into it. Reused memory holds old

@@ -6,6 +6,7 @@
 #include <accelkit/torch/adapter.hpp>
 #include <accelkit/torch/fallback.hpp>
 #include <accelkit/torch/host_access.hpp>
+#include <accelkit/torch/host_results.hpp>
 
 #include <c10/core/DeviceGuard.h>
 
@@ -44,25 +45,38 @@ struct Convolution {
     device_index d = any.device().index();
     return {translated([&] { return HostAccess<R>::host_ready(d); })};
   }
-  // The CPU convolution's result `out` on `like`'s device. Where the device's
-  // memory is directly host-visible and its stream was waited for (the
-  // inputs were views), `out` is written through a CPU view of a new device
-  // tensor of its layout, which costs the copy alone: aten::to's way (its
-  // dispatch, an allocation through the dispatcher, a copy queued on the
-  // stream and its wait) took about 10 us more per convolution of the
-  // compiled CNN forward in bench/compile_torch_bench.py (under
-  // torch.profiler, one core), whose copies take 50-150 us each.
-  static at::Tensor on_device(const at::Tensor& out, const at::Tensor& like, const Inputs& cpu) {
+  // Whether a CPU convolution's results may be made in device memory and
+  // adopted (Note [CPU results in device memory]): its inputs are views of
+  // memory the host addresses directly.
+  static bool in_place(const Inputs& cpu, const at::Tensor& like) {
+    return cpu.view && HostAccess<R>::host_access(like.device().index()) == HostAccessLevel::direct;
+  }
+  // The CPU convolution's result `out` on `like`'s device: adopted where it
+  // was made in that device's memory; otherwise, where the device's memory is
+  // directly host-visible and its stream was waited for (the inputs were
+  // views), written through a CPU view of a new device tensor of its layout,
+  // which costs the copy alone (aten::to's way, its dispatch, an allocation
+  // through the dispatcher, a copy queued on the stream and its wait, took
+  // about 10 us more per convolution of the compiled CNN forward in
+  // bench/compile_torch_bench.py under torch.profiler, one core).
+  static at::Tensor on_device(at::Tensor& out, const at::Tensor& like, const Inputs& cpu) {
     if (!out.defined()) return out;
-    device_index d = like.device().index();
-    if (!cpu.view || HostAccess<R>::host_access(d) != HostAccessLevel::direct)
-      return out.to(like.device());
+    if (!in_place(cpu, like)) return out.to(like.device());
+    if (at::Tensor adopted = HostResults<R>::adopt(out, like.device()); adopted.defined())
+      return adopted;
     c10::DeviceGuard guard(like.device());
     at::Tensor result = at::detail::empty_strided_generic(
         out.sizes(), out.strides(), &device_allocator<R>(),
         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), out.scalar_type());
     HostAccess<R>::host_view(result).copy_(out);
     return result;
+  }
+  // Runs the CPU convolution f, in device memory where in_place.
+  template <class F>
+  static auto run(const Inputs& cpu, const at::Tensor& like, F&& f) {
+    std::optional<typename HostResults<R>::Scope> scope;
+    if (in_place(cpu, like)) scope.emplace(like.device());
+    return f();
   }
   static at::Tensor forward(const at::Tensor& input, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
@@ -76,8 +90,10 @@ struct Convolution {
     Inputs cpu = inputs(input);
     std::optional<at::Tensor> b =
         bias_t.defined() ? std::optional<at::Tensor>(cpu(bias_t)) : std::nullopt;
-    at::Tensor out = at::convolution_symint(cpu(input), cpu(weight), b, stride, padding, dilation,
-                                            transposed, output_padding, std::move(groups));
+    at::Tensor out = run(cpu, input, [&] {
+      return at::convolution_symint(cpu(input), cpu(weight), b, stride, padding, dilation,
+                                    transposed, output_padding, std::move(groups));
+    });
     return on_device(out, input, cpu);
   }
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
@@ -90,9 +106,11 @@ struct Convolution {
     auto timer = Fallback<R>::get().run_named(op);
     std::vector<c10::SymInt> bias_sizes{weight.sym_size(transposed ? 1 : 0) * groups};
     Inputs cpu = inputs(input);
-    auto [gi, gw, gb] = at::convolution_backward_symint(
-        cpu(grad_output), cpu(input), cpu(weight), c10::SymIntArrayRef(bias_sizes), stride,
-        padding, dilation, transposed, output_padding, std::move(groups), output_mask);
+    auto [gi, gw, gb] = run(cpu, input, [&] {
+      return at::convolution_backward_symint(
+          cpu(grad_output), cpu(input), cpu(weight), c10::SymIntArrayRef(bias_sizes), stride,
+          padding, dilation, transposed, output_padding, std::move(groups), output_mask);
+    });
     return {on_device(gi, input, cpu), on_device(gw, input, cpu), on_device(gb, input, cpu)};
   }
 };
