@@ -107,3 +107,41 @@ def test_training_from_many_threads_matches_the_cpu():
     _run_threads(body)
     for i in range(THREADS):
         torch.testing.assert_close(torch.tensor(got[i]), torch.tensor(want[i]), rtol=1e-5, atol=1e-6)
+
+
+def _conv(x, w, b):
+    x, w, b = (t.requires_grad_() for t in (x, w, b))
+    y = F.conv2d(x, w, b, padding=1)
+    y.square().sum().backward()
+    return y.detach(), x.grad, w.grad, b.grad
+
+
+def test_convolutions_and_cpu_work_from_many_threads_keep_their_memory_apart():
+    """Device convolutions whose CPU kernels allocate from the device's pool (Note [CPU
+    results in device memory] in torch/host_results.hpp) while other threads run the same
+    convolutions on the CPU: each thread's results equal the CPU's, and every block the
+    device's side took is back when they are done."""
+    gc.collect()
+    torch.accelerator.synchronize()
+    before = [MOD.memory_allocated(d) for d in range(MOD.device_count())]
+    g = torch.Generator().manual_seed(5)
+    inputs = [(torch.randn(2, 5, 9, 7, generator=g), torch.randn(4, 5, 3, 3, generator=g),
+               torch.randn(4, generator=g)) for _ in range(THREADS)]
+    want = [_conv(*(t.clone() for t in args)) for args in inputs]
+    kept = []
+
+    def body(i):
+        device = f"{DEV}:{i % MOD.device_count()}" if i % 2 == 0 else "cpu"
+        for r in range(ROUNDS // 3):
+            got = _conv(*(t.to(device, copy=True) for t in inputs[i]))
+            for a, b in zip(got, want[i]):
+                assert a.device == torch.device(device), (i, r, a.device)
+                torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0)
+            if device == "cpu":
+                kept.append(got)
+
+    _run_threads(body)
+    torch.accelerator.synchronize()
+    assert len(kept) == THREADS // 2 * (ROUNDS // 3)
+    after = [MOD.memory_allocated(d) for d in range(MOD.device_count())]
+    assert after == before
