@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backend import DEV, ENV, MOD, renamed, simdev_only
+from backend import DEV, ENV, MOD, renamed, simdev_capacity, simdev_only
 
 HOST_VISIBLE = os.environ.get(f"{ENV}HOST_VISIBLE", "1") != "0"
 
@@ -203,6 +203,29 @@ def test_convolution_results_are_made_in_device_memory_the_host_addresses():
         torch.testing.assert_close(got.grad.cpu(), ref.grad, rtol=0, atol=0)
         got.grad = None
     del y
+    MOD.synchronize()
+    assert MOD.memory_allocated() == base
+
+
+@simdev_capacity
+def test_a_convolution_out_of_device_memory_raises_and_loses_nothing():
+    # Its CPU kernel's memory is the device's where the host addresses it directly
+    # (Note [CPU results in device memory]): beyond the cap, out of memory on the device.
+    x = torch.randn(1, 1, 2048, 2048).to(DEV)
+    w = torch.randn(8, 1, 3, 3).to(DEV)
+    MOD.synchronize()
+    base = MOD.memory_allocated()
+    MOD.set_per_process_memory_fraction(0.25, 0)  # 64 of 256 MiB; the result needs 128
+    try:
+        with pytest.raises(torch.OutOfMemoryError, match=f"{DEV}: out of memory on {DEV}:0"):
+            F.conv2d(x, w, padding=1)
+        MOD.synchronize()
+        assert MOD.memory_allocated() == base
+    finally:
+        MOD.set_per_process_memory_fraction(1.0, 0)
+    got = F.conv2d(x, w, padding=1)
+    torch.testing.assert_close(got.cpu(), F.conv2d(x.cpu(), w.cpu(), padding=1), rtol=0, atol=0)
+    del got
     MOD.synchronize()
     assert MOD.memory_allocated() == base
 

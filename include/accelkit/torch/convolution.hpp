@@ -71,11 +71,18 @@ struct Convolution {
     HostAccess<R>::host_view(result).copy_(out);
     return result;
   }
-  // Runs the CPU convolution f, in device memory where in_place.
+  // Runs the CPU convolution f, in device memory where in_place; where its
+  // memory does not fit there, again in CPU memory (Note [CPU results in
+  // device memory]).
   template <class F>
   static auto run(const Inputs& cpu, const at::Tensor& like, F&& f) {
-    std::optional<typename HostResults<R>::Scope> scope;
-    if (in_place(cpu, like)) scope.emplace(like.device());
+    if (in_place(cpu, like)) {
+      try {
+        typename HostResults<R>::Scope scope(like.device());
+        return f();
+      } catch (const c10::OutOfMemoryError&) {
+      }
+    }
     return f();
   }
   static at::Tensor forward(const at::Tensor& input, const at::Tensor& weight,
@@ -92,7 +99,7 @@ struct Convolution {
         bias_t.defined() ? std::optional<at::Tensor>(cpu(bias_t)) : std::nullopt;
     at::Tensor out = run(cpu, input, [&] {
       return at::convolution_symint(cpu(input), cpu(weight), b, stride, padding, dilation,
-                                    transposed, output_padding, std::move(groups));
+                                    transposed, output_padding, groups);
     });
     return on_device(out, input, cpu);
   }
@@ -109,7 +116,7 @@ struct Convolution {
     auto [gi, gw, gb] = run(cpu, input, [&] {
       return at::convolution_backward_symint(
           cpu(grad_output), cpu(input), cpu(weight), c10::SymIntArrayRef(bias_sizes), stride,
-          padding, dilation, transposed, output_padding, std::move(groups), output_mask);
+          padding, dilation, transposed, output_padding, groups, output_mask);
     });
     return {on_device(gi, input, cpu), on_device(gw, input, cpu), on_device(gb, input, cpu)};
   }

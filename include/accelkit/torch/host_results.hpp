@@ -49,7 +49,11 @@ namespace torch_adapter {
 //    them apart by a table of the blocks handed out (one relaxed atomic read
 //    while it is empty, which it is outside Scopes but for temporaries kept).
 //    Its other DataPtrs keep the deleters the wrapped allocator gave them.
-//  - Out of device memory in a Scope is the device's OutOfMemoryError.
+//  - A convolution whose memory does not fit in the device's (out of memory
+//    in a Scope: the CPU kernel's temporaries can be far larger than its
+//    result) runs again outside it, in CPU memory, and its result is copied,
+//    so a device that ran it before still does. The failed attempt counts
+//    in num_ooms and releases the cache, as any out of memory does.
 template <class R>
 class HostResults {
  public:
