@@ -245,6 +245,32 @@ TEST_CASE("allocator: out of memory frees the cache and retries, then raises, th
   }
 }
 
+TEST_CASE("allocator: try_allocate gives nullptr where the device has no room, keeping the cache") {
+  for (bool caching : {true, false}) {
+    SimBackend b(Environment::fixed({}), sized(64));
+    AllocatorConfig config;
+    config.caching = caching;
+    Allocator a(b, 0, config);
+    StreamHandle s = b.stream_create(0, 0);
+    void* cached = a.allocate(20 * kMiB, s);
+    a.deallocate(cached);  // cached (when caching): 20 MiB reserved, unused
+    void* p = a.try_allocate(40 * kMiB, s);
+    REQUIRE(p != nullptr);
+    // Room only with the cache returned: allocate would return it and retry.
+    CHECK(a.try_allocate(30 * kMiB, s) == nullptr);
+    CHECK(a.try_allocate(std::size_t{1} << 62, s) == nullptr);  // beyond any allocation
+    DeviceStats st = a.stats();
+    CHECK(st.num_ooms == 0);
+    CHECK(st.num_alloc_retries == 0);
+    CHECK(a.reserved_bytes() == (caching ? 60 : 40) * kMiB);
+    void* small = a.try_allocate(4096, s);  // what fits is still served
+    CHECK(small != nullptr);
+    a.deallocate(small);
+    a.deallocate(p);
+    check_invariants(a);
+  }
+}
+
 TEST_CASE("allocator: a driver's refusal is a RuntimeError, not out of memory, and no retry") {
   SimBackend b(Environment::fixed({}), sized(64));
   Allocator a(b, 0, AllocatorConfig{});

@@ -157,13 +157,28 @@ class DeviceCachingAllocator {
   // bytes. OutOfMemoryError when the device (or the memory fraction) has no
   // room even after the cache was returned to the driver; DriverError when
   // the driver fails otherwise. On error nothing changes.
-  void* allocate(std::size_t bytes, StreamHandle stream) {
+  void* allocate(std::size_t bytes, StreamHandle stream) { return allocate_or(bytes, stream, true); }
+  // As allocate, but nullptr where the device has no room without returning
+  // the cache to the driver: nothing is released, retried or counted as out
+  // of memory (for memory that may as well live elsewhere: Note [CPU results
+  // in device memory] in torch/host_results.hpp). DriverError as allocate.
+  void* try_allocate(std::size_t bytes, StreamHandle stream) {
+    return allocate_or(bytes, stream, false);
+  }
+
+ private:
+  // allocate (`must`) or try_allocate.
+  ACCELKIT_ALWAYS_INLINE void* allocate_or(std::size_t bytes, StreamHandle stream, bool must) {
     if (bytes == 0) return nullptr;
-    if (bytes > max_allocation_) throw too_large(bytes);
+    if (bytes > max_allocation_) {
+      if (!must) return nullptr;
+      throw too_large(bytes);
+    }
     detail::Pool& pool = pool_for(stream);
     Allocation t;
     if (!config_.caching) {
-      detail::Block* b = allocate_uncached(pool, bytes);
+      detail::Block* b = allocate_uncached(pool, bytes, must);
+      if (!b) return nullptr;
       std::lock_guard<detail::SpinLock> lock(pool.lock);  // allocation_of marks it
       t = allocation_of(b);
     } else {
@@ -173,7 +188,10 @@ class DeviceCachingAllocator {
         if (!pool.pending.empty()) process_pending(pool, false);
         t = take_cached(pool, size, bytes);
       }
-      if (!t.ptr) t = allocate_slow(pool, size, bytes);
+      if (!t.ptr) {
+        t = allocate_slow(pool, size, bytes, must);
+        if (!t.ptr) return nullptr;  // only where not `must`
+      }
     }
     // Small blocks are found through their segment (Note [Small arena]).
     if (t.unmapped) map_block(pool, t.block);
@@ -183,6 +201,7 @@ class DeviceCachingAllocator {
     return t.ptr;
   }
 
+ public:
   // Returns memory from allocate(). The block is cached for its stream, or,
   // if it was used on other streams, once those reach this point. Throws
   // RuntimeError for a pointer that is not a live allocation (double free);
@@ -1441,7 +1460,9 @@ class DeviceCachingAllocator {
     }
   }
 
-  Allocation allocate_slow(Pool& pool, std::size_t size, std::size_t requested) {
+  // A new segment for a request the cache could not serve; where the driver
+  // has no room, the cache returned to it and tried again (`must`), or {}.
+  Allocation allocate_slow(Pool& pool, std::size_t size, std::size_t requested, bool must) {
     bool small = size <= memory_constants::kSmallSize;
     std::size_t seg_size = segment_size(size);
     for (int attempt = 0;; ++attempt) {
@@ -1459,6 +1480,7 @@ class DeviceCachingAllocator {
           return allocation_of(carve(pool, add_segment(pool, p, size, small), size, requested));
         }
       }
+      if (!must) return {};
       if (attempt == 1) break;
       {
         std::lock_guard<detail::SpinLock> lock(pool.lock);
@@ -1477,10 +1499,12 @@ class DeviceCachingAllocator {
     throw out_of_memory(requested, size);
   }
 
-  Block* allocate_uncached(Pool& pool, std::size_t bytes) {
+  // nullptr where the driver has no room and not `must`.
+  Block* allocate_uncached(Pool& pool, std::size_t bytes, bool must) {
     std::size_t size = (bytes + memory_constants::kMinBlockSize - 1) /
                        memory_constants::kMinBlockSize * memory_constants::kMinBlockSize;
     char* p = driver_alloc(size);
+    if (!p && !must) return nullptr;
     if (!p) {
       {
         std::lock_guard<detail::SpinLock> lock(pool.lock);

@@ -54,6 +54,9 @@ class CachingAllocator {
   void* allocate(device_index d, std::size_t bytes, StreamHandle stream) {
     return device(d).allocate(bytes, stream);
   }
+  void* try_allocate(device_index d, std::size_t bytes, StreamHandle stream) {
+    return device(d).try_allocate(bytes, stream);
+  }
   void deallocate(device_index d, void* ptr) { device(d).deallocate(ptr); }
   void record_stream(device_index d, void* ptr, StreamHandle stream) {
     device(d).record_stream(ptr, stream);

@@ -374,12 +374,16 @@ struct DeviceAllocator final : c10::DeviceAllocator {
   // block allocated while a host kernel runs (a temporary of its CPU kernel)
   // is handed out only after the stream has been waited for again, past
   // every use queued before the allocation.
-  c10::DataPtr allocate(std::size_t n) override {
+  c10::DataPtr allocate(std::size_t n) override { return allocate_or(n, true); }
+  // As allocate, but an empty DataPtr where the device has no room without
+  // returning its cache to the driver (Note [CPU results in device memory]).
+  c10::DataPtr try_allocate(std::size_t n) { return allocate_or(n, false); }
+  c10::DataPtr allocate_or(std::size_t n, bool must) {
     return translated([&] {
       State<R>& s = st();
       device_index d = s.backend().current_device();
       StreamHandle h = s.current_handle(d);
-      void* p = s.device_memory().allocate(d, n, h);
+      void* p = must ? s.device_memory().allocate(d, n, h) : s.device_memory().try_allocate(d, n, h);
       if (p && host_kernel_depth > 0) {
         try {
           s.backend().stream_synchronize(d, h);

@@ -71,18 +71,11 @@ struct Convolution {
     HostAccess<R>::host_view(result).copy_(out);
     return result;
   }
-  // Runs the CPU convolution f, in device memory where in_place; where its
-  // memory does not fit there, again in CPU memory (Note [CPU results in
-  // device memory]).
+  // Runs the CPU convolution f, in device memory where in_place.
   template <class F>
   static auto run(const Inputs& cpu, const at::Tensor& like, F&& f) {
-    if (in_place(cpu, like)) {
-      try {
-        typename HostResults<R>::Scope scope(like.device());
-        return f();
-      } catch (const c10::OutOfMemoryError&) {
-      }
-    }
+    std::optional<typename HostResults<R>::Scope> scope;
+    if (in_place(cpu, like)) scope.emplace(like.device());
     return f();
   }
   static at::Tensor forward(const at::Tensor& input, const at::Tensor& weight,

@@ -129,6 +129,7 @@ class ACCELKIT_HIDDEN BackendInterface {
 
   // CachingAllocator<R> and its per-device allocators
   virtual void* device_allocate(device_index device, std::size_t bytes, StreamHandle stream) = 0;
+  virtual void* device_try_allocate(device_index device, std::size_t bytes, StreamHandle stream) = 0;
   virtual void device_deallocate(device_index device, void* ptr) = 0;
   virtual bool device_contains(device_index device, const void* ptr) = 0;
   virtual void device_record_stream(device_index device, void* ptr, StreamHandle stream) = 0;
@@ -291,6 +292,9 @@ class ACCELKIT_HIDDEN DeviceCachingAllocator<torch_adapter::ErasedRuntime> {
   void* allocate(std::size_t bytes, StreamHandle stream) {
     return b_->device_allocate(d_, bytes, stream);
   }
+  void* try_allocate(std::size_t bytes, StreamHandle stream) {
+    return b_->device_try_allocate(d_, bytes, stream);
+  }
   void deallocate(void* ptr) { b_->device_deallocate(d_, ptr); }
   bool contains(const void* ptr) { return b_->device_contains(d_, ptr); }
   void record_stream(void* ptr, StreamHandle stream) { b_->device_record_stream(d_, ptr, stream); }
@@ -318,6 +322,9 @@ class ACCELKIT_HIDDEN CachingAllocator<torch_adapter::ErasedRuntime> {
   }
   void* allocate(device_index d, std::size_t bytes, StreamHandle stream) {
     return b_->device_allocate(d, bytes, stream);
+  }
+  void* try_allocate(device_index d, std::size_t bytes, StreamHandle stream) {
+    return b_->device_try_allocate(d, bytes, stream);
   }
   void deallocate(device_index d, void* ptr) { b_->device_deallocate(d, ptr); }
   void record_stream(device_index d, void* ptr, StreamHandle stream) {
@@ -499,6 +506,9 @@ class ACCELKIT_HIDDEN ErasedBackend final : public BackendInterface {
 
   void* device_allocate(device_index d, std::size_t bytes, StreamHandle stream) override {
     return device_memory().allocate(d, bytes, stream);
+  }
+  void* device_try_allocate(device_index d, std::size_t bytes, StreamHandle stream) override {
+    return device_memory().try_allocate(d, bytes, stream);
   }
   void device_deallocate(device_index d, void* ptr) override {
     device_memory().device(d).deallocate(ptr);

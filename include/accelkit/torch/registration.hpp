@@ -9,6 +9,7 @@
 #include <accelkit/torch/autocast.hpp>
 #include <accelkit/torch/fallback.hpp>
 #include <accelkit/torch/host_kernels.hpp>
+#include <accelkit/torch/host_results.hpp>
 #include <accelkit/torch/kernels.hpp>
 #include <accelkit/torch/kineto.hpp>
 #include <accelkit/torch/ops.hpp>
@@ -58,6 +59,7 @@ bool register_backend() {
   set_diagnostic_handler(&warn_through_torch);
   c10::register_privateuse1_backend(std::string(R::name));
   c10::SetAllocator(kDeviceType, &device_allocator<R>());
+  HostResults<R>::install();  // Note [CPU results in device memory]
   at::RegisterPrivateUse1HooksInterface(new Hooks<R>());
   register_profilers<R>();  // Note [Profiler device times], [Kineto device activities]
   static torch::Library lib(torch::Library::DEF, std::string(R::name), std::nullopt, __FILE__,
