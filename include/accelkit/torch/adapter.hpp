@@ -354,6 +354,9 @@ struct DeviceAllocator final : c10::DeviceAllocator {
   static constexpr std::uintptr_t kContextMask = 0x7F;
   static_assert(std::numeric_limits<c10::DeviceIndex>::max() <= kContextMask,
                 "a device index must fit below the 128-byte alignment (Note [DataPtr context])");
+  static void* context(void* p, device_index d) {
+    return reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(p) | static_cast<std::uintptr_t>(d));
+  }
   static void deleter(void* ctx) {
     auto v = reinterpret_cast<std::uintptr_t>(ctx);
     if (!v) return;
@@ -378,6 +381,9 @@ struct DeviceAllocator final : c10::DeviceAllocator {
   // As allocate, but an empty DataPtr where the device has no room without
   // returning its cache to the driver (Note [CPU results in device memory]).
   c10::DataPtr try_allocate(std::size_t n) { return allocate_or(n, false); }
+
+ private:
+  // allocate (`must`) or try_allocate.
   c10::DataPtr allocate_or(std::size_t n, bool must) {
     return translated([&] {
       State<R>& s = st();
@@ -395,12 +401,12 @@ struct DeviceAllocator final : c10::DeviceAllocator {
           throw;
         }
       }
-      void* ctx = p ? reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(p) |
-                                              static_cast<std::uintptr_t>(d))
-                    : nullptr;
+      void* ctx = p ? context(p, d) : nullptr;
       return c10::DataPtr(p, ctx, &deleter, c10::Device(kDeviceType, static_cast<c10::DeviceIndex>(d)));
     });
   }
+
+ public:
   c10::DeleterFnPtr raw_deleter() const override { return &deleter; }
   // A storage's clone (c10::Allocator::clone: dest was just allocated, on
   // the current device). The source may be another device's memory: the

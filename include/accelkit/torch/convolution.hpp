@@ -30,6 +30,10 @@ struct Convolution {
   // (after its stream is waited for), copies otherwise.
   struct Inputs {
     bool view = false;
+    // Views of memory the host addresses directly: the convolution's results
+    // may be made in device memory and adopted (Note [CPU results in device
+    // memory]).
+    bool in_place = false;
     at::Tensor operator()(const at::Tensor& t) const {
       if (!t.defined()) return t;
       return view ? HostAccess<R>::host_view(t) : t.cpu();
@@ -43,13 +47,10 @@ struct Convolution {
   }
   static Inputs inputs(const at::Tensor& any) {
     device_index d = any.device().index();
-    return {translated([&] { return HostAccess<R>::host_ready(d); })};
-  }
-  // Whether a CPU convolution's results may be made in device memory and
-  // adopted (Note [CPU results in device memory]): its inputs are views of
-  // memory the host addresses directly.
-  static bool in_place(const Inputs& cpu, const at::Tensor& like) {
-    return cpu.view && HostAccess<R>::host_access(like.device().index()) == HostAccessLevel::direct;
+    return translated([&] {
+      bool view = HostAccess<R>::host_ready(d);
+      return Inputs{view, view && HostAccess<R>::host_access(d) == HostAccessLevel::direct};
+    });
   }
   // The CPU convolution's result `out` on `like`'s device: adopted where it
   // was made in that device's memory; otherwise, where the device's memory is
@@ -61,7 +62,7 @@ struct Convolution {
   // bench/compile_torch_bench.py under torch.profiler, one core).
   static at::Tensor on_device(at::Tensor& out, const at::Tensor& like, const Inputs& cpu) {
     if (!out.defined()) return out;
-    if (!in_place(cpu, like)) return out.to(like.device());
+    if (!cpu.in_place) return out.to(like.device());
     if (at::Tensor adopted = HostResults<R>::adopt(out, like.device()); adopted.defined())
       return adopted;
     c10::DeviceGuard guard(like.device());
@@ -71,11 +72,11 @@ struct Convolution {
     HostAccess<R>::host_view(result).copy_(out);
     return result;
   }
-  // Runs the CPU convolution f, in device memory where in_place.
+  // Runs the CPU convolution f, in device memory where in place.
   template <class F>
   static auto run(const Inputs& cpu, const at::Tensor& like, F&& f) {
     std::optional<typename HostResults<R>::Scope> scope;
-    if (in_place(cpu, like)) scope.emplace(like.device());
+    if (cpu.in_place) scope.emplace(like.device());
     return f();
   }
   static at::Tensor forward(const at::Tensor& input, const at::Tensor& weight,

@@ -14,7 +14,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstring>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -88,7 +87,6 @@ class HostResults {
     }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
-    bool on() const noexcept { return on_; }
 
    private:
     c10::DeviceGuard guard_;  // the pool the allocations come from
@@ -118,7 +116,8 @@ class HostResults {
     c10::DataPtr cpu = s->set_data_ptr(c10::DataPtr());
     s->set_nbytes(0);
     void* ptr = cpu.release_context();  // the device tensor frees it
-    c10::DataPtr memory(ptr, context(ptr, device.index()), &DeviceAllocator<R>::deleter, device);
+    c10::DataPtr memory(ptr, DeviceAllocator<R>::context(ptr, device.index()),
+                        &DeviceAllocator<R>::deleter, device);
     auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
                                                          std::move(memory), &device_allocator<R>(),
                                                          /*resizable=*/true);
@@ -170,10 +169,9 @@ class HostResults {
   }
   static Blocks& blocks() { return *blocks_slot(); }
 
-  static void* context(void* p, device_index d) {  // Note [DataPtr context]
-    return reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(p) | static_cast<std::uintptr_t>(d));
+  static void free_device(void* p, device_index d) {
+    DeviceAllocator<R>::deleter(DeviceAllocator<R>::context(p, d));
   }
-  static void free_device(void* p, device_index d) { DeviceAllocator<R>::deleter(context(p, d)); }
   // The deleter of a block handed out as CPU memory.
   static void free_block(void* p) {
     if (std::optional<device_index> d = blocks().take(p)) return free_device(p, *d);
@@ -200,7 +198,7 @@ class HostResults {
     }
     c10::DeleterFnPtr raw_deleter() const override { return inner_raw ? &raw_free : nullptr; }
     void copy_data(void* dest, const void* src, std::size_t count) const override {
-      std::memcpy(dest, src, count);
+      default_copy_data(dest, src, count);
     }
   };
   // raw_deallocate's deleter: a block handed out as CPU memory, or CPU memory.
