@@ -4,6 +4,8 @@
 //
 //   memory_bench            the full run (a minute or two)
 //   memory_bench --quick    tiny sizes and counts, to check that it runs
+//   memory_bench --pairs ...  one window of random allocations, for
+//                           bench/alloc_counts.py (see pairs_main)
 //
 // Prints, per workload, each allocator's figure and its ratio to accelkit's.
 #include <accelkit/accelkit.hpp>
@@ -16,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -257,6 +260,82 @@ void bench_random() {
               last / first);
 }
 
+// ------------------------------------------------------ a window of pairs
+// `memory_bench --pairs accelkit|naive N WARMUP K [SIZE]`: the random
+// allocations above (the same seed, sizes and victims), WARMUP of them to
+// reach a steady state, then K more inside measured_pairs(), a function of
+// its own, so that callgrind can count them alone (--toggle-collect):
+// bench/alloc_counts.py. With SIZE, every size is SIZE (with N = 1, the hit
+// path: the same block freed and taken again).
+template <class A>
+__attribute__((noinline)) void run_pairs(A& alloc, StreamHandle s,
+                                         std::vector<std::pair<void*, std::size_t>>& blocks,
+                                         const std::vector<std::size_t>& victims,
+                                         const std::vector<std::size_t>& sizes, std::size_t from,
+                                         std::size_t to) {
+  for (std::size_t i = from; i < to; ++i) {
+    auto& [p, n] = blocks[victims[i]];
+    alloc.deallocate(p, n);
+    n = sizes[i];
+    p = alloc.allocate(n, s);
+  }
+}
+template <class A>
+__attribute__((noinline)) void measured_pairs(A& alloc, StreamHandle s,
+                                              std::vector<std::pair<void*, std::size_t>>& blocks,
+                                              const std::vector<std::size_t>& victims,
+                                              const std::vector<std::size_t>& sizes,
+                                              std::size_t from, std::size_t to) {
+  run_pairs(alloc, s, blocks, victims, sizes, from, to);
+}
+
+template <class A>
+void pairs_window(A& alloc, StreamHandle s, std::size_t live, std::size_t warm, std::size_t k,
+                  std::size_t fixed) {
+  std::mt19937_64 rng(42);
+  std::uniform_int_distribution<std::size_t> size_dist(fixed ? fixed : 1, fixed ? fixed : 64 * 1024);
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  for (std::size_t i = 0; i < live; ++i) {
+    std::size_t n = size_dist(rng);
+    blocks.emplace_back(alloc.allocate(n, s), n);
+  }
+  std::vector<std::size_t> victims(warm + k), sizes(warm + k);
+  for (std::size_t i = 0; i < warm + k; ++i) {
+    victims[i] = rng() % live;
+    sizes[i] = size_dist(rng);
+  }
+  run_pairs(alloc, s, blocks, victims, sizes, 0, warm);
+  measured_pairs(alloc, s, blocks, victims, sizes, warm, warm + k);
+  for (auto& [p, n] : blocks) alloc.deallocate(p, n);
+  std::printf("%s: %zu live, %zu frees and allocations, then %zu measured\n", A::name, live,
+              warm, k);
+}
+
+int pairs_main(int argc, char** argv) {
+  if (argc < 6 || argc > 7 ||
+      (std::strcmp(argv[2], "accelkit") != 0 && std::strcmp(argv[2], "naive") != 0)) {
+    std::fprintf(stderr, "usage: memory_bench --pairs accelkit|naive N WARMUP K [SIZE]\n");
+    return 2;
+  }
+  std::size_t fixed = argc == 7 ? std::strtoull(argv[6], nullptr, 10) : 0;
+  if (std::strtoull(argv[3], nullptr, 10) == 0) {
+    std::fprintf(stderr, "memory_bench --pairs: N must be at least 1, not '%s'\n", argv[3]);
+    return 2;
+  }
+  std::size_t live = std::strtoull(argv[3], nullptr, 10);
+  std::size_t warm = std::strtoull(argv[4], nullptr, 10), k = std::strtoull(argv[5], nullptr, 10);
+  auto backend = make_backend();
+  StreamHandle s = backend->stream_create(0, 0);
+  if (argv[2][0] == 'a') {
+    Accelkit a(*backend);
+    pairs_window(a, s, live, warm, k, fixed);
+  } else {
+    Naive n{*backend, {}, {}, {}};
+    pairs_window(n, s, live, warm, k, fixed);
+  }
+  return 0;
+}
+
 // --------------------------------------------------------- fragmentation
 
 struct Replay {
@@ -453,6 +532,7 @@ void bench_driver_cost() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--pairs") == 0) return pairs_main(argc, argv);
   quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   bench::print_machine();
   std::printf("accelkit memory benchmark%s: caching allocator vs baselines on simdev\n",

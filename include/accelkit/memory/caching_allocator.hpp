@@ -214,44 +214,7 @@ class DeviceCachingAllocator {
       free_small(h, static_cast<char*>(ptr));
       return;
     }
-    detail::LiveBlock live = live_.find(ptr);  // Note [Mapped blocks]
-    if (!live.block) throw not_live(ptr);
-    detail::Block* b = live.block;
-    detail::Pool& pool = *live.pool;
-    std::vector<StreamHandle> uses;
-    {
-      std::lock_guard<detail::SpinLock> lock(pool.lock);
-      // A second free (the block may be parked) or a stale map read.
-      if (!b->allocated || b->ptr != ptr) throw not_live(ptr);
-      if (trace_.on())
-        trace_.record(TraceEntry::Action::free_requested, b->ptr, b->size, pool.stream);
-      if (b->has_uses) {
-        uses = take_uses(pool, b->ptr);
-        b->has_uses = false;
-      } else if (config_.caching) {
-        detail::Parked freed{b, nullptr, b->ptr};
-        make_room(pool, freed);  // may throw: nothing changed
-        b->allocated = false;
-        count_free(pool, b);
-        free_block(pool, b);  // parked, it stays mapped
-        return;
-      }
-      // Its free now waits for other streams, or goes to the driver. No
-      // longer allocated from here on: a second free racing this one is
-      // refused above, by whichever of the two takes the lock second.
-      b->allocated = false;
-      unmap_block(b);
-    }
-    if (!config_.caching) {
-      free_uncached(pool, b, uses);
-      return;
-    }
-    std::vector<std::pair<device_index, EventHandle>> events;
-    bool safe = record_uses(b->ptr, uses, events);
-    std::lock_guard<detail::SpinLock> lock(pool.lock);
-    count_free(pool, b);
-    if (!safe) return;  // quarantined: see record_uses
-    cache_or_queue(pool, {b, nullptr, b->ptr, std::move(events)});
+    free_large(ptr);
   }
 
   // Whether `ptr` is the start of a live allocation of this allocator.
@@ -1259,48 +1222,95 @@ class DeviceCachingAllocator {
   // deallocate() of a small block (Note [Small arena]).
   ACCELKIT_ALWAYS_INLINE void free_small(SmallHold& h, char* ptr) {
     Pool& pool = *h.pool;
-    detail::SmallSegment* seg = h.seg;
-    std::vector<StreamHandle> uses;
-    std::size_t size, requested;
-    {
-      std::unique_lock<detail::SpinLock> lock = std::move(h.lock);
-      if (!h.allocated()) {
-        lock.unlock();
-        throw not_live(ptr);
-      }
-      std::size_t i = h.i;
-      using namespace detail::small_block;
-      Desc d = seg->blocks[i];
-      size = bytes(d);
-      requested = static_cast<std::size_t>(payload(d));
-      if (trace_.on())
-        trace_.record(TraceEntry::Action::free_requested, ptr, size, pool.stream);
-      if (!has_uses(d) && !pool.parking) {
-        // Straight into the bins (Note [Parking pays for itself]): merging
-        // may throw, before anything changed; the counts follow.
-        cache_small(pool, *seg, i);
-        count_free(pool, size, requested, true);
-        count_released(pool, ptr, size, true);
-        return;
-      }
-      if (!has_uses(d)) {
-        detail::Parked freed{nullptr, seg, ptr, i};
-        make_room(pool, freed);
-        count_free(pool, size, requested, true);
-        free_small_block(pool, *seg, i);
-        return;
-      }
-      // Used on other streams: pending (never allocated again, nor freed
-      // twice) until events on those streams say they are past this point.
-      uses = take_uses(pool, ptr);
-      seg->blocks[i] = with_uses(with_state(d, pending), false);
+    detail::SmallSegment& seg = *h.seg;
+    std::size_t i = h.i;
+    std::unique_lock<detail::SpinLock> lock = std::move(h.lock);
+    if (!h.allocated()) {
+      lock.unlock();
+      throw not_live(ptr);
     }
+    using namespace detail::small_block;
+    Desc d = seg.blocks[i];
+    std::size_t size = bytes(d), requested = static_cast<std::size_t>(payload(d));
+    if (trace_.on()) trace_.record(TraceEntry::Action::free_requested, ptr, size, pool.stream);
+    if (has_uses(d)) {
+      free_small_used(lock, pool, seg, i, ptr);
+      return;
+    }
+    if (!pool.parking) {
+      // Straight into the bins (Note [Parking pays for itself]): merging
+      // may throw, before anything changed; the counts follow.
+      cache_small(pool, seg, i);
+      count_free(pool, size, requested, true);
+      count_released(pool, ptr, size, true);
+      return;
+    }
+    detail::Parked freed{nullptr, &seg, ptr, i};
+    make_room(pool, freed);
+    count_free(pool, size, requested, true);
+    free_small_block(pool, seg, i);
+  }
+  // The rest of free_small, out of line (so that the common frees do not pay
+  // for its frame): a block used on other streams is pending (never
+  // allocated again, nor freed twice) until events on those streams say they
+  // are past this point. Called under the pool's lock, held by `lock`.
+  ACCELKIT_NOINLINE void free_small_used(std::unique_lock<detail::SpinLock>& lock, Pool& pool,
+                                         detail::SmallSegment& seg, std::size_t i, char* ptr) {
+    using namespace detail::small_block;
+    Desc d = seg.blocks[i];
+    std::size_t size = bytes(d), requested = static_cast<std::size_t>(payload(d));
+    std::vector<StreamHandle> uses = take_uses(pool, ptr);
+    seg.blocks[i] = with_uses(with_state(d, pending), false);
+    lock.unlock();
     std::vector<std::pair<device_index, EventHandle>> events;
     bool safe = record_uses(ptr, uses, events);
-    std::lock_guard<detail::SpinLock> lock(pool.lock);
+    lock.lock();
     count_free(pool, size, requested, true);
     if (!safe) return;  // quarantined: see record_uses
-    cache_or_queue(pool, {nullptr, seg, ptr, std::move(events)});
+    cache_or_queue(pool, {nullptr, &seg, ptr, std::move(events)});
+  }
+
+  // deallocate() of a block with a record (Note [Mapped blocks]); out of
+  // line, so that freeing a small block does not pay for its frame.
+  ACCELKIT_NOINLINE void free_large(void* ptr) {
+    detail::LiveBlock live = live_.find(ptr);  // Note [Mapped blocks]
+    if (!live.block) throw not_live(ptr);
+    detail::Block* b = live.block;
+    detail::Pool& pool = *live.pool;
+    std::vector<StreamHandle> uses;
+    {
+      std::lock_guard<detail::SpinLock> lock(pool.lock);
+      // A second free (the block may be parked) or a stale map read.
+      if (!b->allocated || b->ptr != ptr) throw not_live(ptr);
+      if (trace_.on())
+        trace_.record(TraceEntry::Action::free_requested, b->ptr, b->size, pool.stream);
+      if (b->has_uses) {
+        uses = take_uses(pool, b->ptr);
+        b->has_uses = false;
+      } else if (config_.caching) {
+        detail::Parked freed{b, nullptr, b->ptr};
+        make_room(pool, freed);  // may throw: nothing changed
+        b->allocated = false;
+        count_free(pool, b);
+        free_block(pool, b);  // parked, it stays mapped
+        return;
+      }
+      // Its free now waits for other streams, or goes to the driver. No
+      // longer allocated from here on: a second free racing this one is
+      // refused above, by whichever of the two takes the lock second.
+      b->allocated = false;
+      unmap_block(b);
+    }
+    if (!config_.caching) {
+      free_uncached(pool, b, uses);
+      return;
+    }
+    std::vector<std::pair<device_index, EventHandle>> events;
+    bool safe = record_uses(b->ptr, uses, events);
+    std::lock_guard<detail::SpinLock> lock(pool.lock);
+    count_free(pool, b);
+    if (!safe) return;  // quarantined: see record_uses
+    cache_or_queue(pool, {b, nullptr, b->ptr, std::move(events)});
   }
 
   // Under the pool lock: removes a wholly free segment from the pool; its

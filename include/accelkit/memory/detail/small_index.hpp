@@ -79,10 +79,7 @@ class SmallIndex {
           continue;  // a segment may have come since
         }
       } else {
-        std::uint64_t epoch = epoch_.load(std::memory_order_acquire);
-        SmallWindow w = windows_.find(key);
-        cached = {id_, key, epoch, w};
-        r = in_window(w, p);
+        r = in_window(refresh(cached, key), p);
         if (!r.pool) return {};
       }
       std::unique_lock<SpinLock> lock(r.pool->lock);
@@ -91,6 +88,15 @@ class SmallIndex {
       // Released since the window was read: ask the map (again).
     }
     return {};
+  }
+
+  // Reads the window at `key` from the map into the thread's cache entry.
+  // Out of line: a free that finds its window in the cache (most do) then
+  // does not compute the map's hash.
+  ACCELKIT_NOINLINE const SmallWindow& refresh(SmallWindowCacheEntry& cached, const void* key) {
+    std::uint64_t epoch = epoch_.load(std::memory_order_acquire);
+    cached = {id_, key, epoch, windows_.find(key)};
+    return cached.window;
   }
 
   // Under r.pool's lock: the segment with r's id if it starts at r's base
