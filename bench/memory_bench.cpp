@@ -193,33 +193,57 @@ void bench_hit_path() {
 // ------------------------------------------------------ random allocations
 
 // In the manner of RMM's random_allocations: keep `live` blocks of sizes
-// uniform in [1, max_size]; each operation frees a random one and allocates
-// a new random size. Reports ns per operation (an alloc or a free).
+// uniform in [min_size, max_size]; each operation frees a random one and
+// allocates a new random size. The blocks, and each operation's victim and
+// new size, drawn before any is timed.
+struct RandomWorkload {
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  std::vector<std::size_t> victims, sizes;
+};
+template <class A>
+RandomWorkload random_workload(A& alloc, StreamHandle s, std::size_t live, std::size_t min_size,
+                               std::size_t max_size, std::size_t ops) {
+  std::mt19937_64 rng(42);
+  std::uniform_int_distribution<std::size_t> size_dist(min_size, max_size);
+  RandomWorkload w;
+  w.blocks.reserve(live);
+  for (std::size_t i = 0; i < live; ++i) {
+    std::size_t n = size_dist(rng);
+    w.blocks.emplace_back(alloc.allocate(n, s), n);
+  }
+  w.victims.resize(ops);
+  w.sizes.resize(ops);
+  for (std::size_t i = 0; i < ops; ++i) {
+    w.victims[i] = rng() % live;
+    w.sizes[i] = size_dist(rng);
+  }
+  return w;
+}
+// Operations [from, to) of `w`: each frees its victim and allocates its size.
+template <class A>
+__attribute__((noinline)) void run_pairs(A& alloc, StreamHandle s, RandomWorkload& w,
+                                         std::size_t from, std::size_t to) {
+  for (std::size_t i = from; i < to; ++i) {
+    auto& [p, n] = w.blocks[w.victims[i]];
+    alloc.deallocate(p, n);
+    n = w.sizes[i];
+    p = alloc.allocate(n, s);
+  }
+}
+template <class A>
+void free_all(A& alloc, RandomWorkload& w) {
+  for (auto& [p, n] : w.blocks) alloc.deallocate(p, n);
+}
+
+// Sizes uniform in [1, max_size]: ns per operation (an alloc or a free).
 template <class A>
 double random_allocations(A& alloc, StreamHandle s, std::size_t live, std::size_t max_size,
                           std::size_t ops) {
-  std::mt19937_64 rng(42);
-  std::uniform_int_distribution<std::size_t> size_dist(1, max_size);
-  std::vector<std::pair<void*, std::size_t>> blocks;
-  blocks.reserve(live);
-  for (std::size_t i = 0; i < live; ++i) {
-    std::size_t n = size_dist(rng);
-    blocks.emplace_back(alloc.allocate(n, s), n);
-  }
-  std::vector<std::size_t> victims(ops), sizes(ops);
-  for (std::size_t i = 0; i < ops; ++i) {
-    victims[i] = rng() % live;
-    sizes[i] = size_dist(rng);
-  }
+  RandomWorkload w = random_workload(alloc, s, live, 1, max_size, ops);
   auto t0 = Clock::now();
-  for (std::size_t i = 0; i < ops; ++i) {
-    auto& [p, n] = blocks[victims[i]];
-    alloc.deallocate(p, n);
-    n = sizes[i];
-    p = alloc.allocate(n, s);
-  }
+  run_pairs(alloc, s, w, 0, ops);
   double ns = ns_since(t0) / static_cast<double>(2 * ops);
-  for (auto& [p, n] : blocks) alloc.deallocate(p, n);
+  free_all(alloc, w);
   return ns;
 }
 
@@ -268,45 +292,19 @@ void bench_random() {
 // bench/alloc_counts.py. With SIZE, every size is SIZE (with N = 1, the hit
 // path: the same block freed and taken again).
 template <class A>
-__attribute__((noinline)) void run_pairs(A& alloc, StreamHandle s,
-                                         std::vector<std::pair<void*, std::size_t>>& blocks,
-                                         const std::vector<std::size_t>& victims,
-                                         const std::vector<std::size_t>& sizes, std::size_t from,
-                                         std::size_t to) {
-  for (std::size_t i = from; i < to; ++i) {
-    auto& [p, n] = blocks[victims[i]];
-    alloc.deallocate(p, n);
-    n = sizes[i];
-    p = alloc.allocate(n, s);
-  }
-}
-template <class A>
-__attribute__((noinline)) void measured_pairs(A& alloc, StreamHandle s,
-                                              std::vector<std::pair<void*, std::size_t>>& blocks,
-                                              const std::vector<std::size_t>& victims,
-                                              const std::vector<std::size_t>& sizes,
+__attribute__((noinline)) void measured_pairs(A& alloc, StreamHandle s, RandomWorkload& w,
                                               std::size_t from, std::size_t to) {
-  run_pairs(alloc, s, blocks, victims, sizes, from, to);
+  run_pairs(alloc, s, w, from, to);
 }
 
 template <class A>
 void pairs_window(A& alloc, StreamHandle s, std::size_t live, std::size_t warm, std::size_t k,
                   std::size_t fixed) {
-  std::mt19937_64 rng(42);
-  std::uniform_int_distribution<std::size_t> size_dist(fixed ? fixed : 1, fixed ? fixed : 64 * 1024);
-  std::vector<std::pair<void*, std::size_t>> blocks;
-  for (std::size_t i = 0; i < live; ++i) {
-    std::size_t n = size_dist(rng);
-    blocks.emplace_back(alloc.allocate(n, s), n);
-  }
-  std::vector<std::size_t> victims(warm + k), sizes(warm + k);
-  for (std::size_t i = 0; i < warm + k; ++i) {
-    victims[i] = rng() % live;
-    sizes[i] = size_dist(rng);
-  }
-  run_pairs(alloc, s, blocks, victims, sizes, 0, warm);
-  measured_pairs(alloc, s, blocks, victims, sizes, warm, warm + k);
-  for (auto& [p, n] : blocks) alloc.deallocate(p, n);
+  RandomWorkload w =
+      random_workload(alloc, s, live, fixed ? fixed : 1, fixed ? fixed : 64 * 1024, warm + k);
+  run_pairs(alloc, s, w, 0, warm);
+  measured_pairs(alloc, s, w, warm, warm + k);
+  free_all(alloc, w);
   std::printf("%s: %zu live, %zu frees and allocations, then %zu measured\n", A::name, live,
               warm, k);
 }
