@@ -83,8 +83,10 @@ struct LineAllocator {
   T* allocate(std::size_t n) {
     return static_cast<T*>(::operator new(bytes(n), std::align_val_t{kLine}));
   }
-  void deallocate(T* p, std::size_t n) noexcept {
-    ::operator delete(p, bytes(n), std::align_val_t{kLine});
+  void deallocate(T* p, std::size_t) noexcept {
+    // Unsized: the sized aligned form is declared only with sized
+    // deallocation, which Clang before 17 leaves off by default.
+    ::operator delete(p, std::align_val_t{kLine});
   }
   static std::size_t bytes(std::size_t n) noexcept {
     return (n * sizeof(T) + kLine - 1) / kLine * kLine;
@@ -169,7 +171,7 @@ class DescArray {
   DescArray() = default;
   DescArray(const DescArray&) = delete;
   DescArray& operator=(const DescArray&) = delete;
-  ~DescArray() { release(data_, capacity_); }
+  ~DescArray() { release(data_); }
 
   std::size_t size() const noexcept { return size_; }
   const Desc* data() const noexcept { return data_; }
@@ -185,7 +187,7 @@ class DescArray {
     Desc* d = static_cast<Desc*>(::operator new(cap * sizeof(Desc), std::align_val_t{64}));
     std::fill(d, d + cap, kPast);  // what index_of and a move read past the last
     if (size_) std::copy(data_, data_ + size_, d);
-    release(data_, capacity_);
+    release(data_);
     data_ = d;
     capacity_ = static_cast<std::uint32_t>(cap);
   }
@@ -233,8 +235,8 @@ class DescArray {
     std::memcpy(to, e, sizeof e);
 #endif
   }
-  static void release(Desc* d, std::size_t cap) noexcept {
-    if (d) ::operator delete(d, cap * sizeof(Desc), std::align_val_t{64});
+  static void release(Desc* d) noexcept {
+    if (d) ::operator delete(d, std::align_val_t{64});  // unsized: see LineAllocator
   }
   Desc* data_ = nullptr;
   std::uint32_t size_ = 0;
