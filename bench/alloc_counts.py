@@ -9,7 +9,8 @@ figures that do not depend on the machine's load, as wall time does.
 Workloads: the hit path (one block of 4 KiB freed and taken again) and the
 random allocations of memory_bench (sizes uniform in [1 B, 64 KiB]) at
 N = 1e3 and 1e5 live blocks, each counted over 20,000 pairs after 100,000
-to reach a steady state. Needs valgrind (Debian package valgrind).
+to reach a steady state (the hit path after 1,000). Needs valgrind (Debian
+package valgrind).
 """
 import argparse
 import os
@@ -57,6 +58,8 @@ def main():
     ap.add_argument('--pairs', type=int, default=20000)
     ap.add_argument('--warmup', type=int, default=100000)
     a = ap.parse_args()
+    if not os.access(a.bench, os.X_OK):
+        sys.exit(f'alloc_counts: no memory_bench at {a.bench!r} (build it, or give --bench)')
     if not shutil.which('valgrind'):
         sys.exit('alloc_counts: needs valgrind (apt-get install valgrind)')
     print(benchlib.machine_line())

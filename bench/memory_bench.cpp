@@ -235,6 +235,9 @@ void free_all(A& alloc, RandomWorkload& w) {
   for (auto& [p, n] : w.blocks) alloc.deallocate(p, n);
 }
 
+// The largest size of the random allocations (a smaller one with --quick).
+constexpr std::size_t kRandomMaxSize = 64 * 1024;
+
 // Sizes uniform in [1, max_size]: ns per operation (an alloc or a free).
 template <class A>
 double random_allocations(A& alloc, StreamHandle s, std::size_t live, std::size_t max_size,
@@ -248,7 +251,7 @@ double random_allocations(A& alloc, StreamHandle s, std::size_t live, std::size_
 }
 
 void bench_random() {
-  std::size_t max_size = quick ? 4096 : 64 * 1024;
+  std::size_t max_size = quick ? 4096 : kRandomMaxSize;
   std::printf("\n== random allocations: sizes uniform in [1 B, %s], N live (ns per op, median "
               "[25%%-75%%] of %d runs) ==\n",
               human(max_size).c_str(), quick ? 1 : 7);
@@ -301,7 +304,7 @@ template <class A>
 void pairs_window(A& alloc, StreamHandle s, std::size_t live, std::size_t warm, std::size_t k,
                   std::size_t fixed) {
   RandomWorkload w =
-      random_workload(alloc, s, live, fixed ? fixed : 1, fixed ? fixed : 64 * 1024, warm + k);
+      random_workload(alloc, s, live, fixed ? fixed : 1, fixed ? fixed : kRandomMaxSize, warm + k);
   run_pairs(alloc, s, w, 0, warm);
   measured_pairs(alloc, s, w, warm, warm + k);
   free_all(alloc, w);
@@ -315,12 +318,12 @@ int pairs_main(int argc, char** argv) {
     std::fprintf(stderr, "usage: memory_bench --pairs accelkit|naive N WARMUP K [SIZE]\n");
     return 2;
   }
-  std::size_t fixed = argc == 7 ? std::strtoull(argv[6], nullptr, 10) : 0;
-  if (std::strtoull(argv[3], nullptr, 10) == 0) {
+  std::size_t live = std::strtoull(argv[3], nullptr, 10);
+  if (live == 0) {
     std::fprintf(stderr, "memory_bench --pairs: N must be at least 1, not '%s'\n", argv[3]);
     return 2;
   }
-  std::size_t live = std::strtoull(argv[3], nullptr, 10);
+  std::size_t fixed = argc == 7 ? std::strtoull(argv[6], nullptr, 10) : 0;
   std::size_t warm = std::strtoull(argv[4], nullptr, 10), k = std::strtoull(argv[5], nullptr, 10);
   auto backend = make_backend();
   StreamHandle s = backend->stream_create(0, 0);

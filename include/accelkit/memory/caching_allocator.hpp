@@ -157,7 +157,9 @@ class DeviceCachingAllocator {
   // bytes. OutOfMemoryError when the device (or the memory fraction) has no
   // room even after the cache was returned to the driver; DriverError when
   // the driver fails otherwise. On error nothing changes.
-  void* allocate(std::size_t bytes, StreamHandle stream) { return allocate_or(bytes, stream, true); }
+  void* allocate(std::size_t bytes, StreamHandle stream) {
+    return allocate_or(bytes, stream, true);
+  }
   // As allocate, but nullptr where the device has no room without returning
   // the cache to the driver: nothing is released, retried or counted as out
   // of memory (for memory that may as well live elsewhere: Note [CPU results
@@ -1239,7 +1241,7 @@ class DeviceCachingAllocator {
     std::size_t size = bytes(d), requested = static_cast<std::size_t>(payload(d));
     if (trace_.on()) trace_.record(TraceEntry::Action::free_requested, ptr, size, pool.stream);
     if (has_uses(d)) {
-      free_small_used(lock, pool, seg, i, ptr);
+      free_small_used(lock, pool, seg, i, ptr, d);
       return;
     }
     if (!pool.parking) {
@@ -1258,11 +1260,12 @@ class DeviceCachingAllocator {
   // The rest of free_small, out of line (so that the common frees do not pay
   // for its frame): a block used on other streams is pending (never
   // allocated again, nor freed twice) until events on those streams say they
-  // are past this point. Called under the pool's lock, held by `lock`.
+  // are past this point. Called under the pool's lock, held by `lock`, with
+  // the block's descriptor `d`.
   ACCELKIT_NOINLINE void free_small_used(std::unique_lock<detail::SpinLock>& lock, Pool& pool,
-                                         detail::SmallSegment& seg, std::size_t i, char* ptr) {
+                                         detail::SmallSegment& seg, std::size_t i, char* ptr,
+                                         detail::small_block::Desc d) {
     using namespace detail::small_block;
-    Desc d = seg.blocks[i];
     std::size_t size = bytes(d), requested = static_cast<std::size_t>(payload(d));
     std::vector<StreamHandle> uses = take_uses(pool, ptr);
     seg.blocks[i] = with_uses(with_state(d, pending), false);

@@ -456,7 +456,8 @@ class SmallArena {
 
   // The binned block of the smallest size of at least `gran` granules (the
   // most recently binned of that size), or false.
-  ACCELKIT_ALWAYS_INLINE bool best_fit(std::size_t gran, SmallSegment*& seg, std::size_t& i) const noexcept {
+  ACCELKIT_ALWAYS_INLINE bool best_fit(std::size_t gran, SmallSegment*& seg,
+                                       std::size_t& i) const noexcept {
     std::size_t c = gran - 1;
     std::size_t w = c >> 6;
     std::uint64_t bits = words_[w] & (~std::uint64_t{0} << (c & 63));
