@@ -6,11 +6,11 @@ figures that do not depend on the machine's load, as wall time does.
 
   bench/alloc_counts.py [--bench build/bench/memory_bench]
 
-Workloads: the hit path (one block of 4 KiB freed and taken again) and the
-random allocations of memory_bench (sizes uniform in [1 B, 64 KiB]) at
-N = 1e3 and 1e5 live blocks, each counted over 20,000 pairs after 100,000
-to reach a steady state (the hit path after 1,000). Needs valgrind (Debian
-package valgrind).
+Workloads: the hit path (one block freed and taken again: 4 KiB, a small
+block, and 16 MiB, a block with a record) and the random allocations of
+memory_bench (sizes uniform in [1 B, 64 KiB]) at N = 1e3 and 1e5 live
+blocks, each counted over 20,000 pairs after 100,000 to reach a steady
+state (the hit path after 1,000). Needs valgrind (Debian package valgrind).
 """
 import argparse
 import os
@@ -64,8 +64,8 @@ def main():
         sys.exit('alloc_counts: needs valgrind (apt-get install valgrind)')
     print(benchlib.machine_line())
     print('callgrind per free and allocation (its simulated caches are this machine\'s)')
-    workloads = [('hit path, 4 KiB', 1, 4096), ('random, N = 1e3', 1000, None),
-                 ('random, N = 1e5', 100000, None)]
+    workloads = [('hit path, 4 KiB', 1, 4096), ('hit path, 16 MiB', 1, 16 << 20),
+                 ('random, N = 1e3', 1000, None), ('random, N = 1e5', 100000, None)]
     for title, live, size in workloads:
         warm = a.warmup if size is None else 1000
         acc = counts(a.bench, 'accelkit', live, warm, a.pairs, size)

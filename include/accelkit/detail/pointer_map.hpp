@@ -41,7 +41,6 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -58,13 +57,13 @@ class PointerMap {
 
   ACCELKIT_ALWAYS_INLINE void insert(const void* key, const V& value) {
     Shard& s = shard(key);
-    std::lock_guard<SpinLock> lock(s.lock);
+    SpinGuard lock(s.lock);
     s.table.insert(reinterpret_cast<std::uintptr_t>(key), value, s.seq);
   }
   // Removes and returns the value of `key`, or V{} when absent.
   ACCELKIT_ALWAYS_INLINE V erase(const void* key) {
     Shard& s = shard(key);
-    std::lock_guard<SpinLock> lock(s.lock);
+    SpinGuard lock(s.lock);
     return s.table.erase(reinterpret_cast<std::uintptr_t>(key), s.seq);
   }
   // The value of `key`, or V{} when absent; takes no lock (Note [Reading the
@@ -98,7 +97,7 @@ class PointerMap {
   template <class F>
   void for_each(F&& f) {
     for (Shard& s : shards_) {
-      std::lock_guard<SpinLock> lock(s.lock);
+      SpinGuard lock(s.lock);
       s.table.for_each(f);
     }
   }
@@ -107,7 +106,7 @@ class PointerMap {
   template <class F>
   void modify(const void* key, F&& f) {
     Shard& s = shard(key);
-    std::lock_guard<SpinLock> lock(s.lock);
+    SpinGuard lock(s.lock);
     auto k = reinterpret_cast<std::uintptr_t>(key);
     if (!s.table.contains(k)) s.table.insert(k, V{}, s.seq);  // may throw: nothing changed
     V v = s.table.find(k);
@@ -132,7 +131,7 @@ class PointerMap {
   std::size_t size() {
     std::size_t n = 0;
     for (Shard& s : shards_) {
-      std::lock_guard<SpinLock> lock(s.lock);
+      SpinGuard lock(s.lock);
       n += s.table.size();
     }
     return n;
@@ -146,7 +145,7 @@ class PointerMap {
   template <class G>
   bool change(const void* key, G&& g) {
     Shard& s = shard(key);
-    std::lock_guard<SpinLock> lock(s.lock);
+    SpinGuard lock(s.lock);
     auto k = reinterpret_cast<std::uintptr_t>(key);
     bool present = s.table.contains(k);
     V v = s.table.find(k);

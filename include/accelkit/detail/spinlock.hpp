@@ -35,7 +35,7 @@ class SpinLock {
     wait();
   }
   bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
-  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+  ACCELKIT_ALWAYS_INLINE void unlock() noexcept { locked_.store(false, std::memory_order_release); }
 
  private:
   ACCELKIT_NOINLINE void wait() noexcept {
@@ -51,6 +51,49 @@ class SpinLock {
   }
 
   std::atomic<bool> locked_{false};
+};
+
+// Holds a SpinLock from construction until unlock() or destruction; movable,
+// and lockable again (std::unique_lock's use on the allocation path).
+// Written out rather than std::lock_guard/std::unique_lock over SpinLock:
+// GCC at -O3 (CMake's Release) called their constructor and unlock() out of
+// line from the allocator, 14 more instructions per allocate and free of
+// one size (callgrind, memory_bench's hit path); these are always inlined.
+class SpinGuard {
+ public:
+  SpinGuard() noexcept = default;
+  ACCELKIT_ALWAYS_INLINE explicit SpinGuard(SpinLock& l) noexcept : lock_(&l), owns_(true) {
+    l.lock();
+  }
+  ACCELKIT_ALWAYS_INLINE SpinGuard(SpinGuard&& o) noexcept : lock_(o.lock_), owns_(o.owns_) {
+    o.owns_ = false;
+  }
+  ACCELKIT_ALWAYS_INLINE SpinGuard& operator=(SpinGuard&& o) noexcept {
+    if (this != &o) {
+      if (owns_) lock_->unlock();
+      lock_ = o.lock_;
+      owns_ = o.owns_;
+      o.owns_ = false;
+    }
+    return *this;
+  }
+  SpinGuard(const SpinGuard&) = delete;
+  SpinGuard& operator=(const SpinGuard&) = delete;
+  ACCELKIT_ALWAYS_INLINE ~SpinGuard() {
+    if (owns_) lock_->unlock();
+  }
+  ACCELKIT_ALWAYS_INLINE void unlock() noexcept {
+    lock_->unlock();
+    owns_ = false;
+  }
+  ACCELKIT_ALWAYS_INLINE void lock() noexcept {
+    lock_->lock();
+    owns_ = true;
+  }
+
+ private:
+  SpinLock* lock_ = nullptr;
+  bool owns_ = false;
 };
 
 }  // namespace detail

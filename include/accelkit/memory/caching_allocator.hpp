@@ -181,12 +181,12 @@ class DeviceCachingAllocator {
     if (!config_.caching) {
       detail::Block* b = allocate_uncached(pool, bytes, must);
       if (!b) return nullptr;
-      std::lock_guard<detail::SpinLock> lock(pool.lock);  // allocation_of marks it
+      detail::SpinGuard lock(pool.lock);  // allocation_of marks it
       t = allocation_of(b);
     } else {
       std::size_t size = config_.round_size(bytes);
       {
-        std::lock_guard<detail::SpinLock> lock(pool.lock);
+        detail::SpinGuard lock(pool.lock);
         if (!pool.pending.empty()) process_pending(pool, false);
         t = take_cached(pool, size, bytes);
       }
@@ -224,7 +224,7 @@ class DeviceCachingAllocator {
     if (SmallHold h = small_index_.hold(ptr); h.seg) return h.allocated();
     detail::LiveBlock live = live_.find(ptr);
     if (!live.block) return false;
-    std::lock_guard<detail::SpinLock> lock(live.pool->lock);
+    detail::SpinGuard lock(live.pool->lock);
     return live.block->allocated && live.block->ptr == ptr;
   }
 
@@ -237,7 +237,7 @@ class DeviceCachingAllocator {
       return p >= b && p - b < size;
     };
     for (detail::Pool* pool : pools_snapshot()) {
-      std::lock_guard<detail::SpinLock> lock(pool->lock);
+      detail::SpinGuard lock(pool->lock);
       for (const detail::Segment* s : pool->segments)
         if (inside(s->ptr, s->size)) return true;
       bool found = false;
@@ -270,7 +270,7 @@ class DeviceCachingAllocator {
     if (!live.block) throw not_live();
     detail::Block* b = live.block;
     detail::Pool& pool = *live.pool;
-    std::lock_guard<detail::SpinLock> lock(pool.lock);
+    detail::SpinGuard lock(pool.lock);
     if (!b->allocated || b->ptr != ptr) throw not_live();  // parked (Note [Mapped blocks])
     if (stream == pool.stream) return;
     add_use(pool, b->ptr, stream);
@@ -285,7 +285,7 @@ class DeviceCachingAllocator {
   DeviceStats stats() {
     DeviceStats out;
     for (detail::Pool* pool : pools_snapshot()) {
-      std::lock_guard<detail::SpinLock> lock(pool->lock);
+      detail::SpinGuard lock(pool->lock);
       out.merge(pool->stats.device_stats());
     }
     out.max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
@@ -295,13 +295,13 @@ class DeviceCachingAllocator {
   }
   void reset_peak_stats() {
     for (detail::Pool* pool : pools_snapshot()) {
-      std::lock_guard<detail::SpinLock> lock(pool->lock);
+      detail::SpinGuard lock(pool->lock);
       pool->stats.reset_peak();
     }
   }
   void reset_accumulated_stats() {
     for (detail::Pool* pool : pools_snapshot()) {
-      std::lock_guard<detail::SpinLock> lock(pool->lock);
+      detail::SpinGuard lock(pool->lock);
       pool->stats.reset_accumulated();
     }
   }
@@ -331,7 +331,7 @@ class DeviceCachingAllocator {
   MemorySnapshot snapshot() {
     MemorySnapshot out;
     for (detail::Pool* pool : pools_snapshot()) {
-      std::lock_guard<detail::SpinLock> lock(pool->lock);
+      detail::SpinGuard lock(pool->lock);
       std::vector<const detail::Block*> pending;
       for (const detail::PendingFree& p : pool->pending)
         if (p.block) pending.push_back(p.block);
@@ -465,9 +465,14 @@ class DeviceCachingAllocator {
   static constexpr std::size_t kNoHint = ~std::size_t{0};
   static inline thread_local LastSmall tls_last_small_{};
 
-  Pool& pool_for(StreamHandle stream) {
+  // The pool of `stream`: the thread's cache scanned inline, the map read out
+  // of line (GCC at -O3 called all of it out of line otherwise).
+  ACCELKIT_ALWAYS_INLINE Pool& pool_for(StreamHandle stream) {
     for (const PoolCacheEntry& e : tls_pools_)
       if (e.owner == id_ && e.stream == stream.value) return *e.pool;
+    return pool_from_map(stream);
+  }
+  ACCELKIT_NOINLINE Pool& pool_from_map(StreamHandle stream) {
     Pool* p;
     {
       std::lock_guard<std::mutex> lock(pools_mutex_);
@@ -795,7 +800,7 @@ class DeviceCachingAllocator {
     return block < size + config_.max_non_split_rounding;
   }
 
-  void leave_parking(Pool& pool, const Block* b) { count_inactive(pool, b, false); }
+  ACCELKIT_ALWAYS_INLINE void leave_parking(Pool& pool, const Block* b) { count_inactive(pool, b, false); }
   // Under the pool lock: merges a block that left the parking slots into the
   // bins.
   void evict(Pool& pool, const detail::Parked& p) {
@@ -904,7 +909,7 @@ class DeviceCachingAllocator {
   // evicting the oldest parked block into the bins when all slots are full,
   // or, while its pool does not park, goes into the bins. The caller has
   // called make_room() first, before changing anything.
-  void free_block(Pool& pool, Block* b) {
+  ACCELKIT_ALWAYS_INLINE void free_block(Pool& pool, Block* b) {
     park_block(pool, {b, nullptr, b->ptr}, b->size, b->segment->small, detail::whole_segment(b));
   }
   // The same for small block `i` of `seg`.
@@ -965,13 +970,13 @@ class DeviceCachingAllocator {
     } catch (...) {
       if (!config_.caching) {
         {
-          std::lock_guard<detail::SpinLock> lock(pool.lock);
+          detail::SpinGuard lock(pool.lock);
           b->mapped = false;
         }
         free_uncached(pool, b, {});
         throw;
       }
-      std::lock_guard<detail::SpinLock> lock(pool.lock);
+      detail::SpinGuard lock(pool.lock);
       b->mapped = false;
       b->allocated = false;
       count_free(pool, b);
@@ -1231,7 +1236,7 @@ class DeviceCachingAllocator {
     Pool& pool = *h.pool;
     detail::SmallSegment& seg = *h.seg;
     std::size_t i = h.i;
-    std::unique_lock<detail::SpinLock> lock = std::move(h.lock);
+    detail::SpinGuard lock = std::move(h.lock);
     if (!h.allocated()) {
       lock.unlock();
       throw not_live(ptr);
@@ -1262,7 +1267,7 @@ class DeviceCachingAllocator {
   // allocated again, nor freed twice) until events on those streams say they
   // are past this point. Called under the pool's lock, held by `lock`, with
   // the block's descriptor `d`.
-  ACCELKIT_NOINLINE void free_small_used(std::unique_lock<detail::SpinLock>& lock, Pool& pool,
+  ACCELKIT_NOINLINE void free_small_used(detail::SpinGuard& lock, Pool& pool,
                                          detail::SmallSegment& seg, std::size_t i, char* ptr,
                                          detail::small_block::Desc d) {
     using namespace detail::small_block;
@@ -1287,7 +1292,7 @@ class DeviceCachingAllocator {
     detail::Pool& pool = *live.pool;
     std::vector<StreamHandle> uses;
     {
-      std::lock_guard<detail::SpinLock> lock(pool.lock);
+      detail::SpinGuard lock(pool.lock);
       // A second free (the block may be parked) or a stale map read.
       if (!b->allocated || b->ptr != ptr) throw not_live(ptr);
       if (trace_.on())
@@ -1315,7 +1320,7 @@ class DeviceCachingAllocator {
     }
     std::vector<std::pair<device_index, EventHandle>> events;
     bool safe = record_uses(b->ptr, uses, events);
-    std::lock_guard<detail::SpinLock> lock(pool.lock);
+    detail::SpinGuard lock(pool.lock);
     count_free(pool, b);
     if (!safe) return;  // quarantined: see record_uses
     cache_or_queue(pool, {b, nullptr, b->ptr, std::move(events)});
@@ -1377,7 +1382,7 @@ class DeviceCachingAllocator {
       }
       reserved_.fetch_sub(d.size);
       {
-        std::lock_guard<detail::SpinLock> lock(d.pool->lock);
+        detail::SpinGuard lock(d.pool->lock);
         count_segment(*d.pool, d.size, d.small, d.oversize, false);
       }
       if (trace_.on())
@@ -1403,7 +1408,7 @@ class DeviceCachingAllocator {
   }
   void release_into(Released& freed, bool wait) {
     for (Pool* pool : pools_snapshot()) {
-      std::lock_guard<detail::SpinLock> lock(pool->lock);
+      detail::SpinGuard lock(pool->lock);
       if (!pool->pending.empty()) {
         if (wait) ++pool->stats.num_sync_all_streams;
         process_pending(*pool, wait);
@@ -1439,7 +1444,7 @@ class DeviceCachingAllocator {
     };
     std::vector<Candidate> candidates;
     for (Pool* pool : pools_snapshot()) {
-      std::lock_guard<detail::SpinLock> lock(pool->lock);
+      detail::SpinGuard lock(pool->lock);
       unpark_all(*pool);
       for (Segment* s : pool->segments)
         if (wholly_free(s)) candidates.push_back({s->free_tick, pool, s, {}});
@@ -1453,7 +1458,7 @@ class DeviceCachingAllocator {
     std::size_t releasing = 0;
     for (const Candidate& c : candidates) {
       if (reserved_.load() - releasing + incoming <= threshold) break;
-      std::lock_guard<detail::SpinLock> lock(c.pool->lock);
+      detail::SpinGuard lock(c.pool->lock);
       if (c.seg) {
         // Segments are deleted only under release_mutex_, so c.seg is valid.
         if (!wholly_free(c.seg)) continue;
@@ -1486,7 +1491,7 @@ class DeviceCachingAllocator {
     for (int attempt = 0;; ++attempt) {
       if (config_.garbage_collection_threshold > 0) collect_garbage(seg_size);
       if (char* p = driver_alloc(seg_size)) {
-        std::lock_guard<detail::SpinLock> lock(pool.lock);
+        detail::SpinGuard lock(pool.lock);
         if (small) return add_small_segment(pool, p, size, requested);
         return allocation_of(carve(pool, add_segment(pool, p, seg_size, small), size, requested));
       }
@@ -1494,22 +1499,22 @@ class DeviceCachingAllocator {
       // share; when that does not fit, a segment of its own still may.
       if (!small && seg_size > size) {
         if (char* p = driver_alloc(size)) {
-          std::lock_guard<detail::SpinLock> lock(pool.lock);
+          detail::SpinGuard lock(pool.lock);
           return allocation_of(carve(pool, add_segment(pool, p, size, small), size, requested));
         }
       }
       if (!must) return {};
       if (attempt == 1) break;
       {
-        std::lock_guard<detail::SpinLock> lock(pool.lock);
+        detail::SpinGuard lock(pool.lock);
         ++pool.stats.num_alloc_retries;
       }
       release_all(true);
-      std::lock_guard<detail::SpinLock> lock(pool.lock);
+      detail::SpinGuard lock(pool.lock);
       if (Allocation t = take_cached(pool, size, requested); t.ptr) return t;
     }
     {
-      std::lock_guard<detail::SpinLock> lock(pool.lock);
+      detail::SpinGuard lock(pool.lock);
       ++pool.stats.num_ooms;
     }
     if (trace_.on())
@@ -1525,7 +1530,7 @@ class DeviceCachingAllocator {
     if (!p && !must) return nullptr;
     if (!p) {
       {
-        std::lock_guard<detail::SpinLock> lock(pool.lock);
+        detail::SpinGuard lock(pool.lock);
         ++pool.stats.num_ooms;
       }
       throw out_of_memory(bytes, size);
@@ -1536,7 +1541,7 @@ class DeviceCachingAllocator {
     seg->ptr = p;
     seg->size = size;
     seg->small = size <= memory_constants::kSmallSize;
-    std::lock_guard<detail::SpinLock> lock(pool.lock);
+    detail::SpinGuard lock(pool.lock);
     Block* b = pool.new_block();
     b->ptr = p;
     b->size = size;
@@ -1562,7 +1567,7 @@ class DeviceCachingAllocator {
     std::size_t size = b->size;
     Released r;
     {
-      std::lock_guard<detail::SpinLock> lock(pool.lock);
+      detail::SpinGuard lock(pool.lock);
       count_free(pool, b);
       auto n = static_cast<std::int64_t>(b->size);
       bool sm = is_small(b);

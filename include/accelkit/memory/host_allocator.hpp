@@ -36,7 +36,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -128,7 +127,7 @@ class HostAllocator {
     Bucket& bucket = pool(device).buckets[cls];
     Block* b = nullptr;
     if (config_.caching) {
-      std::lock_guard<detail::SpinLock> lock(bucket.lock);
+      detail::SpinGuard lock(bucket.lock);
       if (!bucket.pending.empty()) process_pending(bucket, false);
       if (!bucket.free.empty()) {
         b = bucket.free.back();
@@ -161,14 +160,14 @@ class HostAllocator {
       // whose events cannot be waited for now is queued like a cached one,
       // and empty_cache returns it once they complete.
       bool waited = safe && wait(pending);
-      std::lock_guard<detail::SpinLock> lock(bucket.lock);
+      detail::SpinGuard lock(bucket.lock);
       count_free(bucket, b);
       if (!safe) bucket.quarantined.push_back(b);
       else if (!waited) bucket.pending.push_back(std::move(pending));
       else free_to_driver(bucket, b);
       return;
     }
-    std::lock_guard<detail::SpinLock> lock(bucket.lock);
+    detail::SpinGuard lock(bucket.lock);
     count_free(bucket, b);
     if (!safe) {  // never reused; returned to the driver at teardown
       bucket.quarantined.push_back(b);
@@ -190,7 +189,7 @@ class HostAllocator {
                          fmt::format("record_stream: pinned host pointer {} is not a live "
                                      "allocation",
                                      ptr));
-    std::lock_guard<detail::SpinLock> lock(bucket_of(b).lock);
+    detail::SpinGuard lock(bucket_of(b).lock);
     for (const auto& u : b->uses)
       if (u.first == device && u.second == stream) return;
     b->uses.emplace_back(device, stream);
@@ -212,14 +211,14 @@ class HostAllocator {
     for_each_bucket([&](Bucket& bucket) {
       std::vector<Block*> freed;
       {
-        std::lock_guard<detail::SpinLock> lock(bucket.lock);
+        detail::SpinGuard lock(bucket.lock);
         if (!bucket.pending.empty()) process_pending(bucket, true);
         freed.swap(bucket.free);
         freed.insert(freed.end(), bucket.refused.begin(), bucket.refused.end());
         bucket.refused.clear();
       }
       for (Block* b : freed) {
-        std::lock_guard<detail::SpinLock> lock(bucket.lock);
+        detail::SpinGuard lock(bucket.lock);
         free_to_driver(bucket, b);
       }
     });
@@ -229,14 +228,14 @@ class HostAllocator {
   HostStats stats() {
     HostStats out;
     for_each_bucket([&](Bucket& bucket) {
-      std::lock_guard<detail::SpinLock> lock(bucket.lock);
+      detail::SpinGuard lock(bucket.lock);
       out.merge(bucket.stats);
     });
     return out;
   }
   void reset_peak_stats() {
     for_each_bucket([&](Bucket& bucket) {
-      std::lock_guard<detail::SpinLock> lock(bucket.lock);
+      detail::SpinGuard lock(bucket.lock);
       for (Stat* s : {&bucket.stats.allocation, &bucket.stats.segment,
                       &bucket.stats.allocated_bytes, &bucket.stats.reserved_bytes})
         s->reset_peak();
@@ -244,7 +243,7 @@ class HostAllocator {
   }
   void reset_accumulated_stats() {
     for_each_bucket([&](Bucket& bucket) {
-      std::lock_guard<detail::SpinLock> lock(bucket.lock);
+      detail::SpinGuard lock(bucket.lock);
       for (Stat* s : {&bucket.stats.allocation, &bucket.stats.segment,
                       &bucket.stats.allocated_bytes, &bucket.stats.reserved_bytes})
         s->reset_accumulated();
@@ -326,7 +325,7 @@ class HostAllocator {
     b->device = device;
     b->cls = cls;
     b->allocated = true;
-    std::lock_guard<detail::SpinLock> lock(bucket.lock);
+    detail::SpinGuard lock(bucket.lock);
     bucket.stats.segment.increase(1);
     bucket.stats.reserved_bytes.increase(static_cast<std::int64_t>(size));
     ++bucket.stats.num_host_alloc;

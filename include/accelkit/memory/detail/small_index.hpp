@@ -17,7 +17,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 
 ACCELKIT_BEGIN_NAMESPACE
 namespace detail {
@@ -54,7 +53,7 @@ class SmallIndex {
     Pool* pool = nullptr;
     SmallSegment* seg = nullptr;
     std::size_t i = 0;
-    std::unique_lock<SpinLock> lock;
+    SpinGuard lock;
     bool allocated() const noexcept {
       return i < seg->blocks.size() && small_block::state(seg->blocks[i]) == small_block::allocated;
     }
@@ -82,7 +81,7 @@ class SmallIndex {
         r = in_window(refresh(cached, key), p);
         if (!r.pool) return {};
       }
-      std::unique_lock<SpinLock> lock(r.pool->lock);
+      SpinGuard lock(r.pool->lock);
       if (SmallSegment* seg = segment_of(r))
         return {r.pool, seg, seg->index_of(p, hint), std::move(lock)};
       // Released since the window was read: ask the map (again).
