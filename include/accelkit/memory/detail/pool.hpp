@@ -65,7 +65,11 @@ struct Segment {
   std::uint64_t free_tick = 0;    // when it last became wholly free
 };
 
-inline bool whole_segment(const Block* b) noexcept { return !b->prev && !b->next; }
+// Whether `b` spans its segment: no neighbour on either side. One test of
+// both links, without the branch that `&&` makes.
+inline bool whole_segment(const Block* b) noexcept {
+  return (reinterpret_cast<std::uintptr_t>(b->prev) | reinterpret_cast<std::uintptr_t>(b->next)) == 0;
+}
 
 // Note [Mapped blocks]
 // (Large blocks: small ones are found through their segment, Note [Small
