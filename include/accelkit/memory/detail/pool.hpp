@@ -251,8 +251,14 @@ struct alignas(64) Pool {
   Parked unpark(std::size_t i) noexcept {
     Parked b = parked[i];
     --parked_count;
-    parked[i] = parked[parked_count];
-    parked_key[i] = parked_key[parked_count];
+    // Not onto itself: the hit path takes back the one block its free just
+    // parked, and compilers copy the slot with two 16-byte loads, which
+    // cannot take their data from the free's four 8-byte stores while
+    // those are still in the core's store buffer (a store-forwarding stall).
+    if (i != parked_count) {
+      parked[i] = parked[parked_count];
+      parked_key[i] = parked_key[parked_count];
+    }
     return b;
   }
 };
