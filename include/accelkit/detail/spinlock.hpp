@@ -53,8 +53,9 @@ class SpinLock {
   std::atomic<bool> locked_{false};
 };
 
-// Holds a SpinLock from construction until unlock() or destruction; movable,
-// and lockable again (std::unique_lock's use on the allocation path).
+// Holds a SpinLock from construction until unlock() or destruction; it can be
+// moved from (not assigned) and locked again (std::unique_lock's use on the
+// allocation path).
 // Written out rather than std::lock_guard/std::unique_lock over SpinLock:
 // GCC 12 at -O3 (CMake's Release) called their constructor and unlock() out
 // of line from the allocator, whose members here are always inlined. With
@@ -69,15 +70,6 @@ class SpinGuard {
   }
   ACCELKIT_ALWAYS_INLINE SpinGuard(SpinGuard&& o) noexcept : lock_(o.lock_), owns_(o.owns_) {
     o.owns_ = false;
-  }
-  ACCELKIT_ALWAYS_INLINE SpinGuard& operator=(SpinGuard&& o) noexcept {
-    if (this != &o) {
-      if (owns_) lock_->unlock();
-      lock_ = o.lock_;
-      owns_ = o.owns_;
-      o.owns_ = false;
-    }
-    return *this;
   }
   SpinGuard(const SpinGuard&) = delete;
   SpinGuard& operator=(const SpinGuard&) = delete;

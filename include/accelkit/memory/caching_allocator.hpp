@@ -800,7 +800,9 @@ class DeviceCachingAllocator {
     return block < size + config_.max_non_split_rounding;
   }
 
-  ACCELKIT_ALWAYS_INLINE void leave_parking(Pool& pool, const Block* b) { count_inactive(pool, b, false); }
+  ACCELKIT_ALWAYS_INLINE void leave_parking(Pool& pool, const Block* b) {
+    count_inactive(pool, b, false);
+  }
   // Under the pool lock: merges a block that left the parking slots into the
   // bins.
   void evict(Pool& pool, const detail::Parked& p) {

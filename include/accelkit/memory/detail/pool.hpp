@@ -68,7 +68,8 @@ struct Segment {
 // Whether `b` spans its segment: no neighbour on either side. One test of
 // both links, without the branch that `&&` makes.
 inline bool whole_segment(const Block* b) noexcept {
-  return (reinterpret_cast<std::uintptr_t>(b->prev) | reinterpret_cast<std::uintptr_t>(b->next)) == 0;
+  auto link = [](const Block* n) { return reinterpret_cast<std::uintptr_t>(n); };
+  return (link(b->prev) | link(b->next)) == 0;
 }
 
 // Note [Mapped blocks]
