@@ -422,6 +422,29 @@ double training_replay(A& alloc, StreamHandle s, int steps) {
   return static_cast<double>(alloc.peak_reserved()) / static_cast<double>(r.peak_requested);
 }
 
+// The random allocations of bench_random (sizes uniform in [1 B, 64 KiB],
+// `live` blocks, each operation a free and an allocation), with a seed of
+// their own.
+template <class A>
+double random_replay(A& alloc, StreamHandle s, std::size_t live, std::size_t ops) {
+  Replay r;
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<std::size_t> size_dist(1, kRandomMaxSize);
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  for (std::size_t i = 0; i < live; ++i) {
+    std::size_t n = size_dist(rng);
+    blocks.emplace_back(take(alloc, r, n, s), n);
+  }
+  for (std::size_t i = 0; i < ops; ++i) {
+    auto& [p, n] = blocks[rng() % live];
+    give(alloc, r, p, n);
+    n = size_dist(rng);
+    p = take(alloc, r, n, s);
+  }
+  for (auto& [p, n] : blocks) give(alloc, r, p, n);
+  return static_cast<double>(alloc.peak_reserved()) / static_cast<double>(r.peak_requested);
+}
+
 void bench_fragmentation() {
   std::puts("\n== fragmentation: peak reserved / peak requested (lower is better, 1.0 ideal) ==");
   std::printf("%-36s %10s %11s %11s\n", "workload", "accelkit", "naive pool", "raw driver");
@@ -454,6 +477,13 @@ void bench_fragmentation() {
       [&](auto& a, StreamHandle s) { return phases(a, s, 2 * unit, 4, unit, 8); });
   run("training-step replay (MLP, 5 steps)",
       [&](auto& a, StreamHandle s) { return training_replay(a, s, quick ? 2 : 5); });
+  // Operations: 100 a live block at N = 1e3, 2 at 1e5 (the raw driver's
+  // mmap per allocation bounds the count).
+  run("random to 64 KiB, N = 1e3 live",
+      [&](auto& a, StreamHandle s) { return random_replay(a, s, 1000, quick ? 2000 : 100000); });
+  if (!quick)
+    run("random to 64 KiB, N = 1e5 live",
+        [&](auto& a, StreamHandle s) { return random_replay(a, s, 100000, 200000); });
 }
 
 // ------------------------------------------------------------ two threads

@@ -21,14 +21,17 @@
 //    without a lock (Note [Pointer map], Note [Mapped blocks]); small ones
 //    through an index of the 2 MiB address windows their segments cover
 //    (Note [Small block index]).
-//  - Note [Recently freed blocks]: the last few blocks freed on a stream are
-//    parked unmerged, and a request of exactly their size takes one back
-//    without a split or a merge: the common "free, then allocate the same
-//    shape again" of a training loop costs neither. Parked blocks merge into
-//    the bins when evicted, when a request finds nothing else, and before
-//    any memory goes back to the driver, so at most kParked blocks per stream
-//    ever sit unmerged. A stream whose freed sizes do not come back stops
-//    parking for a while (Note [Parking pays for itself]).
+//  - Note [Recently freed blocks]: blocks freed on a stream are parked
+//    unmerged, and a request of exactly their size takes one back without a
+//    split or a merge: the common "free, then allocate the same shape again"
+//    of a training loop costs neither. Large blocks (records) park in eight
+//    slots, the last eight freed; a stream whose freed large sizes do not
+//    come back stops parking them for a while (Note [Parking pays for
+//    itself]). Small blocks park by size, four of a size, while the parked
+//    ones hold at most half the pool's free small memory (Note [Parked small
+//    blocks]). Parked blocks merge into the bins when evicted, when a request
+//    finds nothing else (before the pool grows), and before any memory goes
+//    back to the driver.
 // Blocks that were used on other streams (record_stream) are returned to the
 // cache only after events recorded on those streams at free time complete;
 // the events come from a pool (EventPool).
@@ -603,113 +606,115 @@ class DeviceCachingAllocator {
   // and marked allocated, or {} (t.ptr null).
   ACCELKIT_ALWAYS_INLINE Allocation take_cached(Pool& pool, std::size_t size,
                                                 std::size_t requested) {
+    if (size <= memory_constants::kSmallSize) return take_small(pool, size, requested);
+    return take_large(pool, size, requested);
+  }
+
+  // take_cached of a small size: a parked block of exactly this size
+  // (Note [Parked small blocks]), else the best fit among the binned and
+  // the parked blocks, split. Inlined into allocate() (out of line such a
+  // function cost 45 instructions per random allocation in callgrind: six
+  // registers saved and restored, and the Allocation returned through
+  // memory); carve_small and cache_small stay out of line, which measured
+  // fewer (more inlining, more spills).
+  ACCELKIT_ALWAYS_INLINE Allocation take_small(Pool& pool, std::size_t size,
+                                               std::size_t requested) {
     using namespace detail::small_block;
-    bool small = size <= memory_constants::kSmallSize;
-    const std::size_t want = Pool::key(size, small);
+    const std::size_t gran = size / kGranule;
+    if (pool.parked_small.has(gran)) {
+      const detail::SmallParking::Entry& e = pool.parked_small.take(gran);
+      detail::SmallSegment& seg = *e.seg;
+      char* ptr = seg.ptr + std::size_t{e.offset} * kGranule;
+      std::size_t j = seg.index_of(ptr, e.hint);
+      count_inactive(pool, size, true, seg.blocks.size() == 1, false);
+      seg.blocks[j] = make(e.offset, static_cast<std::uint32_t>(gran), allocated, false, requested);
+      count_alloc(pool, size, requested, true);
+      return {nullptr, ptr, size, false, j};
+    }
+    detail::SmallSegment* seg = nullptr;
+    std::size_t i = 0;
+    bool found = pool.arena.best_fit(gran, seg, i);
+    // A parked block that fits better than the binned one is split instead.
+    std::size_t best_size = found ? bytes(seg->blocks[i]) : std::numeric_limits<std::size_t>::max();
+    std::size_t parked = pool.parked_small.best_fit(gran);
+    if (parked && parked * kGranule < best_size && fits(size, parked * kGranule)) {
+      detail::SmallParking::Entry e = pool.parked_small.take(parked);
+      std::size_t j = e.seg->index_of(e.seg->ptr + std::size_t{e.offset} * kGranule, e.hint);
+      bool whole = e.seg->blocks.size() == 1;
+      count_inactive(pool, parked * kGranule, true, whole, false);
+      try {
+        return {nullptr, carve_small(pool, *e.seg, j, size, requested), size, false, j};
+      } catch (...) {
+        pool.parked_small.park(parked, e);  // back where it was
+        count_inactive(pool, parked * kGranule, true, whole, true);
+        throw;
+      }
+    }
+    if (!found && (pool.parked_small.count() || pool.parked_count)) {
+      unpark_all(pool);
+      found = pool.arena.best_fit(gran, seg, i);
+    }
+    if (found) {
+      pool.arena.unbin(*seg, i);
+      std::size_t block = bytes(seg->blocks[i]);
+      bool whole = seg->blocks.size() == 1;
+      count_inactive(pool, block, true, whole, false);
+      try {
+        return {nullptr, carve_small(pool, *seg, i, size, requested), size, false, i};
+      } catch (...) {
+        pool.arena.bin(*seg, i);  // cannot throw: its bin entry was just freed
+        count_inactive(pool, block, true, whole, true);
+        throw;
+      }
+    }
+    // A small request that finds no small block may take a free large-pool
+    // block no bigger than a small segment rather than make a new segment.
+    Block* r = find_large(pool, size);
+    if (!r || r->size > memory_constants::kSmallBuffer) return {};
+    live_.prefetch(r->ptr);
+    unlink_free(pool, r);
+    return allocation_of(carve(pool, r, size, requested));
+  }
+
+  // take_cached of a large size: a parked block of exactly this size (Note
+  // [Recently freed blocks]), else the best fit among the large set and the
+  // parked blocks, split.
+  ACCELKIT_ALWAYS_INLINE Allocation take_large(Pool& pool, std::size_t size,
+                                               std::size_t requested) {
     // One pass over the parking slots, most recently parked first: a block
-    // of exactly this size is taken; otherwise the smallest larger one of
-    // this pool kind (the earliest parked among equals) is remembered, to
-    // be split if it fits better than what the bins offer.
+    // of exactly this size is taken; otherwise the smallest larger one (the
+    // earliest parked among equals) is remembered, to be split if it fits
+    // better than what the large set offers.
     std::size_t parked_best = pool.parked_count;
     std::size_t parked_size = std::numeric_limits<std::size_t>::max();
     for (std::size_t i = pool.parked_count; i-- > 0;) {
-      std::size_t key = pool.parked_key[i];
-      if (key != want) {
-        std::size_t hs = key & ~std::size_t{1};
-        if ((key & 1) == (want & 1) && hs > size && hs <= parked_size) {
+      std::size_t key = pool.parked_size[i];
+      if (key != size) {
+        if (key > size && key <= parked_size) {
           parked_best = i;
-          parked_size = hs;
+          parked_size = key;
         }
         continue;
       }
-      detail::Parked h = pool.unpark(i);
+      Block* b = pool.unpark(i);
       ++pool.parked_hits;
-      if (h.seg) {
-        std::size_t j = h.seg->index_of(h.ptr, h.hint);
-        count_inactive(pool, size, true, h.seg->blocks.size() == 1, false);
-        h.seg->blocks[j] = make(offset(h.seg->blocks[j]), granules(h.seg->blocks[j]),
-                                detail::small_block::allocated, false, requested);
-        count_alloc(pool, size, requested, true);
-        return {nullptr, h.ptr, size, false, j};
-      }
-      Block* b = h.block;
       leave_parking(pool, b);
       b->allocated = true;
       b->requested = requested;
       count_alloc(pool, b);
       return allocation_of(b);
     }
-    return take_split(pool, size, requested, parked_best, parked_size);
-  }
-
-  // The rest of take_cached: a block split to size, from the bins (or the
-  // large set) or the best parked block (slot `parked_best`, of
-  // `parked_size` bytes, pool.parked_count if none), whichever fits better.
-  // Inlined into allocate() (out of line it cost 45 instructions per random
-  // allocation in callgrind: six registers saved and restored, and the
-  // Allocation returned through memory); carve_small and cache_small stay
-  // out of line, which measured fewer (more inlining, more spills).
-  ACCELKIT_ALWAYS_INLINE Allocation take_split(Pool& pool, std::size_t size,
-                                               std::size_t requested, std::size_t parked_best,
-                                               std::size_t parked_size) {
-    using namespace detail::small_block;
     if (pool.frees_counted >= (pool.parking ? kParkingTrial : kParkingPause)) {
       judge_parking(pool);
       parked_best = pool.parked_count;
       parked_size = std::numeric_limits<std::size_t>::max();
-    }
-    bool small = size <= memory_constants::kSmallSize;
-    if (small) {
-      detail::SmallSegment* seg = nullptr;
-      std::size_t i = 0;
-      bool found = pool.arena.best_fit(size / kGranule, seg, i);
-      // A parked block that fits better than the binned one is split instead.
-      std::size_t best_size = found ? bytes(seg->blocks[i]) : std::numeric_limits<std::size_t>::max();
-      std::size_t best = better_parked(pool, size, parked_best, parked_size, best_size);
-      if (best != pool.parked_count) {
-        detail::Parked h = pool.unpark(best);
-        std::size_t j = h.seg->index_of(h.ptr, h.hint);
-        bool whole = h.seg->blocks.size() == 1;
-        count_inactive(pool, best_size, true, whole, false);
-        try {
-          return {nullptr, carve_small(pool, *h.seg, j, size, requested), size, false, j};
-        } catch (...) {
-          pool.park(pool.parked_count++, h, best_size, true);  // back where it was
-          count_inactive(pool, best_size, true, whole, true);
-          throw;
-        }
-      }
-      if (!found && pool.parked_count) {
-        unpark_all(pool);
-        found = pool.arena.best_fit(size / kGranule, seg, i);
-      }
-      if (found) {
-        pool.arena.unbin(*seg, i);
-        std::size_t block = bytes(seg->blocks[i]);
-        bool whole = seg->blocks.size() == 1;
-        count_inactive(pool, block, true, whole, false);
-        try {
-          return {nullptr, carve_small(pool, *seg, i, size, requested), size, false, i};
-        } catch (...) {
-          pool.arena.bin(*seg, i);  // cannot throw: its bin entry was just freed
-          count_inactive(pool, block, true, whole, true);
-          throw;
-        }
-      }
-      // A small request that finds no small block may take a free large-pool
-      // block no bigger than a small segment rather than make a new segment.
-      Block* r = find_large(pool, size);
-      if (!r || r->size > memory_constants::kSmallBuffer) return {};
-      live_.prefetch(r->ptr);
-      unlink_free(pool, r);
-      return allocation_of(carve(pool, r, size, requested));
     }
     Block* b = find_large(pool, size);
     // A parked block that fits better than the set's is split instead.
     std::size_t best_size = b ? b->size : std::numeric_limits<std::size_t>::max();
     std::size_t best = better_parked(pool, size, parked_best, parked_size, best_size);
     if (best != pool.parked_count) {
-      Block* h = pool.unpark(best).block;
+      Block* h = pool.unpark(best);
       leave_parking(pool, h);
       return allocation_of(carve(pool, h, size, requested));
     }
@@ -735,19 +740,21 @@ class DeviceCachingAllocator {
   }
 
   // Note [Parking pays for itself]
-  // Parking a freed block (Note [Recently freed blocks]) pays when requests
+  // Parking a freed record (Note [Recently freed blocks]) pays when requests
   // of its size come back soon: the free and the next allocation then skip a
   // merge and a split. When sizes vary it does not: nearly every parked block
-  // is evicted into the bins anyway, and each free and allocation pays for
-  // the parking slots on top (memory_bench, random sizes up to 64 KiB at
-  // N = 1e3: 6% of requests found a parked block of their size, and the
-  // allocator took 83-84 ns per operation parking against 67-73 without).
-  // So each pool counts its frees and the requests that took a parked block
+  // is evicted into the large set anyway, and each free and allocation pays
+  // for the parking slots on top (measured when small blocks parked in the
+  // same eight slots: memory_bench, random sizes up to 64 KiB at N = 1e3, 6%
+  // of requests found a parked block of their size, and the allocator took
+  // 83-84 ns per operation parking against 67-73 without). So each pool
+  // counts its frees of records and the requests that took a parked record
   // of their size. Once kParkingTrial frees have gone by with parking on, it
   // stays on if at least a quarter of them were taken back so; otherwise the
-  // parked blocks go into the bins and frees go there directly, until
+  // parked records go into the large set and frees go there directly, until
   // kParkingPause frees later parking is tried again. The decision is taken
   // on the allocation path, where merging the parked blocks may throw.
+  // (Small blocks park by size instead, Note [Parked small blocks].)
   static constexpr std::uint64_t kParkingTrial = 256;
   static constexpr std::uint64_t kParkingPause = 4096;
   void judge_parking(Pool& pool) {
@@ -803,54 +810,58 @@ class DeviceCachingAllocator {
   ACCELKIT_ALWAYS_INLINE void leave_parking(Pool& pool, const Block* b) {
     count_inactive(pool, b, false);
   }
-  // Under the pool lock: merges a block that left the parking slots into the
-  // bins.
-  void evict(Pool& pool, const detail::Parked& p) {
-    if (p.seg) {
-      std::size_t i = p.seg->index_of(p.ptr, p.hint);
-      count_inactive(pool, detail::small_block::bytes(p.seg->blocks[i]), true,
-                     p.seg->blocks.size() == 1, false);
-      cache_small(pool, *p.seg, i);
-    } else {
-      leave_parking(pool, p.block);
-      cache_block(pool, p.block);
-    }
+  // Under the pool lock: merges a record that left the parking slots into
+  // the large set.
+  void evict(Pool& pool, Block* b) {
+    leave_parking(pool, b);
+    cache_block(pool, b);
   }
-  // Under the pool lock: merges every parked block into the bins.
+  // Under the pool lock: merges every parked block into the bins or the
+  // large set. When it throws (bad_alloc), what it merged stays merged and
+  // the rest stays parked.
   void unpark_all(Pool& pool) {
     while (pool.parked_count) {
-      prepare_evict(pool, pool.parked[pool.parked_count - 1]);
+      prepare_evict(pool);
       evict(pool, pool.unpark(pool.parked_count - 1));
     }
+    constexpr std::size_t kGranule = detail::small_block::kGranule;
+    while (std::size_t gran = pool.parked_small.best_fit(1)) {
+      const detail::SmallParking::Entry& e = pool.parked_small.top(gran);
+      detail::SmallSegment& seg = *e.seg;
+      std::size_t i = seg.index_of(seg.ptr + std::size_t{e.offset} * kGranule, e.hint);
+      pool.arena.reserve_bin(merged(seg, i).granules);  // may throw: nothing changed
+      pool.parked_small.take(gran);
+      count_inactive(pool, gran * kGranule, true, seg.blocks.size() == 1, false);
+      cache_small(pool, seg, i);
+    }
   }
-  // Before block `freed` is freed: room for the eviction that parking it
-  // causes, or, while parking is off, for caching it (prepare_evict).
-  // Nothing has changed when this throws.
-  void make_room(Pool& pool, detail::Parked& freed) {
-    if (!pool.parking) prepare_evict(pool, freed);
-    else if (pool.parked_count == Pool::kParked) prepare_evict(pool, pool.parked[pool.parked_victim]);
+  // Before a record is freed (free_block): room for the eviction that
+  // parking it causes, or, while parking is off, for caching it. Nothing
+  // has changed when this throws.
+  void make_room(Pool& pool) {
+    if (!pool.parking || pool.parked_count == Pool::kParked) prepare_evict(pool);
   }
-  bool try_make_room(Pool& pool, detail::Parked& freed) noexcept {
+  // Before pending free `p` is returned to the cache (cache_freed): the
+  // same for a record; for a small block, room in the bin it enters merged
+  // should it not be parked (release_small).
+  void make_room(Pool& pool, const detail::PendingFree& p) {
+    if (!p.seg) return make_room(pool);
+    std::size_t i = p.seg->index_of(p.ptr);
+    pool.arena.reserve_bin(merged(*p.seg, i).granules);
+  }
+  bool try_make_room(Pool& pool, const detail::PendingFree& p) noexcept {
     try {
-      make_room(pool, freed);
+      make_room(pool, p);
       return true;
     } catch (...) {
       return false;
     }
   }
-  // Makes room in the bin a small parked block will enter with its binned
-  // neighbours, so that evicting it cannot throw. (A record's set node may
-  // still be allocated on eviction.)
-  void prepare_evict(Pool& pool, detail::Parked& p) {
-    if (!p.seg) {  // a record: its set needs a node
-      if (pool.spare_node.empty()) {
-        pool.spare_node = pool.large.extract(pool.large.insert(&pool.node_probe).first);
-      }
-      return;
-    }
-    std::size_t i = p.seg->index_of(p.ptr, p.hint);
-    p.hint = i;  // for evict()
-    pool.arena.reserve_bin(merged(*p.seg, i).granules);
+  // A spare node for the large set, so that caching a record that leaves
+  // the parking slots cannot throw.
+  void prepare_evict(Pool& pool) {
+    if (pool.spare_node.empty())
+      pool.spare_node = pool.large.extract(pool.large.insert(&pool.node_probe).first);
   }
   // Whether block `i` of `seg` merges with its next and previous neighbour
   // when binned (they are binned), and the merged block's granules.
@@ -904,7 +915,6 @@ class DeviceCachingAllocator {
     count_down(pool.stats.active, small, 1);
     count_down(pool.stats.active_bytes, small, static_cast<std::int64_t>(size));
     if (trace_.on()) trace_.record(TraceEntry::Action::free_completed, ptr, size, pool.stream);
-    ++pool.frees_counted;
   }
   // Under the pool lock: a block that is no longer in use (freed, and past
   // its pending stream uses) is parked (Note [Recently freed blocks]),
@@ -912,33 +922,49 @@ class DeviceCachingAllocator {
   // or, while its pool does not park, goes into the bins. The caller has
   // called make_room() first, before changing anything.
   ACCELKIT_ALWAYS_INLINE void free_block(Pool& pool, Block* b) {
-    park_block(pool, {b, nullptr, b->ptr}, b->size, b->segment->small, detail::whole_segment(b));
-  }
-  // The same for small block `i` of `seg`.
-  void free_small_block(Pool& pool, detail::SmallSegment& seg, std::size_t i) {
-    using namespace detail::small_block;
-    Desc d = seg.blocks[i];
-    seg.blocks[i] = with_payload(with_state(d, parked), 0);
-    park_block(pool, {nullptr, &seg, seg.address(i), i}, bytes(d), true, seg.blocks.size() == 1);
-  }
-  // The same, told the block's size and kind.
-  ACCELKIT_ALWAYS_INLINE void park_block(Pool& pool, const detail::Parked& b, std::size_t size, bool small, bool whole) {
-    count_released(pool, b.ptr, size, small);
-    if (!pool.parking) {  // straight into the bins (Note [Parking pays for itself])
-      if (b.seg) cache_small(pool, *b.seg, b.seg->index_of(b.ptr, b.hint));
-      else cache_block(pool, b.block);
+    std::size_t size = b->size;
+    bool small = b->segment->small, whole = detail::whole_segment(b);
+    count_released(pool, b->ptr, size, small);
+    ++pool.frees_counted;
+    if (!pool.parking) {  // straight into the large set (Note [Parking pays for itself])
+      cache_block(pool, b);
       return;
     }
     if (pool.parked_count == Pool::kParked) {
-      detail::Parked victim = pool.parked[pool.parked_victim];
-      pool.park(pool.parked_victim, b, size, small);
+      Block* victim = pool.parked[pool.parked_victim];
+      pool.park(pool.parked_victim, b, size);
       pool.parked_victim = (pool.parked_victim + 1) % Pool::kParked;
       evict(pool, victim);
       prefetch_neighbours(pool.parked[pool.parked_victim]);
     } else {
-      pool.park(pool.parked_count++, b, size, small);
+      pool.park(pool.parked_count++, b, size);
     }
     count_inactive(pool, size, small, whole, true);
+  }
+  // The same for small block `i` of `seg`, at `ptr`: parked by its size
+  // (Note [Parked small blocks]) or, where that is full, binned. Nothing has
+  // changed when this throws.
+  ACCELKIT_ALWAYS_INLINE void release_small(Pool& pool, detail::SmallSegment& seg, std::size_t i,
+                                            char* ptr) {
+    using namespace detail::small_block;
+    Desc d = seg.blocks[i];
+    std::size_t size = bytes(d);
+    if (pool.parked_small.may_park(granules(d), parking_room(pool, size))) {
+      seg.blocks[i] = with_payload(with_state(d, parked), 0);
+      pool.parked_small.park(granules(d), {&seg, offset(d), static_cast<std::uint32_t>(i)});
+      count_inactive(pool, size, true, seg.blocks.size() == 1, true);
+    } else {
+      cache_small(pool, seg, i);  // may throw first
+    }
+    count_released(pool, ptr, size, true);
+  }
+  // What the parked small blocks of `pool` may hold as a block of `size`
+  // bytes is freed: half its free small memory, that block's included (Note
+  // [Parked small blocks]).
+  static std::size_t parking_room(const Pool& pool, std::size_t size) noexcept {
+    const PoolStats& s = pool.stats;
+    auto allocated = static_cast<std::size_t>(s.allocated_bytes.current[0]);
+    return (static_cast<std::size_t>(s.reserved_bytes.current[0]) - allocated + size) / 2;
   }
 
   // Note [Prefetching the next eviction]: merging an evicted block reads its
@@ -946,10 +972,10 @@ class DeviceCachingAllocator {
   // (three quarters of a free's time at 100,000 live blocks). The next block
   // to be evicted is known one free ahead, so its neighbours are fetched now
   // and have arrived when it goes.
-  static void prefetch_neighbours(const detail::Parked& p) noexcept {
-    if (!p.block) return;  // a small block's neighbours are beside it (Note [Small arena])
-    if (p.block->prev) ACCELKIT_PREFETCH(p.block->prev);
-    if (p.block->next) ACCELKIT_PREFETCH(p.block->next);
+  static void prefetch_neighbours(const Block* b) noexcept {
+    if (!b) return;
+    if (b->prev) ACCELKIT_PREFETCH(b->prev);
+    if (b->next) ACCELKIT_PREFETCH(b->next);
   }
 
   // Under the pool lock: `b` takes over its next neighbour, which is in no
@@ -1075,25 +1101,23 @@ class DeviceCachingAllocator {
         },
         [&](detail::PendingFree& p) {
           // The free first: if it throws, nothing changed and p stays queued.
-          detail::Parked freed{p.block, p.seg, p.ptr};
-          make_room(pool, freed);
+          make_room(pool, p);
           cache_freed(pool, p);
           for (auto [device, e] : p.events) events_.release(e, /*completed=*/true);
         });
   }
 
   // Under the pool lock, after make_room(): returns a freed block whose
-  // stream uses are past to the cache (free_block or free_small_block).
+  // stream uses are past to the cache (free_block or release_small).
   void cache_freed(Pool& pool, const detail::PendingFree& p) {
-    if (p.seg) free_small_block(pool, *p.seg, p.seg->index_of(p.ptr));
+    if (p.seg) release_small(pool, *p.seg, p.seg->index_of(p.ptr), p.ptr);
     else free_block(pool, p.block);
   }
   // Under the pool lock, after record_uses(): caches the block now when
   // there are no events to wait for and room for it; otherwise queues it,
   // and process_pending caches it once its events complete.
   void cache_or_queue(Pool& pool, detail::PendingFree p) {
-    detail::Parked freed{p.block, p.seg, p.ptr};
-    if (p.events.empty() && try_make_room(pool, freed)) {
+    if (p.events.empty() && try_make_room(pool, p)) {
       cache_freed(pool, p);
       return;
     }
@@ -1179,6 +1203,7 @@ class DeviceCachingAllocator {
     detail::SmallSegment* seg = nullptr;
     char* p = nullptr;
     try {
+      pool.parked_small.reserve();
       seg = pool.arena.add_segment(ptr);
       register_windows(pool, *seg);
       try {
@@ -1251,18 +1276,8 @@ class DeviceCachingAllocator {
       free_small_used(lock, pool, seg, i, ptr, d);
       return;
     }
-    if (!pool.parking) {
-      // Straight into the bins (Note [Parking pays for itself]): merging
-      // may throw, before anything changed; the counts follow.
-      cache_small(pool, seg, i);
-      count_free(pool, size, requested, true);
-      count_released(pool, ptr, size, true);
-      return;
-    }
-    detail::Parked freed{nullptr, &seg, ptr, i};
-    make_room(pool, freed);
+    release_small(pool, seg, i, ptr);  // may throw: nothing changed
     count_free(pool, size, requested, true);
-    free_small_block(pool, seg, i);
   }
   // The rest of free_small, out of line (so that the common frees do not pay
   // for its frame): a block used on other streams is pending (never
@@ -1303,8 +1318,7 @@ class DeviceCachingAllocator {
         uses = take_uses(pool, b->ptr);
         b->has_uses = false;
       } else if (config_.caching) {
-        detail::Parked freed{b, nullptr, b->ptr};
-        make_room(pool, freed);  // may throw: nothing changed
+        make_room(pool);  // may throw: nothing changed
         b->allocated = false;
         count_free(pool, b);
         free_block(pool, b);  // parked, it stays mapped

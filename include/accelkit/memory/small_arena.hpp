@@ -23,6 +23,7 @@
 
 #include <accelkit/config.hpp>
 #include <accelkit/memory/config.hpp>
+#include <accelkit/memory/detail/size_bitmap.hpp>
 
 #include <algorithm>
 #include <array>
@@ -428,8 +429,7 @@ class SmallArena {
     auto& v = (*bins_)[c];
     v.push_back(entry(seg, small_block::offset(d)));  // may throw: nothing changed yet
     d = small_block::with_payload(small_block::with_state(d, small_block::binned), v.size() - 1);
-    words_[c >> 6] |= std::uint64_t{1} << (c & 63);
-    summary_ |= std::uint64_t{1} << (c >> 6);
+    sizes_.set(c);
   }
   // Takes binned block `i` of `seg` out of its bin; its state becomes
   // parked and its payload 0.
@@ -446,11 +446,7 @@ class SmallArena {
       std::size_t j = other.index_of(other.ptr + (last & 0xfff) * small_block::kGranule);
       other.blocks[j] = small_block::with_payload(other.blocks[j], pos);
     }
-    // The bin's bit goes when it empties (without a branch: whether it does
-    // is as good as random when sizes vary), its word's summary bit with it.
-    std::uint64_t& word = words_[c >> 6];
-    word &= ~(std::uint64_t{v.empty()} << (c & 63));
-    summary_ &= ~(std::uint64_t{word == 0} << (c >> 6));
+    sizes_.clear_if(c, v.empty());
     d = small_block::with_payload(small_block::with_state(d, small_block::parked), 0);
   }
 
@@ -458,17 +454,8 @@ class SmallArena {
   // most recently binned of that size), or false.
   ACCELKIT_ALWAYS_INLINE bool best_fit(std::size_t gran, SmallSegment*& seg,
                                        std::size_t& i) const noexcept {
-    std::size_t c = gran - 1;
-    std::size_t w = c >> 6;
-    std::uint64_t bits = words_[w] & (~std::uint64_t{0} << (c & 63));
-    if (!bits) {
-      if (w == 63) return false;
-      std::uint64_t rest = summary_ & (~std::uint64_t{0} << (w + 1));
-      if (!rest) return false;
-      w = static_cast<std::size_t>(__builtin_ctzll(rest));
-      bits = words_[w];
-    }
-    std::size_t bin = (w << 6) + static_cast<std::size_t>(__builtin_ctzll(bits));
+    std::size_t bin = sizes_.first_from(gran - 1);
+    if (bin == Sizes::kNone) return false;
     std::uint64_t e = (*bins_)[bin].back();
     seg = segments_[e >> 12];
     i = seg->index_of(seg->ptr + (e & 0xfff) * small_block::kGranule);
@@ -486,8 +473,8 @@ class SmallArena {
   // holds large blocks does without.
   using Bins = std::array<std::vector<std::uint64_t, LineAllocator<std::uint64_t>>, small_block::kGranules>;
   std::unique_ptr<Bins> bins_;
-  std::array<std::uint64_t, 64> words_{};
-  std::uint64_t summary_ = 0;
+  using Sizes = SizeBitmap<small_block::kGranules / 64>;
+  Sizes sizes_;  // the bins that are not empty
   std::vector<SmallSegment*> segments_;  // by id; nullptr where removed
   std::vector<std::uint64_t> free_ids_;
   std::size_t count_ = 0;

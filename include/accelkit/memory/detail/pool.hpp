@@ -8,6 +8,7 @@
 #include <accelkit/detail/assert.hpp>
 #include <accelkit/detail/spinlock.hpp>
 #include <accelkit/memory/config.hpp>
+#include <accelkit/memory/detail/small_parking.hpp>
 #include <accelkit/memory/small_arena.hpp>
 #include <accelkit/memory/stats.hpp>
 #include <accelkit/types.hpp>
@@ -174,15 +175,6 @@ struct SmallWindow {
   }
 };
 
-// A parked block (Note [Recently freed blocks]): a record, or a small block
-// at `ptr` in `seg`.
-struct Parked {
-  Block* block = nullptr;
-  SmallSegment* seg = nullptr;
-  char* ptr = nullptr;
-  std::size_t hint = 0;  // the small block's index when parked (SmallSegment::index_of)
-};
-
 // The cached memory of one stream (Note [Caching device allocator]).
 struct alignas(64) Pool {
   explicit Pool(StreamHandle s)
@@ -218,7 +210,8 @@ struct alignas(64) Pool {
 
   SpinLock lock;
   StreamHandle stream;
-  SmallArena arena;    // small blocks (Note [Small arena])
+  SmallArena arena;           // small blocks (Note [Small arena])
+  SmallParking parked_small;  // Note [Parked small blocks]
   NodeFreeList nodes;  // before `large`: destroyed after it
   using LargeSet = std::set<Block*, LargeOrder, NodeRecycler<Block*>>;
   LargeSet large;
@@ -232,34 +225,27 @@ struct alignas(64) Pool {
   Block* spare = nullptr;
   std::unordered_map<const void*, std::vector<StreamHandle>> uses;  // by block address
   PoolStats stats;
-  // Note [Recently freed blocks]
-  // The sizes sit beside the pointers (bit 0: small pool) so that a lookup
-  // scans one cache line instead of touching every parked block.
+  // Note [Recently freed blocks]: records parked (small blocks park in
+  // parked_small). The sizes sit beside the records so that a lookup scans
+  // one cache line instead of touching every parked record.
   static constexpr std::size_t kParked = 8;
-  std::array<Parked, kParked> parked{};
-  std::array<std::size_t, kParked> parked_key{};
+  std::array<Block*, kParked> parked{};
+  std::array<std::size_t, kParked> parked_size{};
   std::size_t parked_count = 0;
   std::size_t parked_victim = 0;
   // Note [Parking pays for itself]
   bool parking = true;
   std::uint64_t frees_counted = 0;  // since parking was last turned on or off
   std::uint64_t parked_hits = 0;    // requests that took a parked block of their size
-  static std::size_t key(std::size_t size, bool small) noexcept { return size | (small ? 1 : 0); }
-  void park(std::size_t i, const Parked& b, std::size_t size, bool small) noexcept {
+  void park(std::size_t i, Block* b, std::size_t size) noexcept {
     parked[i] = b;
-    parked_key[i] = key(size, small);
+    parked_size[i] = size;
   }
-  Parked unpark(std::size_t i) noexcept {
-    Parked b = parked[i];
+  Block* unpark(std::size_t i) noexcept {
+    Block* b = parked[i];
     --parked_count;
-    // Not onto itself: the hit path takes back the one block its free just
-    // parked, and compilers copy the slot with two 16-byte loads, which
-    // cannot take their data from the free's four 8-byte stores while
-    // those are still in the core's store buffer (a store-forwarding stall).
-    if (i != parked_count) {
-      parked[i] = parked[parked_count];
-      parked_key[i] = parked_key[parked_count];
-    }
+    parked[i] = parked[parked_count];
+    parked_size[i] = parked_size[parked_count];
     return b;
   }
 };
