@@ -624,10 +624,11 @@ class DeviceCachingAllocator {
     if (pool.parked_small.has(gran)) {
       const detail::SmallParking::Entry& e = pool.parked_small.take(gran);
       detail::SmallSegment& seg = *e.seg;
-      char* ptr = seg.ptr + std::size_t{e.offset} * kGranule;
+      char* ptr = e.ptr;
       std::size_t j = seg.index_of(ptr, e.hint);
       count_inactive(pool, size, true, seg.blocks.size() == 1, false);
-      seg.blocks[j] = make(e.offset, static_cast<std::uint32_t>(gran), allocated, false, requested);
+      seg.blocks[j] = make(offset(seg.blocks[j]), static_cast<std::uint32_t>(gran), allocated, false,
+                           requested);
       count_alloc(pool, size, requested, true);
       return {nullptr, ptr, size, false, j};
     }
@@ -639,7 +640,7 @@ class DeviceCachingAllocator {
     std::size_t parked = pool.parked_small.best_fit(gran);
     if (parked && parked * kGranule < best_size && fits(size, parked * kGranule)) {
       detail::SmallParking::Entry e = pool.parked_small.take(parked);
-      std::size_t j = e.seg->index_of(e.seg->ptr + std::size_t{e.offset} * kGranule, e.hint);
+      std::size_t j = e.seg->index_of(e.ptr, e.hint);
       bool whole = e.seg->blocks.size() == 1;
       count_inactive(pool, parked * kGranule, true, whole, false);
       try {
@@ -650,7 +651,7 @@ class DeviceCachingAllocator {
         throw;
       }
     }
-    if (!found && (pool.parked_small.count() || pool.parked_count)) {
+    if (!found && (pool.parked_small.any() || pool.parked_count)) {
       unpark_all(pool);
       found = pool.arena.best_fit(gran, seg, i);
     }
@@ -828,7 +829,7 @@ class DeviceCachingAllocator {
     while (std::size_t gran = pool.parked_small.best_fit(1)) {
       const detail::SmallParking::Entry& e = pool.parked_small.top(gran);
       detail::SmallSegment& seg = *e.seg;
-      std::size_t i = seg.index_of(seg.ptr + std::size_t{e.offset} * kGranule, e.hint);
+      std::size_t i = seg.index_of(e.ptr, e.hint);
       pool.arena.reserve_bin(merged(seg, i).granules);  // may throw: nothing changed
       pool.parked_small.take(gran);
       count_inactive(pool, gran * kGranule, true, seg.blocks.size() == 1, false);
@@ -951,7 +952,7 @@ class DeviceCachingAllocator {
     std::size_t size = bytes(d);
     if (pool.parked_small.may_park(granules(d), parking_room(pool, size))) {
       seg.blocks[i] = with_payload(with_state(d, parked), 0);
-      pool.parked_small.park(granules(d), {&seg, offset(d), static_cast<std::uint32_t>(i)});
+      pool.parked_small.park(granules(d), {&seg, ptr, i});
       count_inactive(pool, size, true, seg.blocks.size() == 1, true);
     } else {
       cache_small(pool, seg, i);  // may throw first

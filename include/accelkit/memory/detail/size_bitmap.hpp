@@ -31,6 +31,7 @@ class SizeBitmap {
     word &= ~(std::uint64_t{empty} << (c & 63));
     summary_ &= ~(std::uint64_t{word == 0} << (c >> 6));
   }
+  bool any() const noexcept { return summary_ != 0; }
   // The lowest non-empty class at or above c, or kNone.
   ACCELKIT_ALWAYS_INLINE std::size_t first_from(std::size_t c) const noexcept {
     std::size_t w = c >> 6;

@@ -15,9 +15,9 @@
 // as CUDA's allocator does, and the merged half keeps room for the larger
 // requests. memory_bench's random allocations up to 64 KiB, callgrind per
 // free and allocation (GCC 12 -O2), against merging every free as before:
-// at N = 1e3 live blocks 704 instructions against 939, 3.5 mispredicted
-// branches against 3.6, 1.1 first-level read misses against 0.8; at
-// N = 1e5, 678 instructions against 887. What it costs is placement: peak
+// at N = 1e3 live blocks 705 instructions against 939, 3.0 mispredicted
+// branches against 3.6, 1.3 first-level read misses against 0.8; at
+// N = 1e5, 679 instructions against 887. What it costs is placement: peak
 // reserved over peak requested 1.15 against 1.09 at N = 1e3 (one 2 MiB
 // segment more; the naive pool of memory_bench 1.12), 1.022 against 1.017
 // at N = 1e5. Tried: growing the pool rather than merging the parked
@@ -48,16 +48,15 @@ class SmallParking {
   static constexpr std::size_t kSizes = memory_constants::kSmallSize / kGranule;
   static_assert(kSizes % 64 == 0, "whole words of the size bitmap");
 
-  // A parked block: its segment, its offset there in granules, and its
-  // index among the segment's descriptors when parked (a hint:
-  // SmallSegment::index_of).
+  // A parked block: its segment, its address, and its index among the
+  // segment's descriptors when parked (a hint: SmallSegment::index_of).
   struct Entry {
     SmallSegment* seg;
-    std::uint32_t offset;
-    std::uint32_t hint;
+    char* ptr;
+    std::size_t hint;
   };
 
-  // The stacks (128 KiB), made with a pool's first small segment. May
+  // The stacks (192 KiB), made with a pool's first small segment. May
   // throw bad_alloc.
   void reserve() {
     if (!entries_) entries_ = std::make_unique<Entry[]>(kSizes * kDepth);
@@ -72,7 +71,6 @@ class SmallParking {
     std::size_t c = gran - 1;
     entries_[c * kDepth + depth_[c]++] = e;
     sizes_.set(c);
-    ++count_;
     bytes_ += gran * kGranule;
   }
   ACCELKIT_ALWAYS_INLINE bool has(std::size_t gran) const noexcept { return depth_[gran - 1] != 0; }
@@ -90,7 +88,6 @@ class SmallParking {
     std::size_t c = gran - 1;
     const Entry& e = entries_[c * kDepth + --depth_[c]];
     sizes_.clear_if(c, depth_[c] == 0);
-    --count_;
     bytes_ -= gran * kGranule;
     return e;
   }
@@ -100,7 +97,8 @@ class SmallParking {
     std::size_t c = sizes_.first_from(gran - 1);
     return c == Sizes::kNone ? 0 : c + 1;
   }
-  std::size_t count() const noexcept { return count_; }
+  // Whether any block is parked.
+  bool any() const noexcept { return sizes_.any(); }
   std::size_t bytes() const noexcept { return bytes_; }
 
  private:
@@ -108,7 +106,9 @@ class SmallParking {
   std::unique_ptr<Entry[]> entries_;  // kDepth a size, by size
   std::array<std::uint8_t, kSizes> depth_{};
   Sizes sizes_;  // the sizes with a parked block
-  std::size_t count_ = 0;
+  // Only the bytes: a count beside them, updated with them, made Clang -O3
+  // update both with one 16-byte load and store, and the free's 8-byte load
+  // of the bytes after an allocation's 16-byte store slowed the hit path.
   std::size_t bytes_ = 0;
 };
 
