@@ -106,9 +106,9 @@ class SmallParking {
   std::unique_ptr<Entry[]> entries_;  // kDepth a size, by size
   std::array<std::uint8_t, kSizes> depth_{};
   Sizes sizes_;  // the sizes with a parked block
-  // Only the bytes: a count beside them, updated with them, made Clang -O3
-  // update both with one 16-byte load and store, and the free's 8-byte load
-  // of the bytes after an allocation's 16-byte store slowed the hit path.
+  // Only the bytes (whether any block is parked, the size bitmap says):
+  // Clang -O3 updated a count kept beside them together with them, with one
+  // 16-byte load and store.
   std::size_t bytes_ = 0;
 };
 
