@@ -626,6 +626,7 @@ class DeviceCachingAllocator {
       detail::SmallSegment& seg = *e.seg;
       char* ptr = e.ptr;
       std::size_t j = seg.index_of(ptr, e.hint);
+      assert_parked(seg, j, gran);
       count_inactive(pool, size, true, seg.blocks.size() == 1, false);
       seg.blocks[j] = make(offset(seg.blocks[j]), static_cast<std::uint32_t>(gran), allocated, false,
                            requested);
@@ -641,6 +642,7 @@ class DeviceCachingAllocator {
     if (parked && parked * kGranule < best_size && fits(size, parked * kGranule)) {
       detail::SmallParking::Entry e = pool.parked_small.take(parked);
       std::size_t j = e.seg->index_of(e.ptr, e.hint);
+      assert_parked(*e.seg, j, parked);
       bool whole = e.seg->blocks.size() == 1;
       count_inactive(pool, parked * kGranule, true, whole, false);
       try {
@@ -675,6 +677,16 @@ class DeviceCachingAllocator {
     live_.prefetch(r->ptr);
     unlink_free(pool, r);
     return allocation_of(carve(pool, r, size, requested));
+  }
+
+  // That block `i` of `seg`, named by a parking entry for `gran` granules,
+  // is there, parked and of that size (Note [Parked small blocks]).
+  static void assert_parked(const detail::SmallSegment& seg, std::size_t i, std::size_t gran) {
+    using namespace detail::small_block;
+    ACCELKIT_ASSERT(i < seg.blocks.size() && state(seg.blocks[i]) == parked &&
+                        granules(seg.blocks[i]) == gran,
+                    "a parked small block is where its entry says, parked, of its size");
+    (void)seg, (void)i, (void)gran;
   }
 
   // take_cached of a large size: a parked block of exactly this size (Note
@@ -830,6 +842,7 @@ class DeviceCachingAllocator {
       const detail::SmallParking::Entry& e = pool.parked_small.top(gran);
       detail::SmallSegment& seg = *e.seg;
       std::size_t i = seg.index_of(e.ptr, e.hint);
+      assert_parked(seg, i, gran);
       pool.arena.reserve_bin(merged(seg, i).granules);  // may throw: nothing changed
       pool.parked_small.take(gran);
       count_inactive(pool, gran * kGranule, true, seg.blocks.size() == 1, false);
