@@ -244,8 +244,14 @@ struct alignas(64) Pool {
   Block* unpark(std::size_t i) noexcept {
     Block* b = parked[i];
     --parked_count;
-    parked[i] = parked[parked_count];
-    parked_size[i] = parked_size[parked_count];
+    // Not onto itself (the hit path takes back the record its free has
+    // just parked): Clang -O3's memory_bench hit path of 16 MiB, taking
+    // turns, 1.00-1.01x of the naive pool's speed with this test against
+    // 0.96-0.99x without.
+    if (i != parked_count) {
+      parked[i] = parked[parked_count];
+      parked_size[i] = parked_size[parked_count];
+    }
     return b;
   }
 };
