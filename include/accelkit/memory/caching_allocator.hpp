@@ -772,7 +772,7 @@ class DeviceCachingAllocator {
   static constexpr std::uint64_t kParkingPause = 4096;
   void judge_parking(Pool& pool) {
     if (pool.parking && pool.parked_hits * 4 < pool.frees_counted) {
-      unpark_all(pool);  // may throw: parking stays on, the blocks merged so far stay merged
+      unpark_records(pool);  // may throw: parking stays on, the blocks merged so far stay merged
       pool.parking = false;
     } else {
       pool.parking = true;
@@ -833,10 +833,7 @@ class DeviceCachingAllocator {
   // large set. When it throws (bad_alloc), what it merged stays merged and
   // the rest stays parked.
   void unpark_all(Pool& pool) {
-    while (pool.parked_count) {
-      prepare_evict(pool);
-      evict(pool, pool.unpark(pool.parked_count - 1));
-    }
+    unpark_records(pool);
     constexpr std::size_t kGranule = detail::small_block::kGranule;
     while (std::size_t gran = pool.parked_small.best_fit(1)) {
       const detail::SmallParking::Entry& e = pool.parked_small.top(gran);
@@ -847,6 +844,13 @@ class DeviceCachingAllocator {
       pool.parked_small.take(gran);
       count_inactive(pool, gran * kGranule, true, seg.blocks.size() == 1, false);
       cache_small(pool, seg, i);
+    }
+  }
+  // Under the pool lock: merges every parked record into the large set.
+  void unpark_records(Pool& pool) {
+    while (pool.parked_count) {
+      prepare_evict(pool);
+      evict(pool, pool.unpark(pool.parked_count - 1));
     }
   }
   // Before a record is freed (free_block): room for the eviction that
