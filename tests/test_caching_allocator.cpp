@@ -825,7 +825,7 @@ TEST_CASE("allocator: parked small blocks merge before the pool grows") {
   // (256 of 384), the fourth parked (256 of 512): four apart.
   for (int i = 0; i < 4; ++i) a.deallocate(blocks[i]);
   CHECK(a.stats().inactive_split[small].current == 4);
-  // 512 KiB fits no free block until the parked one merges with both
+  // 512 KiB fits no free block until the parked ones merge with their
   // neighbours: then it takes the segment's first 512 KiB, no new segment.
   CHECK(a.allocate(512 * 1024, s) == blocks[0]);
   DeviceStats st = a.stats();

@@ -625,8 +625,7 @@ class DeviceCachingAllocator {
       const detail::SmallParking::Entry& e = pool.parked_small.take(gran);
       detail::SmallSegment& seg = *e.seg;
       char* ptr = e.ptr;
-      std::size_t j = seg.index_of(ptr, e.hint);
-      assert_parked(seg, j, gran);
+      std::size_t j = parked_index(e, gran);
       count_inactive(pool, size, true, seg.blocks.size() == 1, false);
       seg.blocks[j] = make(offset(seg.blocks[j]), static_cast<std::uint32_t>(gran), allocated, false,
                            requested);
@@ -641,8 +640,7 @@ class DeviceCachingAllocator {
     std::size_t parked = pool.parked_small.best_fit(gran);
     if (parked && parked * kGranule < best_size && fits(size, parked * kGranule)) {
       detail::SmallParking::Entry e = pool.parked_small.take(parked);
-      std::size_t j = e.seg->index_of(e.ptr, e.hint);
-      assert_parked(*e.seg, j, parked);
+      std::size_t j = parked_index(e, parked);
       bool whole = e.seg->blocks.size() == 1;
       count_inactive(pool, parked * kGranule, true, whole, false);
       try {
@@ -679,14 +677,18 @@ class DeviceCachingAllocator {
     return allocation_of(carve(pool, r, size, requested));
   }
 
-  // That block `i` of `seg`, named by a parking entry for `gran` granules,
-  // is there, parked and of that size (Note [Parked small blocks]).
-  static void assert_parked(const detail::SmallSegment& seg, std::size_t i, std::size_t gran) {
+  // The index in its segment of the block that parking entry `e`, for
+  // `gran` granules, names; that block is parked and of that size (Note
+  // [Parked small blocks]).
+  ACCELKIT_ALWAYS_INLINE static std::size_t parked_index(const detail::SmallParking::Entry& e,
+                                                         std::size_t gran) noexcept {
     using namespace detail::small_block;
-    ACCELKIT_ASSERT(i < seg.blocks.size() && state(seg.blocks[i]) == parked &&
-                        granules(seg.blocks[i]) == gran,
+    std::size_t i = e.seg->index_of(e.ptr, e.hint);
+    ACCELKIT_ASSERT(i < e.seg->blocks.size() && state(e.seg->blocks[i]) == parked &&
+                        granules(e.seg->blocks[i]) == gran,
                     "a parked small block is where its entry says, parked, of its size");
-    (void)seg, (void)i, (void)gran;
+    static_cast<void>(gran);
+    return i;
   }
 
   // take_cached of a large size: a parked block of exactly this size (Note
@@ -838,8 +840,7 @@ class DeviceCachingAllocator {
     while (std::size_t gran = pool.parked_small.best_fit(1)) {
       const detail::SmallParking::Entry& e = pool.parked_small.top(gran);
       detail::SmallSegment& seg = *e.seg;
-      std::size_t i = seg.index_of(e.ptr, e.hint);
-      assert_parked(seg, i, gran);
+      std::size_t i = parked_index(e, gran);
       pool.arena.reserve_bin(merged(seg, i).granules);  // may throw: nothing changed
       pool.parked_small.take(gran);
       count_inactive(pool, gran * kGranule, true, seg.blocks.size() == 1, false);

@@ -19,8 +19,8 @@
 // branches against 3.6, 1.3 first-level read misses against 0.8; at
 // N = 1e5, 679 instructions against 887. What it costs is placement: peak
 // reserved over peak requested 1.15 against 1.09 at N = 1e3 (one 2 MiB
-// segment more; the naive pool of memory_bench 1.12), 1.022 against 1.017
-// at N = 1e5. Tried: growing the pool rather than merging the parked
+// segment more; the naive pool of memory_bench 1.12), 1.022-1.023 against
+// 1.017 at N = 1e5. Tried: growing the pool rather than merging the parked
 // blocks, with no limit on them (64 fewer instructions, and the pool grew to
 // 1.27 at N = 1e3); merging parked blocks only until a request fits (824
 // instructions against 700: the next request soon found none again).
@@ -81,9 +81,10 @@ class SmallParking {
   }
   // Takes the most recently parked block of `gran` granules (after has).
   // The entry stays readable until the next park() of its size. (Not a
-  // copy: a 16-byte load of an entry just written as 8- and 4-byte fields
-  // stalls until those stores leave the core's store buffer, and the hit
-  // path takes back the block its free has just parked.)
+  // copy: the hit path takes back the entry its free has just written, and
+  // its fields are read as they were written, eight bytes each, so that the
+  // loads can take their data from stores still in the core's store buffer;
+  // a copy may use wider loads, which cannot.)
   ACCELKIT_ALWAYS_INLINE const Entry& take(std::size_t gran) noexcept {
     std::size_t c = gran - 1;
     const Entry& e = entries_[c * kDepth + --depth_[c]];
@@ -99,7 +100,6 @@ class SmallParking {
   }
   // Whether any block is parked.
   bool any() const noexcept { return sizes_.any(); }
-  std::size_t bytes() const noexcept { return bytes_; }
 
  private:
   using Sizes = SizeBitmap<kSizes / 64>;
