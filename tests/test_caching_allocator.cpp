@@ -786,6 +786,41 @@ TEST_CASE("allocator: freed small blocks park by size, four of a size, and come 
   CHECK(a.reserved_bytes() == 0);
 }
 
+TEST_CASE("allocator: a parked small block at most a sixteenth larger is handed out whole") {
+  SimBackend b(Environment::fixed({}), sized());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  constexpr std::size_t KiB = 1024;
+  auto allocated = [&] { return static_cast<std::size_t>(a.stats().allocated_bytes[small].current); };
+  // 32 KiB is 64 granules of 512 B: a parked block of up to 68 is taken
+  // whole, one of 69 is split. Spacers keep the blocks from merging.
+  void* p = a.allocate(34 * KiB, s);  // 68 granules
+  void* s1 = a.allocate(4 * KiB, s);
+  void* q = a.allocate(34 * KiB + 512, s);  // 69 granules
+  void* s2 = a.allocate(4 * KiB, s);
+  void* t = a.allocate(4 * KiB + 512, s);  // 9 granules
+  void* s3 = a.allocate(4 * KiB, s);
+  REQUIRE(a.stats().segment[small].current == 1);
+  a.deallocate(p);
+  a.deallocate(q);
+  a.deallocate(t);
+  std::size_t before = allocated();
+  std::int64_t inactive = a.stats().inactive_split[small].current;
+  CHECK(a.allocate(32 * KiB, s) == p);
+  CHECK(allocated() == before + 34 * KiB);  // whole: no remainder
+  CHECK(a.stats().inactive_split[small].current == inactive - 1);
+  CHECK(a.allocate(32 * KiB, s) == q);  // a seventeenth larger: split
+  CHECK(allocated() == before + 34 * KiB + 32 * KiB);
+  CHECK(a.stats().inactive_split[small].current == inactive - 1);  // its remainder
+  // Below 16 granules a sixteenth is less than one: only the exact size.
+  CHECK(a.allocate(4 * KiB, s) == t);
+  CHECK(allocated() == before + 34 * KiB + 32 * KiB + 4 * KiB);
+  check_invariants(a);
+  for (void* v : {p, s1, q, s2, t, s3}) a.deallocate(v);
+  a.empty_cache();
+  CHECK(a.reserved_bytes() == 0);
+}
+
 TEST_CASE("allocator: parked small blocks hold at most half the free small memory") {
   SimBackend b(Environment::fixed({}), sized());
   Allocator a(b, 0, AllocatorConfig{});
