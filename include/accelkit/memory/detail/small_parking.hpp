@@ -27,13 +27,16 @@
 // blocks, with no limit on them (64 fewer instructions, and the pool grew to
 // 1.27 at N = 1e3); merging parked blocks only until a request fits (824
 // instructions against 700: the next request soon found none again).
-// Taking a parked block of up to a sixteenth more whole, at N = 1e3: 562
-// instructions against 705 (the naive pool, which never splits, 600), 1.7
-// mispredicted branches against 2.9, 1.0 first-level read misses against
-// 1.3; at N = 1e5, 599 against 679. Its cost is the sixteenth: peak
-// reserved over peak requested unchanged at N = 1e3 for four seeds of five
-// (1.19 against 1.13 for the fifth), 1.026-1.030 against 1.021-1.025 at
-// N = 1e5. An eighth gave 526 instructions and 1.21 at N = 1e3.
+// Taking a parked block of up to a sixteenth more whole, at N = 1e3 (GCC 12
+// -O2): 562 instructions against 705 (the naive pool, which never splits,
+// 600), 1.7 mispredicted branches against 2.9, 1.0 first-level read misses
+// against 1.3; at N = 1e5, 599 against 679. Its cost is memory: a block so
+// taken holds at most a sixteenth of itself unused, and peak reserved over
+// peak requested at N = 1e3 is unchanged over 100,000 pairs for four seeds
+// of five but 1.19-1.20 against 1.13-1.14 over a million (one 2 MiB
+// segment more); at N = 1e5 1.029-1.033 against 1.023-1.026. An eighth
+// gave 526 instructions and 1.21 at N = 1e3; a thirty-second 595-613 and
+// the same 1.19-1.20.
 // Everything here runs under the lock of the pool that owns the blocks.
 #pragma once
 
