@@ -809,7 +809,7 @@ TEST_CASE("allocator: a parked small block at most a sixteenth larger is handed 
   CHECK(a.allocate(32 * KiB, s) == p);
   CHECK(allocated() == before + 34 * KiB);  // whole: no remainder
   CHECK(a.stats().inactive_split[small].current == inactive - 1);
-  CHECK(a.allocate(32 * KiB, s) == q);  // a seventeenth larger: split
+  CHECK(a.allocate(32 * KiB, s) == q);  // five granules more, a sixteenth being four: split
   CHECK(allocated() == before + 34 * KiB + 32 * KiB);
   CHECK(a.stats().inactive_split[small].current == inactive - 1);  // its remainder
   // Below 16 granules a sixteenth is less than one: only the exact size.
@@ -817,6 +817,35 @@ TEST_CASE("allocator: a parked small block at most a sixteenth larger is handed 
   CHECK(allocated() == before + 34 * KiB + 32 * KiB + 4 * KiB);
   check_invariants(a);
   for (void* v : {p, s1, q, s2, t, s3}) a.deallocate(v);
+  CHECK(allocated() == 0);  // p is freed as the 34 KiB it was handed out as
+  a.empty_cache();
+  CHECK(a.reserved_bytes() == 0);
+}
+
+TEST_CASE("allocator: a binned block of the size asked for beats a larger parked one") {
+  SimBackend b(Environment::fixed({}), sized());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  constexpr std::size_t KiB = 1024;
+  // One 2 MiB segment: x (32 KiB), a spacer, y (33 KiB), a spacer, two
+  // fillers, and 8 KiB free at the end.
+  void* x = a.allocate(32 * KiB, s);
+  void* s1 = a.allocate(4 * KiB, s);
+  void* y = a.allocate(33 * KiB, s);
+  void* s2 = a.allocate(4 * KiB, s);
+  void* f1 = a.allocate(984 * KiB, s);
+  void* f2 = a.allocate(983 * KiB, s);
+  REQUIRE(a.stats().segment[small].current == 1);
+  // x is binned (parked it would hold 32 of 40 KiB free), y parked (33 of 73).
+  a.deallocate(x);
+  a.deallocate(y);
+  // y is within a sixteenth of 32 KiB, but x is the better fit.
+  CHECK(a.allocate(32 * KiB, s) == x);
+  CHECK(a.allocate(32 * KiB, s) == y);  // now y, whole
+  CHECK(a.stats().allocated_bytes[small].current ==
+        static_cast<std::int64_t>((32 + 4 + 33 + 4 + 984 + 983) * KiB));
+  check_invariants(a);
+  for (void* v : {x, s1, y, s2, f1, f2}) a.deallocate(v);
   a.empty_cache();
   CHECK(a.reserved_bytes() == 0);
 }

@@ -24,14 +24,15 @@
 //  - Note [Recently freed blocks]: blocks freed on a stream are parked
 //    unmerged, and a request of exactly their size takes one back without a
 //    split or a merge: the common "free, then allocate the same shape again"
-//    of a training loop costs neither. Large blocks (records) park in eight
-//    slots, the last eight freed; a stream whose freed large sizes do not
-//    come back stops parking them for a while (Note [Parking pays for
-//    itself]). Small blocks park by size, four of a size, while the parked
-//    ones hold at most half the pool's free small memory (Note [Parked small
-//    blocks]). Parked blocks merge into the bins when evicted, when a request
-//    finds nothing else (before the pool grows), and before any memory goes
-//    back to the driver.
+//    of a training loop costs neither (a small request also takes a parked
+//    block of up to a sixteenth more whole, Note [Parked small blocks]).
+//    Large blocks (records) park in eight slots, the last eight freed; a
+//    stream whose freed large sizes do not come back stops parking them for
+//    a while (Note [Parking pays for itself]). Small blocks park by size,
+//    four of a size, while the parked ones hold at most half the pool's free
+//    small memory (Note [Parked small blocks]). Parked blocks merge into the
+//    bins when evicted, when a request finds nothing else (before the pool
+//    grows), and before any memory goes back to the driver.
 // Blocks that were used on other streams (record_stream) are returned to the
 // cache only after events recorded on those streams at free time complete;
 // the events come from a pool (EventPool).
@@ -611,8 +612,9 @@ class DeviceCachingAllocator {
   }
 
   // take_cached of a small size: a parked block of exactly this size, or
-  // of up to a sixteenth more, whole (Note [Parked small blocks]), else the
-  // best fit among the binned and the parked blocks, split. Inlined into allocate() (out of line such a
+  // of up to a sixteenth more where no binned block fits better, whole
+  // (Note [Parked small blocks]), else the best fit among the binned and the
+  // parked blocks, split. Inlined into allocate() (out of line such a
   // function cost 45 instructions per random allocation in callgrind: six
   // registers saved and restored, and the Allocation returned through
   // memory); carve_small and cache_small stay out of line, which measured
@@ -623,10 +625,13 @@ class DeviceCachingAllocator {
     const std::size_t gran = size / kGranule;
     if (pool.parked_small.has(gran)) return take_parked(pool, gran, requested);
     // The smallest parked block that fits, taken whole when at most a
-    // sixteenth larger (Note [Parked small blocks]).
+    // sixteenth larger and no binned block fits better (Note [Parked small
+    // blocks]).
     std::size_t parked = pool.parked_small.best_fit(gran);
-    if (parked && parked <= gran + gran / kWholeReuse && fits(size, parked * kGranule))
-      return take_parked(pool, parked, requested);
+    if (parked && parked <= gran + gran / kWholeReuse && fits(size, parked * kGranule)) {
+      std::size_t binned = pool.arena.best_fit_size(gran);
+      if (!binned || binned >= parked) return take_parked(pool, parked, requested);
+    }
     detail::SmallSegment* seg = nullptr;
     std::size_t i = 0;
     bool found = pool.arena.best_fit(gran, seg, i);

@@ -450,6 +450,12 @@ class SmallArena {
     d = small_block::with_payload(small_block::with_state(d, small_block::parked), 0);
   }
 
+  // The smallest size of at least `gran` granules with a binned block, in
+  // granules, or 0 (the bitmap alone).
+  ACCELKIT_ALWAYS_INLINE std::size_t best_fit_size(std::size_t gran) const noexcept {
+    std::size_t bin = sizes_.first_from(gran - 1);
+    return bin == Sizes::kNone ? 0 : bin + 1;
+  }
   // The binned block of the smallest size of at least `gran` granules (the
   // most recently binned of that size), or false.
   ACCELKIT_ALWAYS_INLINE bool best_fit(std::size_t gran, SmallSegment*& seg,
