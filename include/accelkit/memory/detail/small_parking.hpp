@@ -6,13 +6,13 @@
 // size, and a request of exactly that size takes the most recently parked
 // one back: neither the free nor the allocation splits, merges or moves a
 // descriptor. A request that finds none of its size takes the smallest
-// parked block that fits whole, as it is, when that block is at most a
-// sixteenth larger (kWholeReuse in the allocator; below 16 granules, 8 KiB,
-// that allows only the exact size); otherwise it takes the smallest block
-// that fits, parked or binned, and splits it. The parked blocks merge
-// into the bins when a request finds no block that fits, before the pool
-// grows, and before memory goes back to the driver (unpark_all), so a pool
-// grows only when its free memory, merged, has no room either. A block is
+// block that fits, parked or binned, and splits it; but where that is a
+// parked block at most a sixteenth larger (kWholeReuse in the allocator;
+// below 16 granules, 8 KiB, that allows only the exact size), it takes the
+// block whole. The parked blocks merge into the bins when a request finds
+// no block that fits, before the pool grows, and before memory goes back
+// to the driver (unpark_all), so a pool grows only when its free memory,
+// merged, has no room either. A block is
 // parked only while the parked blocks hold at most half of the pool's free
 // small memory, that block's included; beyond that a free merges at once,
 // as CUDA's allocator does, and the merged half keeps room for the larger
@@ -28,15 +28,16 @@
 // 1.27 at N = 1e3); merging parked blocks only until a request fits (824
 // instructions against 700: the next request soon found none again).
 // Taking a parked block of up to a sixteenth more whole, at N = 1e3 (GCC 12
-// -O2): 562 instructions against 705 (the naive pool, which never splits,
-// 600), 1.7 mispredicted branches against 2.9, 1.0 first-level read misses
-// against 1.3; at N = 1e5, 599 against 679. Its cost is memory: a block so
-// taken holds at most a sixteenth of itself unused, and peak reserved over
-// peak requested at N = 1e3 is unchanged over 100,000 pairs for four seeds
-// of five but 1.19-1.20 against 1.13-1.14 over a million (one 2 MiB
-// segment more); at N = 1e5 1.029-1.033 against 1.023-1.026. An eighth
-// gave 526 instructions and 1.21 at N = 1e3; a thirty-second 595-613 and
-// the same 1.19-1.20.
+// -O2): 583 instructions against 705 (the naive pool, which never splits,
+// 600), 2.3 mispredicted branches against 2.9, 1.1 first-level read misses
+// against 1.3; at N = 1e5, 618 against 679. Its cost is memory: a block so
+// taken holds at most a sixteenth more than its rounded request, and over
+// a million pairs at N = 1e3 peak reserved over peak requested reaches
+// 1.19-1.20 for three seeds of five against 1.13-1.14 (one 2 MiB segment
+// more; unchanged over memory_bench's 100,000); at N = 1e5 1.021-1.025
+// against 1.023-1.026. Taken whole even where a binned block fitted better,
+// it ran 562 instructions, and 1.029-1.033 at N = 1e5; an eighth instead of
+// a sixteenth 526 instructions and 1.21 at N = 1e3.
 // Everything here runs under the lock of the pool that owns the blocks.
 #pragma once
 
