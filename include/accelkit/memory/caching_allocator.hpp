@@ -628,16 +628,16 @@ class DeviceCachingAllocator {
     // sixteenth larger and no binned block fits better (Note [Parked small
     // blocks]).
     std::size_t parked = pool.parked_small.best_fit(gran);
-    if (parked && parked <= gran + gran / kWholeReuse && fits(size, parked * kGranule)) {
-      std::size_t binned = pool.arena.best_fit_size(gran);
-      if (!binned || binned >= parked) return take_parked(pool, parked, requested);
-    }
+    bool parked_fits = parked && fits(size, parked * kGranule);
+    std::size_t binned = pool.arena.best_fit_size(gran);
+    if (parked_fits && parked <= gran + gran / kWholeReuse && (!binned || binned >= parked))
+      return take_parked(pool, parked, requested);
     detail::SmallSegment* seg = nullptr;
     std::size_t i = 0;
-    bool found = pool.arena.best_fit(gran, seg, i);
+    bool found = binned != 0;
+    if (found) i = pool.arena.last_binned(binned, seg);
     // A parked block that fits better than the binned one is split instead.
-    std::size_t best_size = found ? bytes(seg->blocks[i]) : std::numeric_limits<std::size_t>::max();
-    if (parked && parked * kGranule < best_size && fits(size, parked * kGranule)) {
+    if (parked_fits && (!found || parked < binned)) {
       detail::SmallParking::Entry e = pool.parked_small.take(parked);
       std::size_t j = parked_index(e, parked);
       bool whole = e.seg->blocks.size() == 1;

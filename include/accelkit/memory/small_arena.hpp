@@ -460,12 +460,16 @@ class SmallArena {
   // most recently binned of that size), or false.
   ACCELKIT_ALWAYS_INLINE bool best_fit(std::size_t gran, SmallSegment*& seg,
                                        std::size_t& i) const noexcept {
-    std::size_t bin = sizes_.first_from(gran - 1);
-    if (bin == Sizes::kNone) return false;
-    std::uint64_t e = (*bins_)[bin].back();
+    std::size_t size = best_fit_size(gran);
+    if (size) i = last_binned(size, seg);
+    return size != 0;
+  }
+  // The most recently binned block of `gran` granules (a bin that is not
+  // empty): its segment and index.
+  ACCELKIT_ALWAYS_INLINE std::size_t last_binned(std::size_t gran, SmallSegment*& seg) const noexcept {
+    std::uint64_t e = (*bins_)[gran - 1].back();
     seg = segments_[e >> 12];
-    i = seg->index_of(seg->ptr + (e & 0xfff) * small_block::kGranule);
-    return true;
+    return seg->index_of(seg->ptr + (e & 0xfff) * small_block::kGranule);
   }
 
  private:
