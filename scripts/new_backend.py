@@ -16,25 +16,31 @@ device types: is_valid_backend_name in include/accelkit/detail/contract.hpp,
 read from there), and also not a C++ or Python keyword, and not a name that
 torch already has (torch.<name> becomes the device module): each refusal
 says why. DEST must not exist or be empty; --force writes the template's files
-into it again and removes only files that an earlier run of this script wrote
-and the template no longer has (listed in DEST/.accelkit-template-files):
-nothing else in DEST is touched (the vendor's own files, .git, build/).
+into it again and removes only files that an earlier run of this script wrote,
+that the template no longer has and that have not changed since (listed with
+their SHA-256 in DEST/.accelkit-template-files): nothing else in DEST is
+touched (the vendor's own files, .git, build/). Every path is checked before
+anything is written: one that goes through a symbolic link below DEST, or
+leaves DEST, is refused (Note [What new_backend.py touches]).
 
 Where accelkit comes from in the new project: ACCELKIT_FETCH in its
 CMakeLists.txt. Run from an accelkit source tree, the default is that tree
 (FetchContent of a local path); --accelkit sets another path or URL, and
 --accelkit '' makes it find an installed accelkit (find_package).
-Needs only the Python standard library; imports torch only to check the name
-against torch's attributes, when torch is installed (--no-torch-check skips).
+Needs only the Python standard library (POSIX); imports torch only to check
+the name against torch's attributes, when torch is installed
+(--no-torch-check skips).
 """
 import argparse
+import errno
+import hashlib
 import keyword
 import os
 import re
-import shutil
+import stat
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 HERE = Path(__file__).resolve().parent
 # In a new project: the files this script wrote there (for --force).
@@ -101,43 +107,234 @@ def camel(name):
     return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
-def instantiate(name, dest, accelkit, force=False):
+# Note [What new_backend.py touches]
+# DEST may come from elsewhere (a cloned repository), so nothing in it is
+# trusted: not its manifest, not its links. The command first makes the
+# whole plan (every file's text, every removal) and checks it, then writes:
+# - every path it writes, reads or removes lies inside DEST and goes through
+#   no symbolic link below DEST: a link on the way, or a link, folder or
+#   device where a file goes, is refused naming the path, and nothing is
+#   written. The writes and removals themselves walk DEST a folder at a
+#   time with O_NOFOLLOW, so a link made between the check and the write is
+#   refused too (POSIX; DEST itself may be a link the caller names);
+# - the manifest records each file it wrote with its SHA-256 (the format of
+#   sha256sum): a file the template no longer has is removed only if it is
+#   still what the command wrote. A file changed since, or named by a
+#   manifest line without a digest, stays (the output names it), so a
+#   manifest that names the vendor's own files removes none of them. The
+#   limit: a line with the digest of what a file holds now removes it (the
+#   manifest's author then knew the file's exact content);
+# - the accelkit location goes into CMakeLists.txt as one CMake argument
+#   that evaluates to exactly the string given (cmake_argument). A `;` in
+#   it stays in the value, where CMake reads it as a list separator once the
+#   variable is expanded unquoted.
+
+
+def cmake_argument(value):
+    """`value` as one CMake argument that evaluates to exactly `value`:
+    quoted when it has no character that CMake reads there (\\, ", $, a
+    control character), otherwise a bracket argument ([=[...]=], with
+    enough `=` that the closing bracket is not in the value), in which CMake
+    reads no escapes or variables."""
+    if not re.search(r'[\\"$\x00-\x1f\x7f]', value):
+        return f'"{value}"'
+    n = 0
+    while f"]{'=' * n}]" in value + "]":
+        n += 1
+    # A newline right after the opening bracket is not part of the argument.
+    lead = "\n" if value[:1] in ("\n", "\r") else ""
+    return f"[{'=' * n}[{lead}{value}]{'=' * n}]"
+
+
+def digest(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def relative_path(text, what):
+    """A manifest entry as a path relative to DEST, refused if it leaves it."""
+    rel = PurePosixPath(text)
+    if rel.is_absolute() or not rel.parts or any(p in ("..", ".") for p in rel.parts) or \
+            "\\" in text:
+        raise Refused(f"{what} names {text!r}, which is not a path inside DEST")
+    return rel
+
+
+def check_path(dest, rel, what, file_only=True):
+    """Refuses `rel` under `dest` if a part of it that exists is a symbolic
+    link or a folder on the way is not one, and, if `file_only`, if it is
+    there but not a regular file."""
+    path = dest
+    for i, part in enumerate(rel.parts):
+        path = path / part
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise Refused(f"{path} is a symbolic link (to {os.readlink(path)}), on the way to "
+                          f"{what}: new_backend.py touches only files inside {dest} and follows "
+                          "no link (remove the link, or choose another --dest)")
+        last = i == len(rel.parts) - 1
+        if not last and not stat.S_ISDIR(st.st_mode):
+            raise Refused(f"{path} is not a folder, on the way to {what}")
+        if last and file_only and not stat.S_ISREG(st.st_mode):
+            raise Refused(f"{path} is not a regular file ({what})")
+
+
+def check_dest(dest, force):
+    if dest == TEMPLATE or TEMPLATE in dest.parents or dest in TEMPLATE.parents:
+        raise Refused(f"{dest} is, or is inside, or holds the template {TEMPLATE}")
+    if dest.exists():
+        if not dest.is_dir():
+            raise Refused(f"{dest} exists and is not a folder")
+        if any(dest.iterdir()) and not force:
+            raise Refused(f"{dest} exists and is not empty (--force writes the template's files "
+                          "into it again)")
+        if not os.access(dest, os.W_OK | os.X_OK):
+            raise Refused(f"{dest} is not writable")
+        return
+    parent = dest.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise Refused(f"cannot make {dest}: {parent} is not a writable folder")
+
+
+def plan(name, dest, accelkit, force):
+    """What instantiate writes and removes, checked: (writes, removals,
+    kept), writes as (relative path, bytes, mode), removals and kept as
+    relative paths."""
     if not TEMPLATE.is_dir():
         raise Refused(f"the template is not at {TEMPLATE}")
-    if dest.exists() and any(dest.iterdir()) and not force:
-        raise Refused(f"{dest} exists and is not empty (--force replaces it)")
-    # With --force, files whose text is unchanged are left alone (a build of
-    # the project then rebuilds nothing), and of the files an earlier run
-    # wrote (its manifest) those the template no longer has go. Nothing else
-    # in DEST is removed: it may hold the vendor's own work and .git.
-    manifest = dest / MANIFEST
-    earlier = set()
-    if manifest.is_file():
-        earlier = {dest / line for line in manifest.read_text().splitlines() if line.strip()}
+    try:
+        accelkit.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Refused(f"--accelkit {accelkit!r} is not valid UTF-8") from None
+    check_dest(dest, force)
     forms = {"skel": name, "Skel": camel(name), "SKEL": name.upper()}
-    written = []
+    writes = []
     for src in sorted(TEMPLATE.rglob("*")):
         rel = src.relative_to(TEMPLATE)
         if src.is_dir() or "__pycache__" in rel.parts or rel.parts[0] == "build":
             continue
-        out = dest / TOKEN.sub(lambda m: forms[m.group(0)], str(rel))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        text = TOKEN.sub(lambda m: forms[m.group(0)], src.read_text())
+        out = PurePosixPath(TOKEN.sub(lambda m: forms[m.group(0)], rel.as_posix()))
+        text = TOKEN.sub(lambda m: forms[m.group(0)], src.read_text(encoding="utf-8"))
         if rel.as_posix() == "CMakeLists.txt":
-            text, n = re.subn(r'set\(ACCELKIT_FETCH "[^"]*"', f'set(ACCELKIT_FETCH "{accelkit}"',
+            text, n = re.subn(r'set\(ACCELKIT_FETCH "[^"]*"',
+                              lambda m: f"set(ACCELKIT_FETCH {cmake_argument(accelkit)}",
                               text, count=1)
             if n != 1:
                 raise Refused("the template's CMakeLists.txt has no set(ACCELKIT_FETCH ...)")
-        if not out.is_file() or out.read_text() != text:
-            out.write_text(text)
-            shutil.copymode(src, out)
-        written.append(out)
-    for p in earlier - set(written):
-        rel = p.relative_to(dest) if p.is_relative_to(dest) else None
-        if rel is not None and ".." not in rel.parts and p.is_file():
-            p.unlink()
-    manifest.write_text("".join(f"{p.relative_to(dest).as_posix()}\n" for p in written))
-    return written
+        check_path(dest, out, f"the template's {out}")
+        writes.append((out, text.encode("utf-8"), stat.S_IMODE(src.stat().st_mode)))
+    manifest = PurePosixPath(MANIFEST)
+    check_path(dest, manifest, "the manifest")
+    written = {rel for rel, _, _ in writes}
+    removals, kept = [], []
+    for line in (read_file(dest, manifest) or b"").decode("utf-8", "replace").splitlines():
+        m = re.fullmatch(r"([0-9a-f]{64})  (.+)", line)
+        want, entry = (m.group(1), m.group(2)) if m else (None, line)
+        if not entry.strip():
+            continue
+        rel = relative_path(entry, f"{dest / MANIFEST}")
+        check_path(dest, rel, f"{rel}, named by {dest / MANIFEST}", file_only=False)
+        if rel in written or not (dest / rel).is_file():
+            continue  # not there, or not a file (that the command would have written)
+        data = read_file(dest, rel)
+        (removals if want is not None and digest(data) == want else kept).append(rel)
+    return writes, removals, kept
+
+
+def open_folder(root, parts, create):
+    """The folder `parts` below the open folder `root`, walked without
+    following links (made when `create`); a file descriptor."""
+    fd = os.dup(root)
+    try:
+        for part in parts:
+            if create:
+                try:
+                    os.mkdir(part, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def refuse_link(path, e):
+    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        raise Refused(f"{path} changed into a symbolic link or a file while new_backend.py "
+                      "wrote (it follows no link)") from None
+    raise e
+
+
+def read_file(dest, rel):
+    """The bytes of `rel` in `dest` read without following a link; None if
+    there is no such file."""
+    if not dest.is_dir():
+        return None
+    root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        folder = open_folder(root, rel.parts[:-1], create=False)
+        try:
+            fd = os.open(rel.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+        finally:
+            os.close(folder)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        refuse_link(dest / rel, e)
+    finally:
+        os.close(root)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def write_files(dest, writes, removals):
+    dest.mkdir(parents=True, exist_ok=True)
+    root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for rel, data, mode in writes:
+            try:
+                folder = open_folder(root, rel.parts[:-1], create=True)
+                try:
+                    # A file whose text is unchanged is left alone: a build of
+                    # the project then rebuilds nothing.
+                    if read_file(dest, rel) == data:
+                        continue
+                    fd = os.open(rel.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                                 0o600, dir_fd=folder)
+                finally:
+                    os.close(folder)
+            except OSError as e:
+                refuse_link(dest / rel, e)
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), mode)
+                f.write(data)
+        for rel in removals:
+            try:
+                folder = open_folder(root, rel.parts[:-1], create=False)
+                try:
+                    os.unlink(rel.name, dir_fd=folder)
+                finally:
+                    os.close(folder)
+            except OSError as e:
+                refuse_link(dest / rel, e)
+    finally:
+        os.close(root)
+
+
+def instantiate(name, dest, accelkit, force=False):
+    """Writes the template into `dest` (Note [What new_backend.py touches]);
+    the paths written and those kept that an earlier run wrote."""
+    writes, removals, kept = plan(name, dest, accelkit, force)
+    manifest = "".join(f"{digest(data)}  {rel}\n" for rel, data, _ in writes).encode("utf-8")
+    write_files(dest, writes + [(PurePosixPath(MANIFEST), manifest, 0o644)], removals)
+    return [dest / rel for rel, _, _ in writes], [dest / rel for rel in kept]
 
 
 def main(argv=None):
@@ -153,13 +350,19 @@ def main(argv=None):
     ap.add_argument("--no-torch-check", action="store_true",
                     help="do not import torch to check the name against its attributes")
     args = ap.parse_args(argv)
+    dest = args.dest.resolve()
     try:
         check_name(args.name, torch_check=not args.no_torch_check)
-        written = instantiate(args.name, args.dest.resolve(), args.accelkit, args.force)
+        written, kept = instantiate(args.name, dest, args.accelkit, args.force)
     except Refused as e:
         print(f"new_backend.py: refused: {e}", file=sys.stderr)
         return 2
-    dest = args.dest.resolve()
+    except OSError as e:
+        print(f"new_backend.py: failed: {e}", file=sys.stderr)
+        return 1
+    for p in kept:
+        print(f"new_backend.py: kept {p}: an earlier run wrote it and the template no longer has "
+              "it, but it has changed since (or the manifest gives no digest for it)")
     print(f"new_backend.py: {args.name} ({camel(args.name)}Runtime, device '{args.name}', "
           f"{args.name.upper()}_* variables, package torch_{args.name}): {len(written)} files in "
           f"{dest}")

@@ -11,6 +11,7 @@ content (the accelkit location written into CMakeLists.txt aside, a path
 that may contain anything) and give the CamelCase class of a name with
 underscores. Prints "new_backend: ok"."""
 import contextlib
+import hashlib
 import importlib.util
 import io
 import re
@@ -134,7 +135,8 @@ def main():
     if not manifest.is_file():
         problems.append("no .accelkit-template-files manifest written")
     else:
-        manifest.write_text(manifest.read_text() + "dropped_by_the_template.txt\n")
+        manifest.write_text(manifest.read_text() + hashlib.sha256(dropped.read_bytes()).hexdigest()
+                            + "  dropped_by_the_template.txt\n")
     r = run("acme_gpu", "--dest", str(good), "--no-torch-check", "--accelkit", "/opt/sdk-skel",
             "--force")
     if r.returncode != 0:
