@@ -13,7 +13,10 @@
 // expression that makes one (a prvalue R). Each check records a result in
 // the report (Note [Conformance report]) written when the program ends to
 // $ACCELKIT_CONFORMANCE_REPORT (default accelkit_conformance_<name>.json);
-// a failing check also fails its Catch2 test case with the broken rule.
+// a failing check also fails its Catch2 test case with the broken rule. A
+// report path that cannot be written stops the program before the first
+// check (exit 2), and a write that fails at the end makes it exit 1, each
+// naming the file and the reason.
 //
 // Note [What the kit checks]
 // Semantics, not signatures (the compiler checks those): what a real driver
@@ -47,6 +50,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -146,6 +150,7 @@ class Conformance {
   // failing the Catch2 test case if the check failed.
   void run(const char* group, const char* name, const char* rule,
            void (*check)(Conformance&, Verdict&)) {
+    if (!write_report_) require_writable_report();
     CheckResult r = evaluate(group, name, rule, check);
     write_report_ = true;
     report_.add(r);
@@ -165,18 +170,45 @@ class Conformance {
 
   ~Conformance() {
     if (!write_report_) return;
-    std::string path = "accelkit_conformance_" + std::string(R::name) + ".json";
-    if (const char* p = std::getenv("ACCELKIT_CONFORMANCE_REPORT")) path = p;
     int n = 0;
     try {
       n = backend_ ? backend_->device_count() : 0;
     } catch (...) {
     }
-    report_.write(path, R::name, n);
+    std::string why;
+    if (report_.write(report_path(), R::name, n, why)) return;
+    std::fputs(fmt::format("accelkit conformance kit ({}): the report was not written: {}\n",
+                           R::name, why).c_str(),
+               stderr);
+    // The program's exit status was decided when Catch2's main returned;
+    // ending here is the one way left to make it a failure.
+    std::fflush(nullptr);
+    std::_Exit(1);
   }
 
  private:
   Conformance() = default;
+  static std::string report_path() {
+    const char* p = std::getenv("ACCELKIT_CONFORMANCE_REPORT");
+    return p ? p : "accelkit_conformance_" + std::string(R::name) + ".json";
+  }
+  // Before the first check: a report that could not be written at the end
+  // would leave a run that looks passed and has no report.
+  static void require_writable_report() {
+    std::string why;
+    if (ConformanceReport::writable(report_path(), why)) return;
+    std::fputs(fmt::format("accelkit conformance kit ({}): cannot write the report ({}): {}; "
+                           "no check run\n",
+                           R::name,
+                           std::getenv("ACCELKIT_CONFORMANCE_REPORT")
+                               ? "ACCELKIT_CONFORMANCE_REPORT"
+                               : "the default path",
+                           why)
+                   .c_str(),
+               stderr);
+    std::fflush(nullptr);
+    std::exit(2);
+  }
   static bool skipped(std::string_view group) {
     const char* s = std::getenv("ACCELKIT_CONFORMANCE_SKIP");
     if (!s) return false;

@@ -10,6 +10,11 @@
 // `rule` is the contract rule a check proves, in words; `message` says what
 // broke it (or why the check was skipped). Fields are added, never renamed;
 // `version` counts changes a reader must know about.
+//
+// A run that cannot leave its report fails loudly: each kit checks that the
+// report's two files can be written before it runs a check (exit 2, naming
+// the file and the reason, nothing run), and a write that still fails at
+// the end names the file and exits non-zero, never 0 with no report.
 #pragma once
 
 #include <accelkit/config.hpp>
@@ -17,8 +22,13 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstddef>
-#include <fstream>
+#include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -108,16 +118,52 @@ class ConformanceReport {
   }
 
   // Writes `<path>` (JSON) and `<path>.txt` (the summary); false if either
-  // cannot be written.
+  // cannot be written, `why` then naming the file and the reason.
+  bool write(const std::string& path, std::string_view backend, int devices,
+             std::string& why) const {
+    why = write_file(path, to_json(backend, devices));
+    std::string text_why = write_file(path + ".txt", summary(backend));
+    if (why.empty()) why = std::move(text_why);
+    return why.empty();
+  }
   bool write(const std::string& path, std::string_view backend, int devices) const {
-    std::ofstream json(path);
-    json << to_json(backend, devices);
-    std::ofstream text(path + ".txt");
-    text << summary(backend);
-    return json.good() && text.good();
+    std::string why;
+    return write(path, backend, devices, why);
+  }
+
+  // Whether write(path, ...) can create or replace both files, checked by
+  // opening them (a file made for the test is removed); false with `why`
+  // naming the file and the reason. Run before the checks, so that a run
+  // does not end without its report.
+  static bool writable(const std::string& path, std::string& why) {
+    for (const std::string& file : {path, path + ".txt"}) {
+      int fd = ::open(file.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+      bool made = false;
+      if (fd < 0 && errno == ENOENT) {
+        fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        made = fd >= 0;
+      }
+      if (fd < 0) {
+        why = fmt::format("{}: {}", file, std::strerror(errno));
+        return false;
+      }
+      ::close(fd);
+      if (made) ::unlink(file.c_str());
+    }
+    return true;
   }
 
  private:
+  // "" if `text` is now the whole of `file`, else "<file>: <reason>".
+  static std::string write_file(const std::string& file, const std::string& text) {
+    std::FILE* f = std::fopen(file.c_str(), "w");
+    if (!f) return fmt::format("{}: {}", file, std::strerror(errno));
+    int error = 0;
+    if (std::fwrite(text.data(), 1, text.size(), f) != text.size()) error = errno ? errno : EIO;
+    if (std::fclose(f) != 0 && error == 0) error = errno;
+    return error == 0 ? std::string() : fmt::format("{}: {}", file, std::strerror(error));
+  }
+
   mutable std::mutex mutex_;
   std::vector<CheckResult> results_;
 };

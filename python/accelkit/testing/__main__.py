@@ -6,6 +6,7 @@ import sys
 
 def main(argv=None):
     from . import GROUPS, CHECKS, run
+    from .report import unwritable
     ap = argparse.ArgumentParser(prog="python -m accelkit.testing",
                                  description="accelkit's conformance kit (Python side)")
     ap.add_argument("--device", required=True, help="the backend's device name (torch.<name>)")
@@ -39,6 +40,16 @@ def main(argv=None):
               "(PYTHONOPTIMIZE), which removes the assert statements its checks are made of",
               file=sys.stderr)
         return 2
+    path = args.report or os.environ.get("ACCELKIT_CONFORMANCE_REPORT") or \
+        f"accelkit_conformance_python_{args.device}.json"
+    why = unwritable(path)
+    if why:
+        source = "--report" if args.report else \
+            "ACCELKIT_CONFORMANCE_REPORT" if os.environ.get("ACCELKIT_CONFORMANCE_REPORT") else \
+            "the default path"
+        print(f"{ap.prog}: cannot write the report ({source}): {why}; no check run",
+              file=sys.stderr)
+        return 2
     report = run(args.device, imports=split(args.imports), groups=split(args.groups), skip=split(args.skip),
                  names=split(args.checks), opinfo=args.opinfo,
                  opinfo_ops=split(args.opinfo_ops) or None,
@@ -46,11 +57,16 @@ def main(argv=None):
                  opinfo_samples=args.opinfo_samples,
                  opinfo_directions=split(args.opinfo_directions), jobs=args.jobs, rtol=args.rtol,
                  atol=args.atol, log=lambda line: print(line, flush=True))
-    path = args.report or os.environ.get("ACCELKIT_CONFORMANCE_REPORT") or \
-        f"accelkit_conformance_python_{args.device}.json"
-    report.write(path)
-    print(report.summary().splitlines()[-2])
-    print(report.summary().splitlines()[-1] + f" (report: {path})")
+    groups, totals = report.summary().splitlines()[-2:]
+    print(groups)
+    try:
+        report.write(path)
+    except OSError as e:
+        print(totals, flush=True)
+        print(f"{ap.prog}: the report was not written: {e.filename}: {e.strerror or e}",
+              file=sys.stderr)
+        return 1
+    print(totals + f" (report: {path})")
     return 1 if report.failed() else 0
 
 

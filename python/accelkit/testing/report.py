@@ -2,6 +2,7 @@
 kit's schema (Note [Conformance report] in include/accelkit/testing/report.hpp),
 with "kit": "python"."""
 import json
+import os
 import threading
 
 SCHEMA = "accelkit.conformance"
@@ -62,8 +63,30 @@ class Report:
         return "\n".join(lines) + "\n"
 
     def write(self, path):
-        """Writes `path` (JSON) and `path`.txt (the summary)."""
-        with open(path, "w") as f:
-            f.write(self.to_json())
-        with open(path + ".txt", "w") as f:
-            f.write(self.summary())
+        """Writes `path` (JSON) and `path`.txt (the summary); an OSError
+        names the file that could not be written."""
+        for file, text in ((path, self.to_json()), (path + ".txt", self.summary())):
+            try:
+                with open(file, "w") as f:
+                    f.write(text)
+            except OSError as e:
+                raise OSError(e.errno, e.strerror, file) from e
+
+
+def unwritable(path):
+    """Why write(path) could not create or replace its two files ("<file>:
+    <reason>"), or None; checked by opening them (a file made for the test
+    is removed). Run before the checks, so that a run does not end without
+    its report (Note [Conformance report])."""
+    for file in (path, path + ".txt"):
+        try:
+            try:
+                with open(file, "a"):
+                    pass
+            except FileNotFoundError:
+                with open(file, "x"):
+                    pass
+                os.remove(file)
+        except OSError as e:
+            return f"{file}: {e.strerror or e}"
+    return None
