@@ -79,27 +79,78 @@ TEST_CASE("signals: completing from another thread releases the wait") {
   b.stream_destroy(1, s);
 }
 
-TEST_CASE("signals: a signal completed with an error is the waiting stream's asynchronous error, once") {
+TEST_CASE("signals: a stream that waited for a signal completed with an error stays failed until "
+          "the signal is destroyed") {
   SimBackend b(Environment::fixed({}), sim());
   StreamHandle s = b.stream_create(0, 0);
+  StreamHandle other = b.stream_create(0, 0);
   void* p = b.raw_malloc(0, 4096);
   SignalHandle g = b.signal_create(0);
   b.stream_wait_signal(0, s, g);
   b.memset_async(0, p, 3, 4096, s);  // runs after the failed wait: the stream goes on
-  b.signal_complete(0, g, 1234);
-  try {
-    b.stream_synchronize(0, s);
-    FAIL("no asynchronous error");
-  } catch (const DriverError& e) {
-    CHECK(e.code() == 1234);
-    CHECK(contains(e.what(), "stream_wait_signal"));
-    CHECK(contains(e.what(), "completed with error 1234"));
+  b.signal_complete(0, g, 1234, "all_reduce failed: rank 1 exited");
+  // Note [Failed waits]: the runtime's report of the failed wait (once)
+  // gives way to the failure, which stays, for every synchronize and query
+  // of the stream and of its device, naming the reason; other streams are
+  // not affected.
+  for (int i = 0; i < 3; ++i) {
+    CHECK_THROWS_WITH(b.stream_synchronize(0, s),
+                      Catch::Contains("waited for work on the host that failed") &&
+                          Catch::Contains("error 1234") &&
+                          Catch::Contains("all_reduce failed: rank 1 exited") &&
+                          Catch::Contains("stream_synchronize"));
+    CHECK_THROWS_AS(b.stream_query(0, s), RuntimeError);
+    CHECK_THROWS_WITH(b.device_synchronize(0), Catch::Contains("device_synchronize"));
   }
-  b.stream_synchronize(0, s);  // reported once
+  b.stream_synchronize(0, other);
+  CHECK(b.stream_query(0, other));
   CHECK(read_byte(b, p) == 3);
-  b.signal_destroy(0, g);
+  b.signal_destroy(0, g);  // the failure ends with the signal
+  b.stream_synchronize(0, s);
+  CHECK(b.stream_query(0, s));
+  b.device_synchronize(0);
   b.raw_free(0, p, 4096);
   b.stream_destroy(0, s);
+  b.stream_destroy(0, other);
+}
+
+TEST_CASE("signals: another thread's synchronize does not consume a failed wait") {
+  SimBackend b(Environment::fixed({}), sim());
+  StreamHandle s = b.stream_create(0, 0);
+  SignalHandle g = b.signal_create(0);
+  b.stream_wait_signal(0, s, g);
+  b.signal_complete(0, g, 7);
+  std::thread other([&] {
+    try {
+      b.device_synchronize(0);  // takes the runtime's asynchronous error
+    } catch (const std::exception&) {
+    }
+  });
+  other.join();
+  // The thread that made the stream wait still finds the failure.
+  CHECK_THROWS_AS(b.stream_synchronize(0, s), RuntimeError);
+  CHECK_THROWS_AS(b.stream_synchronize(0, s), RuntimeError);
+  b.signal_destroy(0, g);
+  b.stream_synchronize(0, s);
+  b.stream_destroy(0, s);
+}
+
+TEST_CASE("signals: a wait queued on a signal that failed already fails its stream; a destroyed "
+          "stream is forgotten") {
+  SimBackend b(Environment::fixed({}), sim());
+  StreamHandle s = b.stream_create(0, 0);
+  SignalHandle g = b.signal_create(0);
+  b.signal_complete(0, g, 3, "broadcast failed");
+  b.stream_wait_signal(0, s, g);
+  try {
+    b.stream_synchronize(0, s);
+  } catch (const DriverError&) {  // the runtime's own report of it, if any
+  } catch (const RuntimeError&) {
+  }
+  CHECK_THROWS_WITH(b.stream_synchronize(0, s), Catch::Contains("broadcast failed"));
+  b.stream_destroy(0, s);
+  b.device_synchronize(0);  // no stream of the device waited for it now
+  b.signal_destroy(0, g);
 }
 
 TEST_CASE("signals: destroying a signal a stream still waits for is refused, and it stays usable") {

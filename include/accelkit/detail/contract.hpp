@@ -130,9 +130,11 @@ namespace detail {
 #define ACCELKIT_DETAIL_FUNCTION_SIGNATURE_(member, Ret, params) #Ret " " #member #params
 #define ACCELKIT_DETAIL_CONSTANT_SIGNATURE_(member, Type) "static constexpr " #Type " " #member
 
-// One callable per member name: calling it calls that member on the runtime.
+// One callable per member name: calling it calls that member on the runtime;
+// `name` is the member's.
 #define ACCELKIT_DETAIL_CALLER_(member, ...)                                  \
   struct call_##member {                                                      \
+    static constexpr const char* name = #member;                              \
     template <class R, class... A>                                            \
     auto operator()(R& r, A&&... a) const                                     \
         -> decltype(r.member(std::forward<A>(a)...)) {                        \

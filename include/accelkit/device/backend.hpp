@@ -13,6 +13,7 @@
 #include <accelkit/detail/fork.hpp>
 #include <accelkit/detail/host_signals.hpp>
 #include <accelkit/detail/per_device.hpp>
+#include <accelkit/device/failed_waits.hpp>
 #include <accelkit/diagnostics.hpp>
 #include <accelkit/properties.hpp>
 #include <accelkit/device/visibility.hpp>
@@ -30,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <unistd.h>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -508,6 +510,8 @@ class Backend {
   // stream, starts after it; a caller that would itself complete the signal
   // later must not wait for it so (it would wait forever). has_stream_signals
   // says which; accelkit.distributed waits on the host itself then.
+  // A stream that waited for a signal completed with an error stays failed
+  // while the signal lives (Note [Failed waits] in device/failed_waits.hpp).
   static constexpr bool has_stream_signals = detail::has_stream_signals<R>;
 
   SignalHandle signal_create(device_index device) {
@@ -523,6 +527,7 @@ class Backend {
     int phys = physical(device);
     if constexpr (has_stream_signals) {
       runtime_.stream_wait_signal(phys, stream, signal);
+      failed_waits_.waited(device, stream, signal);
     } else {
       static_cast<void>(phys), static_cast<void>(stream);
       if (int error = host_signals_.wait(signal))
@@ -532,9 +537,15 @@ class Backend {
                                              error, name));
     }
   }
-  void signal_complete(device_index device, SignalHandle signal, int error) {
+  // `reason`: what failed, when `error` is not 0, for the streams that stay
+  // failed (Note [Failed waits]).
+  void signal_complete(device_index device, SignalHandle signal, int error,
+                       std::string reason = {}) {
     int phys = physical(device);
     if constexpr (has_stream_signals) {
+      // Marked before the runtime releases the streams, so that no
+      // synchronize of them returns in between.
+      if (error != 0) failed_waits_.failed(device, signal, error, std::move(reason));
       runtime_.signal_complete(phys, signal, error);
     } else {
       static_cast<void>(phys);
@@ -545,6 +556,7 @@ class Backend {
     int phys = physical(device);
     if constexpr (has_stream_signals) {
       runtime_.signal_destroy(phys, signal);
+      failed_waits_.destroyed(device, signal);
     } else {
       static_cast<void>(phys);
       host_signals_.destroy(signal);
@@ -614,10 +626,39 @@ class Backend {
  private:
   // Calls a member of the runtime with `device` mapped to its physical
   // ordinal (validated first).
+  // Synchronizing and querying a stream, or synchronizing its device, then
+  // throw a failure that stays (Note [Failed waits]); a destroyed stream is
+  // forgotten.
   template <class Caller, class... A>
   decltype(auto) forward(Caller call, device_index device, A&&... a) {
     int phys = physical(device);
-    return call(runtime_, phys, std::forward<A>(a)...);
+    if constexpr (std::is_same_v<Caller, detail::call_stream_destroy>) {
+      if constexpr (has_stream_signals) failed_waits_.forget_stream(device, a...);
+    }
+    if constexpr (has_stream_signals && (std::is_same_v<Caller, detail::call_stream_synchronize> ||
+                                         std::is_same_v<Caller, detail::call_stream_query> ||
+                                         std::is_same_v<Caller, detail::call_device_synchronize>)) {
+      // The runtime's own report of the failed wait (once) gives way to the
+      // failure's, which names its cause; a failure may come while the call
+      // waits.
+      using Ret = decltype(call(runtime_, phys, std::forward<A>(a)...));
+      try {
+        if constexpr (std::is_void_v<Ret>) {
+          call(runtime_, phys, a...);
+          failed_waits_.check(device, a..., Caller::name);
+          return;
+        } else {
+          Ret r = call(runtime_, phys, a...);
+          failed_waits_.check(device, a..., Caller::name);
+          return r;
+        }
+      } catch (const DriverError&) {
+        failed_waits_.check(device, a..., Caller::name);
+        throw;
+      }
+    } else {
+      return call(runtime_, phys, std::forward<A>(a)...);
+    }
   }
 
   struct HostDeleter {
@@ -729,6 +770,7 @@ class Backend {
   std::string discovery_message_;
   detail::PerDevice<DeviceProperties> properties_;  // the schema, queried once
   detail::HostSignals host_signals_{R::name};  // Note [Host signals]: without the members
+  detail::FailedWaits failed_waits_{R::name};  // Note [Failed waits]
   std::unique_ptr<std::atomic<std::uint64_t>[]> held_bytes_;
 
   unsigned discovery_generation_ = 0;  // (fork_safe_discovery false) at discovery

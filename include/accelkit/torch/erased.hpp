@@ -98,7 +98,8 @@ class ACCELKIT_HIDDEN BackendInterface {
   virtual bool has_stream_signals() noexcept = 0;
   virtual SignalHandle signal_create(device_index device) = 0;
   virtual void stream_wait_signal(device_index device, StreamHandle stream, SignalHandle signal) = 0;
-  virtual void signal_complete(device_index device, SignalHandle signal, int error) = 0;
+  virtual void signal_complete(device_index device, SignalHandle signal, int error,
+                               std::string reason) = 0;
   virtual void signal_destroy(device_index device, SignalHandle signal) = 0;
   virtual std::string report_json() = 0;
   virtual std::string report_text() = 0;
@@ -231,7 +232,9 @@ class ACCELKIT_HIDDEN Backend<torch_adapter::ErasedRuntime> {
   void stream_wait_signal(device_index d, StreamHandle s, SignalHandle g) {
     b_->stream_wait_signal(d, s, g);
   }
-  void signal_complete(device_index d, SignalHandle g, int error) { b_->signal_complete(d, g, error); }
+  void signal_complete(device_index d, SignalHandle g, int error, std::string reason = {}) {
+    b_->signal_complete(d, g, error, std::move(reason));
+  }
   void signal_destroy(device_index d, SignalHandle g) { b_->signal_destroy(d, g); }
 
  private:
@@ -449,8 +452,8 @@ class ACCELKIT_HIDDEN ErasedBackend final : public BackendInterface {
   void stream_wait_signal(device_index d, StreamHandle s, SignalHandle g) override {
     backend_.stream_wait_signal(d, s, g);
   }
-  void signal_complete(device_index d, SignalHandle g, int error) override {
-    backend_.signal_complete(d, g, error);
+  void signal_complete(device_index d, SignalHandle g, int error, std::string reason) override {
+    backend_.signal_complete(d, g, error, std::move(reason));
   }
   void signal_destroy(device_index d, SignalHandle g) override { backend_.signal_destroy(d, g); }
   std::string report_json() override { return accelkit::report_json(backend_); }

@@ -13,6 +13,8 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <string>
+#include <utility>
 
 ACCELKIT_BEGIN_NAMESPACE
 namespace torch_adapter {
@@ -48,15 +50,18 @@ void register_signal_ops(::torch::Library& lib) {
                                       SignalHandle{static_cast<std::uintptr_t>(g)});
     });
   });
-  lib.def("signal_complete(int device, int signal, int error) -> ()",
-          [](int64_t d, int64_t g, int64_t error) {
+  // `reason`: what failed, kept by the streams that waited (Note [Failed
+  // waits] in device/failed_waits.hpp).
+  lib.def("signal_complete(int device, int signal, int error, str reason=\"\") -> ()",
+          [](int64_t d, int64_t g, int64_t error, std::string reason) {
             TORCH_CHECK_VALUE(error >= std::numeric_limits<int>::min() &&
                                   error <= std::numeric_limits<int>::max(),
                               R::name, ": signal_complete: error ", error, " does not fit an int");
             translated([&] {
               Backend<R>::instance().signal_complete(signal_device<R>(d),
                                                      SignalHandle{static_cast<std::uintptr_t>(g)},
-                                                     static_cast<int>(error));
+                                                     static_cast<int>(error),
+                                                     std::move(reason));
             });
           });
   lib.def("signal_destroy(int device, int signal) -> ()", [](int64_t d, int64_t g) {
