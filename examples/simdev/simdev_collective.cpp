@@ -13,13 +13,22 @@
 // it created; a rank-0 process that dies between creating the segment and
 // unlinking it (killed while the others open it) leaves the name behind in
 // /dev/shm until reboot or a manual unlink, as any shm_open user does.
-// Every collective is a sequence of steps (`step`); in step s each rank
-//   1. waits until every rank has finished reading step s-1 (done >= s-1),
-//      so its slot may be overwritten;
-//   2. writes its part into its slot and publishes arrived = s (release);
-//   3. waits until every rank has arrived at s (acquire), then reads the
-//      slots it needs;
-//   4. publishes done = s.
+// Every collective is a sequence of steps (`step`), each named by a token:
+// the collective's number in the process group (`seq`, which the group gives
+// every call, the same on every rank), its kind, and the step's number in
+// it. In step s each rank
+//   1. waits until every rank has finished reading its previous step
+//      (done >= that step's token), so its slot may be overwritten;
+//   2. writes its part into its slot and publishes arrived = s's token
+//      (release);
+//   3. waits until every rank has arrived at s's token (acquire), then reads
+//      the slots it needs;
+//   4. publishes done = s's token.
+// Tokens grow with the group's numbering, so an arrival left behind by a
+// collective that failed on another rank (a rank that never entered it)
+// is older than the token waited for and is never read as this step's: the
+// wait goes on past it. An arrival newer than the step, or of another kind,
+// means the ranks run different collectives: an error.
 // The ranks take the same number of steps: it depends only on what they
 // agreed on (the dtype and the element count, checked by the process group
 // before each collective). all_reduce and reduce move a tensor in chunks of
@@ -34,15 +43,20 @@
 // data. A wait that lasts longer than the group's timeout, or whose peer
 // process is gone (kill(pid, 0) fails with ESRCH, or it is a zombie: the
 // ranks share a host, and a pid namespace), raises a RuntimeError naming
-// the collective and the rank, never hangs, and the communicator refuses
-// further collectives (the ranks' counters disagree). The data are the CPU
-// tensors the process group hands this library (views of host-visible
-// device memory, or staged copies), contiguous. supports(): the
-// reductions (all_reduce, reduce, reduce_scatter) take float32 and float64
-// with SUM, AVG, MIN, MAX; broadcast, all_gather and all_to_all copy bytes,
-// any dtype; barrier; the rest (integer or bfloat16 reductions, PRODUCT, the
-// bitwise ops) go to gloo. The answer depends only on what the ranks
-// agreed on, so every rank takes the same path.
+// the collective and the rank, never hangs.
+// A failure aborts the communicator for every rank: the first rank to fail
+// (or the process group, through abort(), when the collective failed before
+// reaching the library) writes its reason into the header, every wait of
+// every rank sees it at its next poll and raises it, and every later
+// collective on the communicator is refused with it, on every rank, until
+// the group is made again. The data are the CPU tensors the process group
+// hands this library (views of host-visible device memory, or staged
+// copies), contiguous. supports(): the reductions (all_reduce, reduce,
+// reduce_scatter) take float32 and float64 with SUM, AVG, MIN, MAX;
+// broadcast, all_gather and all_to_all copy bytes, any dtype; barrier; the
+// rest (integer or bfloat16 reductions, PRODUCT, the bitwise ops) go to
+// gloo. The answer depends only on what the ranks agreed on, so every rank
+// takes the same path.
 #include <torch/library.h>
 
 #include <ATen/Tensor.h>
@@ -73,7 +87,8 @@ namespace {
 
 constexpr int kMaxRanks = 64;
 constexpr std::size_t kSlotBytes = std::size_t{4} << 20;
-constexpr std::uint64_t kMagic = 0x61636b6c73686d31;  // "acklshm1"
+constexpr std::uint64_t kMagic = 0x61636b6c73686d32;  // "acklshm2"
+constexpr std::size_t kReasonBytes = 1024;
 
 struct alignas(64) Counter {
   std::atomic<std::uint64_t> value{0};
@@ -85,6 +100,11 @@ struct Header {
   Counter arrived[kMaxRanks];
   Counter done[kMaxRanks];
   std::atomic<std::int64_t> pid[kMaxRanks];
+  // The abort (Note [simdev's shared-memory collectives]): 0, or 1 + the
+  // rank that aborted first; `reason` is complete once reason_ready is 1.
+  std::atomic<std::int64_t> aborted;
+  std::atomic<std::int32_t> reason_ready;
+  char reason[kReasonBytes];
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "lock-free 64-bit atomics");
 constexpr std::size_t kHeaderBytes = (sizeof(Header) + 4095) / 4096 * 4096;
@@ -102,15 +122,34 @@ int kind_of(const std::string& collective) {
   return -1;
 }
 
+// A step's token: the collective's number in the group, its kind and the
+// step's number in it, ordered as the group issues them.
+constexpr int kStepBits = 28;
+constexpr std::uint64_t kMaxSeq = (std::uint64_t{1} << 32) - 1;
+constexpr std::uint64_t kMaxStep = (std::uint64_t{1} << kStepBits) - 1;
+
+std::uint64_t token(std::uint64_t seq, int kind, std::uint64_t step) {
+  return seq << 32 | static_cast<std::uint64_t>(kind) << kStepBits | step;
+}
+std::string describe(std::uint64_t t) {
+  if (t == 0) return "no collective yet";
+  const auto kind = static_cast<int>(t >> kStepBits & 0xf);
+  return std::string("collective #") + std::to_string(t >> 32) + " (" +
+         (kind < kKinds ? kCollectives[kind] : "?") + "), step " +
+         std::to_string(t & kMaxStep);
+}
+
 struct Comm {
   std::string name;
   int rank = 0;
   int size = 0;
   void* base = nullptr;
   std::size_t bytes = 0;
-  std::uint64_t seq = 0;              // steps done by this rank
+  std::uint64_t last = 0;             // the token of this rank's last step
+  std::uint64_t seq = 0;              // the collective running (its number in the group)
+  int kind = 0;                       // and its kind
+  std::uint64_t steps = 0;            // its steps so far
   std::uint64_t calls[kKinds] = {};   // collectives done here, per kind
-  bool broken = false;                // a wait failed: the ranks' counters disagree
   std::mutex busy;                    // one collective at a time on a communicator
 
   Header* header() const { return static_cast<Header*>(base); }
@@ -162,21 +201,53 @@ bool gone(pid_t pid) {
   return n > 0 && paren != nullptr && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
 }
 
-// Waits until every rank's `counters` reach `target`; raises naming the
-// first rank that is late past the deadline or whose process is gone.
+// The reason the communicator was aborted ("" while it is not).
+std::string abort_reason(const Comm& c) {
+  const Header* h = c.header();
+  const std::int64_t by = h->aborted.load(std::memory_order_acquire);
+  if (by == 0) return {};
+  // The aborting rank writes the reason right after claiming the abort.
+  for (int i = 0; i < 10000 && h->reason_ready.load(std::memory_order_acquire) == 0; ++i)
+    std::this_thread::yield();
+  std::string reason = h->reason_ready.load(std::memory_order_acquire) != 0
+                           ? std::string(h->reason, strnlen(h->reason, kReasonBytes))
+                           : std::string("(its reason was not written)");
+  return "the communicator was aborted by rank " + std::to_string(by - 1) + ": " + reason;
+}
+
+// Aborts the communicator for every rank with `reason`, unless it was
+// aborted already (the first reason stays).
+void abort_comm(const Comm& c, const std::string& reason) {
+  Header* h = c.header();
+  std::int64_t expected = 0;
+  if (!h->aborted.compare_exchange_strong(expected, c.rank + 1, std::memory_order_acq_rel))
+    return;
+  const std::size_t n = std::min(reason.size(), kReasonBytes - 1);
+  std::memcpy(h->reason, reason.data(), n);
+  h->reason[n] = '\0';
+  h->reason_ready.store(1, std::memory_order_release);
+}
+
+// Waits until every rank's `counters` reach `target` (a token); raises when
+// the communicator is aborted, when a rank is past `target` in another
+// collective, or naming the first rank that is late past the deadline or
+// whose process is gone.
 void wait_all(const Comm& c, Counter* counters, std::uint64_t target, double timeout_s,
               const char* what, const char* step) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + std::chrono::duration<double>(timeout_s);
   int spins = 0;
   for (int r = 0; r < c.size; ++r) {
-    while (counters[r].value.load(std::memory_order_acquire) < target) {
+    std::uint64_t seen;
+    while ((seen = counters[r].value.load(std::memory_order_acquire)) < target) {
       if (++spins < 200) {
         std::this_thread::yield();
         continue;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(spins < 2000 ? 20 : 500));
       if (spins % 64 != 0) continue;
+      const std::string aborted = abort_reason(c);
+      TORCH_CHECK(aborted.empty(), "simdev_collectives: ", what, ": ", aborted);
       const std::int64_t pid = c.header()->pid[r].load(std::memory_order_acquire);
       if (pid > 0 && gone(static_cast<pid_t>(pid))) {
         TORCH_CHECK(false, "simdev_collectives: ", what, ": rank ", r, " (pid ", pid,
@@ -185,9 +256,16 @@ void wait_all(const Comm& c, Counter* counters, std::uint64_t target, double tim
       if (std::chrono::steady_clock::now() > deadline) {
         TORCH_CHECK(false, "simdev_collectives: ", what, ": rank ", r,
                     " did not take part within the group's timeout of ", timeout_s, " s (",
-                    step, ")");
+                    step, "; its last step is ", describe(seen), ", this rank waits for ",
+                    describe(target), ")");
       }
     }
+    // Past the step waited for: rank r runs another collective (the steps of
+    // one collective are taken together by every rank).
+    TORCH_CHECK(seen == target || (seen >> kStepBits) == (target >> kStepBits),
+                "simdev_collectives: ",
+                what, ": rank ", r, " is at ", describe(seen), " while this rank waits for ",
+                describe(target), ": the ranks run different collectives");
   }
 }
 
@@ -197,10 +275,13 @@ void wait_all(const Comm& c, Counter* counters, std::uint64_t target, double tim
 template <typename Write, typename Read>
 void step(Comm& c, double timeout_s, const char* what, Write write, Read read) {
   Header* h = c.header();
-  const std::uint64_t s = ++c.seq;
-  wait_all(c, h->done, s - 1, timeout_s, what, "waiting for the ranks to read the last step");
+  TORCH_CHECK(c.steps < kMaxStep, "simdev_collectives: ", what, ": more than ", kMaxStep,
+              " steps in one collective");
+  const std::uint64_t s = token(c.seq, c.kind, ++c.steps);
+  wait_all(c, h->done, c.last, timeout_s, what, "waiting for the ranks to read the last step");
   write(c.slot(c.rank));
   h->arrived[c.rank].value.store(s, std::memory_order_release);
+  c.last = s;
   wait_all(c, h->arrived, s, timeout_s, what, "waiting for the ranks' data");
   read();
   h->done[c.rank].value.store(s, std::memory_order_release);
@@ -320,7 +401,8 @@ void all_to_all(Comm& c, char* out, const char* in, std::size_t elem,
   for (std::size_t r = 0; r < size; ++r)
     for (std::size_t d = 0; d < size; ++d) {
       if (sends[r * size + d] != recvs[d * size + r]) {
-        c.broken = false;  // every rank stops here alike: the counters agree
+        // Every rank stops here alike, after the same steps: the
+        // communicator stays usable (a ValueError aborts nothing: run()).
         TORCH_CHECK_VALUE(false, "simdev_collectives: all_to_all: the ranks' splits disagree: "
                           "rank ", r, " sends ", sends[r * size + d], " element(s) to rank ",
                           d, ", which expects ", recvs[d * size + r]);
@@ -373,20 +455,36 @@ void check_root(const Comm& c, int64_t root, const char* what) {
                     root, " of ", c.size, " ranks");
 }
 
-// Runs `body` as collective `kind` on communicator `id`: one at a time,
-// refused once a collective failed, counted once done.
-// `check(comm)` raises on a bad argument before anything is exchanged.
+// Runs `body` as collective `kind`, number `seq` of the group, on
+// communicator `id`: one at a time, refused once the communicator is
+// aborted, counted once done. `check(comm)` raises on a bad argument before
+// anything is exchanged. A failure aborts the communicator for every rank
+// (Note [simdev's shared-memory collectives]), except a ValueError that
+// every rank raises at the same step (all_to_all's splits).
 template <typename Check, typename Body>
-void run(int64_t id, int kind, Check check, Body body) {
+void run(int64_t id, int64_t seq, int kind, Check check, Body body) {
   const char* what = kCollectives[kind];
   std::shared_ptr<Comm> c = find(id, what);
   check(*c);
   std::lock_guard<std::mutex> lock(c->busy);
-  TORCH_CHECK(!c->broken, "simdev_collectives: ", what, ": the communicator failed in an "
-              "earlier collective (a rank died or timed out); make a new group");
-  c->broken = true;  // until this collective completes
-  body(*c);
-  c->broken = false;
+  const std::string aborted = abort_reason(*c);
+  TORCH_CHECK(aborted.empty(), "simdev_collectives: ", what, ": ", aborted,
+              " (make a new group)");
+  TORCH_CHECK_VALUE(seq > static_cast<int64_t>(c->last >> 32) &&
+                        static_cast<std::uint64_t>(seq) <= kMaxSeq,
+                    "simdev_collectives: ", what, ": collective number ", seq,
+                    " does not follow ", describe(c->last));
+  c->seq = static_cast<std::uint64_t>(seq);
+  c->kind = kind;
+  c->steps = 0;
+  try {
+    body(*c);
+  } catch (const c10::ValueError&) {
+    throw;
+  } catch (const std::exception& e) {
+    abort_comm(*c, std::string("rank ") + std::to_string(c->rank) + ": " + e.what());
+    throw;
+  }
   ++c->calls[kind];
 }
 
@@ -400,7 +498,8 @@ void run(int64_t id, int kind, Check check, Body body) {
 // - unlink(name): rank 0, once every rank has opened it;
 // - supports(collective, op, dtype): what this library implements;
 // - all_reduce, reduce, broadcast, all_gather, reduce_scatter, all_to_all,
-//   barrier;
+//   barrier (each with `seq`, the collective's number in the group);
+// - abort(comm, reason): fails the communicator for every rank;
 // - calls(comm, collective): how many of that collective this communicator
 //   ran (the tests' counter);
 // - close(comm).
@@ -479,12 +578,12 @@ TORCH_LIBRARY(simdev_collectives, m) {
           return collective == "broadcast" || collective == "all_gather" ||
                  collective == "all_to_all" || collective == "barrier";
         });
-  m.def("all_reduce(int comm, Tensor(a!) tensor, str op, float timeout_s) -> ()",
-        [](int64_t id, at::Tensor t, std::string op_name, double timeout_s) {
+  m.def("all_reduce(int comm, int seq, Tensor(a!) tensor, str op, float timeout_s) -> ()",
+        [](int64_t id, int64_t seq, at::Tensor t, std::string op_name, double timeout_s) {
           const Op op = parse_op(op_name, "all_reduce");
           check_tensor(t, "all_reduce", "the tensor");
           check_float(t, "all_reduce");
-          run(id, 0, [](const Comm&) {}, [&](Comm& c) {
+          run(id, seq, 0, [](const Comm&) {}, [&](Comm& c) {
             const auto count = static_cast<std::size_t>(t.numel());
             if (t.scalar_type() == c10::ScalarType::Float)
               reduce_chunks(c, t.data_ptr<float>(), count, op, -1, timeout_s, "all_reduce");
@@ -492,12 +591,13 @@ TORCH_LIBRARY(simdev_collectives, m) {
               reduce_chunks(c, t.data_ptr<double>(), count, op, -1, timeout_s, "all_reduce");
           });
         });
-  m.def("reduce(int comm, Tensor(a!) tensor, int root, str op, float timeout_s) -> ()",
-        [](int64_t id, at::Tensor t, int64_t root, std::string op_name, double timeout_s) {
+  m.def("reduce(int comm, int seq, Tensor(a!) tensor, int root, str op, float timeout_s) -> ()",
+        [](int64_t id, int64_t seq, at::Tensor t, int64_t root, std::string op_name,
+           double timeout_s) {
           const Op op = parse_op(op_name, "reduce");
           check_tensor(t, "reduce", "the tensor");
           check_float(t, "reduce");
-          run(id, 1, [&](const Comm& c) { check_root(c, root, "reduce"); }, [&](Comm& c) {
+          run(id, seq, 1, [&](const Comm& c) { check_root(c, root, "reduce"); }, [&](Comm& c) {
             const auto count = static_cast<std::size_t>(t.numel());
             const int r = static_cast<int>(root);
             if (t.scalar_type() == c10::ScalarType::Float)
@@ -506,19 +606,19 @@ TORCH_LIBRARY(simdev_collectives, m) {
               reduce_chunks(c, t.data_ptr<double>(), count, op, r, timeout_s, "reduce");
           });
         });
-  m.def("broadcast(int comm, Tensor(a!) tensor, int root, float timeout_s) -> ()",
-        [](int64_t id, at::Tensor t, int64_t root, double timeout_s) {
+  m.def("broadcast(int comm, int seq, Tensor(a!) tensor, int root, float timeout_s) -> ()",
+        [](int64_t id, int64_t seq, at::Tensor t, int64_t root, double timeout_s) {
           check_tensor(t, "broadcast", "the tensor");
-          run(id, 2, [&](const Comm& c) { check_root(c, root, "broadcast"); }, [&](Comm& c) {
+          run(id, seq, 2, [&](const Comm& c) { check_root(c, root, "broadcast"); }, [&](Comm& c) {
             broadcast(c, static_cast<char*>(t.data_ptr()), t.nbytes(), static_cast<int>(root),
                       timeout_s);
           });
         });
-  m.def("all_gather(int comm, Tensor(a!) output, Tensor input, float timeout_s) -> ()",
-        [](int64_t id, at::Tensor out, at::Tensor in, double timeout_s) {
+  m.def("all_gather(int comm, int seq, Tensor(a!) output, Tensor input, float timeout_s) -> ()",
+        [](int64_t id, int64_t seq, at::Tensor out, at::Tensor in, double timeout_s) {
           check_tensor(out, "all_gather", "the output");
           check_tensor(in, "all_gather", "the input");
-          run(id, 3, [&](const Comm& c) {
+          run(id, seq, 3, [&](const Comm& c) {
             TORCH_CHECK_VALUE(out.scalar_type() == in.scalar_type() &&
                                   out.nbytes() == in.nbytes() * static_cast<std::size_t>(c.size),
                               "simdev_collectives: all_gather: the output (", out.scalar_type(),
@@ -529,14 +629,16 @@ TORCH_LIBRARY(simdev_collectives, m) {
                        static_cast<const char*>(in.data_ptr()), in.nbytes(), timeout_s);
           });
         });
-  m.def("reduce_scatter(int comm, Tensor(a!) output, Tensor input, str op, float timeout_s) -> ()",
-        [](int64_t id, at::Tensor out, at::Tensor in, std::string op_name, double timeout_s) {
+  m.def("reduce_scatter(int comm, int seq, Tensor(a!) output, Tensor input, str op, "
+        "float timeout_s) -> ()",
+        [](int64_t id, int64_t seq, at::Tensor out, at::Tensor in, std::string op_name,
+           double timeout_s) {
           const Op op = parse_op(op_name, "reduce_scatter");
           check_tensor(out, "reduce_scatter", "the output");
           check_tensor(in, "reduce_scatter", "the input");
           check_float(in, "reduce_scatter");
           const auto n = static_cast<std::size_t>(out.numel());
-          run(id, 4, [&](const Comm& c) {
+          run(id, seq, 4, [&](const Comm& c) {
             TORCH_CHECK_VALUE(out.scalar_type() == in.scalar_type() &&
                                   static_cast<std::size_t>(in.numel()) ==
                                       n * static_cast<std::size_t>(c.size),
@@ -550,18 +652,19 @@ TORCH_LIBRARY(simdev_collectives, m) {
               reduce_scatter(c, out.data_ptr<double>(), in.data_ptr<double>(), n, op, timeout_s);
           });
         });
-  m.def("barrier(int comm, float timeout_s) -> ()", [](int64_t id, double timeout_s) {
-    run(id, 5, [](const Comm&) {}, [&](Comm& c) {
-      step(c, timeout_s, "barrier", [](char*) {}, [] {});
-    });
-  });
-  m.def("all_to_all(int comm, Tensor(a!) output, Tensor input, int[] output_splits, "
+  m.def("barrier(int comm, int seq, float timeout_s) -> ()",
+        [](int64_t id, int64_t seq, double timeout_s) {
+          run(id, seq, 5, [](const Comm&) {}, [&](Comm& c) {
+            step(c, timeout_s, "barrier", [](char*) {}, [] {});
+          });
+        });
+  m.def("all_to_all(int comm, int seq, Tensor(a!) output, Tensor input, int[] output_splits, "
         "int[] input_splits, float timeout_s) -> ()",
-        [](int64_t id, at::Tensor out, at::Tensor in, std::vector<int64_t> out_splits,
+        [](int64_t id, int64_t seq, at::Tensor out, at::Tensor in, std::vector<int64_t> out_splits,
            std::vector<int64_t> in_splits, double timeout_s) {
           check_tensor(out, "all_to_all", "the output");
           check_tensor(in, "all_to_all", "the input");
-          run(id, 6, [&](const Comm& c) {
+          run(id, seq, 6, [&](const Comm& c) {
             const auto size = static_cast<std::size_t>(c.size);
             TORCH_CHECK_VALUE(out.scalar_type() == in.scalar_type(),
                               "simdev_collectives: all_to_all: the output is ", out.scalar_type(),
@@ -592,6 +695,14 @@ TORCH_LIBRARY(simdev_collectives, m) {
     std::shared_ptr<Comm> c = find(id, "calls");
     std::lock_guard<std::mutex> lock(c->busy);
     return static_cast<int64_t>(c->calls[kind]);
+  });
+  // The process group's abort: a collective failed on this rank before (or
+  // outside) the library; every rank's waits and later collectives raise
+  // `reason` (the first abort's stays). Takes no lock a running collective
+  // holds.
+  m.def("abort(int comm, str reason) -> ()", [](int64_t id, std::string reason) {
+    std::shared_ptr<Comm> c = find(id, "abort");
+    abort_comm(*c, reason);
   });
   m.def("close(int comm) -> ()", [](int64_t id) {
     std::lock_guard<std::mutex> lock(comms_mutex);

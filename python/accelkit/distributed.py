@@ -46,20 +46,33 @@ A backend whose library ships its own collectives replaces gloo for the
 ones it implements by registering PyTorch operators in the namespace
 ``<name>_collectives`` (``TORCH_LIBRARY(<name>_collectives, m)`` in the
 backend library). ``open``, ``unlink``, ``supports`` and ``close`` make the
-slot; each collective is optional (README's slot table has the schemas)::
+slot; each collective is optional, and so is ``abort`` (README's slot table
+has the schemas)::
 
     open(str name, int rank, int size, bool create) -> int   # a communicator
     unlink(str name) -> ()                # rank 0, once every rank opened it
     supports(str collective, str op, ScalarType dtype) -> bool
-    all_reduce(int comm, Tensor(a!) t, str op, float timeout_s) -> ()
-    reduce(int comm, Tensor(a!) t, int root, str op, float timeout_s) -> ()
-    broadcast(int comm, Tensor(a!) t, int root, float timeout_s) -> ()
-    all_gather(int comm, Tensor(a!) output, Tensor input, float timeout_s) -> ()
-    reduce_scatter(int comm, Tensor(a!) output, Tensor input, str op, float timeout_s) -> ()
-    all_to_all(int comm, Tensor(a!) output, Tensor input, int[] output_splits,
+    all_reduce(int comm, int seq, Tensor(a!) t, str op, float timeout_s) -> ()
+    reduce(int comm, int seq, Tensor(a!) t, int root, str op, float timeout_s) -> ()
+    broadcast(int comm, int seq, Tensor(a!) t, int root, float timeout_s) -> ()
+    all_gather(int comm, int seq, Tensor(a!) output, Tensor input, float timeout_s) -> ()
+    reduce_scatter(int comm, int seq, Tensor(a!) output, Tensor input, str op,
+                   float timeout_s) -> ()
+    all_to_all(int comm, int seq, Tensor(a!) output, Tensor input, int[] output_splits,
                int[] input_splits, float timeout_s) -> ()   # splits in elements
-    barrier(int comm, float timeout_s) -> ()
+    barrier(int comm, int seq, float timeout_s) -> ()
+    abort(int comm, str reason) -> ()     # the group failed: fail every rank's waits
     close(int comm) -> ()
+
+``seq`` is the collective's number in the group, the same on every rank and
+growing with each collective the group issues (a collective that failed on
+some rank before reaching the library still takes its number): a library
+whose protocol can meet what a failed collective left behind (a peer's
+message or slot) tags its steps with it, so that a leftover is never read
+as a later collective's data. ``abort`` is called, from any thread and
+while a collective of the library may be running, once the group failed
+(Note [A failed group]): the library then fails every rank's running and
+later collectives with `reason`.
 
 The group connects them when it is made (``_Native.connect``): through the
 c10d store every rank says whether it has the library and which host it is
@@ -90,6 +103,8 @@ import atexit
 import collections
 import ctypes
 import datetime
+import functools
+import itertools
 import os
 import queue
 import secrets
@@ -137,7 +152,7 @@ class _Host:
     [Collectives on gloo]). Keeps the device tensors and the CPU tensors
     alive until the collective is done."""
 
-    def __init__(self, pg, tensors):
+    def __init__(self, pg, tensors, written=(), what=""):
         # Holds no reference to the group: the last one must not go on a
         # gloo thread, whose destructor would join itself (Note [No group
         # in the callbacks]).
@@ -150,6 +165,7 @@ class _Host:
             raise ValueError(f"{pg.name}: a collective's tensors must be on one device, got "
                              f"tensors on {', '.join(sorted(str(d) for d in devices))}")
         self.device = devices.pop() if devices else torch.device("cpu")
+        _refuse_overlap(pg.name, what, written)  # the results go back into them
         self.on_device = self.device.type == pg.name
         self.visible = self.on_device and pg.host_visible(self.device.index)
 
@@ -261,14 +277,18 @@ def _sdk_stream(device):
 _SIGNAL_FAILED = 1
 
 
-def _finish_signal(index, signal, code):
-    """Completes and destroys a signal a stream waits for, never raising (on
-    a completion thread): a failed completion is tried once more, since a
-    signal left incomplete would hold its streams forever."""
+def _finish_signal(index, signal, code, reason="", failures=None):
+    """Completes a signal a stream waits for, never raising (on a completion
+    thread): a failed completion is tried once more, since a signal left
+    incomplete would hold its streams forever. A signal completed with a
+    failure (`code` not 0) stays alive in `failures` (the group's), so that
+    its streams stay failed until the group is destroyed (Note [Failed
+    waits] in accelkit's device/failed_waits.hpp); the others are destroyed
+    at once."""
     ops = _signal_ops()
     for attempt in range(2):
         try:
-            ops.signal_complete(index, signal, code)
+            ops.signal_complete(index, signal, code, reason)
             break
         except Exception as e:  # noqa: BLE001
             if attempt:
@@ -276,34 +296,165 @@ def _finish_signal(index, signal, code):
                               f"released (its stream stays waiting): {e}", RuntimeWarning,
                               stacklevel=1)
                 return
+    if code != 0 and failures is not None:
+        failures.keep_signal(index, signal)
+        return
+    _destroy_signal(index, signal)
+
+
+def _destroy_signal(index, signal):
     try:
-        ops.signal_destroy(index, signal)
+        _signal_ops().signal_destroy(index, signal)
     except Exception as e:  # noqa: BLE001
         warnings.warn(f"{_backend.name}: a collective's host signal was not destroyed: {e}",
                       RuntimeWarning, stacklevel=1)
 
 
+def _reason(name, error):
+    """`error`'s text without a leading "<name>: " (the errors that quote it
+    name the backend once)."""
+    text = str(error)
+    return text[len(name) + 2:] if text.startswith(f"{name}: ") else text
+
+
 class _Failures:
-    """Errors of collectives that failed after their work's wait() had
-    returned (Note [wait() on the stream]), raised by the group's next call,
-    once. Shared by the group and its works, which hold no group (Note [No
-    group in the callbacks])."""
+    """The group's failure.
 
-    def __init__(self):
+    Note [A failed group]
+    ~~~~~~~~~~~~~~~~~~~~~
+    Problem: a collective that fails on one rank may have been entered by
+    the others (a rank whose staging failed never reaches gloo or the
+    vendor's library, while its peers wait there), and what a failed
+    collective leaves behind (a peer's half-written slot, gloo's pending
+    operation) must never be read as a later collective's data.
+    Decision: as NCCL's communicator abort, the first failure of a
+    collective the ranks agreed to run (its start, the staging, gloo's or
+    the library's error, the copy back, or this rank's own error after the
+    agreement) fails the group: every later call of the group on this rank
+    raises a DistBackendError quoting that first failure, until the group
+    is destroyed (destroy_process_group) and made again. The failed rank
+    publishes its failure in the c10d store and takes part in no more
+    exchanges; the other ranks learn it from the vendor's library, whose
+    communicator the failure aborts for every rank at once (abort: simdev's
+    waits see it at their next poll), or, on gloo, when their own
+    collective or their next agreement (_agree) meets the silent rank, past
+    the group's timeout: their groups fail then, quoting the failure the
+    first rank published (a failed agreement fails the group: its exchange
+    is out of step). The
+    streams that waited for a failed collective stay failed until the group
+    is destroyed (Note [Failed waits]): the group keeps the failed signals
+    alive until its shutdown.
+    Limits: a rank blocked inside gloo itself learns of a peer's failure
+    only from gloo's own timeout; collectives without an agreement (gather,
+    scatter, barrier, send and recv) fail on this rank only.
+    Shared by the group and its works, which hold no group (Note [No group
+    in the callbacks])."""
+
+    def __init__(self, name):
+        self._name = name
         self._lock = threading.Lock()
-        self._errors = []
+        self._first = None
+        self._signals = []  # (device index, signal) completed with the failure
+        self._on_fail = []  # called once with the first failure's text
 
-    def add(self, error):
-        with self._lock:
-            self._errors.append(error)
+    def on_fail(self, fn):
+        self._on_fail.append(fn)
 
-    def raise_first(self, name):
+    def fail(self, error):
+        """Records `error` as the group's failure, unless one is recorded."""
         with self._lock:
-            errors, self._errors = self._errors, []
-        if errors:
-            raise RuntimeError(f"{name}: a collective failed after its work's wait() had "
-                               f"returned (the streams that waited for it report an error "
-                               f"too): {errors[0]}") from errors[0]
+            if self._first is not None:
+                return
+            self._first = error
+            callbacks = list(self._on_fail)
+        for fn in callbacks:
+            try:
+                fn(_reason(self._name, error))
+            except Exception:  # noqa: BLE001  (the failure is recorded; the rest is best effort)
+                pass
+
+    @property
+    def error(self):
+        return self._first
+
+    def raised(self):
+        """The error every later call raises, or None."""
+        first = self._first
+        if first is None:
+            return None
+        cls = getattr(dist, "DistBackendError", RuntimeError)
+        e = cls(f"{self._name}: the process group failed in an earlier collective and refuses "
+                f"every later one until it is destroyed (destroy_process_group) and made "
+                f"again; the first failure: {_reason(self._name, first)}")
+        e.__cause__ = first
+        return e
+
+    def check(self):
+        e = self.raised()
+        if e is not None:
+            raise e
+
+    def keep_signal(self, index, signal):
+        with self._lock:
+            self._signals.append((index, signal))
+
+    def release(self):
+        """The group's shutdown: the failed signals go, and with them their
+        streams' failure."""
+        with self._lock:
+            signals, self._signals = self._signals, []
+        for index, signal in signals:
+            _destroy_signal(index, signal)
+
+
+class _Published:
+    """The failures of the group's ranks in the c10d store (Note [A failed
+    group]): this rank's, published once, and the others'. Holds no group
+    (Note [No group in the callbacks])."""
+
+    def __init__(self, store, rank, size):
+        self._store = dist.PrefixStore("accelkit-failed/", store)
+        self._rank, self._size = rank, size
+        self._done = threading.Event()
+
+    def publish(self, reason):
+        """This rank's failure, once, from a thread of its own (a store
+        whose server is gone would hold the caller up to its timeout)."""
+        if self._done.is_set():
+            return
+        self._done.set()
+        store, key = self._store, str(self._rank)
+
+        def put():
+            try:
+                store.set(key, reason)
+            except Exception:  # noqa: BLE001  (the others then quote none)
+                pass
+        threading.Thread(target=put, daemon=True, name="accelkit-publish").start()
+
+    def others(self):
+        """The failures other ranks published: [(rank, reason)]."""
+        found = []
+        for r in range(self._size):
+            if r == self._rank:
+                continue
+            try:
+                if self._store.check([str(r)]):
+                    found.append((r, self._store.get(str(r)).decode(errors="replace")))
+            except Exception:  # noqa: BLE001  (a store that fails names nothing)
+                pass
+        return found
+
+    def quoted(self, name, error):
+        """`error` (gloo's, meeting a silent peer) as the failure a peer
+        published before, where one did."""
+        found = self.others()
+        if not found:
+            return error
+        r, reason = found[0]
+        cls = getattr(dist, "DistBackendError", RuntimeError)
+        return cls(f"{name}: the process group of rank {r} failed ({reason}); here: "
+                   f"{_reason(name, error)}")
 
 
 class _Work(_C10D.Work):
@@ -318,13 +469,15 @@ class _Work(_C10D.Work):
     on the group's own thread once the results are in device memory,
     completes, so the work queued afterwards on that stream runs after the
     collective. A collective that fails completes its signals with an error:
-    the waiting streams report it as an asynchronous error at their next
-    synchronize or query (as CUDA reports a kernel's fault), the failure is
-    reported as a RuntimeWarning with its cause (gloo's, naming the peer),
-    and the group's next call raises it as a RuntimeError (as NCCL's next
-    call does after a communicator failed). A work already complete when
-    waited for needs no signal, and its wait() raises its error, as NCCL's
-    does. `wait(timeout)` with a timeout blocks the calling thread until the
+    the waiting streams report it at every synchronize or query, from any
+    thread, until the group is destroyed (Note [Failed waits]), so the
+    thread that uses the collective's output on that stream gets it even
+    when another thread synchronized first; the failure is reported as a
+    RuntimeWarning with its cause (gloo's, naming the peer), and fails the
+    group (Note [A failed group]): every later call raises it, as NCCL's do
+    after a communicator failed. A work already complete when waited for
+    needs no signal, and its wait() raises its error, as NCCL's does.
+    `wait(timeout)` with a timeout blocks the calling thread until the
     results are in device memory, raising the error, or a RuntimeError past
     the timeout (NCCL: "ran for ... before timing out"); `synchronize()` (and
     `block_current_stream()`) queue the stream's wait without raising;
@@ -364,8 +517,9 @@ class _Work(_C10D.Work):
         return self
 
     def _settle(self, fut):
-        """On the thread that completed the future: completes the signals the
-        streams wait for, and hands a hidden failure to the group."""
+        """On the thread that completed the future: fails the group on the
+        collective's failure (Note [A failed group]) and completes the
+        signals the streams wait for."""
         try:
             fut.value()
             error = None
@@ -377,17 +531,18 @@ class _Work(_C10D.Work):
             self._signals = None
             hidden = self._hidden
         try:
+            if error is not None and self._failures is not None:
+                self._failures.fail(error)
             if error is not None and hidden:
-                if self._failures is not None:
-                    self._failures.add(error)
                 warnings.warn(f"{_backend.name}: a collective failed after its work's wait() "
                               f"had returned; the streams that wait for it report an error at "
                               f"their next synchronize: {error}", RuntimeWarning, stacklevel=1)
         except Exception:  # noqa: BLE001  nothing may raise on the completion thread
             pass
         code = 0 if error is None else _SIGNAL_FAILED
+        reason = "" if error is None else _reason(_backend.name, error)
         for index, signal in signals or ():
-            _finish_signal(index, signal, code)
+            _finish_signal(index, signal, code, reason, self._failures)
         self._settled_event.set()
 
     def _stream_wait(self):
@@ -412,8 +567,10 @@ class _Work(_C10D.Work):
                 self._signals.append((index, signal))
                 self._hidden = True
         if settled:  # completed meanwhile: nothing to wait for
-            _finish_signal(index, signal, 0 if self._fut.done() and self.is_success()
-                           else _SIGNAL_FAILED)
+            error = self.exception()
+            _finish_signal(index, signal, 0 if error is None else _SIGNAL_FAILED,
+                           "" if error is None else _reason(_backend.name, error),
+                           self._failures)
             return False
         return True
 
@@ -608,10 +765,26 @@ def _overlap(tensors, others):
     return any(a[0] == b[0] and a[1] < b[2] and b[1] < a[2] for a in mine for b in theirs)
 
 
-def _gloo_job(start, finish, name, what):
+def _wait_ready(ready, timeout_s, name, what):
+    """Waits for the event `ready` (the work queued on the stream before a
+    collective), at most `timeout_s`; raises its error, or past the
+    timeout."""
+    deadline = time.monotonic() + timeout_s
+    delay = 1e-5
+    while not ready.query():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}: {what or 'the collective'}: the work queued on the "
+                               f"stream before it did not complete within the group's "
+                               f"timeout of {timeout_s:g} s")
+        time.sleep(delay)
+        delay = min(2 * delay, 2e-3)
+
+
+def _gloo_job(start, finish, name, what, published=None):
     """Starts gloo's work (`start()`), and returns its completion (Note
     [Completion on a thread of the group's own]); gloo's errors, from
-    either, name the backend and the collective."""
+    either, name the backend and the collective, and quote the failure a
+    peer `published` (Note [A failed group]), where one did."""
     try:
         work = start()
     except RuntimeError as e:
@@ -628,7 +801,8 @@ def _gloo_job(start, finish, name, what):
             else:
                 work.wait()
         except RuntimeError as e:
-            raise _on_gloo_failed(name, what, e) from e
+            error = _on_gloo_failed(name, what, e)
+            raise (published.quoted(name, error) if published is not None else error) from e
         finish()
     return run
 
@@ -813,11 +987,21 @@ class _Native:
         """all_reduce calls the library ran."""
         return self.count("all_reduce")
 
-    def call(self, collective, outputs, *args, timeout_s=-1):
-        """The library's `collective(comm, *args, timeout_s)` as a function
-        for the connection's thread (`run`). The library takes contiguous
-        CPU tensors: others among `args` go as contiguous copies, and those
-        in `outputs` are copied back."""
+    def abort(self, reason):
+        """Fails the library's running and later collectives on every rank
+        (Note [A failed group]), where the library has abort()."""
+        try:
+            abort = self.ops.abort
+        except (AttributeError, RuntimeError):
+            return
+        abort(self.comm, reason)
+
+    def call(self, collective, outputs, seq, *args, timeout_s=-1):
+        """The library's `collective(comm, seq, *args, timeout_s)` as a
+        function for the connection's thread (`run`); `seq`: the
+        collective's number in the group. The library takes contiguous CPU
+        tensors: others among `args` go as contiguous copies, and those in
+        `outputs` are copied back."""
         self.calls[collective] += 1
         op = getattr(self.ops, collective)
         comm = self.comm
@@ -833,9 +1017,10 @@ class _Native:
             given.append(a)
 
         def run():
-            op(comm, *given, timeout_s)
+            op(comm, seq, *given, timeout_s)
             for a, c in back:
                 a.copy_(c)
+        run.collective = collective
         return run
 
     def run(self, call, finish, fut, result):
@@ -845,6 +1030,36 @@ class _Native:
             call()
             finish()
         self._thread.put(job, fut, result)
+
+
+def _collective(method):
+    """A collective of the group: an error raised after the ranks' agreement
+    (the others went on into the collective) fails the group (Note [A
+    failed group])."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        self._tls.agreed = False
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as e:
+            if getattr(self._tls, "agreed", False):
+                self._tls.agreed = False
+                self._failures.fail(e)
+            raise
+    return run
+
+
+def _refuse_overlap(name, what, tensors):
+    """Refuses device tensors a collective writes whose elements share memory
+    (an expanded tensor), in PyTorch's words: the results could not be
+    written back."""
+    for t in tensors:
+        if t.device.type == name and torch._debug_has_internal_overlap(t) == 1:
+            raise RuntimeError(
+                f"{name}: {what}: unsupported operation: more than one element of the "
+                f"written-to tensor refers to a single memory location (shape "
+                f"{tuple(t.shape)}, strides {t.stride()}). Please clone() the tensor before "
+                f"performing the operation.")
 
 
 class ProcessGroup(dist.ProcessGroup):
@@ -873,13 +1088,24 @@ class ProcessGroup(dist.ProcessGroup):
         # results come late (staged): Note [Collectives in issue order].
         self._p2p_writes = []
         self._starter = _Starter(join_s=2 * self._timeout_s)
-        self._failures = _Failures()  # Note [wait() on the stream]
+        self._failures = _Failures(self.name)  # Note [A failed group]
+        # Where a failed rank publishes its failure for the others.
+        self._published = _Published(store, rank, size)
+        self._failures.on_fail(self._published.publish)
+        # The collectives' numbers (Note [The vendor collective slot]): one for
+        # every collective issued, the same on every rank.
+        self._seq = itertools.count(1)
+        # Whether the calling thread's collective got past the ranks'
+        # agreement (Note [A failed group]: _collective).
+        self._tls = threading.local()
         # Note [wait() on the stream]; ACCELKIT_STREAM_WAIT=0 makes wait() block the host.
         self.stream_wait = os.environ.get("ACCELKIT_STREAM_WAIT", "1") != "0"
         # Note [Completion on a thread of the group's own]
         self._done = _Ordered("accelkit-completion", join_s=2 * self._timeout_s)
         # Note [The vendor collective slot]
         self.native = _Native.connect(self.name, store, rank, size, timeout)
+        if self.native is not None:
+            self._failures.on_fail(self.native.abort)
         self._group_name, self._group_desc = "", ""
 
     # -- identity
@@ -903,6 +1129,18 @@ class ProcessGroup(dist.ProcessGroup):
     def setGroupDesc(self, desc: str) -> None:
         self._group_desc = desc
 
+    # init_process_group(device_id=...) binds the group to the device and
+    # asks the backend registered for it whether it splits communicators:
+    # this group is its own backend, for the device and for the CPU, and
+    # does not split.
+    supports_splitting = False
+
+    def _get_backend(self, device):
+        device = torch.device(device)
+        if device.type in (self.name, "cpu"):
+            return self
+        return super()._get_backend(device)
+
     def shutdown(self) -> None:
         """destroy_process_group's call: the group's threads (completion,
         vendor slot) end here, after the jobs queued on them (Note
@@ -912,6 +1150,7 @@ class ProcessGroup(dist.ProcessGroup):
         if native is not None:
             native.close()
         self._done.close()
+        self._failures.release()  # the failed signals: their streams recover
         super().shutdown()
 
     def host_visible(self, index: int) -> bool:
@@ -957,91 +1196,154 @@ class ProcessGroup(dist.ProcessGroup):
                 s()
         return run
 
-    def _agree(self, what: str, tensor, numel=None, failed=False, op=None, root=None,
-               splits=None):
-        """Refuses a collective whose ranks disagree on the tensor's dtype or
-        element count, on the reduce `op` or on the `root` rank (gloo itself
-        aborts the process on a size mismatch, and the vendor slot's choice
-        depends on these: Note [The vendor collective slot]): a small
-        allgather of each rank's (dtype, count, failed, op, root) first, on a
-        gloo group of its own, so every rank raises the same ValueError,
-        naming the collective and the values. A rank whose own checks
-        `failed` takes part too, and the others raise naming it (it raises
-        its own error). `splits` (all_to_all_single: this rank's output and
-        input splits in elements, one per rank each) join the row, and every
-        rank checks that each rank sends each peer what that peer expects
-        (gloo aborts the process otherwise). Off when `check_agreement` is
-        False."""
+    # The collectives the agreement tells apart, by their names in errors.
+    _KINDS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+              "reduce_scatter", "reduce_scatter_tensor", "all_to_all_single")
+    # A row of the agreement: the collective, its number, the tensor's dtype
+    # and element count, this rank's state, the reduce op, the root rank,
+    # and whether splits follow (all_to_all_single).
+    _ROW = 8
+    _OK, _REFUSED = 0, 1
+
+    def _agree(self, what: str, tensor, numel=None, state=0, op=None, root=None,
+               splits=None, seq=0):
+        """Refuses a collective whose ranks disagree on the collective, its
+        number in the group, the tensor's dtype or element count, the reduce
+        `op` or the `root` rank (gloo itself aborts the process on a size
+        mismatch, and the vendor slot's choice depends on these: Note [The
+        vendor collective slot]): a small allgather of each rank's row of
+        fixed width first, on a gloo group of its own, so every rank raises
+        the same ValueError, naming the collective and the values. A rank
+        whose own checks failed (`state` _REFUSED) takes part too, and the
+        others raise naming it (it raises its own error). `splits` (all_to_all_single: this rank's
+        output and input splits in elements, one per rank each) go in a
+        second allgather once every rank agreed that the collective is
+        all_to_all_single, and every rank checks that each rank sends each
+        peer what that peer expects (gloo aborts the process otherwise).
+        Off when `check_agreement` is False."""
         if not self.check_agreement or self._size == 1:
             return
         numel = tensor.numel() if numel is None else numel
         code = -1 if op is None else list(_REDUCE_NAMES.values()).index(_op_name(op)) \
             if _op_name(op) in _REDUCE_NAMES.values() else len(_REDUCE_NAMES)
-        extra = [] if splits is None else (
-            [0] * (2 * self._size) if failed else [int(n) for n in splits])
-        mine = torch.tensor([_dtype_code(tensor.dtype), numel, int(failed), code,
-                             -1 if root is None else root] + extra, dtype=torch.int64)
-        width = 5 + len(extra)
-        every = torch.empty(width * self._size, dtype=torch.int64)
-        try:
-            self._check_gloo._allgather_base(every, mine).wait()
-        except RuntimeError as e:
-            raise _on_gloo_failed(self.name, f"{what} (the ranks' agreement)", e) from e
-        rows = every.view(self._size, width).tolist()
-        if failed:
+        kind = self._KINDS.index(what) if what in self._KINDS else len(self._KINDS)
+        mine = torch.tensor([kind, seq, _dtype_code(tensor.dtype), numel, state, code,
+                             -1 if root is None else root, int(splits is not None)],
+                            dtype=torch.int64)
+        rows = self._allgather_rows(what, mine)
+        if state != self._OK:
             return  # the caller raises this rank's own error
-        refused = [i for i, r in enumerate(rows) if r[2]]
+        refused = [i for i, r in enumerate(rows) if r[4] == self._REFUSED]
         if refused:
             raise ValueError(f"{self.name}: {what}: rank(s) {', '.join(map(str, refused))} "
                              "refused the collective (their own error says why)")
-        if any(r[3] != rows[0][3] for r in rows):
+
+        def kind_name(c):
+            return self._KINDS[c] if 0 <= c < len(self._KINDS) else "another collective"
+        if any(r[0] != rows[0][0] for r in rows):
+            raise ValueError(f"{self.name}: {what}: the ranks' collectives disagree: "
+                             + ", ".join(f"rank {i} calls {kind_name(r[0])}"
+                                         for i, r in enumerate(rows)))
+        if any(r[1] != rows[0][1] for r in rows):
+            raise ValueError(f"{self.name}: {what}: the ranks disagree on how many collectives "
+                             "the group ran before this one (a collective called on some "
+                             "ranks only): " + ", ".join(f"rank {i} calls its collective #{r[1]}"
+                                                        for i, r in enumerate(rows)))
+        if any(r[5] != rows[0][5] for r in rows):
             names = list(_REDUCE_NAMES.values())
 
             def opname(c):
                 return f"ReduceOp.{names[c]}" if 0 <= c < len(names) else "another op"
             raise ValueError(f"{self.name}: {what}: the ranks' reduce ops disagree: "
-                             + ", ".join(f"rank {i} has {opname(r[3])}"
+                             + ", ".join(f"rank {i} has {opname(r[5])}"
                                          for i, r in enumerate(rows)))
-        if any(r[4] != rows[0][4] for r in rows):
+        if any(r[6] != rows[0][6] for r in rows):
             raise ValueError(f"{self.name}: {what}: the ranks' root ranks disagree: "
-                             + ", ".join(f"rank {i} has root {r[4]}" for i, r in enumerate(rows)))
-        if extra:
-            n = self._size
-            outs = [r[5:5 + n] for r in rows]
-            ins = [r[5 + n:5 + 2 * n] for r in rows]
-            bad = [(i, j) for i in range(n) for j in range(n) if ins[i][j] != outs[j][i]]
-            if bad:
-                i, j = bad[0]
-                raise ValueError(
-                    f"{self.name}: {what}: the ranks' splits disagree (rank {i} sends "
-                    f"{ins[i][j]} elements to rank {j}, which expects {outs[j][i]}): "
-                    + ", ".join(f"rank {r} has input splits {ins[r]} and output splits "
-                                f"{outs[r]}" for r in range(n)) + " (in elements)")
-        rows = [r[:2] for r in rows]
-        if any(r != rows[0] for r in rows):
+                             + ", ".join(f"rank {i} has root {r[6]}" for i, r in enumerate(rows)))
+        if splits is not None:
+            self._agree_splits(what, splits)
+        pairs = [r[2:4] for r in rows]
+        if any(r != pairs[0] for r in pairs):
             def desc(r):
                 dt = _DTYPES[r[0]] if r[0] < len(_DTYPES) else "another dtype"
                 return f"{dt} x {r[1]}"
             raise ValueError(f"{self.name}: {what}: the ranks' tensors disagree: "
-                             + ", ".join(f"rank {i} has {desc(r)}" for i, r in enumerate(rows)))
+                             + ", ".join(f"rank {i} has {desc(r)}" for i, r in enumerate(pairs)))
+
+    def _allgather_rows(self, what, mine):
+        """Every rank's `mine` (one width on every rank), as lists. A failed
+        exchange fails the group (Note [A failed group]), quoting a failure
+        another rank published if there is one."""
+        width = mine.numel()
+        every = torch.empty(width * self._size, dtype=torch.int64)
+        try:
+            self._check_gloo._allgather_base(every, mine).wait()
+        except RuntimeError as e:
+            error = self._published.quoted(
+                self.name, _on_gloo_failed(self.name, f"{what} (the ranks' agreement)", e))
+            self._failures.fail(error)
+            raise error from e
+        return every.view(self._size, width).tolist()
+
+    def _agree_splits(self, what, splits):
+        """all_to_all_single's splits, once every rank agreed on the
+        collective: each rank sends each peer what that peer expects."""
+        n = self._size
+        rows = self._allgather_rows(what, torch.tensor([int(x) for x in splits],
+                                                       dtype=torch.int64))
+        outs = [r[:n] for r in rows]
+        ins = [r[n:2 * n] for r in rows]
+        bad = [(i, j) for i in range(n) for j in range(n) if ins[i][j] != outs[j][i]]
+        if bad:
+            i, j = bad[0]
+            raise ValueError(
+                f"{self.name}: {what}: the ranks' splits disagree (rank {i} sends "
+                f"{ins[i][j]} elements to rank {j}, which expects {outs[j][i]}): "
+                + ", ".join(f"rank {r} has input splits {ins[r]} and output splits "
+                            f"{outs[r]}" for r in range(n)) + " (in elements)")
 
     def _checked(self, what: str, tensor, check, numel=None, op=None, root=None,
                  splits=None):
-        """Runs this rank's own checks (`check()`, which raises ValueError
-        and returns what the collective needs), then the ranks' agreement
-        (_agree), which a rank whose check failed joins too, so that no rank
-        is left waiting for it: every rank raises."""
-        self._failures.raise_first(self.name)
+        """Runs this rank's own checks (`check()`, which raises ValueError or,
+        for an overlapping output, RuntimeError, and returns what the
+        collective needs), then the ranks' agreement (_agree), which a rank
+        whose check failed joins too, so that no rank is left waiting for
+        it: every rank raises. A failed group raises its failure at once
+        (Note [A failed group]). Gives the collective its number in the
+        group (Note [The vendor collective slot])."""
+        self._raise_failure()
+        seq = next(self._seq)
+        self._tls.seq = seq
+        result, failed = None, None
         try:
-            result, failed = check(), None
-        except ValueError as e:
-            result, failed = None, e
-        self._agree(what, tensor, numel, failed=failed is not None, op=op, root=root,
-                    splits=None if splits is None else splits(result) if failed is None
+            result = check()
+        except (ValueError, RuntimeError) as e:
+            failed = e
+        state = self._OK if failed is None else self._REFUSED
+        self._agree(what, tensor, numel, state=state, op=op, root=root, seq=seq,
+                    splits=None if splits is None else splits(result) if state == self._OK
                     else [])
         if failed is not None:
             raise failed
+        self._tls.agreed = True
         return result
+
+    def _raise_failure(self):
+        """Raises the group's failure, if it failed (Note [A failed
+        group])."""
+        failure = self._failures.raised()
+        if failure is not None:
+            raise failure
+
+    def _unchecked(self, numbered=True):
+        """The start of a collective without an agreement (gather, scatter,
+        barrier; send and recv, `numbered` False: one rank's send is
+        another's receive): raises the group's failure, and gives the
+        collective its number."""
+        self._raise_failure()
+        if numbered:
+            self._tls.seq = next(self._seq)
+        self._tls.agreed = True
 
     # Note [The start on the group's thread]
     # A collective starts after the work queued on the current stream of its
@@ -1082,8 +1384,10 @@ class ProcessGroup(dist.ProcessGroup):
     # waited for by the next one that is not a send or receive, the rule
     # holds across any run of collectives. The earlier ones' errors are left
     # to their own wait(). The calling thread does not wait.
-    # (A failure of a collective whose wait() had returned is raised by the
-    # next call: Note [wait() on the stream].)
+    # (A failure of a collective fails the group: Note [A failed group].)
+    # The start waits for the stream's work at most the group's timeout
+    # (_wait_ready): a stream held up forever fails the collective, as a
+    # peer that never comes does.
     def _ready_event(self, host):
         """An event recorded on the current stream of the collective's
         device, or None when the stream is idle (or the tensors are on the
@@ -1096,9 +1400,9 @@ class ProcessGroup(dist.ProcessGroup):
                 return None
             return stream.record_event()
         except RuntimeError:
-            # The stream's asynchronous error: a collective's failure that
-            # completed its signal with an error is the cause to report.
-            self._failures.raise_first(self.name)
+            # The stream's error: a collective's failure that completed its
+            # signal with an error is the cause to report.
+            self._failures.check()
             raise
 
     def _launch(self, host, result, gloo=None, native=None, post=None, p2p=False, what="",
@@ -1110,6 +1414,7 @@ class ProcessGroup(dist.ProcessGroup):
         the collective's name, for gloo's errors; `writes`: a receive (into
         `result`)."""
         finish = host.finish if post is None else self._chain(post, host.finish)
+        what = what or getattr(native, "collective", "")
         fut = torch.futures.Future()
         work = _Work(fut)._bind(host.device if host.on_device else None, self._failures,
                                 self.stream_wait)
@@ -1120,6 +1425,7 @@ class ProcessGroup(dist.ProcessGroup):
         outside = native is not None or bool(host.fills)
         done = self._done
         connection = self.native if native is not None else None
+        published = self._published
         timeout_s = self._timeout_s
         name = self.name
         with self._starter.lock:
@@ -1143,7 +1449,7 @@ class ProcessGroup(dist.ProcessGroup):
 
             def start():
                 if ready is not None:
-                    ready.synchronize()
+                    _wait_ready(ready, timeout_s, name, what)
                 for w in waits:
                     try:
                         w._wait_host()
@@ -1153,7 +1459,7 @@ class ProcessGroup(dist.ProcessGroup):
                 if connection is not None:
                     connection.run(native, finish, fut, result)
                     return
-                job = _gloo_job(gloo, finish, name, what)
+                job = _gloo_job(gloo, finish, name, what, published)
                 if p2p:
                     # On a thread of its own: a receive waits for its peer,
                     # whose send may come only after collectives of this rank
@@ -1182,11 +1488,12 @@ class ProcessGroup(dist.ProcessGroup):
         return opts.timeout.total_seconds() if getattr(opts, "timeout", None) is not None else -1
 
     # -- collectives
+    @_collective
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
         op = opts.reduceOp
         host, gloo_op = self._checked("all_reduce", tensors[0], lambda: (
-            _Host(self, tensors), self._reduce_op(op, tensors)), op=op)
+            _Host(self, tensors, tensors, "all_reduce"), self._reduce_op(op, tensors)), op=op)
         for t in tensors[1:]:
             self._agree("all_reduce", t, op=op)
         cpu = [host.get(t) for t in tensors]
@@ -1194,7 +1501,8 @@ class ProcessGroup(dist.ProcessGroup):
             if len(tensors) == 1 else None
         if native is not None:
             return self._launch(host, tensors, native=native.call(
-                "all_reduce", cpu, cpu[0], _op_name(op), timeout_s=self._timeout(opts)))
+                "all_reduce", cpu, self._tls.seq, cpu[0], _op_name(op),
+                timeout_s=self._timeout(opts)))
         o = dist.AllreduceOptions()
         o.reduceOp = gloo_op
         o.timeout = opts.timeout
@@ -1208,10 +1516,12 @@ class ProcessGroup(dist.ProcessGroup):
         return _all_of(works, tensors)._bind(works[0]._device if works else None,
                                               self._failures, self.stream_wait)
 
+    @_collective
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else dist.BroadcastOptions()
-        host = self._checked("broadcast", tensors[0], lambda: _Host(self, tensors),
-                             root=opts.rootRank)
+        host = self._checked("broadcast", tensors[0], lambda: _Host(
+            self, tensors, tensors if opts.rootRank != self._rank else (), "broadcast"),
+            root=opts.rootRank)
         for t in tensors[1:]:
             self._agree("broadcast", t, root=opts.rootRank)
         root = opts.rootRank == self._rank
@@ -1219,15 +1529,18 @@ class ProcessGroup(dist.ProcessGroup):
         native = self._native_for("broadcast", "", tensors[0].dtype) if len(tensors) == 1 else None
         if native is not None:
             return self._launch(host, tensors, native=native.call(
-                "broadcast", cpu, cpu[0], opts.rootRank, timeout_s=self._timeout(opts)))
+                "broadcast", cpu, self._tls.seq, cpu[0], opts.rootRank,
+                timeout_s=self._timeout(opts)))
         gloo = self.gloo
         return self._launch(host, tensors, what="broadcast", gloo=lambda: gloo.broadcast(cpu, opts))
 
+    @_collective
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
         op = opts.reduceOp
         host, gloo_op = self._checked("reduce", tensors[0], lambda: (
-            _Host(self, tensors), self._reduce_op(op, tensors)), op=op, root=opts.rootRank)
+            _Host(self, tensors, tensors if opts.rootRank == self._rank else (), "reduce"),
+            self._reduce_op(op, tensors)), op=op, root=opts.rootRank)
         for t in tensors[1:]:
             self._agree("reduce", t, op=op, root=opts.rootRank)
         root = opts.rootRank == self._rank
@@ -1236,7 +1549,7 @@ class ProcessGroup(dist.ProcessGroup):
             if len(tensors) == 1 else None
         if native is not None:
             return self._launch(host, tensors, native=native.call(
-                "reduce", cpu, cpu[0], opts.rootRank, _op_name(op),
+                "reduce", cpu, self._tls.seq, cpu[0], opts.rootRank, _op_name(op),
                 timeout_s=self._timeout(opts)))
         o = dist.ReduceOptions()
         o.reduceOp, o.rootRank, o.rootTensor, o.timeout = gloo_op, opts.rootRank, opts.rootTensor, opts.timeout
@@ -1245,11 +1558,13 @@ class ProcessGroup(dist.ProcessGroup):
         return self._launch(host, tensors, what="reduce",
                             gloo=lambda: gloo.reduce(cpu, o), post=post)
 
+    @_collective
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
 
         def check():
-            host = _Host(self, list(inputs) + [t for ts in output_lists for t in ts])
+            outs = [t for ts in output_lists for t in ts]
+            host = _Host(self, list(inputs) + outs, outs, "all_gather")
             for ts, t in zip(output_lists, inputs):
                 if len(ts) != self._size or any(o.numel() != t.numel() or o.dtype != t.dtype
                                                 for o in ts):
@@ -1274,16 +1589,18 @@ class ProcessGroup(dist.ProcessGroup):
                 for r, o in enumerate(outs):
                     o.copy_(flat[r * n:(r + 1) * n].view(o.shape))
             return self._launch(host, output_lists, native=native.call(
-                "all_gather", [flat], flat, cpu_in[0], timeout_s=self._timeout(opts)), post=split)
+                "all_gather", [flat], self._tls.seq, flat, cpu_in[0],
+                timeout_s=self._timeout(opts)), post=split)
         gloo = self.gloo
         return self._launch(host, output_lists, what="all_gather",
                             gloo=lambda: gloo.allgather(cpu_out, cpu_in, opts))
 
+    @_collective
     def _allgather_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
 
         def check():
-            host = _Host(self, [output, input])
+            host = _Host(self, [output, input], [output], "all_gather_into_tensor")
             if output.numel() != input.numel() * self._size:
                 raise ValueError(f"{self.name}: all_gather_into_tensor: the output has "
                                  f"{output.numel()} elements, expected {input.numel()} x "
@@ -1298,18 +1615,21 @@ class ProcessGroup(dist.ProcessGroup):
         native = self._native_for("all_gather", "", input.dtype)
         if native is not None:
             return self._launch(host, [output], native=native.call(
-                "all_gather", [cpu_out], cpu_out, cpu_in, timeout_s=self._timeout(opts)))
+                "all_gather", [cpu_out], self._tls.seq, cpu_out, cpu_in,
+                timeout_s=self._timeout(opts)))
         gloo = self.gloo
         return self._launch(host, [output], what="all_gather_into_tensor",
                             gloo=lambda: gloo._allgather_base(cpu_out, cpu_in, opts))
 
     all_gather_single = _allgather_base
 
+    @_collective
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         op = opts.reduceOp
         host, gloo_op = self._checked("reduce_scatter", outputs[0], lambda: (
-            _Host(self, list(outputs) + [t for ts in input_lists for t in ts]),
+            _Host(self, list(outputs) + [t for ts in input_lists for t in ts], outputs,
+                  "reduce_scatter"),
             self._reduce_op(op, list(outputs))), op=op)
         cpu_out = [host.get(t, read=False) for t in outputs]
         cpu_in = [[host.get(t, write=False) for t in ts] for ts in input_lists]
@@ -1321,12 +1641,13 @@ class ProcessGroup(dist.ProcessGroup):
                             gloo=lambda: gloo.reduce_scatter(cpu_out, cpu_in, o),
                             post=post)
 
+    @_collective
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         op = opts.reduceOp
 
         def check():
-            host = _Host(self, [output, input])
+            host = _Host(self, [output, input], [output], "reduce_scatter_tensor")
             if input.numel() != output.numel() * self._size:
                 raise ValueError(f"{self.name}: reduce_scatter_tensor: the input has "
                                  f"{input.numel()} elements, expected {output.numel()} x "
@@ -1341,7 +1662,7 @@ class ProcessGroup(dist.ProcessGroup):
         native = self._native_for("reduce_scatter", _op_name(op), input.dtype)
         if native is not None:
             return self._launch(host, [output], native=native.call(
-                "reduce_scatter", [cpu_out], cpu_out, cpu_in, _op_name(op),
+                "reduce_scatter", [cpu_out], self._tls.seq, cpu_out, cpu_in, _op_name(op),
                 timeout_s=self._timeout(opts)))
         o = dist.ReduceScatterOptions()
         o.reduceOp, o.timeout = gloo_op, opts.timeout
@@ -1353,6 +1674,7 @@ class ProcessGroup(dist.ProcessGroup):
 
     reduce_scatter_single = _reduce_scatter_base
 
+    @_collective
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         opts = opts if opts is not None else dist.AllToAllOptions()
         outs, ins = list(output_split_sizes), list(input_split_sizes)
@@ -1373,7 +1695,7 @@ class ProcessGroup(dist.ProcessGroup):
             return [int(n) * row for n in splits]
 
         def check():
-            host = _Host(self, [output, input])
+            host = _Host(self, [output, input], [output], "all_to_all_single")
             return host, elements(output, outs, "output"), elements(input, ins, "input")
         # The dtype (numel 0) and the splits, in elements.
         host, out_elems, in_elems = self._checked("all_to_all_single", input, check, numel=0,
@@ -1383,7 +1705,7 @@ class ProcessGroup(dist.ProcessGroup):
         native = self._native_for("all_to_all", "", input.dtype)
         if native is not None:
             return self._launch(host, [output], native=native.call(
-                "all_to_all", [cpu_out], cpu_out, cpu_in, out_elems, in_elems,
+                "all_to_all", [cpu_out], self._tls.seq, cpu_out, cpu_in, out_elems, in_elems,
                 timeout_s=self._timeout(opts)))
         gloo = self.gloo
         return self._launch(host, [output], what="all_to_all_single",
@@ -1392,60 +1714,68 @@ class ProcessGroup(dist.ProcessGroup):
 
     all_to_all_single = alltoall_base
 
+    @_collective
     def gather(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else dist.GatherOptions()
-        self._failures.raise_first(self.name)
-        host = _Host(self, list(inputs) + [t for ts in output_lists for t in ts])
+        self._unchecked()
+        outs = [t for ts in output_lists for t in ts]
+        host = _Host(self, list(inputs) + outs, outs, "gather")
         cpu_in = [host.get(t, write=False) for t in inputs]
         cpu_out = [[host.get(t, read=False) for t in ts] for ts in output_lists]
         gloo = self.gloo
         return self._launch(host, output_lists, what="gather",
                             gloo=lambda: gloo.gather(cpu_out, cpu_in, opts))
 
+    @_collective
     def scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
-        self._failures.raise_first(self.name)
-        host = _Host(self, list(outputs) + [t for ts in input_lists for t in ts])
+        self._unchecked()
+        host = _Host(self, list(outputs) + [t for ts in input_lists for t in ts], outputs,
+                     "scatter")
         cpu_out = [host.get(t, read=False) for t in outputs]
         cpu_in = [[host.get(t, write=False) for t in ts] for ts in input_lists]
         gloo = self.gloo
         return self._launch(host, outputs, what="scatter",
                             gloo=lambda: gloo.scatter(cpu_out, cpu_in, opts))
 
+    @_collective
     def send(self, tensors, dst: int, tag: int = 0):
-        self._failures.raise_first(self.name)
+        self._unchecked(numbered=False)
         host = _Host(self, tensors)
         cpu = [host.get(t, write=False) for t in tensors]
         gloo = self.gloo
         return self._launch(host, tensors, what="send",
                             gloo=lambda: gloo.send(cpu, dst, tag), p2p=True)
 
+    @_collective
     def recv(self, tensors, src: int, tag: int = 0):
-        self._failures.raise_first(self.name)
-        host = _Host(self, tensors)
+        self._unchecked(numbered=False)
+        host = _Host(self, tensors, tensors, "recv")
         cpu = [host.get(t, read=False) for t in tensors]
         gloo = self.gloo
         return self._launch(host, tensors, what="recv",
                             gloo=lambda: gloo.recv(cpu, src, tag), p2p=True,
                             writes=True)
 
+    @_collective
     def recv_anysource(self, tensors, tag: int = 0):
-        self._failures.raise_first(self.name)
-        host = _Host(self, tensors)
+        self._unchecked(numbered=False)
+        host = _Host(self, tensors, tensors, "recv")
         cpu = [host.get(t, read=False) for t in tensors]
         gloo = self.gloo
         return self._launch(host, tensors, what="recv",
                             gloo=lambda: gloo.recv_anysource(cpu, tag), p2p=True,
                             writes=True)
 
+    @_collective
     def barrier(self, opts=None):
         opts = opts if opts is not None else dist.BarrierOptions()
-        self._failures.raise_first(self.name)
+        self._unchecked()
         host = _Host(self, [])
         native = self._native_for("barrier", "", torch.uint8)
         if native is not None:
             return self._launch(host, [], native=native.call(
-                "barrier", [], timeout_s=self._timeout(opts)))
+                "barrier", [], self._tls.seq, timeout_s=self._timeout(opts)))
         gloo = self.gloo
         return self._launch(host, [], what="barrier", gloo=lambda: gloo.barrier(opts))
 

@@ -816,16 +816,19 @@ def _dead_rank(rank, store_path, native, collective):
     else:
         err = None
     took = time.monotonic() - t0
-    # The stream that waited for the failed collective reports it too (Note
-    # [wait() on the stream]), once.
-    try:
-        torch.accelerator.synchronize(dev)
-    except Exception as e:  # noqa: BLE001  the error is the result
-        stream_err = f"{type(e).__name__}: {e}"
-    else:
-        stream_err = None
-    torch.accelerator.synchronize(dev)
-    return (err, took, calls, stream_err, own)
+    # The stream that waited for the failed collective reports it too, at
+    # every synchronize until the group is destroyed (Note [Failed waits]).
+    stream_errs = []
+    for _ in range(2):
+        try:
+            torch.accelerator.synchronize(dev)
+        except Exception as e:  # noqa: BLE001  the error is the result
+            stream_errs.append(f"{type(e).__name__}: {e}")
+        else:
+            stream_errs.append(None)
+    dist.destroy_process_group()
+    torch.accelerator.synchronize(dev)  # the failure went with the group
+    return (err, took, calls, stream_errs, own)
 
 
 @pytest.mark.parametrize("native,collective", [
@@ -841,8 +844,9 @@ def test_dead_rank_fails_within_timeout(tmp_path, native, collective):
     collective and the rank that exited), rank 1 dies while rank 0's
     collective waits for it, after that collective's wait() made the stream
     wait and returned: the error comes from the work's wait with a timeout
-    (which blocks the calling thread), from rank 0's next call and from its
-    stream (Note [wait() on the stream]); on gloo, rank 1 dies inside an
+    (which blocks the calling thread), from rank 0's next call (the group
+    failed: Note [A failed group]) and from its stream until the group is
+    destroyed (Note [Failed waits]); on gloo, rank 1 dies inside an
     all_reduce and the agreement check's allgather (or gloo's collective)
     meets the dead peer: the error names the backend and the collective."""
     ctx = multiprocessing.get_context("spawn")
@@ -860,19 +864,22 @@ def test_dead_rank_fails_within_timeout(tmp_path, native, collective):
             if p.is_alive():
                 p.kill()
     assert (rank, status) == (0, "ok"), out
-    err, took, calls, stream_err, own = out
+    err, took, calls, stream_errs, own = out
     assert err is not None and took < 20, out
     if native:
         named = f"simdev_collectives: {collective}: rank 1"
         assert own is not None and own.startswith("RuntimeError") and named in own \
             and "exited in the middle of the collective" in own, out
-        assert err.startswith("RuntimeError") and named in err \
-            and "exited in the middle of the collective" in err, out
+        assert named in err and "exited in the middle of the collective" in err, out
         # The collective's wait() made the stream wait and returned; its
-        # failure came from the next call, and from the stream.
-        assert calls == 1 and "after its work's wait() had returned" in err, out
-        assert stream_err is not None and stream_err.startswith("RuntimeError") \
-            and "stream_wait_signal" in stream_err and "error 1" in stream_err, out
+        # failure failed the group (every later call raises it), and the
+        # stream reports it at every synchronize.
+        assert calls == 1 and err.startswith("DistBackendError") \
+            and "the process group failed in an earlier collective" in err, out
+        for stream_err in stream_errs:
+            assert stream_err is not None and stream_err.startswith("RuntimeError") \
+                and "waited for work on the host that failed" in stream_err \
+                and named in stream_err, out
     else:
         # gloo's error (from the agreement or the collective), naming the
         # backend and the collective.
