@@ -89,6 +89,27 @@ def _spawn(fn, tmp_path, args=(), timeout=90, world=WORLD):
     return results
 
 
+def _rank0_with_rank1_dying(fn, tmp_path, args=(), timeout=90):
+    """Runs fn(rank, store_path, *args) in two fresh processes, rank 1 of
+    which exits without a result; returns rank 0's result and both exit
+    codes."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    store_path = str(tmp_path / "store")
+    procs = [ctx.Process(target=_entry, args=(fn, r, store_path, queue, args)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        rank, status, out = queue.get(timeout=timeout)
+    finally:
+        for p in procs:
+            p.join(timeout=20)
+            if p.is_alive():
+                p.kill()
+    assert (rank, status) == (0, "ok"), out
+    return out, [p.exitcode for p in procs]
+
+
 # ---------------------------------------------------------------- collectives
 def _collectives(rank, store_path):
     _init(store_path, rank)
@@ -849,21 +870,7 @@ def test_dead_rank_fails_within_timeout(tmp_path, native, collective):
     destroyed (Note [Failed waits]); on gloo, rank 1 dies inside an
     all_reduce and the agreement check's allgather (or gloo's collective)
     meets the dead peer: the error names the backend and the collective."""
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    store_path = str(tmp_path / "store")
-    procs = [ctx.Process(target=_entry, args=(_dead_rank, r, store_path, queue,
-                                              (native, collective))) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        rank, status, out = queue.get(timeout=90)
-    finally:
-        for p in procs:
-            p.join(timeout=20)
-            if p.is_alive():
-                p.kill()
-    assert (rank, status) == (0, "ok"), out
+    out, codes = _rank0_with_rank1_dying(_dead_rank, tmp_path, (native, collective))
     err, took, calls, stream_errs, own = out
     assert err is not None and took < 20, out
     if native:
@@ -885,7 +892,7 @@ def test_dead_rank_fails_within_timeout(tmp_path, native, collective):
         # backend and the collective.
         assert err.startswith(("RuntimeError", "DistBackendError")) \
             and "simdev: all_reduce" in err and " on gloo failed: " in err, out
-    assert procs[1].exitcode == 3
+    assert codes[1] == 3
 
 
 # ----------------------------------------------------------------------- FSDP2

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import torch_simdev  # noqa: F401
-from test_distributed import _group, _init, _spawn
+from test_distributed import _group, _init, _rank0_with_rank1_dying, _spawn
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
 
@@ -113,7 +113,7 @@ def _consumed_elsewhere(rank, store_path, stream_wait):
     if rank == 1:
         # Agrees to the all_reduce, but its start waits for a held stream;
         # it dies once rank 0's wait() has returned.
-        gate = torch.ops.simdev_driver.hold(torch.accelerator.current_stream(dev))
+        torch.ops.simdev_driver.hold(torch.accelerator.current_stream(dev))  # kept by the driver
         dist.all_reduce(x, async_op=True)
         store.get("consumed/waited")
         os._exit(3)
@@ -147,23 +147,7 @@ def test_a_failed_collective_reaches_its_own_thread(tmp_path, stream_wait):
     output: it gets the collective's failure (it read [1.0] * 4, unreduced,
     with no error), and so does every later synchronize of the stream until
     the group is destroyed. With ACCELKIT_STREAM_WAIT=0, wait() raises."""
-    import multiprocessing
-    from test_distributed import _entry
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    store_path = str(tmp_path / "store")
-    procs = [ctx.Process(target=_entry, args=(_consumed_elsewhere, r, store_path, queue,
-                                              (stream_wait,))) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        rank, status, out = queue.get(timeout=90)
-    finally:
-        for p in procs:
-            p.join(timeout=20)
-            if p.is_alive():
-                p.kill()
-    assert (rank, status) == (0, "ok"), out
+    out, _ = _rank0_with_rank1_dying(_consumed_elsewhere, tmp_path, (stream_wait,))
     success, error, other, read, again, pg_error, after = out
     assert not success
     if stream_wait:
