@@ -400,8 +400,9 @@ print('cpu', q.get(timeout=30).tolist())
 def test_a_stream_waits_for_a_host_signal_through_the_backends_operators():
     """Note [Host signals]: the backend's operators (what accelkit.distributed
     uses): work queued after a stream's wait runs once the host completes the
-    signal; a failed signal is the stream's error, once; destroying a signal
-    a stream still waits for is a clear error, and the signal stays usable."""
+    signal; a failed signal is the stream's error until the signal is
+    destroyed; destroying a signal a stream still waits for is a clear
+    error, and the signal stays usable."""
     assert OPS.stream_signals()
     s = torch.Stream(device=DEV)
     x = torch.zeros(1 << 16, device=DEV)
@@ -421,11 +422,15 @@ def test_a_stream_waits_for_a_host_signal_through_the_backends_operators():
     OPS.signal_destroy(0, g)
     f = OPS.signal_create(0)
     OPS.stream_wait_signal(s, f)
-    OPS.signal_complete(0, f, 9)
-    with pytest.raises(RuntimeError, match="simdev.*stream_wait_signal.*error 9"):
-        s.synchronize()
-    s.synchronize()  # once
+    OPS.signal_complete(0, f, 9, "the collective's cause")
+    # Note [Failed waits]: the stream stays failed while the signal lives.
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="simdev: stream_synchronize: stream .* waited for "
+                                               "work on the host that failed .*error 9.*the "
+                                               "collective's cause"):
+            s.synchronize()
     OPS.signal_destroy(0, f)
+    s.synchronize()
     with pytest.raises(RuntimeError, match="simdev.*not a live signal"):
         OPS.signal_complete(0, f, 0)
     # The SDK's own stream: not a pool stream, the same one each time.
