@@ -71,7 +71,11 @@ struct CopyOps : HostAccess<R> {
   // into a destination whose elements overlap each other, or between
   // elements that partly overlap, raises PyTorch's own overlap error, where
   // PyTorch's check can tell (dense ranges; strided ones it calls too hard
-  // to tell, and copies, as the CPU does).
+  // to tell, and copies, as the CPU does). Such a copy between two tensors
+  // of one storage runs as the CPU's copy_ on one host image of the storage
+  // (the host's view of it, or a copy of it when the host cannot reach it
+  // now), so an element written before another reads it is read as the CPU
+  // reads it, not as a copy of the whole source would give it.
   // PyTorch hands a backend's copies to _copy_from before its own checks,
   // and a driver given overlapping ranges may refuse them (OpenCL: -8,
   // CL_MEM_COPY_OVERLAP) or copy them in any order.
@@ -111,6 +115,17 @@ struct CopyOps : HostAccess<R> {
         }
         if (dev(self) == dev(dst) && dst.sizes() == self.sizes() && host_ready(dev(self))) {
           host_view(dst).copy_(host_view(self));
+          return dst;
+        }
+        if (dev(self) == dev(dst) && self.is_alias_of(dst)) {
+          // Note [Copies within one tensor's memory]: one host image of the storage.
+          HostAccess<R>::through_cpu(dst, [&](const at::Tensor& view) {
+            char* base = static_cast<char*>(view.data_ptr()) -
+                         dst.storage_offset() * dst.element_size();
+            view.copy_(at::from_blob(base + self.storage_offset() * self.element_size(),
+                                     self.sizes(), self.strides(),
+                                     self.options().device(at::kCPU)));
+          });
           return dst;
         }
         from_cpu(dst, to_cpu(self));

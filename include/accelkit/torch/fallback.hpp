@@ -2,13 +2,15 @@
 // kernel through PyTorch's CPU kernel (Fallback<R> and fallback<R>): its
 // policy, block list and report (Note [CPU fallback policy]), the CPU kernel
 // on device memory or on copies in the same layouts (Notes [Zero-copy
-// fallback] and [Layout-keeping fallback]), the one-device check, and the
-// devices' generators (Note [Device generators]).
+// fallback] and [Layout-keeping fallback]) and with the same aliasing
+// (HostImage<R>, Note [One host storage per device storage]), the one-device
+// check, and the devices' generators (Note [Device generators]).
 #pragma once
 
 #include <accelkit/torch/adapter.hpp>
 #include <accelkit/torch/host_access.hpp>
 #include <accelkit/torch/sparse.hpp>
+#include <accelkit/torch/storage.hpp>
 
 #include <ATen/MemoryOverlap.h>
 
@@ -40,6 +42,165 @@ inline void check_same_device(const c10::Device& first, const c10::Device& other
               "Expected all tensors to be on the same device, but found at least two devices, ",
               first, " and ", other, "! (in ", op, ")");
 }
+
+// Note [One host storage per device storage]
+// PyTorch's CPU kernels refuse an out= tensor that partly overlaps an input,
+// or whose own elements overlap (an expanded tensor), and let a full overlap
+// through (torch.add(a, b, out=a), x.mul_(x)): at::assert_no_partial_overlap,
+// assert_no_overlap and assert_no_internal_overlap (ATen/MemoryOverlap.h)
+// compare the tensors' storages, addresses and strides. A CPU tensor made
+// for each device tensor on its own would hide every overlap from them, and
+// the kernel would then write through one tensor what it reads through the
+// other (garbage on shared memory, copy semantics on copies).
+// So the fallback gives the CPU kernel the device tensors' aliasing as it
+// is: each device storage the operator's tensors use becomes one CPU
+// storage, and each tensor a CPU tensor over it with the device tensor's
+// own storage offset, sizes, strides and dtype (one tensor passed twice is
+// one CPU tensor). The CPU kernel sees what it would see on the CPU, and
+// refuses, with its own message, or allows exactly what the CPU does,
+// whatever the memory mode.
+// - Host-visible memory (direct or mapped): the CPU storage is the device
+//   storage's memory, from its base, with its byte size.
+// - Copies (host_access none): the CPU storage is new host memory, as large
+//   as the device storage, of which only the bytes the tensors span (each
+//   tensor's first element to its last, the spans merged) are copied in, at
+//   the same offsets; afterwards what the written tensors span is copied
+//   back. The memory is reserved, not touched, beyond those spans.
+// - Either way, a CPU storage the kernel moved to new memory (it resized an
+//   out= tensor past the storage's end) makes the device storage grow to
+//   that size, keeping its contents, and take what the written tensors
+//   span: every tensor of the storage, in the operator or not, sees the new
+//   memory, as every tensor of the CPU storage does on the CPU.
+// Limits: two device storages over the same memory (from_blob) are two CPU
+// storages, which PyTorch's checks take as disjoint, as they would on the
+// CPU. Copies: what a written tensor spans after the kernel is copied back
+// whole, so bytes of that span that the kernel did not write and that no
+// tensor spanned before (gaps of a tensor the kernel restrided onto new
+// bytes) take the host memory's contents.
+template <class R>
+class HostImage {
+ public:
+  explicit HostImage(bool visible) : visible_(visible) {}
+
+  // Records a device tensor of the operator (before any view()).
+  void add(const at::Tensor& t) {
+    Storage& s = storage_of(t);
+    if (s.first != t.unsafeGetTensorImpl()) shared_ = true;
+    if (t.numel() > 0) s.spans.push_back(span(t));
+  }
+  // Whether two distinct tensors of the operator share a device storage.
+  bool shared() const { return shared_; }
+
+  // Makes the CPU storages (copies: and copies the spans in).
+  void load(device_index d) {
+    d_ = d;
+    for (Storage& s : storages_) {
+      std::size_t n = s.device.nbytes();
+      c10::DataPtr data = visible_ ? c10::DataPtr(s.device.mutable_data(), c10::Device(c10::kCPU))
+                                   : c10::GetCPUAllocator()->allocate(n);
+      s.host = c10::Storage(c10::Storage::use_byte_size_t(), n, std::move(data),
+                            c10::GetCPUAllocator(), s.device.resizable());
+      s.host_data = s.host.data();
+      if (visible_) continue;
+      for (auto [begin, end] : merged(std::move(s.spans)))
+        copy(static_cast<char*>(s.host.mutable_data()) + begin,
+             static_cast<const char*>(s.device.data()) + begin, end - begin,
+             CopyKind::device_to_host);
+    }
+    if (copied_) finish();
+  }
+
+  // The CPU tensor of device tensor t (recorded with add()).
+  at::Tensor view(const at::Tensor& t) {
+    at::Tensor v = at::detail::make_tensor<c10::TensorImpl>(
+        c10::Storage(storage_of(t).host), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+    v.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    return v;
+  }
+
+  // The device storage whose CPU storage `host` (a CPU tensor after the
+  // kernel) is on, or nullptr.
+  const c10::Storage* device_storage(const at::Tensor& host) const {
+    if (!host.has_storage()) return nullptr;
+    for (const Storage& s : storages_)
+      if (s.host.unsafeGetStorageImpl() == host.storage().unsafeGetStorageImpl()) return &s.device;
+    return nullptr;
+  }
+
+  // After the kernel: each device storage takes what the written tensors
+  // (their CPU tensors, as the kernel left them) span where the device does
+  // not hold it already, growing first if the kernel moved its CPU storage.
+  void store(const std::vector<at::Tensor>& written) {
+    for (Storage& s : storages_) {
+      bool moved = s.host.data() != s.host_data || s.host.nbytes() != s.device.nbytes();
+      if (visible_ && !moved) continue;  // the kernel wrote device memory
+      std::vector<std::pair<std::size_t, std::size_t>> spans;
+      for (const at::Tensor& h : written)
+        if (h.numel() > 0 && h.has_storage() &&
+            h.storage().unsafeGetStorageImpl() == s.host.unsafeGetStorageImpl())
+          spans.push_back(span(h));
+      if (moved) translated([&] { StorageOps<R>::grow_storage(s.device, s.host.nbytes()); });
+      for (auto [begin, end] : merged(std::move(spans)))
+        copy(static_cast<char*>(s.device.mutable_data()) + begin,
+             static_cast<const char*>(s.host.data()) + begin, end - begin,
+             CopyKind::host_to_device);
+    }
+    if (copied_) finish();
+  }
+
+ private:
+  struct Storage {
+    c10::Storage device;
+    const c10::TensorImpl* first;  // the first tensor of it recorded
+    c10::Storage host;
+    const void* host_data = nullptr;  // the memory the kernel was given
+    std::vector<std::pair<std::size_t, std::size_t>> spans;  // bytes [begin, end)
+  };
+
+  // An operator has a few storages: a linear search.
+  Storage& storage_of(const at::Tensor& t) {
+    for (Storage& s : storages_)
+      if (s.device.unsafeGetStorageImpl() == t.storage().unsafeGetStorageImpl()) return s;
+    return storages_.emplace_back(Storage{t.storage(), t.unsafeGetTensorImpl()});
+  }
+  // The bytes of its storage from a tensor's first element to its last.
+  static std::pair<std::size_t, std::size_t> span(const at::Tensor& t) {
+    std::size_t begin = static_cast<std::size_t>(t.storage_offset()) * t.element_size();
+    return {begin,
+            begin + at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.element_size())};
+  }
+  static std::vector<std::pair<std::size_t, std::size_t>> merged(
+      std::vector<std::pair<std::size_t, std::size_t>> spans) {
+    std::sort(spans.begin(), spans.end());
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    for (auto sp : spans) {
+      if (!out.empty() && sp.first <= out.back().second)
+        out.back().second = std::max(out.back().second, sp.second);
+      else
+        out.push_back(sp);
+    }
+    return out;
+  }
+  // Queued on d's current stream, from or to pageable host memory; finish()
+  // waits for them.
+  void copy(void* dst, const void* src, std::size_t n, CopyKind kind) {
+    translated([&] {
+      State<R>::get().backend().memcpy_async(d_, dst, src, n, kind, HostAccess<R>::stream_of(d_),
+                                             /*host_pinned=*/false);
+    });
+    copied_ = true;
+  }
+  void finish() {
+    translated([&] { HostAccess<R>::sync(d_); });
+    copied_ = false;
+  }
+
+  bool visible_;
+  bool shared_ = false;
+  device_index d_ = 0;
+  bool copied_ = false;
+  std::vector<Storage> storages_;  // in the order met
+};
 
 // Note [CPU fallback policy]: every operator without a native kernel runs on
 // the CPU (inputs copied there, outputs copied back). <NAME>_FALLBACK
@@ -202,22 +363,26 @@ class Fallback {
   // length: Note [Map scopes]), the CPU kernel runs directly on device memory: the
   // current stream is synchronized (the kernel then runs, in effect, at its
   // place on that stream), every device tensor argument is replaced by a CPU
-  // tensor viewing the same memory, and results that are those views are
-  // mapped back to the device tensors. A new result (a functional operator's
-  // output) is copied to the device in the layout the kernel gave it.
+  // tensor viewing the same memory (one CPU storage per device storage: Note
+  // [One host storage per device storage]), and results that are those
+  // views are mapped back to the device tensors. A new result (a functional
+  // operator's output) is copied to the device in the layout the kernel
+  // gave it.
   //
   // Note [Layout-keeping fallback]: without host-visible memory the same
-  // path runs on copies: each device tensor argument's memory, from its
-  // first element to its last, is copied to the CPU and viewed there with
-  // the tensor's own strides, offset and math bits; the arguments the
-  // operator writes are copied back afterwards. The CPU kernel thus sees
-  // exactly the layouts it would see on the CPU (a conjugate view stays
-  // one, a transposed slice stays one), and computes bit for bit as there;
-  // a copy that resolved them would let BLAS round differently. Arguments
-  // that view less than a quarter of a range above 1 MiB take the
-  // compacting copy of at::native::cpu_fallback instead, as do
-  // operators with no device tensor, or with tensors of other devices or
-  // device types.
+  // path runs on copies: the bytes each device tensor argument spans, from
+  // its first element to its last, are copied to the CPU at their offsets in
+  // a CPU storage standing for the device storage, and the tensor viewed
+  // there with its own strides, offset and math bits; what the arguments
+  // the operator writes span is copied back afterwards. The CPU kernel thus
+  // sees exactly the layouts, and the aliasing, it would see on the CPU (a
+  // conjugate view stays one, a transposed slice stays one, an out= over
+  // its input stays one), and computes bit for bit as there; a copy that
+  // resolved them would let BLAS round differently. When no two arguments
+  // share a device storage, arguments that view less than a quarter of a
+  // range above 1 MiB take the compacting copy of at::native::cpu_fallback
+  // instead, as do operators with no device tensor, or with tensors of
+  // other devices or device types.
   bool on_cpu(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
     // A result that aliases an input (a view) cannot be mapped back; such
     // operators take at::native::cpu_fallback, which refuses them clearly.
@@ -226,6 +391,8 @@ class Fallback {
     const auto& arguments = op.schema().arguments();
     std::size_t first = stack.size() - arguments.size();
     std::optional<c10::Device> device;
+    // f(tensor) for each tensor argument, in lists too (an optional-tensor
+    // list's absent entries skipped), until f says no.
     auto each_tensor = [&](auto&& f) {
       for (std::size_t i = first; i < stack.size(); ++i) {
         const c10::IValue& v = stack[i];
@@ -234,8 +401,14 @@ class Fallback {
         } else if (v.isTensorList()) {
           for (const at::Tensor& t : v.toTensorVector())
             if (!f(t)) return false;
-        } else if (v.isList() || v.isDevice()) {
-          return false;  // optional-tensor lists and device arguments: copying path
+        } else if (v.isOptionalTensorList()) {  // index, index_put_
+          for (const std::optional<at::Tensor>& t : v.toOptionalTensorVector())
+            if (t && !f(*t)) return false;
+        } else if (v.isList()) {  // sizes, dims, scalars: as they are
+          for (const c10::IValue& e : v.toListRef())
+            if (e.isTensor()) return false;  // tensors in another kind of list: copying path
+        } else if (v.isDevice()) {
+          return false;  // the operator says where its results go: copying path
         }
       }
       return true;
@@ -251,37 +424,35 @@ class Fallback {
     // Mapped memory is mapped for the CPU kernel's length (Note [Map scopes]).
     std::optional<MapScope<R>> maps;
     bool visible = translated([&] { return HostAccess<R>::host_reachable_ready(d); });
+    // The device tensors by storage (Note [One host storage per device storage]).
+    HostImage<R> image(visible);
+    each_tensor([&](const at::Tensor& t) {
+      if (t.defined() && t.device().type() == kDeviceType) image.add(t);
+      return true;
+    });
     if (visible) {
-      // Every storage the operator touches, largest first (Note [Map scopes]).
+      // Every storage the operator touches, largest first (Note [Map scopes]);
+      // a tensor without elements too, which the kernel may resize within
+      // its storage.
       maps.emplace(d);
       std::vector<at::Tensor> touched;
       each_tensor([&](const at::Tensor& t) {
-        if (t.defined() && t.numel() > 0) touched.push_back(t);
+        if (t.defined() && t.device().type() == kDeviceType && t.storage().nbytes() > 0)
+          touched.push_back(t);
         return true;
       });
       translated([&] { maps->add_all(touched); });
-    }
-    // The bytes from a tensor's first element to its last.
-    auto extent = [](const at::Tensor& t) {
-      return at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.element_size());
-    };
-    if (!visible && !each_tensor([&](const at::Tensor& t) {
-          return !t.defined() || t.device().type() != kDeviceType || t.numel() == 0 ||
-                 extent(t) <= std::max<std::size_t>(4 * t.nbytes(), std::size_t{1} << 20);
-        }))
+    } else if (!image.shared() && !each_tensor([&](const at::Tensor& t) {
+                 if (!t.defined() || t.device().type() != kDeviceType || t.numel() == 0)
+                   return true;
+                 std::size_t extent = at::detail::computeStorageNbytes(t.sizes(), t.strides(),
+                                                                       t.element_size());
+                 return extent <= std::max<std::size_t>(4 * t.nbytes(), std::size_t{1} << 20);
+               })) {
       return false;
+    }
+    image.load(d);
 
-    struct Alias {
-      at::Tensor device_tensor;
-      at::Tensor host_view;
-      void* ptr;
-      at::Tensor device_range;  // without host-visible memory: the range copied, if written
-      at::Tensor host_range;    // and its copy
-    };
-    std::vector<Alias> aliases;
-    // A CPU tensor over the same memory (or a copy of it), whose storage the
-    // CPU kernel may still resize (onto new CPU memory, copied back
-    // afterwards).
     // The tensors the operator writes (out= and in-place arguments).
     std::set<const c10::TensorImpl*> written;
     for (std::size_t i = first; i < stack.size(); ++i) {
@@ -291,36 +462,22 @@ class Fallback {
       if (stack[i].isTensorList())
         for (const at::Tensor& t : stack[i].toTensorVector()) written.insert(t.unsafeGetTensorImpl());
     }
+    struct Alias {
+      at::Tensor device_tensor;
+      at::Tensor host_view;
+    };
+    std::vector<Alias> aliases;
     auto alias_of = [&](const at::Tensor& t) -> at::Tensor {
       if (!t.defined() || t.device().type() != kDeviceType) return t;
-      for (const Alias& a : aliases)  // one tensor passed twice (x.mul_(x)): one view
+      for (const Alias& a : aliases)  // one tensor passed twice (x.mul_(x)): one CPU tensor
         if (a.device_tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return a.host_view;
-      at::Tensor view, device_range, host_range;
-      if (t.numel() == 0) {
-        view = at::empty(t.sizes(), t.options().device(at::kCPU));
-      } else if (visible) {  // mapped above
-        c10::Storage storage(c10::Storage::use_byte_size_t(), extent(t),
-                             c10::DataPtr(t.data_ptr(), c10::Device(c10::kCPU)),
-                             c10::GetCPUAllocator(), /*resizable=*/true);
-        view = at::detail::make_tensor<c10::TensorImpl>(
-            std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-        view.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides());
-      } else {
-        // The range as plain values (no math bits), one contiguous copy.
-        at::Tensor raw = at::alias(t);
-        raw._set_conj(false);
-        raw._set_neg(false);
-        device_range = raw.as_strided({static_cast<int64_t>(extent(t) / t.element_size())}, {1});
-        host_range = device_range.to(at::kCPU);
-        view = host_range.as_strided(t.sizes(), t.strides());
-        if (!written.count(t.unsafeGetTensorImpl())) device_range = host_range = at::Tensor();
-      }
+      at::Tensor view = image.view(t);
       // Operators that take lazily conjugated or negated inputs as they are
       // (dot, vdot, ...: the Conjugate key falls through for them) read the
       // same bits on the CPU alias (Note [Math bits in copies]).
       view._set_conj(t.is_conj());
       view._set_neg(t.is_neg());
-      aliases.push_back({t, view, view.data_ptr(), device_range, host_range});
+      aliases.push_back({t, view});
       return view;
     };
     for (std::size_t i = first; i < stack.size(); ++i) {
@@ -331,6 +488,11 @@ class Fallback {
         std::vector<at::Tensor> list;
         for (const at::Tensor& t : v.toTensorVector()) list.push_back(alias_of(t));
         v = c10::IValue(list);
+      } else if (v.isOptionalTensorList()) {
+        c10::List<std::optional<at::Tensor>> list;
+        for (const std::optional<at::Tensor>& t : v.toOptionalTensorVector())
+          list.push_back(t ? std::optional<at::Tensor>(alias_of(*t)) : std::nullopt);
+        v = c10::IValue(list);
       }
     }
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
@@ -339,38 +501,52 @@ class Fallback {
     if (maps) maps->close();
     maps.reset();
 
-    std::size_t results = op.schema().returns().size();
-    for (std::size_t i = stack.size() - results; i < stack.size(); ++i) {
-      c10::IValue& v = stack[i];
-      if (!v.isTensor()) continue;
-      const at::Tensor& out = v.toTensor();
+    // Each result: the device tensor of its CPU view, or a new tensor on the
+    // device (in lists too: histogramdd's bin edges).
+    auto result = [&](const at::Tensor& out) {
       auto same = std::find_if(aliases.begin(), aliases.end(), [&](const Alias& a) {
         return a.host_view.unsafeGetTensorImpl() == out.unsafeGetTensorImpl();
       });
-      v = same != aliases.end() ? c10::IValue(same->device_tensor)
-                                : c10::IValue(to_device(out, *device));
+      return same != aliases.end() ? same->device_tensor : to_device(out, *device);
+    };
+    std::size_t results = op.schema().returns().size();
+    for (std::size_t i = stack.size() - results; i < stack.size(); ++i) {
+      c10::IValue& v = stack[i];
+      if (v.isTensor()) {
+        v = result(v.toTensor());
+      } else if (v.isTensorList()) {
+        std::vector<at::Tensor> list;
+        for (const at::Tensor& t : v.toTensorVector()) list.push_back(result(t));
+        v = c10::IValue(list);
+      }
     }
-    // What the kernel did to an argument, the device tensor must take too:
-    // - resized onto new CPU memory: new device memory in the same layout;
-    // - without host-visible memory, values written: the range copied back;
-    // - another shape without elements (a (0,) out= tensor resized to
-    //   (1, 0, 3));
-    // - restrided in place over the same memory (transpose_, as_strided_);
+    // The device storages take what the kernel wrote (and grow where it
+    // moved their CPU storage).
+    std::vector<at::Tensor> written_views;
+    for (const Alias& a : aliases)
+      if (written.count(a.device_tensor.unsafeGetTensorImpl()))
+        written_views.push_back(a.host_view);
+    image.store(written_views);
+    // What the kernel did to an argument's metadata, the device tensor must
+    // take too:
+    // - set onto CPU memory of its own: new device memory in the kernel's
+    //   layout;
+    // - set onto another argument's storage: that device storage;
+    // - resized or restrided in place (a (0,) out= tensor resized to
+    //   (1, 0, 3), transpose_, as_strided_);
     // - a conjugate or negative bit set in place (linalg_lu_solve with
     //   left=False conjugates its output by setting the bit).
     for (Alias& a : aliases) {
       const at::Tensor& host = a.host_view;
       at::Tensor& dev = a.device_tensor;
-      if (host.numel() > 0 && host.data_ptr() != a.ptr) {
-        dev.set_(to_device(host, dev.device()));  // in the kernel's layout
-        continue;
-      }
-      if (a.device_range.defined()) a.device_range.copy_(a.host_range);
-      if (host.numel() == 0) {
-        if (host.sizes() != dev.sizes()) dev.resize_(host.sizes());
+      const c10::Storage* storage = image.device_storage(host);
+      if (!storage) {
+        dev.set_(to_device(host, dev.device()));
+      } else if (storage->unsafeGetStorageImpl() != dev.storage().unsafeGetStorageImpl()) {
+        dev.set_(*storage, host.storage_offset(), host.sizes(), host.strides());
       } else if (host.sizes() != dev.sizes() || host.strides() != dev.strides() ||
-                 host.storage_offset() != 0) {
-        dev.as_strided_(host.sizes(), host.strides(), dev.storage_offset() + host.storage_offset());
+                 host.storage_offset() != dev.storage_offset()) {
+        dev.as_strided_(host.sizes(), host.strides(), host.storage_offset());
       }
       if (dev.is_conj() != host.is_conj()) dev._set_conj(host.is_conj());
       if (dev.is_neg() != host.is_neg()) dev._set_neg(host.is_neg());

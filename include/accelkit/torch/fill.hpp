@@ -5,6 +5,8 @@
 #include <accelkit/torch/adapter.hpp>
 #include <accelkit/torch/host_access.hpp>
 
+#include <ATen/MemoryOverlap.h>
+
 #include <cstring>
 
 ACCELKIT_BEGIN_NAMESPACE
@@ -21,6 +23,10 @@ struct FillOps : HostAccess<R> {
       if (self.numel() == 0) return self;
       if (host_ready(dev(self))) {
         host_view(self).fill_(value);
+      } else if (at::has_internal_overlap(self) == at::MemOverlap::Yes) {
+        // Elements that share memory (an expanded tensor), which the CPU's
+        // fill_ takes and a copy from the CPU refuses.
+        HostAccess<R>::through_cpu(self, [&](const at::Tensor& view) { view.fill_(value); });
       } else {
         from_cpu(self, at::scalar_tensor(value, self.options().device(at::kCPU)));
       }

@@ -129,8 +129,17 @@ struct HostAccess {
       host_view(dst).copy_(tmp);
       return;
     }
-    auto [bytes, view] = storage_to_cpu(dst);  // read, modify, write back
-    view.copy_(tmp);
+    through_cpu(dst, [&](const at::Tensor& view) { view.copy_(tmp); });
+  }
+
+  // Runs f(view) on a CPU view of a device tensor whose memory the host
+  // cannot touch now: its storage read to the CPU, modified there, written
+  // back.
+  template <class F>
+  static void through_cpu(const at::Tensor& dst, F&& f) {
+    device_index d = dev(dst);
+    auto [bytes, view] = storage_to_cpu(dst);
+    f(view);
     const c10::Storage& s = dst.storage();
     st().backend().memcpy_async(d, s.mutable_data(), bytes.data_ptr(), s.nbytes(),
                                 CopyKind::host_to_device, stream_of(d), false);

@@ -16,7 +16,11 @@
 // nothing of a CPU tensor but its memory; where one calls a TensorIterator
 // kernel stub with the iterator's device type, the stub gets a PrivateUse1
 // entry that forwards to its CPU kernel (installed once some device reported
-// memory the host can reach).
+// memory the host can reach). The CPU kernel gets the device tensors
+// themselves, so PyTorch's overlap checks (ATen/MemoryOverlap.h) compare
+// their real storages and addresses, and refuse or allow an out= over an
+// input as the CPU does (the fallback: Note [One host storage per device
+// storage]).
 //
 // They remain CPU execution: each is counted in the fallback report under
 // its operator's name, and the fallback policy and block list apply to them
