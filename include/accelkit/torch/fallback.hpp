@@ -161,7 +161,7 @@ class HostImage {
   Storage& storage_of(const at::Tensor& t) {
     for (Storage& s : storages_)
       if (s.device.unsafeGetStorageImpl() == t.storage().unsafeGetStorageImpl()) return s;
-    return storages_.emplace_back(Storage{t.storage(), t.unsafeGetTensorImpl()});
+    return storages_.emplace_back(Storage{t.storage(), t.unsafeGetTensorImpl(), {}, nullptr, {}});
   }
   // The bytes of its storage from a tensor's first element to its last.
   static std::pair<std::size_t, std::size_t> span(const at::Tensor& t) {
