@@ -497,7 +497,9 @@ class Backend {
   // error of that stream by the contract's rules (runtime.hpp), with `error`
   // as the driver code where the driver carries one (simdev does; OpenCL
   // reports its own status for a failed dependency); the waiting stream then
-  // goes on. signal_destroy releases it: after signal_complete, waits queued
+  // goes on (through Backend<R>, a failure is the SDK's to report, and the
+  // runtime's signal is completed as a success: Note [Failed waits]).
+  // signal_destroy releases it: after signal_complete, waits queued
   // on it still pass; a signal not completed that a stream still waits for
   // is refused with a DriverError, and stays usable (OpenCL's queue would
   // otherwise wait forever). The SDK completes every signal it makes, then
@@ -543,10 +545,13 @@ class Backend {
                        std::string reason = {}) {
     int phys = physical(device);
     if constexpr (has_stream_signals) {
-      // Marked before the runtime releases the streams, so that no
-      // synchronize of them returns in between.
+      // A failure is the SDK's to report, for as long as the signal lives
+      // (Note [Failed waits]): marked before the runtime releases the
+      // streams, so that no synchronize of them returns in between, and
+      // the runtime's signal completed as a success, so that the runtime
+      // reports nothing of it to another call, once.
       if (error != 0) failed_waits_.failed(device, signal, error, std::move(reason));
-      runtime_.signal_complete(phys, signal, error);
+      runtime_.signal_complete(phys, signal, 0);
     } else {
       static_cast<void>(phys);
       host_signals_.complete(signal, error);
@@ -555,8 +560,15 @@ class Backend {
   void signal_destroy(device_index device, SignalHandle signal) {
     int phys = physical(device);
     if constexpr (has_stream_signals) {
-      runtime_.signal_destroy(phys, signal);
-      failed_waits_.destroyed(device, signal);
+      // Forgotten before the runtime may hand the handle out again; kept
+      // if the runtime refuses.
+      auto kept = failed_waits_.take(device, signal);
+      try {
+        runtime_.signal_destroy(phys, signal);
+      } catch (...) {
+        failed_waits_.restore(device, signal, std::move(kept));
+        throw;
+      }
     } else {
       static_cast<void>(phys);
       host_signals_.destroy(signal);
@@ -638,9 +650,9 @@ class Backend {
     if constexpr (has_stream_signals && (std::is_same_v<Caller, detail::call_stream_synchronize> ||
                                          std::is_same_v<Caller, detail::call_stream_query> ||
                                          std::is_same_v<Caller, detail::call_device_synchronize>)) {
-      // The runtime's own report of the failed wait (once) gives way to the
-      // failure's, which names its cause; a failure may come while the call
-      // waits.
+      // A failure may come while the call waits: checked after it, and
+      // before a driver error of the call is thrown (the failure names its
+      // cause).
       using Ret = decltype(call(runtime_, phys, std::forward<A>(a)...));
       try {
         if constexpr (std::is_void_v<Ret>) {

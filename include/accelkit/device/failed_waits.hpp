@@ -4,24 +4,24 @@
 // Note [Failed waits]
 // Problem: a host signal completed with an error (a collective on host
 // threads that failed after a stream was made to wait for it: Note [Host
-// signals] in device/backend.hpp) is reported by the runtime as one
-// asynchronous error of the waiting stream, once. Whichever thread
-// synchronizes first takes it: another thread's unrelated synchronize can
-// consume it, and the thread that waited for the collective then reads its
-// output, never written, with no error.
-// Decision: the failure stays with the streams that waited for the signal for
-// as long as the signal lives. While a failed signal is not destroyed, every
-// synchronize and query of a stream that waited for it, and every synchronize
-// of that stream's device, throws a RuntimeError naming the stream and the
+// signals] in device/backend.hpp) is reported by a runtime as one
+// asynchronous error, once, by whichever call comes first: another thread's
+// unrelated synchronize (or copy) can consume it, and the thread that
+// waited for the collective then reads its output, never written, with no
+// error.
+// Decision: the SDK keeps the failure, and the runtime's signal is completed
+// as a success (so the runtime reports nothing of it, to no call). The
+// failure stays with the streams that waited for the signal for as long as
+// the signal lives: every synchronize and query of such a stream, and every
+// synchronize of its device, throws a RuntimeError naming the stream and the
 // failure (the reason its completer gave), after the runtime's own call has
-// waited for the work (the runtime's own report of the failed wait, a
-// DriverError, gives way to it): it is never consumed, so the thread that uses
-// the output on that stream gets it, and so does any other thread that
+// waited for the work. It is never consumed, so the thread that uses the
+// output on that stream gets it, and so does any other thread that
 // synchronizes with that stream. Destroying the signal ends the failure
 // (accelkit.distributed keeps a failed collective's signals until its process
 // group is destroyed, as NCCL's communicator stays failed until it is aborted
-// and made again); destroying the stream forgets it. A wait queued on a signal
-// that failed already fails its stream at once.
+// and made again); destroying the stream forgets it. A wait queued on a
+// signal that failed already fails its stream at once.
 // Limits: only the SDK's own synchronizations see it (stream and device
 // synchronize and query, through Backend<R>); work queued on the failed
 // stream still runs (on whatever the failed work left in memory), and a
@@ -77,13 +77,34 @@ class FailedWaits {
     failed_.fetch_add(1, std::memory_order_release);
   }
 
-  // `signal` was destroyed: its failure ends.
-  void destroyed(device_index device, SignalHandle signal) {
+  // What is known of `signal`, which is being destroyed: forgotten (its
+  // failure ends), and handed back for restore() should the destroy fail.
+  struct Entry {
+    bool known = false;
+    std::vector<std::uintptr_t> streams;
+    bool failed = false;
+    int error = 0;
+    std::string reason;
+  };
+  Entry take(device_index device, SignalHandle signal) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = signals_.find({device, signal.value});
-    if (it == signals_.end()) return;
-    if (it->second.failed) failed_.fetch_sub(1, std::memory_order_release);
+    if (it == signals_.end()) return {};
+    Signal& s = it->second;
+    Entry e{true, std::move(s.streams), s.failed, s.error, std::move(s.reason)};
+    if (s.failed) failed_.fetch_sub(1, std::memory_order_release);
     signals_.erase(it);
+    return e;
+  }
+  void restore(device_index device, SignalHandle signal, Entry e) {
+    if (!e.known) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    Signal& s = signals_[{device, signal.value}];
+    s.streams = std::move(e.streams);
+    s.failed = e.failed;
+    s.error = e.error;
+    s.reason = std::move(e.reason);
+    if (s.failed) failed_.fetch_add(1, std::memory_order_release);
   }
 
   // `stream` of `device` was destroyed: its handle may be reused.
