@@ -490,10 +490,10 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   // view of the pages under a range (read and write), host_unmap closes it
   // again when the last map over a page ends, so a host access outside a
   // map faults at once (SIGSEGV) instead of reading stale data. host_map
-  // waits for the queued work that still uses the range (a blocking map:
-  // the SDK waits for its streams first, and another thread may queue a
-  // read of the range in between), and free refuses memory still mapped or
-  // still used by queued work.
+  // coexists with queued work that uses the range (the SDK waits for its
+  // streams first; work another thread queued on the range in between, a
+  // read, runs on the device's view meanwhile), and free refuses memory
+  // still mapped or still used by queued work.
   void host_map(int device, void* ptr, std::size_t bytes) {
     check(device, "host_map");
     fault("host_map");
@@ -501,7 +501,6 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       driver_error(kNotPermitted, "host_map",
                    "device memory is not mapped for the host in this mode (SIMDEV_HOST_VISIBLE "
                    "is not 'mapped')");
-    wait_for_queued(static_cast<char*>(ptr), bytes);
     protect(device, ptr, bytes, true);
     host_maps_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -1054,20 +1053,6 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       std::uint64_t target = enqueued_;
       cv_.wait(lock, [&] { return completed_ >= target; });
     }
-    // Waits until the work queued so far that touches [p, p + n) has run.
-    void wait_uses(const char* p, std::size_t n) {
-      std::unique_lock<std::mutex> lock(mutex_);
-      // Work is numbered from 1 in the order queued: the one running is
-      // number `first`, the queued ones follow it.
-      const std::uint64_t first = enqueued_ - queue_.size();
-      std::uint64_t target = 0;
-      for (const Range& r : running_)
-        if (r.overlaps(p, n)) target = first;
-      for (std::size_t k = 0; k < queue_.size(); ++k)
-        for (const Range& r : queue_[k].touches)
-          if (r.overlaps(p, n)) target = first + k + 1;
-      cv_.wait(lock, [&] { return completed_ >= target; });
-    }
     // Whether queued or running work touches [p, p + n).
     bool uses(const char* p, std::size_t n) {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -1323,14 +1308,6 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
           driver_error(kInvalidValue, call,
                        fmt::format("memory at {} ({} bytes) is still used by queued work",
                                    static_cast<void*>(p), n));
-  }
-
-  // Waits until the work queued so far, on any stream of any device, that
-  // uses [p, p + n) has run (host_map's blocking wait).
-  void wait_for_queued(char* p, std::size_t n) {
-    for (int dev = 0; dev < config_.device_count; ++dev)
-      if (devices_[static_cast<std::size_t>(dev)].exists.load())
-        for (auto& s : streams_of(dev)) s->wait_uses(p, n);
   }
 
   // Freed memory: pages dropped and made inaccessible, the range kept

@@ -1,9 +1,9 @@
 """Readers on different paths never refuse each other in the mapped mode
 (SIMDEV_HOST_VISIBLE=mapped): one thread reads a tensor through host
 kernels (a host map of its memory), another through device-to-device copies
-queued on a stream of its own. The SDK waits for the device's streams, then maps; a
-copy the other thread queues in between is the map's to wait for (the
-contract's host_map), never a refusal."""
+queued on a stream of its own. The SDK waits for the device's streams, then
+maps; a copy the other thread queues in between is one the map coexists
+with (the contract's host_map), never a refusal nor a wait."""
 import os
 import threading
 

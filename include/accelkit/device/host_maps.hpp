@@ -34,7 +34,7 @@
 // Mapping happens after the device's work on the range is done (the scope's
 // owner waits for every stream of the device first: Note [Mapped memory and
 // other streams] in torch/host_access.hpp; a read another thread queues on
-// the range in between is the runtime's map's to wait for), and the
+// the range in between coexists with the map), and the
 // SDK does its own work on a range it holds mapped on the host, never as
 // queued device work (Note [Device work inside host kernels]). Order: a
 // scope maps when it is given a range and unmaps everything it mapped when
