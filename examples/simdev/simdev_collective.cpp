@@ -401,8 +401,10 @@ void all_to_all(Comm& c, char* out, const char* in, std::size_t elem,
   for (std::size_t r = 0; r < size; ++r)
     for (std::size_t d = 0; d < size; ++d) {
       if (sends[r * size + d] != recvs[d * size + r]) {
-        // Every rank stops here alike, after the same steps: the
-        // communicator stays usable (a ValueError aborts nothing: run()).
+        // Every rank stops here alike, after the same steps: the library
+        // does not abort the communicator for it (a ValueError: run()); the
+        // process group, which checked the splits before, fails its group
+        // on any error of a collective it started.
         TORCH_CHECK_VALUE(false, "simdev_collectives: all_to_all: the ranks' splits disagree: "
                           "rank ", r, " sends ", sends[r * size + d], " element(s) to rank ",
                           d, ", which expects ", recvs[d * size + r]);
@@ -480,6 +482,10 @@ void run(int64_t id, int64_t seq, int kind, Check check, Body body) {
   try {
     body(*c);
   } catch (const c10::ValueError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    abort_comm(*c, std::string("rank ") + std::to_string(c->rank) + ": " +
+                       e.what_without_backtrace());
     throw;
   } catch (const std::exception& e) {
     abort_comm(*c, std::string("rank ") + std::to_string(c->rank) + ": " + e.what());

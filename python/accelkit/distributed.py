@@ -355,6 +355,7 @@ class _Failures:
         self._lock = threading.Lock()
         self._first = None
         self._signals = []  # (device index, signal) completed with the failure
+        self._released = False  # the group was shut down: signals go at once
         self._on_fail = []  # called once with the first failure's text
 
     def on_fail(self, fn):
@@ -396,13 +397,17 @@ class _Failures:
 
     def keep_signal(self, index, signal):
         with self._lock:
-            self._signals.append((index, signal))
+            if not self._released:
+                self._signals.append((index, signal))
+                return
+        _destroy_signal(index, signal)  # a collective that ended after the shutdown
 
     def release(self):
         """The group's shutdown: the failed signals go, and with them their
         streams' failure."""
         with self._lock:
             signals, self._signals = self._signals, []
+            self._released = True
         for index, signal in signals:
             _destroy_signal(index, signal)
 
@@ -535,8 +540,9 @@ class _Work(_C10D.Work):
                 self._failures.fail(error)
             if error is not None and hidden:
                 warnings.warn(f"{_backend.name}: a collective failed after its work's wait() "
-                              f"had returned; the streams that wait for it report an error at "
-                              f"their next synchronize: {error}", RuntimeWarning, stacklevel=1)
+                              f"had returned; the streams that wait for it report it at every "
+                              f"synchronize until the group is destroyed: {error}",
+                              RuntimeWarning, stacklevel=1)
         except Exception:  # noqa: BLE001  nothing may raise on the completion thread
             pass
         code = 0 if error is None else _SIGNAL_FAILED
@@ -1041,10 +1047,12 @@ def _collective(method):
         self._tls.agreed = False
         try:
             return method(self, *args, **kwargs)
-        except Exception as e:
+        except BaseException as e:  # a KeyboardInterrupt after the agreement too
             if getattr(self._tls, "agreed", False):
                 self._tls.agreed = False
-                self._failures.fail(e)
+                self._failures.fail(e if isinstance(e, Exception) else RuntimeError(
+                    f"{self.name}: interrupted after the ranks agreed to run the "
+                    f"collective ({type(e).__name__})"))
             raise
     return run
 
@@ -1317,7 +1325,7 @@ class ProcessGroup(dist.ProcessGroup):
         result, failed = None, None
         try:
             result = check()
-        except (ValueError, RuntimeError) as e:
+        except Exception as e:  # noqa: BLE001  (joins the agreement, then raised)
             failed = e
         state = self._OK if failed is None else self._REFUSED
         self._agree(what, tensor, numel, state=state, op=op, root=root, seq=seq,
@@ -1426,6 +1434,7 @@ class ProcessGroup(dist.ProcessGroup):
         done = self._done
         connection = self.native if native is not None else None
         published = self._published
+        failures = self._failures
         timeout_s = self._timeout_s
         name = self.name
         with self._starter.lock:
@@ -1448,6 +1457,10 @@ class ProcessGroup(dist.ProcessGroup):
             self._p2p_writes = pending
 
             def start():
+                # A collective issued before an earlier one failed here
+                # must not reach gloo: its number there would pair it with
+                # the peers' earlier collective (Note [A failed group]).
+                failures.check()
                 if ready is not None:
                     _wait_ready(ready, timeout_s, name, what)
                 for w in waits:
@@ -1455,6 +1468,7 @@ class ProcessGroup(dist.ProcessGroup):
                         w._wait_host()
                     except Exception:  # noqa: BLE001  (raised by its own wait())
                         pass
+                failures.check()  # an earlier collective failed meanwhile
                 host.stage()
                 if connection is not None:
                     connection.run(native, finish, fut, result)

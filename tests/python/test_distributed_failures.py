@@ -102,6 +102,41 @@ def test_a_fault_before_the_start_fails_the_group_on_every_rank(tmp_path, native
         assert again == [3.0] * 4, (rank, again)
 
 
+# ------------------------------------------- a fault on the group's own thread
+def _fault_on_the_start_thread(rank, store_path):
+    """On gloo: rank 0's first all_reduce fails in its start (the staging
+    copy, on the group's thread) while its second is already issued."""
+    os.environ["ACCELKIT_NATIVE_COLLECTIVES"] = "0"
+    _init(store_path, rank, timeout_s=3)
+    dev = torch.device("simdev", rank)
+    x, y = _staged(dev, 1 + rank), _staged(dev, 10 * (1 + rank))
+    torch.accelerator.synchronize(dev)
+    if rank == 0:
+        torch.ops.simdev_driver.inject_fault("memcpy_async")
+    first = dist.all_reduce(x, async_op=True)
+    second = dist.all_reduce(y, async_op=True)
+    errors = [_error(lambda: w.wait(datetime.timedelta(seconds=20))) for w in (first, second)]
+    dist.destroy_process_group()
+    return errors, x.cpu().tolist(), y.cpu().tolist()
+
+
+@pytest.mark.skipif(os.environ.get("SIMDEV_HOST_VISIBLE") != "0",
+                    reason="the staging copies are the driver's without host access")
+def test_a_collective_issued_before_a_failure_never_reaches_gloo(tmp_path):
+    """A collective queued behind one that then fails on this rank's own
+    thread must not start on gloo: gloo numbers its collectives, and rank
+    0's second all_reduce would pair with rank 1's first (rank 1 would get
+    x + y with no error). Both fail on both ranks; no tensor holds a mixed
+    sum."""
+    res = _spawn(_fault_on_the_start_thread, tmp_path, timeout=120)
+    for rank, (errors, x, y) in res.items():
+        assert all(e is not None for e in errors), (rank, errors)
+        if rank == 0:
+            assert "injected fault" in errors[0], errors
+            assert errors[1].startswith("DistBackendError"), errors
+        assert x == [float(1 + rank)] * 4 and y == [float(10 * (1 + rank))] * 4, (rank, x, y)
+
+
 # ------------------------------------- the failure reaches its own thread only
 def _consumed_elsewhere(rank, store_path, stream_wait):
     if not stream_wait:
@@ -150,6 +185,8 @@ def test_a_failed_collective_reaches_its_own_thread(tmp_path, stream_wait):
     out, _ = _rank0_with_rank1_dying(_consumed_elsewhere, tmp_path, (stream_wait,))
     success, error, other, read, again, pg_error, after = out
     assert not success
+    if stream_wait:  # the other thread's synchronize failed too, consuming nothing
+        assert other is not None and "waited for work on the host that failed" in other, out
     if stream_wait:
         assert error is None, out
         assert read is not None and read.startswith("RuntimeError"), out
