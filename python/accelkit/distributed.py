@@ -1312,14 +1312,13 @@ class ProcessGroup(dist.ProcessGroup):
 
     def _checked(self, what: str, tensor, check, numel=None, op=None, root=None,
                  splits=None):
-        """Runs this rank's own checks (`check()`, which raises ValueError or,
-        for an overlapping output, RuntimeError, and returns what the
-        collective needs), then the ranks' agreement (_agree), which a rank
-        whose check failed joins too, so that no rank is left waiting for
-        it: every rank raises. A failed group raises its failure at once
+        """Runs this rank's own checks (`check()`, which raises on a bad
+        argument and returns what the collective needs), then the ranks'
+        agreement (_agree), which a rank whose check failed joins too, so
+        that no rank is left waiting for it: every rank raises. A failed group raises its failure at once
         (Note [A failed group]). Gives the collective its number in the
         group (Note [The vendor collective slot])."""
-        self._raise_failure()
+        self._failures.check()  # Note [A failed group]
         seq = next(self._seq)
         self._tls.seq = seq
         result, failed = None, None
@@ -1336,19 +1335,12 @@ class ProcessGroup(dist.ProcessGroup):
         self._tls.agreed = True
         return result
 
-    def _raise_failure(self):
-        """Raises the group's failure, if it failed (Note [A failed
-        group])."""
-        failure = self._failures.raised()
-        if failure is not None:
-            raise failure
-
     def _unchecked(self, numbered=True):
         """The start of a collective without an agreement (gather, scatter,
         barrier; send and recv, `numbered` False: one rank's send is
         another's receive): raises the group's failure, and gives the
         collective its number."""
-        self._raise_failure()
+        self._failures.check()  # Note [A failed group]
         if numbered:
             self._tls.seq = next(self._seq)
         self._tls.agreed = True
