@@ -650,23 +650,16 @@ class Backend {
     if constexpr (has_stream_signals && (std::is_same_v<Caller, detail::call_stream_synchronize> ||
                                          std::is_same_v<Caller, detail::call_stream_query> ||
                                          std::is_same_v<Caller, detail::call_device_synchronize>)) {
-      // A failure may come while the call waits: checked after it, and
-      // before a driver error of the call is thrown (the failure names its
-      // cause).
+      // Checked after the call: a failure may come while it waits.
       using Ret = decltype(call(runtime_, phys, std::forward<A>(a)...));
-      try {
-        if constexpr (std::is_void_v<Ret>) {
-          call(runtime_, phys, a...);
-          failed_waits_.check(device, a..., Caller::name);
-          return;
-        } else {
-          Ret r = call(runtime_, phys, a...);
-          failed_waits_.check(device, a..., Caller::name);
-          return r;
-        }
-      } catch (const DriverError&) {
+      if constexpr (std::is_void_v<Ret>) {
+        call(runtime_, phys, a...);
         failed_waits_.check(device, a..., Caller::name);
-        throw;
+        return;
+      } else {
+        Ret r = call(runtime_, phys, a...);
+        failed_waits_.check(device, a..., Caller::name);
+        return r;
       }
     } else {
       return call(runtime_, phys, std::forward<A>(a)...);
