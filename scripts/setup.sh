@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what accelkit's build needs, configures and builds it. Sourced by
 # scripts/demo and scripts/test; each step is skipped when already done.
+# ACCELKIT_SETUP=demo (scripts/demo) builds only simdev's wheel, what the demo
+# runs; otherwise (scripts/test) every target is built as well.
 #   Debian packages: cmake, g++, ninja, ccache, fmt, Catch2, OpenCL/PoCL, iproute2
 #   .venv:           torch==2.13.0 (the CPU wheel on this machine), pytest, numpy,
 #                    expecttest (PyTorch's operator database needs it),
@@ -80,7 +82,7 @@ PY
   fi
 }
 
-configure_and_build() {
+configure() {
   if [ ! -f "$ACCELKIT_BUILD/build.ninja" ]; then
     log "configuring $ACCELKIT_BUILD"
     local torch_prefix
@@ -92,7 +94,6 @@ configure_and_build() {
       -DCMAKE_PREFIX_PATH="$torch_prefix" \
       -DPython3_EXECUTABLE="$ACCELKIT_VENV/bin/python" >/dev/null
   fi
-  cmake --build "$ACCELKIT_BUILD"
 }
 
 # simdev's pip package, made by accelkit_add_torch_backend: pip builds its
@@ -125,5 +126,8 @@ install_simdev() {
 
 install_debian_packages
 install_venv
-configure_and_build
+configure  # also writes simdev's package (build/packages/torch_simdev)
+if [ "${ACCELKIT_SETUP:-test}" != demo ]; then
+  cmake --build "$ACCELKIT_BUILD"
+fi
 install_simdev
