@@ -1,8 +1,8 @@
 // Prints the Runtime contract as listed in detail/contract.hpp, one member
 // per line: "required|<member>|<signature>" or "optional|...". CMake reads it
 // at configure time to make the compile-fail cases (tests/CMakeLists.txt),
-// and tests/check_contract_docs.py compares it with the README's and
-// runtime.hpp's tables.
+// and tests/check_contract_docs.py compares it with the list as
+// scripts/contract_docs.py reads it and with the tables that script writes.
 #include <accelkit/detail/contract.hpp>
 
 #include <cstdio>

@@ -2,43 +2,11 @@
 //
 // A vendor derives its runtime from accelkit::Runtime<Self> (CRTP) and
 // implements the members below over its driver. Device indices passed to
-// every member are *physical* ordinals (Note [Logical and physical indices]
-// in types.hpp); the SDK validates them before calling. Members report driver
-// failures by throwing DriverError, most simply through the provided
-// `driver_error(code, call, message)`.
-//
-// The members are listed once, in detail/contract.hpp (Note [The contract
-// table]); tests/check_contract_docs.py checks that this table and the
-// README's name exactly those members, with the same signatures.
-//
-// Required members (a missing or mistyped one is a compile error naming it,
-// Note [Contract diagnostics]):
-//
-// | member                                                         | semantics |
-// |----------------------------------------------------------------|-----------|
-// | static constexpr std::string_view name                         | backend name: device type ("simdev:0"), variable prefix (SIMDEV_*), Python module; a lowercase identifier that is not a PyTorch device type |
-// | int device_count()                                             | physical devices; must not create a device context; may start driver threads only if fork_safe_discovery is false (Note [Fork safety]); may throw DriverError (the SDK then reports 0 devices and keeps the reason) |
-// | DeviceProperties properties(device_index device)               | fill the capability schema (properties.hpp); must not create a context; called once per device, then validated and cached |
-// | device_index get_device()                                      | the driver's current device of the calling thread |
-// | void set_device(device_index device)                           | make `device` current for the calling thread (may create its context) |
-// | void* malloc(device_index device, std::size_t bytes)           | `bytes` > 0 of device memory, aligned to at least properties().memory_alignment (default 256 B; a power of two, at least 128: Note [Memory alignment]); nullptr when out of memory or when the driver refuses (the SDK tells them apart by the free memory: OutOfMemoryError, or RuntimeError naming size, alignment and free memory: Note [Refusal and exhaustion]), DriverError for other failures |
-// | void free(device_index device, void* ptr)                      | release memory from malloc(device, ·), at once if the driver likes: the SDK never frees memory that queued work still uses (Note [Ordered release]) |
-// | void* host_malloc(device_index device, std::size_t bytes)      | page-locked host memory allocated in `device`'s context, usable by async copies of every device (as CUDA's portable pinned memory); nullptr when out of memory (Note [Pinned memory per device]) |
-// | void host_free(device_index device, void* ptr)                 | release memory from host_malloc(device, ·); as free, never called while queued work uses it |
-// | void memcpy(device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind) | synchronous copy: complete on return; not ordered with streams (the SDK synchronizes first where order matters) |
-// | void memcpy_async(device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind, StreamHandle stream, bool host_pinned) | enqueue the copy on `stream`. `host_pinned` (always false for device_to_device): the host side is memory from host_malloc (of any device), which the SDK keeps alive and untouched until the stream has passed the copy, so the copy may run later; false: pageable host memory, consumed before return. The runtime needs no record of its host_malloc ranges (Note [Pinned copies]) |
-// | void memset_async(device_index device, void* ptr, int value, std::size_t bytes, StreamHandle stream) | enqueue: fill `bytes` bytes with (unsigned char)value |
-// | StreamHandle stream_create(device_index device, int priority)  | a new stream; `priority` in the driver's numbering, within properties().stream_priorities (with StreamPriorityRange::from_levels(n): a level, 0 = default .. n-1 = most urgent) |
-// | void stream_destroy(device_index device, StreamHandle stream)  | release the stream once its queued work has completed (may return before) |
-// | bool stream_query(device_index device, StreamHandle stream)    | true iff all work queued so far has completed; never blocks |
-// | void stream_synchronize(device_index device, StreamHandle stream) | block until all work queued so far has completed |
-// | void stream_wait_event(device_index device, StreamHandle stream, EventHandle event) | work queued on `stream` later waits for the event's last record at this call; no wait if never recorded |
-// | EventHandle event_create(device_index device, EventFlags flags) | a new event; EventFlags::timing asks for timestamps |
-// | void event_destroy(device_index device, EventHandle event)     | release the event (pending records may still complete) |
-// | void event_record(device_index device, EventHandle event, StreamHandle stream) | capture the work queued on `stream` so far; a new record replaces the last (the SDK does not record a pooled event again before its last record has completed: Note [Pooled event reuse]) |
-// | bool event_query(device_index device, EventHandle event)       | true iff the captured work has completed; true for an event never recorded |
-// | void event_synchronize(device_index device, EventHandle event) | block until the captured work has completed; returns at once if never recorded |
-// | void device_synchronize(device_index device)                   | block until all work on every stream of `device` has completed |
+// every member are physical ordinals (Note [Logical and physical indices]
+// in types.hpp); the SDK validates them before calling. Members report
+// driver failures by throwing DriverError, most simply through the provided
+// driver_error(code, call, message). Every member may be called from many
+// threads at once.
 //
 // Asynchronous errors: work queued by memcpy_async, memset_async,
 // memcpy_peer_async, event_record, stream_wait_event, stream_wait_peer_event
@@ -55,6 +23,7 @@
 // or, where nothing can throw (a tensor's deleter, a device guard's
 // destructor), through the diagnostics hook (Note [Diagnostics]); and the
 // next call works again, or fails with its own clear error.
+//
 // A driver whose queued work reports failure only as a status of its events
 // (OpenCL: a negative execution status of a command's cl_event, the error
 // code itself) maps it here: event_query and event_synchronize of an event
@@ -65,25 +34,174 @@
 // stream-ordered call, of its device. A failed status never reads as "not
 // complete yet" (a query answering false forever) nor as success.
 //
-// Optional members (absent: the default applies; present but mistyped: a
-// compile error naming it):
+// BEGIN GENERATED contract table (scripts/contract_docs.py, from the lists in
+// detail/contract.hpp: edit them there).
 //
-// | member                                                         | semantics | default when absent |
-// |----------------------------------------------------------------|-----------|---------------------|
-// | void initialize()                                              | once, at the first device use (not for device_count or discovery) | nothing |
-// | MemoryInfo memory_info(device_index device)                    | live free and total bytes | total = properties().total_memory; free = total minus the bytes the SDK holds from malloc on the device |
-// | bool can_access_peer(device_index device, device_index peer)   | `device` may read and write `peer`'s memory directly | false: peer copies are staged through pinned host memory |
-// | void memcpy_peer_async(void* dst, device_index dst_device, const void* src, device_index src_device, std::size_t bytes, StreamHandle stream) | enqueue a copy between devices on `stream` (a stream of src_device) | stream_synchronize, then copy through a host_malloc buffer: synchronous |
-// | float event_elapsed_time(device_index device, EventHandle start, EventHandle end) | milliseconds between two completed records of timing events | properties().event_timing is false; asking raises NotSupportedError naming the backend |
-// | void stream_wait_peer_event(device_index device, StreamHandle stream, device_index event_device, EventHandle event) | work queued on `stream` (of `device`) later waits, on the device, for the last record at this call of `event`, an event of `event_device` (never `device`); no wait if never recorded (Note [Cross-device waits]) | the SDK waits on the host: event_synchronize(event_device, event), then returns |
-// | void host_map(device_index device, void* ptr, std::size_t bytes) | make [ptr, ptr + bytes), inside one allocation from malloc(device, ·), readable and writable by the host until the matching host_unmap; the SDK calls it only for a device whose properties().host_access is mapped, after waiting for the device's work on the range, and writes nothing to the range on the device until it unmaps; work another thread queued on the range in between (a read) may still be pending, and the map must coexist with it (neither refuse it nor wait for it: a wait could hold the host path up behind work that waits for that very thread); it never maps a range twice at once, and calls it from any thread (Note [Map scopes]) | none: a device reporting host_access mapped without both members is refused at its first properties query |
-// | void host_unmap(device_index device, void* ptr, std::size_t bytes) | end the host's access to a range given to host_map with the same arguments: what the host wrote is the device's when it returns; after it, any host access to the range may fault | as host_map |
-// | SignalHandle signal_create(device_index device)                | a new host signal of `device`, not completed (Note [Host signals] in device/backend.hpp); the four signal members go together | the SDK's own signal: a stream's wait on it is the calling thread's |
-// | void stream_wait_signal(device_index device, StreamHandle stream, SignalHandle signal) | work queued on `stream` later waits, on the device, until the signal is completed; returns at once; no wait if completed already | the calling thread blocks until the signal is completed (RuntimeError if it failed) |
-// | void signal_complete(device_index device, SignalHandle signal, int error) | complete the signal, once, from any thread: 0 success; otherwise every stream waiting for it reports an asynchronous error (with `error` as the code where the driver carries one) and goes on | as signal_create |
-// | void signal_destroy(device_index device, SignalHandle signal)  | release the signal; waits queued on it still pass after signal_complete; a signal not completed that a stream waits for is refused (DriverError), and stays usable | as signal_create |
-// | static constexpr bool host_kernels                            | whether PyTorch's CPU kernels of the hottest operators (torch/host_kernels.hpp) run in place on device memory the host can reach (host_access mapped or direct); false for a runtime that brings kernels of its own | true |
-// | static constexpr bool fork_safe_discovery                     | whether discovery (device_count, properties) leaves nothing that fork() breaks; false for a driver that starts threads at the first device query (PoCL): a child forked after discovery then refuses device use as after initialization (Note [Fork safety]) | true |
+// Required members:
+//   static constexpr std::string_view name
+//       The backend's name: the device type ("simdev:0"), the prefix of its
+//       variables (SIMDEV_*) and its Python module (torch.simdev); a lowercase
+//       identifier that is not a PyTorch device type.
+//   int device_count()
+//       The number of physical devices. Must not create a device context; may
+//       start driver threads only if fork_safe_discovery is false
+//       (Note [Fork safety]). A DriverError makes the SDK report 0 devices and
+//       keep the reason.
+//   DeviceProperties properties(device_index device)
+//       The device's capabilities, in the schema of properties.hpp. Must not
+//       create a context; called once per device, then validated and cached.
+//   device_index get_device()
+//       The driver's current device of the calling thread.
+//   void set_device(device_index device)
+//       Makes `device` current for the calling thread; may create its context.
+//   void* malloc(device_index device, std::size_t bytes)
+//       `bytes` (> 0) of device memory, aligned to at least
+//       properties().memory_alignment (Note [Memory alignment]). nullptr when
+//       out of memory or when the driver refuses the request (the SDK tells
+//       them apart by the free memory: Note [Refusal and exhaustion]);
+//       DriverError for other failures.
+//   void free(device_index device, void* ptr)
+//       Releases memory from malloc(device, ·), at once if the driver likes:
+//       the SDK never frees memory that queued work still uses
+//       (Note [Ordered release]).
+//   void* host_malloc(device_index device, std::size_t bytes)
+//       `bytes` (> 0) of page-locked host memory, allocated in `device`'s
+//       context and usable by the async copies of every device, as CUDA's
+//       portable pinned memory (Note [Pinned memory per device]); nullptr when
+//       out of memory.
+//   void host_free(device_index device, void* ptr)
+//       Releases memory from host_malloc(device, ·); as for free, never while
+//       queued work uses it.
+//   void memcpy(device_index device, void* dst, const void* src,
+//               std::size_t bytes, CopyKind kind)
+//       Copies `bytes` (> 0) synchronously: complete on return. Not ordered
+//       with streams (the SDK synchronizes first where order matters). `kind`
+//       says which side is host memory; device_to_device stays within `device`.
+//   void memcpy_async(device_index device, void* dst, const void* src,
+//                     std::size_t bytes, CopyKind kind, StreamHandle stream,
+//                     bool host_pinned)
+//       Enqueues the copy of `bytes` (> 0) on `stream`. host_pinned true: the
+//       host side is host_malloc memory (of any device), which the SDK keeps
+//       alive and untouched until the stream has passed the copy, so the copy
+//       may run later; false: pageable host memory, done with before the call
+//       returns. Always false for device_to_device; the runtime needs no record
+//       of its host_malloc ranges (Note [Pinned copies]).
+//   void memset_async(device_index device, void* ptr, int value,
+//                     std::size_t bytes, StreamHandle stream)
+//       Enqueues on `stream` the fill of `bytes` (> 0) bytes of device memory
+//       at `ptr` (anywhere inside an allocation from malloc(device, ·)) with
+//       the low byte of `value`, as std::memset does.
+//   StreamHandle stream_create(device_index device, int priority)
+//       A new stream; `priority` in the driver's numbering, within
+//       properties().stream_priorities (with
+//       StreamPriorityRange::from_levels(n): a level, 0 = default .. n-1 = most
+//       urgent).
+//   void stream_destroy(device_index device, StreamHandle stream)
+//       Releases the stream; its queued work still completes (the call may
+//       return before).
+//   bool stream_query(device_index device, StreamHandle stream)
+//       True iff all work queued on the stream so far has completed; never
+//       blocks.
+//   void stream_synchronize(device_index device, StreamHandle stream)
+//       Blocks until all work queued on the stream so far has completed.
+//   void stream_wait_event(device_index device, StreamHandle stream,
+//                          EventHandle event)
+//       Work queued on `stream` later waits for the event's last record as of
+//       this call (recording the event again does not change it); no wait if
+//       the event was never recorded.
+//   EventHandle event_create(device_index device, EventFlags flags)
+//       A new event; EventFlags::timing asks for timestamps,
+//       EventFlags::blocking_sync lets event_synchronize yield the CPU.
+//   void event_destroy(device_index device, EventHandle event)
+//       Releases the event; pending records may still complete.
+//   void event_record(device_index device, EventHandle event,
+//                     StreamHandle stream)
+//       Captures the work queued on `stream` so far; a new record replaces the
+//       last (the SDK does not record a pooled event again before its last
+//       record has completed: Note [Pooled event reuse]).
+//   bool event_query(device_index device, EventHandle event)
+//       True iff the captured work has completed; true for an event never
+//       recorded.
+//   void event_synchronize(device_index device, EventHandle event)
+//       Blocks until the captured work has completed; returns at once for an
+//       event never recorded.
+//   void device_synchronize(device_index device)
+//       Blocks until the work of every stream of `device`, the SDK's included,
+//       has completed.
+//
+// Optional members (after "Absent:", what the SDK does without one):
+//   void initialize()
+//       Called once, at the first device use (never for device_count or
+//       properties). Absent: nothing.
+//   MemoryInfo memory_info(device_index device)
+//       Live free and total bytes of `device`. Absent: total =
+//       properties().total_memory, free = total minus the bytes the SDK holds
+//       from malloc on the device.
+//   bool can_access_peer(device_index device, device_index peer)
+//       Whether `device` may read and write `peer`'s memory directly. Absent:
+//       false; copies between devices are staged through pinned host memory.
+//   void memcpy_peer_async(void* dst, device_index dst_device, const void* src,
+//                          device_index src_device, std::size_t bytes,
+//                          StreamHandle stream)
+//       Enqueues the copy of `bytes` (> 0) from `src` on src_device to `dst` on
+//       dst_device on `stream`, a stream of src_device. Absent: the SDK
+//       synchronizes `stream` and copies through a host_malloc buffer,
+//       synchronously.
+//   float event_elapsed_time(device_index device, EventHandle start,
+//                            EventHandle end)
+//       Milliseconds between two completed records of timing events. Absent:
+//       properties().event_timing is false, and asking raises NotSupportedError
+//       naming the backend.
+//   void stream_wait_peer_event(device_index device, StreamHandle stream,
+//                               device_index event_device, EventHandle event)
+//       Work queued on `stream` (of `device`) later waits, on the device, for
+//       the last record as of this call of `event`, an event of event_device
+//       (never `device`); no wait if never recorded
+//       (Note [Cross-device waits]). Absent: the SDK waits on the host, in
+//       event_synchronize(event_device, event), before the call returns.
+//   void host_map(device_index device, void* ptr, std::size_t bytes)
+//       Makes [ptr, ptr + bytes), inside one allocation from malloc(device, ·),
+//       readable and writable by the host until the matching host_unmap. Called
+//       only for a device whose host_access is mapped, from any thread, after
+//       the SDK waited for the device's work on the range; work another thread
+//       queued on the range since (a read) may still be pending, and the map
+//       coexists with it, neither refusing nor waiting for it. The SDK never
+//       maps a range twice at once and writes nothing to it on the device until
+//       it unmaps (Note [Map scopes]). Absent: a device reporting host_access
+//       mapped without both members is refused at its first properties query.
+//   void host_unmap(device_index device, void* ptr, std::size_t bytes)
+//       Ends the host's access to a range given to host_map with the same
+//       arguments: what the host wrote is the device's when it returns; a host
+//       access after it may fault. Absent: as host_map.
+//   SignalHandle signal_create(device_index device)
+//       A new host signal of `device`, not completed; the four signal members
+//       go together (Note [Host signals]). Absent: the SDK's own signal, which
+//       a stream waits for on the calling thread.
+//   void stream_wait_signal(device_index device, StreamHandle stream,
+//                           SignalHandle signal)
+//       Work queued on `stream` later waits, on the device, until the signal is
+//       completed; returns at once; no wait if it is completed already. Absent:
+//       the calling thread blocks until the signal is completed (RuntimeError
+//       if it failed).
+//   void signal_complete(device_index device, SignalHandle signal, int error)
+//       Completes the signal, once, from any thread: `error` 0 is success;
+//       otherwise every stream waiting for it reports an asynchronous error
+//       (with `error` as the code where the driver carries one) and goes on.
+//       Absent: as signal_create.
+//   void signal_destroy(device_index device, SignalHandle signal)
+//       Releases the signal; waits queued on it still pass after
+//       signal_complete. A signal not completed that a stream waits for is
+//       refused with DriverError and stays usable. Absent: as signal_create.
+//   static constexpr bool host_kernels
+//       Whether PyTorch's CPU kernels of the hottest operators run in place on
+//       device memory the host can reach (host_access mapped or direct); false
+//       for a runtime that brings kernels of its own. Absent: true
+//   static constexpr bool fork_safe_discovery
+//       Whether discovery (device_count, properties) leaves nothing that fork()
+//       breaks; false for a driver that starts threads at its first device
+//       query (PoCL): a child forked after discovery then refuses device use,
+//       as after initialization (Note [Fork safety]). Absent: true
+// END GENERATED contract table
 #pragma once
 
 #include <accelkit/config.hpp>

@@ -1,5 +1,5 @@
-// accelkit: the Runtime contract listed once (see runtime.hpp for what each
-// member means).
+// accelkit: the Runtime contract listed once, each member with its meaning
+// (runtime.hpp and docs/contract.md show it as a table).
 //
 // Note [Contract diagnostics]
 // A vendor who forgets a member, or gets its return type or parameters
@@ -10,13 +10,18 @@
 // per member whose message is the exact expected signature. The entry point
 // that instantiates a backend (Backend<R>) instantiates check_contract<R>;
 // it cannot live at class scope of Runtime<R>, where R is still incomplete.
+// Limits: an optional member that is overloaded or a template escapes the
+// "mistyped" diagnostic: when none of its forms matches, it counts as absent.
 //
 // Note [The contract table]
-// The members are written once, in the tables below; everything else is
-// generated from them:
+// The contract is needed in many shapes (traits, diagnostics, forwarding,
+// defaults, compile-fail cases, the documentation tables), and copies of it
+// drift. So the members are written once, in the lists below, each entry
+// with a comment that is its meaning (for an optional member, after
+// "Absent:", what the SDK does without it). Generated from the lists:
 //   - the detection traits (has_<member>, names_<member>), the concepts and
 //     is_runtime_v;
-//   - the diagnostics, whose signature text is the table's own tokens
+//   - the diagnostics, whose signature text is the list's own tokens
 //     (#Ret " " #member #params);
 //   - Backend<R>'s pass-through functions, for the members marked `forward`
 //     (logical device in, physical ordinal to the runtime) or
@@ -26,12 +31,15 @@
 //   - the values of the optional constants, their defaults included
 //     (constant_<member><R>);
 //   - contract_members, the list with signatures that the compile-fail tests
-//     (one case per member and way to get it wrong) and the check of the
-//     README's and runtime.hpp's tables (tests/check_contract_docs.py) are
-//     made from.
-// Adding a member here adds its trait, diagnostic, forwarding function and
-// test cases; the two documentation tables fail their check until they list
-// it too.
+//     are made from (one case per member and way to get it wrong);
+//   - the tables of runtime.hpp and docs/contract.md, written by
+//     scripts/contract_docs.py from this file's text (the comments do not
+//     reach the compiler); core.contract_docs fails when either is stale or
+//     names other members or signatures than contract_members.
+// Limits: a comment must precede each entry and must not contain "*/"; the
+// generator reads the lists as text, so an entry keeps the X(...) / C(...)
+// shape. Adding a member here adds its trait, diagnostic, forwarding
+// function and test cases; the tables follow by running the script.
 #pragma once
 
 #include <accelkit/config.hpp>
@@ -56,74 +64,171 @@ namespace detail {
 // Member functions: X(member, return type, (parameters), how Backend<R> calls
 // it, (arguments)). The parameters are the exact signature a runtime
 // declares; the arguments are the parameter names.
-#define ACCELKIT_REQUIRED_MEMBERS(X)                                                          \
-  X(device_count, int, (), sdk, ())                                                           \
-  X(properties, DeviceProperties, (device_index device), sdk, (device))                       \
-  X(get_device, device_index, (), sdk, ())                                                    \
-  X(set_device, void, (device_index device), sdk, (device))                                   \
-  X(malloc, void*, (device_index device, std::size_t bytes), sdk, (device, bytes))            \
-  X(free, void, (device_index device, void* ptr), sdk, (device, ptr))                         \
-  X(host_malloc, void*, (device_index device, std::size_t bytes), sdk, (device, bytes))      \
-  X(host_free, void, (device_index device, void* ptr), sdk, (device, ptr))                   \
-  X(memcpy, void,                                                                             \
-    (device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind),      \
-    forward_nonempty, (device, dst, src, bytes, kind))                                        \
-  X(memcpy_async, void,                                                                       \
-    (device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind,       \
-     StreamHandle stream, bool host_pinned),                                                  \
-    forward_nonempty, (device, dst, src, bytes, kind, stream, host_pinned))                   \
-  X(memset_async, void,                                                                       \
-    (device_index device, void* ptr, int value, std::size_t bytes, StreamHandle stream),      \
-    forward_nonempty, (device, ptr, value, bytes, stream))                                    \
-  X(stream_create, StreamHandle, (device_index device, int priority), forward,               \
-    (device, priority))                                                                       \
-  X(stream_destroy, void, (device_index device, StreamHandle stream), forward,               \
-    (device, stream))                                                                         \
+#define ACCELKIT_REQUIRED_MEMBERS(X)                                                           \
+  /* The number of physical devices. Must not create a device context; may start driver        \
+     threads only if fork_safe_discovery is false (Note [Fork safety]). A DriverError makes    \
+     the SDK report 0 devices and keep the reason. */                                          \
+  X(device_count, int, (), sdk, ())                                                            \
+  /* The device's capabilities, in the schema of properties.hpp. Must not create a context;    \
+     called once per device, then validated and cached. */                                     \
+  X(properties, DeviceProperties, (device_index device), sdk, (device))                        \
+  /* The driver's current device of the calling thread. */                                     \
+  X(get_device, device_index, (), sdk, ())                                                     \
+  /* Makes `device` current for the calling thread; may create its context. */                 \
+  X(set_device, void, (device_index device), sdk, (device))                                    \
+  /* `bytes` (> 0) of device memory, aligned to at least properties().memory_alignment         \
+     (Note [Memory alignment]). nullptr when out of memory or when the driver refuses the      \
+     request (the SDK tells them apart by the free memory: Note [Refusal and exhaustion]);     \
+     DriverError for other failures. */                                                        \
+  X(malloc, void*, (device_index device, std::size_t bytes), sdk, (device, bytes))             \
+  /* Releases memory from malloc(device, ·), at once if the driver likes: the SDK never        \
+     frees memory that queued work still uses (Note [Ordered release]). */                     \
+  X(free, void, (device_index device, void* ptr), sdk, (device, ptr))                          \
+  /* `bytes` (> 0) of page-locked host memory, allocated in `device`'s context and usable      \
+     by the async copies of every device, as CUDA's portable pinned memory                     \
+     (Note [Pinned memory per device]); nullptr when out of memory. */                         \
+  X(host_malloc, void*, (device_index device, std::size_t bytes), sdk, (device, bytes))        \
+  /* Releases memory from host_malloc(device, ·); as for free, never while queued work uses    \
+     it. */                                                                                    \
+  X(host_free, void, (device_index device, void* ptr), sdk, (device, ptr))                     \
+  /* Copies `bytes` (> 0) synchronously: complete on return. Not ordered with streams (the     \
+     SDK synchronizes first where order matters). `kind` says which side is host memory;       \
+     device_to_device stays within `device`. */                                                \
+  X(memcpy, void,                                                                              \
+    (device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind),       \
+    forward_nonempty, (device, dst, src, bytes, kind))                                         \
+  /* Enqueues the copy of `bytes` (> 0) on `stream`. host_pinned true: the host side is        \
+     host_malloc memory (of any device), which the SDK keeps alive and untouched until the     \
+     stream has passed the copy, so the copy may run later; false: pageable host memory,       \
+     done with before the call returns. Always false for device_to_device; the runtime         \
+     needs no record of its host_malloc ranges (Note [Pinned copies]). */                      \
+  X(memcpy_async, void,                                                                        \
+    (device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind,        \
+     StreamHandle stream, bool host_pinned),                                                   \
+    forward_nonempty, (device, dst, src, bytes, kind, stream, host_pinned))                    \
+  /* Enqueues on `stream` the fill of `bytes` (> 0) bytes of device memory at `ptr`            \
+     (anywhere inside an allocation from malloc(device, ·)) with the low byte of `value`,      \
+     as std::memset does. */                                                                   \
+  X(memset_async, void,                                                                        \
+    (device_index device, void* ptr, int value, std::size_t bytes, StreamHandle stream),       \
+    forward_nonempty, (device, ptr, value, bytes, stream))                                     \
+  /* A new stream; `priority` in the driver's numbering, within                                \
+     properties().stream_priorities (with StreamPriorityRange::from_levels(n): a level, 0 =    \
+     default .. n-1 = most urgent). */                                                         \
+  X(stream_create, StreamHandle, (device_index device, int priority), forward,                 \
+    (device, priority))                                                                        \
+  /* Releases the stream; its queued work still completes (the call may return before). */     \
+  X(stream_destroy, void, (device_index device, StreamHandle stream), forward,                 \
+    (device, stream))                                                                          \
+  /* True iff all work queued on the stream so far has completed; never blocks. */             \
   X(stream_query, bool, (device_index device, StreamHandle stream), forward, (device, stream)) \
-  X(stream_synchronize, void, (device_index device, StreamHandle stream), forward,           \
-    (device, stream))                                                                         \
-  X(stream_wait_event, void, (device_index device, StreamHandle stream, EventHandle event),  \
-    forward, (device, stream, event))                                                         \
-  X(event_create, EventHandle, (device_index device, EventFlags flags), forward,             \
-    (device, flags))                                                                          \
-  X(event_destroy, void, (device_index device, EventHandle event), forward, (device, event)) \
-  X(event_record, void, (device_index device, EventHandle event, StreamHandle stream),       \
-    forward, (device, event, stream))                                                         \
-  X(event_query, bool, (device_index device, EventHandle event), forward, (device, event))   \
-  X(event_synchronize, void, (device_index device, EventHandle event), forward,              \
-    (device, event))                                                                          \
+  /* Blocks until all work queued on the stream so far has completed. */                       \
+  X(stream_synchronize, void, (device_index device, StreamHandle stream), forward,             \
+    (device, stream))                                                                          \
+  /* Work queued on `stream` later waits for the event's last record as of this call           \
+     (recording the event again does not change it); no wait if the event was never            \
+     recorded. */                                                                              \
+  X(stream_wait_event, void, (device_index device, StreamHandle stream, EventHandle event),    \
+    forward, (device, stream, event))                                                          \
+  /* A new event; EventFlags::timing asks for timestamps, EventFlags::blocking_sync lets       \
+     event_synchronize yield the CPU. */                                                       \
+  X(event_create, EventHandle, (device_index device, EventFlags flags), forward,               \
+    (device, flags))                                                                           \
+  /* Releases the event; pending records may still complete. */                                \
+  X(event_destroy, void, (device_index device, EventHandle event), forward, (device, event))   \
+  /* Captures the work queued on `stream` so far; a new record replaces the last (the SDK      \
+     does not record a pooled event again before its last record has completed:                \
+     Note [Pooled event reuse]). */                                                            \
+  X(event_record, void, (device_index device, EventHandle event, StreamHandle stream),         \
+    forward, (device, event, stream))                                                          \
+  /* True iff the captured work has completed; true for an event never recorded. */            \
+  X(event_query, bool, (device_index device, EventHandle event), forward, (device, event))     \
+  /* Blocks until the captured work has completed; returns at once for an event never          \
+     recorded. */                                                                              \
+  X(event_synchronize, void, (device_index device, EventHandle event), forward,                \
+    (device, event))                                                                           \
+  /* Blocks until the work of every stream of `device`, the SDK's included, has completed. */  \
   X(device_synchronize, void, (device_index device), forward, (device))
 
-#define ACCELKIT_OPTIONAL_MEMBERS(X)                                                          \
-  X(initialize, void, (), sdk, ())                                                            \
-  X(memory_info, MemoryInfo, (device_index device), sdk, (device))                            \
-  X(can_access_peer, bool, (device_index device, device_index peer), sdk, (device, peer))     \
-  X(memcpy_peer_async, void,                                                                  \
-    (void* dst, device_index dst_device, const void* src, device_index src_device,            \
-     std::size_t bytes, StreamHandle stream),                                                 \
-    sdk, (dst, dst_device, src, src_device, bytes, stream))                                   \
+#define ACCELKIT_OPTIONAL_MEMBERS(X)                                                           \
+  /* Called once, at the first device use (never for device_count or properties). Absent:      \
+     nothing. */                                                                               \
+  X(initialize, void, (), sdk, ())                                                             \
+  /* Live free and total bytes of `device`. Absent: total = properties().total_memory, free    \
+     = total minus the bytes the SDK holds from malloc on the device. */                       \
+  X(memory_info, MemoryInfo, (device_index device), sdk, (device))                             \
+  /* Whether `device` may read and write `peer`'s memory directly. Absent: false; copies       \
+     between devices are staged through pinned host memory. */                                 \
+  X(can_access_peer, bool, (device_index device, device_index peer), sdk, (device, peer))      \
+  /* Enqueues the copy of `bytes` (> 0) from `src` on src_device to `dst` on dst_device on     \
+     `stream`, a stream of src_device. Absent: the SDK synchronizes `stream` and copies        \
+     through a host_malloc buffer, synchronously. */                                           \
+  X(memcpy_peer_async, void,                                                                   \
+    (void* dst, device_index dst_device, const void* src, device_index src_device,             \
+     std::size_t bytes, StreamHandle stream),                                                  \
+    sdk, (dst, dst_device, src, src_device, bytes, stream))                                    \
+  /* Milliseconds between two completed records of timing events. Absent:                      \
+     properties().event_timing is false, and asking raises NotSupportedError naming the        \
+     backend. */                                                                               \
   X(event_elapsed_time, float, (device_index device, EventHandle start, EventHandle end), sdk, \
-    (device, start, end))                                                                     \
-  X(stream_wait_peer_event, void,                                                             \
-    (device_index device, StreamHandle stream, device_index event_device, EventHandle event), \
-    sdk, (device, stream, event_device, event))                                               \
-  X(host_map, void, (device_index device, void* ptr, std::size_t bytes), sdk,                 \
-    (device, ptr, bytes))                                                                     \
-  X(host_unmap, void, (device_index device, void* ptr, std::size_t bytes), sdk,               \
-    (device, ptr, bytes))                                                                     \
-  X(signal_create, SignalHandle, (device_index device), sdk, (device))                        \
-  X(stream_wait_signal, void,                                                                 \
-    (device_index device, StreamHandle stream, SignalHandle signal), sdk,                     \
-    (device, stream, signal))                                                                 \
-  X(signal_complete, void, (device_index device, SignalHandle signal, int error), sdk,        \
-    (device, signal, error))                                                                  \
+    (device, start, end))                                                                      \
+  /* Work queued on `stream` (of `device`) later waits, on the device, for the last record     \
+     as of this call of `event`, an event of event_device (never `device`); no wait if         \
+     never recorded (Note [Cross-device waits]). Absent: the SDK waits on the host, in         \
+     event_synchronize(event_device, event), before the call returns. */                       \
+  X(stream_wait_peer_event, void,                                                              \
+    (device_index device, StreamHandle stream, device_index event_device, EventHandle event),  \
+    sdk, (device, stream, event_device, event))                                                \
+  /* Makes [ptr, ptr + bytes), inside one allocation from malloc(device, ·), readable and      \
+     writable by the host until the matching host_unmap. Called only for a device whose        \
+     host_access is mapped, from any thread, after the SDK waited for the device's work on     \
+     the range; work another thread queued on the range since (a read) may still be            \
+     pending, and the map coexists with it, neither refusing nor waiting for it. The SDK       \
+     never maps a range twice at once and writes nothing to it on the device until it          \
+     unmaps (Note [Map scopes]). Absent: a device reporting host_access mapped without both    \
+     members is refused at its first properties query. */                                      \
+  X(host_map, void, (device_index device, void* ptr, std::size_t bytes), sdk,                  \
+    (device, ptr, bytes))                                                                      \
+  /* Ends the host's access to a range given to host_map with the same arguments: what the     \
+     host wrote is the device's when it returns; a host access after it may fault. Absent:     \
+     as host_map. */                                                                           \
+  X(host_unmap, void, (device_index device, void* ptr, std::size_t bytes), sdk,                \
+    (device, ptr, bytes))                                                                      \
+  /* A new host signal of `device`, not completed; the four signal members go together         \
+     (Note [Host signals]). Absent: the SDK's own signal, which a stream waits for on the      \
+     calling thread. */                                                                        \
+  X(signal_create, SignalHandle, (device_index device), sdk, (device))                         \
+  /* Work queued on `stream` later waits, on the device, until the signal is completed;        \
+     returns at once; no wait if it is completed already. Absent: the calling thread blocks    \
+     until the signal is completed (RuntimeError if it failed). */                             \
+  X(stream_wait_signal, void,                                                                  \
+    (device_index device, StreamHandle stream, SignalHandle signal), sdk,                      \
+    (device, stream, signal))                                                                  \
+  /* Completes the signal, once, from any thread: `error` 0 is success; otherwise every        \
+     stream waiting for it reports an asynchronous error (with `error` as the code where       \
+     the driver carries one) and goes on. Absent: as signal_create. */                         \
+  X(signal_complete, void, (device_index device, SignalHandle signal, int error), sdk,         \
+    (device, signal, error))                                                                   \
+  /* Releases the signal; waits queued on it still pass after signal_complete. A signal not    \
+     completed that a stream waits for is refused with DriverError and stays usable.           \
+     Absent: as signal_create. */                                                              \
   X(signal_destroy, void, (device_index device, SignalHandle signal), sdk, (device, signal))
 
 // Constants: C(member, type, default). `static constexpr type member`; a
 // required one has no default.
-#define ACCELKIT_REQUIRED_CONSTANTS(C) C(name, std::string_view, )
-#define ACCELKIT_OPTIONAL_CONSTANTS(C) \
-  C(host_kernels, bool, true)          \
+#define ACCELKIT_REQUIRED_CONSTANTS(C)                                                         \
+  /* The backend's name: the device type ("simdev:0"), the prefix of its variables             \
+     (SIMDEV_*) and its Python module (torch.simdev); a lowercase identifier that is not a     \
+     PyTorch device type. */                                                                   \
+  C(name, std::string_view, )
+#define ACCELKIT_OPTIONAL_CONSTANTS(C)                                                         \
+  /* Whether PyTorch's CPU kernels of the hottest operators run in place on device memory      \
+     the host can reach (host_access mapped or direct); false for a runtime that brings        \
+     kernels of its own. */                                                                    \
+  C(host_kernels, bool, true)                                                                  \
+  /* Whether discovery (device_count, properties) leaves nothing that fork() breaks; false     \
+     for a driver that starts threads at its first device query (PoCL): a child forked         \
+     after discovery then refuses device use, as after initialization (Note [Fork safety]). */ \
   C(fork_safe_discovery, bool, true)
 
 #define ACCELKIT_DETAIL_UNPAREN_(...) __VA_ARGS__
