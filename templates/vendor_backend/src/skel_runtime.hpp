@@ -3,9 +3,10 @@
 // device, every operation done before the call returns), so that the
 // project builds, passes accelkit's conformance kit and runs as a PyTorch
 // device before any driver is involved. Replace each body with the driver
-// call named in its comment ("Driver:", in CUDA's names); accelkit's
-// docs/porting.md goes member by member, with the rules the kit checks.
-// The contract table (<accelkit/runtime.hpp>) gives each member's meaning.
+// call named in its comment ("Driver:", in CUDA's names). What each member
+// must do is accelkit's docs/contract.md (the same table opens
+// <accelkit/runtime.hpp>); docs/porting.md goes member by member through
+// the driver calls and the rules the kit checks.
 #pragma once
 
 #include <accelkit/accelkit.hpp>
@@ -21,8 +22,7 @@ namespace skel {
 
 class SkelRuntime : public accelkit::Runtime<SkelRuntime> {
  public:
-  // The device type (device="skel"), the prefix of the backend's variables
-  // (SKEL_VISIBLE_DEVICES) and the Python module (torch.skel).
+  // Here: device="skel", torch.skel, SKEL_VISIBLE_DEVICES.
   static constexpr std::string_view name = "skel";
 
   using device_index = accelkit::device_index;
@@ -31,15 +31,14 @@ class SkelRuntime : public accelkit::Runtime<SkelRuntime> {
   using EventHandle = accelkit::EventHandle;
   using EventFlags = accelkit::EventFlags;
 
-  // Driver: cuDeviceGetCount. Must not create a context; a driver error
-  // (no driver loaded) is thrown as DriverError and read as 0 devices. A
-  // driver that starts threads at its first query also declares
+  // Driver: cuDeviceGetCount. A driver that starts threads at its first
+  // query also declares
   //   static constexpr bool fork_safe_discovery = false;
   int device_count() { return 1; }
 
-  // Driver: cuDeviceGetName, cuDeviceGetAttribute, cuDeviceTotalMem... Must
-  // not create a context. Leave uuid empty when the driver has none (the
-  // SDK derives a stable one); memory_alignment is what malloc guarantees.
+  // Driver: cuDeviceGetName, cuDeviceGetAttribute, cuDeviceTotalMem... Leave
+  // uuid empty when the driver has none (the SDK derives a stable one);
+  // memory_alignment is what malloc guarantees.
   accelkit::DeviceProperties properties(device_index) {
     accelkit::DeviceProperties p;
     p.name = "skel host device";
@@ -69,10 +68,7 @@ class SkelRuntime : public accelkit::Runtime<SkelRuntime> {
   device_index get_device() { return current_; }
   void set_device(device_index device) { current_ = device; }
 
-  // Driver: cuMemAlloc / cuMemFree. nullptr when memory runs out (the SDK
-  // then frees its cache and retries, then raises torch.OutOfMemoryError).
-  // free() may release at once: the SDK never frees memory that queued work
-  // still uses.
+  // Driver: cuMemAlloc / cuMemFree.
   void* malloc(device_index, std::size_t bytes) {
     std::size_t size = round_up(bytes);
     if (used_.fetch_add(size) + size > capacity) {
@@ -98,20 +94,18 @@ class SkelRuntime : public accelkit::Runtime<SkelRuntime> {
     }
     std::free(ptr);
   }
-  // Driver: cuMemHostAlloc (portable) / cuMemFreeHost: page-locked memory
-  // that async copies of every device may use.
+  // Driver: cuMemHostAlloc (CU_MEMHOSTALLOC_PORTABLE) / cuMemFreeHost.
   void* host_malloc(device_index, std::size_t bytes) {
     return std::aligned_alloc(alignment, round_up(bytes));
   }
   void host_free(device_index, void* ptr) { std::free(ptr); }
 
-  // Driver: cuMemcpy (complete on return).
+  // Driver: cuMemcpy.
   void memcpy(device_index, void* dst, const void* src, std::size_t bytes, CopyKind) {
     std::memmove(dst, src, bytes);
   }
-  // Driver: cuMemcpyAsync. host_pinned: the host side is host_malloc memory
-  // that the SDK leaves alone until the stream passes the copy; otherwise it
-  // is pageable memory, to be read (or staged) before returning.
+  // Driver: cuMemcpyAsync. Here the copy is done before returning, which
+  // is right whatever host_pinned says.
   void memcpy_async(device_index device, void* dst, const void* src, std::size_t bytes,
                     CopyKind kind, StreamHandle, bool /*host_pinned*/) {
     memcpy(device, dst, src, bytes, kind);
@@ -121,17 +115,16 @@ class SkelRuntime : public accelkit::Runtime<SkelRuntime> {
     std::memset(ptr, value, bytes);
   }
 
-  // Driver: cuStreamCreateWithPriority / cuStreamDestroy / cuStreamQuery
-  // (never blocks: true iff idle) / cuStreamSynchronize /
-  // cuStreamWaitEvent. Here work is done when queued: every stream is idle.
+  // Driver: cuStreamCreateWithPriority / cuStreamDestroy / cuStreamQuery /
+  // cuStreamSynchronize / cuStreamWaitEvent. Here work is done when queued:
+  // every stream is idle.
   StreamHandle stream_create(device_index, int) { return StreamHandle{++handles_}; }
   void stream_destroy(device_index, StreamHandle) {}
   bool stream_query(device_index, StreamHandle) { return true; }
   void stream_synchronize(device_index, StreamHandle) {}
   void stream_wait_event(device_index, StreamHandle, EventHandle) {}
 
-  // Driver: cuEventCreate / cuEventDestroy / cuEventRecord (a new record
-  // replaces the last) / cuEventQuery (true for an event never recorded) /
+  // Driver: cuEventCreate / cuEventDestroy / cuEventRecord / cuEventQuery /
   // cuEventSynchronize. Here a record completes at once, so it keeps only
   // its time, for event_elapsed_time.
   EventHandle event_create(device_index, EventFlags) {
@@ -150,8 +143,7 @@ class SkelRuntime : public accelkit::Runtime<SkelRuntime> {
   }
   bool event_query(device_index, EventHandle) { return true; }
   void event_synchronize(device_index, EventHandle) {}
-  // Optional (without it, properties().event_timing is false and PyTorch's
-  // elapsed_time is refused). Driver: cuEventElapsedTime.
+  // Optional. Driver: cuEventElapsedTime.
   float event_elapsed_time(device_index, EventHandle start, EventHandle end) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto a = recorded_.find(start.value), b = recorded_.find(end.value);
@@ -161,7 +153,7 @@ class SkelRuntime : public accelkit::Runtime<SkelRuntime> {
     return std::chrono::duration<float, std::milli>(b->second - a->second).count();
   }
 
-  // Driver: cuCtxSynchronize (every stream of the device).
+  // Driver: cuCtxSynchronize.
   void device_synchronize(device_index) {}
 
  private:
