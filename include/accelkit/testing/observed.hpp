@@ -89,7 +89,7 @@ class Observed : public Wrap<Observed<R>, R> {
   }
   void free(device_index device, void* ptr) {
     note(Member::free);
-    check_release(device, ptr, false);
+    check_release(device, ptr, Side::device);
     this->inner().free(device, ptr);
   }
   void* host_malloc(device_index device, std::size_t bytes) {
@@ -103,7 +103,7 @@ class Observed : public Wrap<Observed<R>, R> {
   }
   void host_free(device_index device, void* ptr) {
     note(Member::host_free);
-    check_release(device, ptr, true);
+    check_release(device, ptr, Side::host);
     this->inner().host_free(device, ptr);
   }
   void memcpy_async(device_index device, void* dst, const void* src, std::size_t bytes,
@@ -114,16 +114,16 @@ class Observed : public Wrap<Observed<R>, R> {
     Marker m{device, {}, stream, "memcpy_async", {}};
     switch (kind) {
       case CopyKind::host_to_device:
-        m.ranges.push_back({addr(dst), bytes, false});
-        if (host_pinned) m.ranges.push_back({addr(src), bytes, true});
+        m.ranges.push_back({addr(dst), bytes, Side::device});
+        if (host_pinned) m.ranges.push_back({addr(src), bytes, Side::host});
         break;
       case CopyKind::device_to_host:
-        m.ranges.push_back({addr(src), bytes, false});
-        if (host_pinned) m.ranges.push_back({addr(dst), bytes, true});
+        m.ranges.push_back({addr(src), bytes, Side::device});
+        if (host_pinned) m.ranges.push_back({addr(dst), bytes, Side::host});
         break;
       case CopyKind::device_to_device:
-        m.ranges.push_back({addr(dst), bytes, false});
-        m.ranges.push_back({addr(src), bytes, false});
+        m.ranges.push_back({addr(dst), bytes, Side::device});
+        m.ranges.push_back({addr(src), bytes, Side::device});
         break;
     }
     mark(std::move(m));
@@ -132,14 +132,17 @@ class Observed : public Wrap<Observed<R>, R> {
                     StreamHandle stream) {
     note(Member::memset_async);
     this->inner().memset_async(device, ptr, value, bytes, stream);
-    mark({device, {}, stream, "memset_async", {{reinterpret_cast<std::uintptr_t>(ptr), bytes, false}}});
+    mark({device, {}, stream, "memset_async",
+          {{reinterpret_cast<std::uintptr_t>(ptr), bytes, Side::device}}});
   }
 
  private:
+  // Whose memory a range is: the device's, or pinned host memory.
+  enum class Side { device, host };
   struct Range {
     std::uintptr_t begin;
     std::size_t bytes;
-    bool host;
+    Side side;
   };
   struct Marker {
     device_index device;
@@ -187,7 +190,8 @@ class Observed : public Wrap<Observed<R>, R> {
     markers_.resize(kept);
   }
   // Before a free: every marker over the range must have completed.
-  void check_release(device_index device, void* ptr, bool host) {
+  void check_release(device_index device, void* ptr, Side side) {
+    const bool host = side == Side::host;
     std::lock_guard<std::mutex> lock(mutex_);
     auto begin = reinterpret_cast<std::uintptr_t>(ptr);
     std::size_t bytes = 1;
@@ -207,7 +211,7 @@ class Observed : public Wrap<Observed<R>, R> {
     for (const Marker& m : markers_) {
       if (!host && m.device != device) continue;
       for (const Range& r : m.ranges) {
-        if (r.host != host || r.begin >= begin + bytes || begin >= r.begin + r.bytes) continue;
+        if (r.side != side || r.begin >= begin + bytes || begin >= r.begin + r.bytes) continue;
         if (this->inner().event_query(m.device, m.event)) continue;
         violations_.push_back(fmt::format(
             "{}({}, {}) ({} bytes) while queued work that uses that memory (a {} on stream "
