@@ -1,7 +1,7 @@
 """torch.compile on simdev (issue 19) against torch.compile on the CPU and
 simdev run eagerly, in one run, on one thread (host-visible simdev: Inductor's
 C++ kernels on the device memory, Note [Compiled kernels on host-visible
-memory] in python/accelkit/compile.py).
+memory] in python/accelkit/compile/wrappers.py).
 
   python bench/compile_torch_bench.py           the full run
   python bench/compile_torch_bench.py --quick   few rounds, to check that it runs

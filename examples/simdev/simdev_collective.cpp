@@ -1,7 +1,7 @@
 // simdev's own collective library: collectives between the processes of one
 // host through POSIX shared memory, offered to accelkit's process group
 // through its vendor collective slot as torch.ops.simdev_collectives
-// (Note [The vendor collective slot] in python/accelkit/distributed.py).
+// (Note [The vendor collective slot] in python/accelkit/distributed/native.py).
 //
 // Note [simdev's shared-memory collectives]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

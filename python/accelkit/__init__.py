@@ -47,9 +47,8 @@ def install(name: str, library=None):
     current = torch._C._get_privateuse1_backend_name()
     installed = sys.modules.get(f"torch.{name}")
     if current == name and installed is not None:
-        # By another copy of this package (each backend's wheel carries one:
-        # Note [The SDK's Python package in each wheel] in
-        # cmake/accelkitTorchBackend.cmake).
+        # By another copy of this package: each backend's wheel carries one
+        # (Note [The SDK's Python package in each wheel]).
         return installed
     if current not in ("privateuseone", name):
         raise RuntimeError(f"accelkit.install({name!r}): PyTorch's PrivateUse1 device is named "

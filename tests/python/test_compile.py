@@ -1,4 +1,4 @@
-"""Issue 19: torch.compile on an accelkit backend (python/accelkit/compile.py).
+"""Issue 19: torch.compile on an accelkit backend (python/accelkit/compile/).
 
 Compiling is slow (seconds per graph), so these tests run in their own ctest
 entry (python.simdev.compile, which sets ACCELKIT_COMPILE_TESTS=1) and skip
@@ -28,9 +28,12 @@ pytestmark = pytest.mark.skipif(
 HOST_VISIBLE = ENABLED and MOD.get_device_properties(0).get("host_visible_memory", False)
 host_visible = pytest.mark.skipif(not HOST_VISIBLE, reason=f"{DEV}'s memory is not host-visible")
 
-def _compile_module():
+def _compile_module(sub=""):
+    """The accelkit.compile package that installed the backend, or its module
+    `sub` (kernels, cpu_checks, fake_conv)."""
     import importlib
     for name in (PACKAGE.__name__ + "._accelkit.compile", "accelkit.compile"):
+        name += f".{sub}" if sub else ""
         try:
             mod = importlib.import_module(name)
         except ImportError:
@@ -119,7 +122,7 @@ def test_installing_the_backend_imports_neither_dynamo_nor_inductor():
 def test_inductor_s_cpu_checks_are_replaced_only_where_their_source_still_matches():
     import torch._inductor.compile_fx  # noqa: F401  (registers)
     from torch._inductor import ir, utils
-    mod = _compile_module()
+    mod = _compile_module("cpu_checks")
     assert mod._changed(mod._CPU_CHECKS) is None  # unwraps the replaced helpers
     assert getattr(ir.is_cpu, "_accelkit", False) and ir.is_cpu(torch.device(DEV, 0)) == HOST_VISIBLE
     assert not ir.is_cpu(torch.device("meta")) and ir.is_cpu(torch.device("cpu"))
@@ -134,7 +137,7 @@ def test_the_fake_convolution_is_replaced_only_where_its_source_and_table_still_
     # or Inductor registers the backend, as Inductor's helpers are (the same
     # _changed), not at install. Here they match ...
     from torch._subclasses import fake_impls
-    mod = _compile_module()
+    mod = _compile_module("fake_conv")
     assert mod._conv_error is None
     assert mod._changed(mod._CONV_CHECKS, mod._CONV_WHAT, mod._CONV_NOTE) is None
     assert getattr(fake_impls.op_implementations_dict[torch.ops.aten.convolution.default],
@@ -213,7 +216,7 @@ def _close(a, b, **tol):
 
 def _kernels_on_device(fn):
     """Runs fn counting generated kernels run for the device."""
-    mod = _compile_module()
+    mod = _compile_module("kernels")
     calls = []
     orig = mod.wait_for_stream
 
@@ -292,7 +295,7 @@ def test_layout_optimization_answers_for_the_device_as_for_the_cpu(monkeypatch):
     # answers no for a PrivateUse1 device.
     from torch._inductor import config as iconfig
     from torch._inductor import graph
-    _compile_module()._patch_cpu_checks()  # before the spy: it checks the source it replaces
+    _compile_module("cpu_checks")._patch_cpu_checks()  # before the spy: it checks the source it replaces
     answers = []
     decide = graph.GraphLowering.decide_layout_opt
 
@@ -572,7 +575,7 @@ def test_wait_for_stream_checks_each_device_once(monkeypatch):
     # Note [Generated code from the cache]: the backstop asks once per device;
     # None (the current device) joins the checked ones once every device has
     # been (the old code asked for the current device at every None call).
-    mod = _compile_module()
+    mod = _compile_module("kernels")
     monkeypatch.setattr(mod, "_allowed", set())
     mod.wait_for_stream(None)
     for i in range(MOD.device_count()):
