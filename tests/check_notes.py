@@ -7,10 +7,14 @@ Note, the name in square brackets, optionally a colon, nothing else. Every
 other mention is a citation, including one that wraps over a line break
 inside a comment. Markdown files only cite.
 
-Scans the source and documentation folders given (default: the project's),
-prints each Note cited but never defined, defined more than once, or defined
-and never cited elsewhere is fine (a Note may stand alone), with file:line,
-and fails if there is any problem."""
+In Python a docstring line that starts the same way also defines. A
+citation at the start of a comment line followed by a colon reads as a
+definition: write it "(Note [...])" instead.
+
+Scans the folders given (default: the project's sources and documents) and
+prints, with file:line, each Note cited but defined nowhere and each Note
+defined more than once; fails if there is any. A Note defined and not
+cited is fine."""
 import argparse
 import collections
 import pathlib

@@ -13,8 +13,9 @@
 // versions and loaded into one Python process must not merge incompatible
 // definitions of, say, accelkit::Backend<R>. Everything lives in an inline
 // namespace named after the ABI version: code spells `accelkit::X`, the
-// linker sees `accelkit::v0::X`. Bump ACCELKIT_ABI_NAMESPACE on any change
-// to a type's layout or to the Runtime contract.
+// linker sees `accelkit::v0::X`. Limits: the guard is only as good as its
+// upkeep: ACCELKIT_ABI_NAMESPACE must be bumped on any change to a type's
+// layout or to the Runtime contract.
 #ifndef ACCELKIT_ABI_NAMESPACE
 #define ACCELKIT_ABI_NAMESPACE v0
 #endif

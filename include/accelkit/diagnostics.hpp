@@ -7,7 +7,9 @@
 // operation that met them; the SDK reports those here, with the
 // backend's name. The default handler drops them; the torch adapters install
 // one that raises a PyTorch warning (TORCH_WARN, a Python UserWarning), and
-// a program or test can install its own.
+// a program or test can install its own. Limits: one handler per process,
+// shared by every backend (hence the backend's name in each report), called
+// on whatever thread met the failure.
 #pragma once
 
 #include <accelkit/config.hpp>

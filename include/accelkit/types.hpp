@@ -9,10 +9,17 @@
 
 ACCELKIT_BEGIN_NAMESPACE
 
-// A device ordinal. Note [Logical and physical indices]: the SDK hands the
-// runtime *physical* ordinals (0 .. runtime.device_count()-1); users see
-// *logical* ordinals, after <NAME>_VISIBLE_DEVICES filtered and reordered them.
-using device_index = int;
+// Note [Logical and physical indices]
+// Users hide and reorder a backend's devices with <NAME>_VISIBLE_DEVICES
+// (Note [Visible devices]), and a vendor's runtime should not have to know
+// about it. So there are two numberings: users and PyTorch see logical
+// ordinals, 0 .. the number of visible devices - 1; the runtime always sees
+// physical ordinals, 0 .. runtime.device_count() - 1, all of its devices.
+// Backend<R> validates a logical index and maps it to the physical one at
+// the call into the runtime, and nowhere else. Limits: a driver that reads a
+// visibility variable of its own must not be given the SDK's, or the two
+// filters compose.
+using device_index = int;  // a device ordinal: logical or physical by where it is used
 
 enum class CopyKind : std::uint8_t {
   host_to_device,

@@ -15,14 +15,17 @@
 ACCELKIT_BEGIN_NAMESPACE
 namespace detail {
 
-// Note [Per-device slots]: get() finds a made object without a lock (one
-// acquire load); the first call for a device makes it under the holder's
-// lock. A make() that throws leaves the slot empty, and the next get()
-// tries again (a driver error at first use is not remembered as a broken
-// device). Objects live as long as the holder: replace() puts a new object
-// in a slot and keeps the old one alive (a racing reader may still hold
-// it) until the holder is destroyed. The caller checks the device index;
-// the number of slots is fixed at the first get().
+// Note [Per-device slots]
+// Every operation looks up its device's pools, tables and schema, so the
+// lookup must cost no lock, while the objects are made only when a device
+// is first used (making one may call the driver). get() finds a made object
+// with one acquire load; the first call for a device makes it under the
+// holder's lock. A make() that throws leaves the slot empty and the next
+// get() tries again, so a driver error at first use is not remembered as a
+// broken device. replace() puts a new object in a slot and keeps the old one
+// alive (a racing reader may still hold it). Limits: objects, replaced ones
+// included, live until the holder is destroyed; the caller checks the device
+// index; the number of slots is fixed at the first get().
 template <class T>
 class PerDevice {
  public:

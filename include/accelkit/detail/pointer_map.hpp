@@ -3,23 +3,22 @@
 // Note [Pointer map]
 // free(ptr) must find the block that ptr starts, from any thread. One map
 // under one lock would serialize every thread on the device; node-based maps
-// cost a heap allocation per insert. This map is split into shards (1024 unless
-// told otherwise) by a
-// hash of the pointer, each an open-addressing table (linear probing,
-// backward-shift deletion, no allocation except when it grows) under its own
-// spinlock.
-// Two threads contend only when their pointers hash to one shard; with the
-// handful of hot blocks a thread cycles through, 64 shards made that happen
-// in about a third of runs (measured: 1.46x instead of 1.8x for two threads),
-// 1024 make it rare, for at most a few KiB per shard in use.
-// The values are small trivially copyable records; a value-initialized V
-// means "absent".
+// cost a heap allocation per insert. This map is split into shards (1024
+// unless told otherwise) by a hash of the pointer, each an open-addressing
+// table (linear probing, backward-shift deletion, no allocation except when
+// it grows) under its own spinlock. Two threads contend only when their
+// pointers hash to one shard; with the handful of hot blocks a thread cycles
+// through, 64 shards made that happen in about a third of runs, 1024 make it
+// rare. Limits: at most a few KiB per shard in use; the values are small
+// trivially copyable records, and a value-initialized V means "absent".
+// Evidence: bench/memory_bench.cpp, two threads (1.46x with 64 shards, 1.8x).
 //
 // Note [Reading the pointer map without a lock]
 // Writers (insert, erase, update, modify) take the shard's lock; find()
 // takes none. A lock is an atomic read-modify-write, and on the device
 // pool's hit path the map is read once per free: two of them per pair were
-// a third of a large block's hit path (measured: 40.8 ns with, 29.1 without).
+// a third of a large block's hit path (bench/memory_bench.cpp, hit path:
+// 40.8 ns with, 29.1 without).
 // Each shard is a sequence lock: a writer makes its counter odd, changes the
 // table, and makes it even again; a reader reads the counter, the slots, and
 // the counter again, and retries when a writer came between. Every slot word
@@ -27,10 +26,10 @@
 // moves on x86-64, and no fences, which ThreadSanitizer does not model): a
 // reader that reads a word a writer wrote then also sees the writer's odd
 // counter, so a reader racing a writer reads words that may not belong
-// together, but never a torn word, and throws them away. A table that grows is replaced,
-// not freed: the slot arrays a reader may still be reading stay allocated
-// until the map is destroyed (at most as many bytes as the current ones, as
-// each is twice the last).
+// together, but never a torn word, and throws them away. Limits: a table
+// that grows is replaced, not freed: the slot arrays a reader may still be
+// reading stay allocated until the map is destroyed (at most as many bytes
+// as the current ones, as each is twice the last).
 #pragma once
 
 #include <accelkit/config.hpp>

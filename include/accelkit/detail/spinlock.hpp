@@ -26,7 +26,9 @@ inline void cpu_relax() noexcept {
 // shorter than a std::mutex lock/unlock pair, so the hot path uses a
 // test-and-test-and-set spinlock. A waiter spins briefly, then yields, so a
 // holder that was preempted (or that is calling the driver on a cache miss)
-// does not burn the other core.
+// does not burn the other core. Limits: no fairness (a waiter may be
+// overtaken), and a waiter behind a long hold keeps yielding rather than
+// sleeping; sections that may block for long use std::mutex.
 class SpinLock {
  public:
   // The uncontended case inline, the wait out of line.
@@ -58,10 +60,8 @@ class SpinLock {
 // allocation path).
 // Written out rather than std::lock_guard/std::unique_lock over SpinLock:
 // GCC 12 at -O3 (CMake's Release) called their constructor and unlock() out
-// of line from the allocator, whose members here are always inlined. With
-// std::unique_lock<SpinLock> in its place, the allocator's hit path takes
-// 468 instructions per allocate and free of 4 KiB against 395 (callgrind,
-// bench/alloc_counts.py).
+// of line from the allocator, whose members here are always inlined.
+// Evidence: the hit path's instruction counts, bench/alloc_counts.py.
 class SpinGuard {
  public:
   SpinGuard() noexcept = default;
