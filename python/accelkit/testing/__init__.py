@@ -1,14 +1,14 @@
 """accelkit's conformance kit, Python side: what a backend made by accelkit
-must do from the PyTorch side, for any device name (issue 17).
+must do from the PyTorch side, for any device name.
 
     python -m accelkit.testing --device acme [--groups tensors,copies] [--skip training]
         [--report acme.json] [--opinfo quick|full|none] [--opinfo-ops a,b] [--import m]
         [--list]
 
 (from a backend's wheel alone: python -m torch_acme._accelkit.testing --device acme).
-The checks (checks.py) run in order in this process, grouped: names,
-tensors, copies, dtypes, views, fallback, training, streams, memory, oom,
-errors; then, unless --opinfo none, PyTorch's own operator samples (op_db)
+The checks (the checks package) run in order in this process, grouped:
+names, tensors, copies, dtypes, views, fallback, training, streams, memory,
+oom, errors, visibility; then, unless --opinfo none, PyTorch's own operator samples (op_db)
 on the device against the CPU (opinfo.py), each operator in a child process
 (group "opinfo", one check per operator, dtype and direction). The report
 (report.py) has the C++ kit's schema (Note [Conformance report]) with
