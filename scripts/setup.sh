@@ -6,7 +6,8 @@
 #   Debian packages: cmake, g++, ninja, ccache, fmt, Catch2, OpenCL/PoCL, iproute2
 #   .venv:           torch==2.13.0 (the CPU wheel on this machine), pytest, numpy,
 #                    expecttest (PyTorch's operator database needs it),
-#                    scikit-build-core (builds backends' wheels)
+#                    scikit-build-core (builds backends' wheels); for the test
+#                    command also mkdocs (and Debian's doxygen): the docs site
 #   build/:          configured with Ninja and ccache, then built
 #   simdev:          its pip package (build/packages/torch_simdev, built in
 #                    build.wheel.torch_simdev) installed into .venv, so that
@@ -46,9 +47,11 @@ log() { printf '[accelkit setup] %s\n' "$*" >&2; }
 install_debian_packages() {
   # OpenCL (examples/opencl, tested on PoCL): the headers, the ICD loader and
   # PoCL's CPU device. iproute2: `ip netns` for the distributed test across
-  # two network namespaces.
+  # two network namespaces. The test command also builds the documentation
+  # site, whose API reference Doxygen makes.
   local wanted=(cmake g++ ninja-build ccache libfmt-dev catch2 python3
                 opencl-headers ocl-icd-opencl-dev pocl-opencl-icd iproute2) missing=()
+  [ "${ACCELKIT_SETUP:-test}" = demo ] || wanted+=(doxygen)
   for pkg in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
       || missing+=("$pkg")
@@ -79,6 +82,12 @@ PY
     log "installing torch==$TORCH_VERSION, pytest, numpy, expecttest and scikit-build-core into $ACCELKIT_VENV"
     "$ACCELKIT_VENV/bin/pip" install -q --disable-pip-version-check \
       "torch==$TORCH_VERSION" pytest numpy expecttest scikit-build-core
+  fi
+  # The documentation site's generator, for the test command's docs.site.
+  if [ "${ACCELKIT_SETUP:-test}" != demo ] && ! "$py" -c \
+       'import importlib.metadata as m; assert m.version("mkdocs") == "1.6.1"' 2>/dev/null; then
+    log "installing mkdocs==1.6.1 into $ACCELKIT_VENV"
+    "$ACCELKIT_VENV/bin/pip" install -q --disable-pip-version-check "mkdocs==1.6.1"
   fi
 }
 
