@@ -9,8 +9,10 @@
 // surfaces at the first query with every inconsistency listed, not as a wrong
 // number deep in user code), adds the live and derived fields (free memory,
 // peer access, event timing), and reports it the same way on every backend.
-// Fields are added, never renamed or repurposed; `schema_version` counts the
-// additions so that readers of the JSON report can tell what to expect.
+// Limits: fields are added, never renamed or repurposed, and
+// `schema_version` counts the additions so that readers of the JSON report
+// can tell what to expect; what the schema has no field for goes into
+// `extras`, under keys namespaced by the backend's name.
 #pragma once
 
 #include <accelkit/config.hpp>

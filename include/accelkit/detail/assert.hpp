@@ -10,7 +10,9 @@
 // throws std::logic_error naming the invariant, the condition and the place
 // (PyTorch shows it as a RuntimeError) instead of going on with corrupt
 // state. So that the throw is not a crash, the checks are placed where an
-// exception may leave (never in a noexcept function).
+// exception may leave (never in a noexcept function). Limits: compiled out
+// of release builds, where a broken invariant goes unnoticed until it does
+// harm; the core tests and sanitizer builds are where they catch bugs.
 #pragma once
 
 #include <accelkit/config.hpp>

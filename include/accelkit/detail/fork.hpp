@@ -17,7 +17,9 @@
 // device use as one forked after initialization is, while device_count()
 // still answers from the cache. Otherwise (the default, as CUDA's device
 // count through NVML) a child of a process that only counted devices may
-// initialize its own context.
+// initialize its own context. Limits: as with CUDA, a child forked after
+// initialization cannot use the device at all; worker processes that need it
+// are spawned, not forked.
 #pragma once
 
 #include <accelkit/config.hpp>
