@@ -6,7 +6,7 @@ name = None  # "simdev", set by accelkit.install
 ops = None   # torch.ops.<name>
 
 
-def index(device, optional=False) -> int:
+def index(device, *, optional=False) -> int:
     """A device argument (None, an index, "<name>:1", a torch.device) as a
     valid index: the current device for None or a device without an index;
     IndexError for an index out of range, ValueError for another device
