@@ -190,15 +190,16 @@ class Backend {
   }
 
   // Note [Deferred device switch]
-  // PyTorch switches devices where nothing may throw: a device guard
-  // restoring the previous device in its destructor (uncheckedSetDevice),
-  // and the autograd engine's device threads at start (setDevice, outside
-  // any try block: an exception there ends the process). There the switch
-  // cannot fail: the thread's current device becomes `device` whatever the
-  // driver says; a driver failure is reported (Note [Diagnostics]) and the
-  // driver's set_device is tried again by the thread's next current_device(),
-  // which throws if it fails again, where throwing is safe. Only an invalid
-  // index (IndexError, before anything changes) is thrown here.
+  // Problem: PyTorch switches devices where nothing may throw: a device
+  // guard's destructor (uncheckedSetDevice), the autograd engine's device
+  // threads at start (where an exception ends the process).
+  // Decision: there the switch cannot fail. The thread's current device
+  // becomes `device` whatever the driver says; a driver failure is
+  // reported (Note [Diagnostics]) and set_device is tried again by the
+  // thread's next current_device(), which may throw.
+  // Limits: only an invalid index throws here (IndexError, nothing
+  // changed); until the retry, a vendor kernel that asks the driver for
+  // its current device sees the old one.
   void set_device_deferred(device_index device) {
     int phys = physical(device);
     if (tls_.owner == id_ && tls_.device == device && !tls_.stale) return;
@@ -304,27 +305,31 @@ class Backend {
   // event pools are built on these; most code should use those instead.
 
   // Note [Memory alignment]
-  // A runtime's malloc returns memory aligned to at least the device's
-  // properties().memory_alignment: 256 B unless the runtime says otherwise
-  // (CUDA's cudaMalloc gives 256), any power of two from 128 B up (OpenCL's
-  // PoCL refuses alignments above 128 B). The SDK checks every pointer it is
-  // given and refuses a misaligned one loudly. What the SDK promises in
-  // turn: the data of every storage the caching pool hands out (so of every
-  // tensor at storage offset 0) is aligned to min(memory_alignment, 512) B,
-  // at least 128 B on every backend, 256 B on a runtime that keeps the
-  // default; PyTorch's CPU tensors get 64 B. The SDK itself relies on 128 B
-  // (Note [DataPtr context]).
+  // Problem: drivers align allocations differently (cudaMalloc: 256 B;
+  // OpenCL's PoCL refuses more than 128 B), and the SDK and PyTorch's
+  // kernels rely on aligned storage.
+  // Decision: a runtime's malloc aligns to at least
+  // properties().memory_alignment (256 B unless the runtime says
+  // otherwise; any power of two from 128 B up), and the SDK refuses a
+  // misaligned pointer loudly. The data of every storage the caching pool
+  // hands out is aligned to min(memory_alignment, 512) B.
+  // Limits: so at least 128 B on every backend (PyTorch's CPU tensors get
+  // 64 B), and a tensor at a storage offset only as far as its offset
+  // allows. The SDK itself relies on 128 B (Note [DataPtr context]).
   //
   // Note [Refusal and exhaustion]
-  // A driver's malloc answers nullptr both when the device is full and when
-  // it refuses the request for another reason (an alignment or size it does
-  // not serve, a limit of its own). The two call for different remedies, so
-  // the SDK tells them apart by the free memory the device reports
-  // (memory_info, or its default): nullptr while at least `bytes` are free is
-  // a refusal, a RuntimeError naming the backend, the size, the alignment
-  // and the free memory; nullptr with less free is exhaustion,
-  // torch.OutOfMemoryError, which the caching pool answers by returning its
-  // cache and trying again.
+  // Problem: a driver's malloc answers nullptr both when the device is
+  // full and when it refuses the request (an alignment or size it does
+  // not serve, a limit of its own), which call for different remedies.
+  // Decision: the free memory the device reports (memory_info, or its
+  // default) tells them apart: nullptr with at least `bytes` free is a
+  // refusal, a RuntimeError naming the backend, size, alignment and free
+  // memory; with less free it is exhaustion, torch.OutOfMemoryError,
+  // which the caching pool answers by returning its cache and trying
+  // again.
+  // Limits: as good as the free figure: the default counts only this
+  // process's allocations, so another process's memory, or fragmentation,
+  // makes exhaustion read as a refusal.
 
   // `bytes` of device memory straight from the driver. 0 bytes gives nullptr.
   // OutOfMemoryError when the request exceeds the device's maximum single
@@ -385,33 +390,31 @@ class Backend {
   }
 
   // Note [Pinned copies]
-  // memcpy_async's `host_pinned` tells the runtime what the SDK knows: the
-  // host side of the copy is memory from host_malloc (the pinned pool's),
-  // which the SDK keeps alive and does not touch until the stream has
-  // passed the copy (the pool records the stream: Note [Pinned host
-  // allocator]), so the runtime may leave the copy in flight and read or
-  // write that memory when the copy runs. Without the claim the host memory
-  // is pageable, and the copy must be done with it before memcpy_async
-  // returns. A runtime thus needs no record of its host_malloc ranges to
-  // tell the two apart (CUDA's driver looks the pointer up; OpenCL's SVM
-  // copies take no such hint); simdev checks every claim and refuses a
-  // false one.
+  // Problem: an asynchronous copy may leave its host side in flight only
+  // if that memory stays alive and untouched until the copy runs, and a
+  // runtime cannot tell pinned from pageable memory without a record of
+  // its host_malloc ranges.
+  // Decision: memcpy_async's `host_pinned` says the host side is
+  // host_malloc memory (the pinned pool's) that the SDK keeps alive and
+  // untouched until the stream has passed the copy (Note [Pinned host
+  // allocator]): the runtime may leave the copy in flight. Without it the
+  // memory is pageable, and the copy must be done with it before
+  // memcpy_async returns.
+  // Limits: the claim is the SDK's word, which the runtime may trust;
+  // simdev checks every claim and refuses a false one.
   // Note [Pinned memory per device]
-  // Pinned host memory is allocated in a device's context (OpenCL's SVM is a
-  // context's: clSVMAlloc needs one), so host_malloc and host_free name the
-  // device, and the pinned pool (HostAllocator) keeps one cache per device
-  // and frees each block through the device that gave it. What a block may
-  // be used for is not per device: as CUDA's portable pinned memory, it
-  // serves async copies of every device (memcpy_async's host_pinned claims
-  // it for any of them), because programs written for CUDA hand one pinned
-  // buffer from a copy of one device to a copy of another, in stream order
-  // (a staging buffer between two devices); treating it as pageable there
-  // would make the second copy wait on the host for work queued after it.
-  // A runtime with one context per device makes its pinned memory usable
-  // by the others (OpenCL: one context for the platform's devices). Which
-  // device tensor.pin_memory() pins for, naming none: the calling thread's
-  // current device, as CUDA's pinned allocator allocates in the current
-  // device's context.
+  // Problem: pinned memory is allocated in a device's context (clSVMAlloc
+  // needs one), yet CUDA programs pass one pinned buffer between copies
+  // of different devices (a staging buffer), where a pageable copy would
+  // wait on the host for work queued after it.
+  // Decision: host_malloc and host_free name the device, and
+  // HostAllocator caches per device and frees each block through its
+  // device; a block serves async copies of every device, as CUDA's
+  // portable pinned memory. pin_memory() naming no device pins for the
+  // calling thread's current device, as CUDA does.
+  // Limits: a runtime with one context per device must make its pinned
+  // memory usable by the others (OpenCL: one context for the platform's
+  // devices).
 
   // `bytes` of pinned host memory for `device` straight from the driver.
   void* raw_host_malloc(device_index device, std::size_t bytes) {
@@ -450,23 +453,17 @@ class Backend {
   }
 
   // Note [Cross-device waits]
-  // As on CUDA, a stream may wait for an event recorded on another device:
-  // work queued on `stream` (of `device`) after the call runs after the
-  // work the event's last record captured on `event_device`. A runtime
-  // whose driver can do that on the device implements the optional
-  // stream_wait_peer_event; the call then returns at once and the waiting
-  // happens on the device, tied to the record seen at the call (a later
-  // record of the event changes nothing for it, as for stream_wait_event).
-  // Without it the SDK waits on the host: the calling thread blocks in
-  // event_synchronize(event_device, event) until the captured work has
-  // completed, and only then returns, so work the caller queues afterwards,
-  // on `stream` or any other stream, starts after that work. This ordering
-  // is at least as strong as the device-side wait; what it costs is the
-  // calling thread's time (it cannot queue anything meanwhile), and a
-  // program that, after the wait, means to release the captured work itself
-  // (a host callback the awaited stream waits for) would wait forever.
-  // An asynchronous error of event_device's earlier work arrives from that
-  // event_synchronize, thrown to the caller of the wait.
+  // Problem: as on CUDA, a stream may wait for an event recorded on
+  // another device; not every driver can wait across devices.
+  // Decision: the optional stream_wait_peer_event waits on the device,
+  // tied to the record seen at the call. Without it the SDK waits on the
+  // host, in event_synchronize(event_device, event): work the caller
+  // queues afterwards, on any stream, starts after the captured work, and
+  // an asynchronous error of that work is thrown to the caller of the
+  // wait.
+  // Limits: the host wait costs the calling thread's time, and never
+  // returns in a program that means to release the captured work itself
+  // after the wait (a host callback the awaited stream waits for).
   void stream_wait_peer_event(device_index device, StreamHandle stream, device_index event_device,
                               EventHandle event) {
     int phys = physical(device);
@@ -483,37 +480,21 @@ class Backend {
   }
 
   // Note [Host signals]
-  // A host signal lets a stream wait for work that runs on host threads (a
-  // collective on gloo's threads, a vendor library's own thread), as CUDA's
-  // cuStreamWaitValue32 on host-mapped memory or a blocking
-  // cudaLaunchHostFunc, and OpenCL's user events (clCreateUserEvent,
-  // clEnqueueBarrierWithWaitList, clSetUserEventStatus) do: signal_create
-  // makes one, not completed; stream_wait_signal makes the work queued on a
-  // stream afterwards wait, on the device, until it is completed, and
-  // returns at once (no wait if it is completed already; any number of
-  // streams of the signal's device may wait for one signal); signal_complete
-  // completes it, once, from any thread: error 0 is success, anything else a
-  // failure, which every stream that waits for it reports as an asynchronous
-  // error of that stream by the contract's rules (runtime.hpp), with `error`
-  // as the driver code where the driver carries one (simdev does; OpenCL
-  // reports its own status for a failed dependency); the waiting stream then
-  // goes on (through Backend<R>, a failure is the SDK's to report, and the
-  // runtime's signal is completed as a success: Note [Failed waits]).
-  // signal_destroy releases it: after signal_complete, waits queued
-  // on it still pass; a signal not completed that a stream still waits for
-  // is refused with a DriverError, and stays usable (OpenCL's queue would
-  // otherwise wait forever). The SDK completes every signal it makes, then
-  // destroys it.
-  // The four members go together (one without the others is a compile
-  // error). A runtime without them gets the SDK's own signals
-  // (detail/host_signals.hpp), and a stream's wait is the calling thread's:
-  // stream_wait_signal blocks until the signal is completed (a failed one is
-  // a RuntimeError then), so the work the caller queues afterwards, on any
-  // stream, starts after it; a caller that would itself complete the signal
-  // later must not wait for it so (it would wait forever). has_stream_signals
-  // says which; accelkit.distributed waits on the host itself then.
-  // A stream that waited for a signal completed with an error stays failed
-  // while the signal lives (Note [Failed waits] in device/failed_waits.hpp).
+  // Problem: a stream must be able to wait for work on host threads (a
+  // collective on gloo's threads, a vendor library's own thread), as
+  // CUDA's cuStreamWaitValue32 or OpenCL's user events allow.
+  // Decision: four optional members, all or none: signal_create (not
+  // completed); stream_wait_signal (later work on the stream waits, on
+  // the device; returns at once); signal_complete (once, from any thread;
+  // a nonzero error fails every waiting stream, as its asynchronous
+  // error); signal_destroy (refuses, with a DriverError, a signal not
+  // completed that a stream waits for). Through Backend<R> a failure is
+  // the SDK's to report (Note [Failed waits]).
+  // Limits: without the members the SDK's own signals
+  // (detail/host_signals.hpp) make the wait the calling thread's,
+  // blocking until completion, so a caller that would complete the signal
+  // itself must not wait so; has_stream_signals says which. The members'
+  // full rules: docs/design/kit.md.
   static constexpr bool has_stream_signals = detail::has_stream_signals<R>;
 
   SignalHandle signal_create(device_index device) {

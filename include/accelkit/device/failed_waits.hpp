@@ -3,32 +3,27 @@
 //
 // Note [Failed waits]
 // Problem: a host signal completed with an error (a collective on host
-// threads that failed after a stream was made to wait for it: Note [Host
-// signals] in device/backend.hpp) is reported by a runtime as one
-// asynchronous error, once, by whichever call comes first: another thread's
-// unrelated synchronize (or copy) can consume it, and the thread that
-// waited for the collective then reads its output, never written, with no
-// error.
-// Decision: the SDK keeps the failure, and the runtime's signal is completed
-// as a success (so the runtime reports nothing of it, to no call). The
-// failure stays with the streams that waited for the signal for as long as
-// the signal lives: every synchronize and query of such a stream, and every
-// synchronize of its device, throws a RuntimeError naming the stream and the
-// failure (the reason its completer gave), after the runtime's own call has
-// waited for the work. It is never consumed, so the thread that uses the
-// output on that stream gets it, and so does any other thread that
-// synchronizes with that stream. Destroying the signal ends the failure
-// (accelkit.distributed keeps a failed collective's signals until its process
-// group is destroyed, as NCCL's communicator stays failed until it is aborted
-// and made again); destroying the stream forgets it. A wait queued on a
-// signal that failed already fails its stream at once.
-// Limits: only the SDK's own synchronizations see it (stream and device
-// synchronize and query, through Backend<R>); work queued on the failed
-// stream still runs (on whatever the failed work left in memory), and a
-// vendor kernel that never synchronizes through the SDK sees nothing until
-// the next synchronize. Events recorded on the stream are not marked.
-// Runtimes without the signal members wait on the host, where the wait
-// itself throws; nothing is tracked for them.
+// threads that failed after a stream was made to wait for it; Note [Host
+// signals]) is reported by a runtime as one asynchronous error, once, to
+// whichever call comes first: another thread's unrelated synchronize (or
+// copy) can consume it, and the thread that waited for the collective then
+// reads its output, never written, with no error.
+// Decision: the SDK keeps the failure, and completes the runtime's signal
+// as a success. While the signal lives, every synchronize and query of a
+// stream that waited for it, and every synchronize of its device, throws a
+// RuntimeError naming the stream and the failure's reason, after the
+// runtime's own call has waited for the work; it is never consumed, so
+// every thread that synchronizes with that stream gets it. Destroying the
+// signal ends the failure (accelkit.distributed keeps a failed collective's
+// signals until its process group is destroyed); destroying the stream
+// forgets it. A wait queued on a signal that failed already fails its
+// stream at once.
+// Limits: only the SDK's own synchronizations see it (through Backend<R>).
+// Work queued on the failed stream still runs, on whatever the failed work
+// left in memory; a vendor kernel that never synchronizes through the SDK
+// sees nothing until the next synchronize; events recorded on the stream
+// are not marked. Runtimes without the signal members wait on the host,
+// where the wait itself throws; nothing is tracked for them.
 #pragma once
 
 #include <accelkit/config.hpp>

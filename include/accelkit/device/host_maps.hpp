@@ -3,47 +3,31 @@
 // host_unmap (Note [Host access levels] in properties.hpp).
 //
 // Note [Map scopes]
-// The SDK's host paths (host kernels, the zero-copy fallback) open a map
-// scope over the device memory they touch on a device whose host_access is
-// mapped: a RAII object of one thread and one device (torch/host_access.hpp,
-// MapScope<R>) that maps each range it is given and unmaps it when it ends.
-// The scope works through HostMaps<R>, which counts the open maps per range,
-// so that
-//   - the runtime sees each range mapped once at a time: a range given again
-//     while it is open (by a nested scope, by another thread's scope, or as a
-//     part of an open range: a view) only counts; the last release unmaps it
-//     (if that unmap fails, the range stays open without holders, for the
-//     next release or the free of its memory to unmap again: the driver may
-//     still have it mapped, and must not see a free of mapped memory);
-//     A range that overlaps an open one only in part, or contains one, is
-//     refused with a RuntimeError (no two storages of the caching pool
-//     overlap; only a tensor made with from_blob over a part of another
-//     could): the open one may be in use by its holder, so it can be neither
-//     unmapped for the larger map nor mapped twice (host_map's contract);
-//   - the ranges of one scope are given together (acquire_all: a host
-//     kernel's arguments, the fallback's tensors) and mapped largest first,
-//     so a range inside another of the same scope only counts, whatever the
-//     order of the arguments (t[1:] then t, or t then t[1:], alike);
-//   - memory freed while a scope still holds it (a temporary a host kernel
-//     allocated and dropped) is unmapped by the free, before the caching
-//     pool may hand it out again or return it to the driver (forget); the
-//     scope's later release finds the map gone (each open map has its own
-//     number, so a new map of the same address is not mistaken for it);
-//   - scopes nest (a host kernel whose CPU kernel calls another), and any
-//     number of threads may hold scopes over the same memory at once.
-// Mapping happens after the device's work on the range is done (the scope's
-// owner waits for every stream of the device first: Note [Mapped memory and
-// other streams] in torch/host_access.hpp; a read another thread queues on
-// the range in between coexists with the map), and the
-// SDK does its own work on a range it holds mapped on the host, never as
-// queued device work (Note [Device work inside host kernels]). Order: a
-// scope maps when it is given a range and unmaps everything it mapped when
-// it ends, in reverse order. A scope that ends on the success path
-// (MapScope::close) throws the first unmap that failed, after unmapping the
-// rest: the host's writes may not have reached the device, so the operator
-// fails. A scope left by an exception reports failed unmaps through the
-// diagnostics hook (it ends in a destructor; the exception in flight is the
-// operator's error).
+// Problem: on a device whose host_access is mapped, the host reaches device
+// memory only between host_map and host_unmap, and the SDK's host paths
+// (host kernels, the zero-copy fallback) touch ranges that nested calls,
+// other threads and views of one storage touch too. The driver must see
+// each range mapped once at a time, and never a free of mapped memory.
+// Decision: a host path opens a map scope (MapScope<R>,
+// torch/host_access.hpp), a RAII object of one thread and one device, over
+// the ranges it uses, given together and mapped largest first. The scope
+// works through HostMaps<R>, which counts the open maps per range: a range
+// given again while it is open (by a nested scope, another thread's scope,
+// or as a view inside an open range) only counts, and the last release
+// unmaps it. Memory freed while a scope holds it is unmapped by the free
+// (forget); each open map has its own number, so the scope's later release
+// finds it gone. Mapping waits for the device's work on the range (Note
+// [Mapped memory and other streams] in torch/host_access.hpp), and the
+// SDK's own work on a mapped range is done on the host (Note [Device work
+// inside host kernels]). A scope unmaps in reverse order when it ends:
+// MapScope::close throws the first unmap that failed, after unmapping the
+// rest; a scope left by an exception reports failed unmaps through the
+// diagnostics hook.
+// Limits: a range that overlaps an open one only in part, or contains one,
+// is refused with a RuntimeError (in the caching pool only a from_blob
+// tensor over a part of another can make one). An unmap that fails leaves
+// the range open without holders, for the next release or the free to unmap
+// again. docs/design/kit.md ("Map scopes") has the whole set of cases.
 #pragma once
 
 #include <accelkit/config.hpp>

@@ -1,16 +1,21 @@
 // accelkit: parsing of the <NAME>_VISIBLE_DEVICES variable.
 //
 // Note [Visible devices]
-// Every backend gets the same visibility variable, named after it
-// (SIMDEV_VISIBLE_DEVICES), with CUDA_VISIBLE_DEVICES' syntax: a comma list of
-// physical device indices or device UUIDs (a unique prefix is enough), in the
-// order the process should number them. "1,0" swaps two devices; "1" hides
-// device 0; an empty value hides all; an unset variable shows all.
-// CUDA silently truncates the list at the first entry it cannot parse. That
-// turns a typo into "fewer devices" or "no devices", discovered much later, so
-// here any malformed entry (a stray character, an empty entry, a negative or
-// out-of-range index, an unknown or ambiguous UUID, a duplicate) is an error
-// that names the variable, its value and the offending entry.
+// Problem: every backend needs CUDA_VISIBLE_DEVICES' selection and ordering
+// of devices, and CUDA silently truncates the list at the first entry it
+// cannot parse, which turns a typo into "fewer devices" or "no devices",
+// discovered much later.
+// Decision: each backend gets the same variable, named after it
+// (SIMDEV_VISIBLE_DEVICES), with CUDA's syntax: a comma list of physical
+// device indices or UUIDs (a unique prefix is enough), in the order the
+// process should number them. "1,0" swaps two devices, "1" hides device 0,
+// an empty value hides all, an unset variable shows all. Any malformed
+// entry (a stray character, an empty entry, a negative or out-of-range
+// index, an unknown or ambiguous UUID, a duplicate) is an error naming the
+// variable, its value and the entry. The SDK applies the variable; the
+// runtime numbers every physical device.
+// Limits: read once per process, at discovery, as CUDA does: a value set
+// later changes nothing in that process.
 #pragma once
 
 #include <accelkit/config.hpp>

@@ -5,16 +5,20 @@
 // pool and returned to it, never created per use.
 //
 // Note [Pooled event reuse]
-// An event may be handed back while its last record is still pending (a
-// wait_stream's event right after the wait was queued, a torch.Event
-// destroyed before its stream reached it). Not every driver keeps a queued
-// wait tied to the record it saw: where a wait reads the event's state when
-// it runs (an event as one completion counter), recording the same event
-// again elsewhere would release that wait early. So a returned event is
-// reused only once the driver says its record has completed: release()
-// parks it, and acquire() takes parked events back, oldest first, after an
-// event_query. An error from that query belongs to earlier queued work: it
-// is passed to the caller of acquire(), once, and the event stays parked.
+// Problem: an event may be handed back while its last record is still
+// pending (a wait_stream's event right after the wait was queued, a
+// torch.Event destroyed before its stream reached it), and not every driver
+// keeps a queued wait tied to the record it saw: where a wait reads the
+// event's state when it runs (an event as one completion counter),
+// recording the same event again elsewhere would release that wait early.
+// Decision: a returned event is reused only once the driver says its record
+// has completed: release() parks it, and acquire() takes parked events
+// back, oldest first, after an event_query; with none ready it creates a
+// new one. An error from that query belongs to earlier queued work: it is
+// passed to the caller of acquire(), once, and the event stays parked.
+// Limits: a pool grows by as many events as are parked behind pending work
+// at once; a record that never completes keeps its event parked for the
+// pool's life.
 #pragma once
 
 #include <accelkit/config.hpp>

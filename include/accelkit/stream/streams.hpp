@@ -1,24 +1,38 @@
 // accelkit: streams and events with the same semantics on every backend.
 //
 // Note [Stream pools]
-// As torch.cuda does, each device has a default stream, and pools of streams
-// per priority level (kStreamsPerPool each) created on first use of that
-// level and handed out round-robin; a caller may also create a stream of its
-// own, or wrap a stream the vendor created without taking ownership. A
-// Stream is a small value (device, id); the current stream of each device is
-// thread-local, so reading or exchanging it never calls the driver.
+// Problem: creating a driver stream costs a driver call and a handle, and
+// PyTorch code expects torch.cuda's streams: a default stream per device,
+// streams from a pool by priority, streams of its own, and streams a vendor
+// made.
+// Decision: as torch.cuda does, each device has a default stream, and pools
+// of streams per priority level (kStreamsPerPool each), created on first
+// use of that level and handed out round-robin; a caller may also create a
+// stream of its own, or wrap a stream the vendor created without taking
+// ownership. A Stream is a small value (device, id); the current stream of
+// each device is thread-local, so reading or exchanging it never calls the
+// driver.
+// Limits: pooled streams are shared: two callers of pool_stream() may get
+// the same stream, and their work is then ordered on it.
 //
 // Note [Stream priorities]
-// PyTorch's convention: 0 is the default priority, negative numbers are more
-// urgent, down to -(levels - 1). The driver's own range comes from
-// properties().stream_priorities; priorities beyond the range are clamped,
-// as torch.cuda does.
+// Problem: drivers number stream priorities each their own way; PyTorch's
+// convention is 0 for the default and negative numbers for more urgent,
+// down to -(levels - 1).
+// Decision: PyTorch's levels map onto the driver's range from
+// properties().stream_priorities, level 0 at its lowest; priorities beyond
+// the range are clamped, as torch.cuda does.
+// Limits: at most kMaxLevels levels are used, however many the driver has.
 //
 // Note [Stream and event lifetime]
-// Ids carry the device's generation: after reset_device() (or the
-// destruction of an owned or wrapped stream) any use of an old Stream or
+// Problem: after reset_device(), or the destruction of an owned or wrapped
+// stream, Python objects may still hold Stream and Event values whose
+// driver handles are gone.
+// Decision: ids carry the device's generation; any use of an old Stream or
 // Event is a RuntimeError naming the backend, device and stream, never a
 // driver call on a dead handle.
+// Limits: the generation has 16 bits: a value kept across 65,536 resets of
+// its device would pass the check.
 #pragma once
 
 #include <accelkit/config.hpp>

@@ -19,21 +19,26 @@
 // naming the file and the reason.
 //
 // Note [What the kit checks]
-// Semantics, not signatures (the compiler checks those): what a real driver
-// gets wrong silently. Every check runs on each device the runtime reports
+// Problem: the compiler checks a runtime's signatures; what a real driver
+// gets wrong is silent: semantics (stream order, event records, errors of
+// queued work, discovery without a context) that hold on one machine and
+// not on the next.
+// Decision: the kit checks semantics, on each device the runtime reports
 // (physical ordinals; <NAME>_VISIBLE_DEVICES applies as for the SDK), with
 // the runtime wrapped so that the calls it receives are counted and a free
 // of memory that queued work still uses is caught (Note [Observing a
 // runtime]). A runtime with no device (no driver, no hardware) passes every
-// check as skipped, "no device", and the discovery checks still run. The
-// fork check runs first, before anything else of the runtime has started,
-// so the kit keeps Catch2's declaration order (do not pass --order rand).
+// check as skipped, "no device", and the discovery checks still run.
+// Limits: the fork check runs first, before anything else of the runtime
+// has started, so the kit relies on Catch2's declaration order (do not pass
+// --order rand). Checks that need a test hook (the errors group:
+// has_fault_hook) are skipped on a runtime without it.
 //
 // The kit's files: testing/conformance/kit.hpp runs a check and keeps the
 // report (Conformance<R>, Verdict, CheckTools<R>); each group's checks and
 // their rules are in testing/conformance/<group>.hpp, in the order they run:
-// discovery, properties, memory, copies, streams, events,
-// device, threads, errors, ordering.
+// discovery, properties, memory, copies, streams, events, device, threads,
+// errors, ordering.
 #pragma once
 
 #include <accelkit/testing/conformance/discovery.hpp>

@@ -1,18 +1,20 @@
 // accelkit: a vendor's runtime under observation, for the conformance kit.
 //
 // Note [Observing a runtime]
-// Some rules are about what the SDK and the runtime do to each other, not
-// about what one call returns: memory must not go back to the driver while
-// queued work still uses it (OpenCL's clSVMFree takes it at once), and
-// discovery must not start a device context. Observed<R> wraps R (Note
-// [Wrapped runtimes]), counts every call by member, and after each queued
-// copy or fill records a marker event of its own on that stream, remembering
-// the device and pinned host ranges the work touches. A free (or host_free)
-// of a range whose markers have not all completed is a violation, kept with
-// the call that broke the rule. The markers cost an event record per queued
-// operation; the kit is a test, not a benchmark. A driver error that a
-// marker's query raises is thrown from the call that made the query, so no
-// asynchronous error is lost to the observer.
+// Problem: some rules are about what the SDK and the runtime do to each
+// other, not what one call returns: memory must not go back to the driver
+// while queued work still uses it (OpenCL's clSVMFree takes it at once),
+// and discovery must not start a device context.
+// Decision: Observed<R> wraps R (Note [Wrapped runtimes]), counts every
+// call by member, and after each queued copy or fill records a marker event
+// of its own on that stream, remembering the device and pinned host ranges
+// the work touches. A free (or host_free) of a range whose markers have not
+// all completed is a violation, kept with the call that broke the rule. A
+// driver error that a marker's query raises is thrown from the call that
+// made the query, so no asynchronous error is lost to the observer.
+// Limits: an event record per queued operation: the kit is a test, not a
+// benchmark. Only work queued through memcpy_async and memset_async is
+// tracked; a vendor kernel's memory use is not seen.
 #pragma once
 
 #include <accelkit/config.hpp>

@@ -1,20 +1,22 @@
 // accelkit: the conformance kits' report (JSON and a readable summary).
 //
 // Note [Conformance report]
-// Both kits (C++ and Python) write one JSON document per run:
+// Problem: a vendor's CI, the docs and the two kits (C++ and Python) need
+// one result they all read, and a run that ends without its report must not
+// look passed.
+// Decision: each kit writes one JSON document per run:
 //   {"schema": "accelkit.conformance", "version": 1, "kit": "cpp",
 //    "backend": "<name>", "devices": <count>,
 //    "checks": [{"group", "name", "rule", "status": "pass"|"fail"|"skip",
 //                "message", "duration_s"}, ...],
 //    "summary": {"pass": n, "fail": n, "skip": n}}
 // `rule` is the contract rule a check proves, in words; `message` says what
-// broke it (or why the check was skipped). Fields are added, never renamed;
-// `version` counts changes a reader must know about.
-//
-// A run that cannot leave its report fails loudly: each kit checks that the
-// report's two files can be written before it runs a check (exit 2, naming
-// the file and the reason, nothing run), and a write that still fails at
-// the end names the file and exits non-zero, never 0 with no report.
+// broke it (or why the check was skipped). A readable summary goes beside
+// it (<path>.txt). Each kit checks that both files can be written before it
+// runs a check (exit 2, naming the file and the reason, nothing run), and a
+// write that still fails at the end names the file and exits non-zero.
+// Limits: fields are added, never renamed; `version` counts the changes a
+// reader must know about.
 #pragma once
 
 #include <accelkit/config.hpp>

@@ -4,15 +4,20 @@
 // one rule at a time by hiding one member.
 //
 // Note [Wrapped runtimes]
-// Wrap<Self, R> is a Runtime<Self> (CRTP, as the contract wants) that holds
-// an R and forwards each required member to it, each optional member only if
-// R has it (an empty base otherwise, so the SDK sees what R offers and
-// applies the same defaults), and the optional constants as R declares them.
-// A derived class hides any member with one of its own of the same
-// signature. The name is R's: the wrapped runtime reads the same
-// environment variables (<NAME>_VISIBLE_DEVICES) as R. Every forwarded call
-// first tells Self::note(Member) which member it is (a no-op unless Self
-// hides note(): Observed counts the calls so).
+// Problem: the kit must see the calls the SDK makes to a vendor's runtime
+// without changing it, and its own tests must break one rule at a time on a
+// runtime that keeps every other.
+// Decision: Wrap<Self, R> is a Runtime<Self> (CRTP, as the contract wants)
+// that holds an R and forwards each required member to it, each optional
+// member only if R has it (an empty base otherwise, so the SDK sees what R
+// offers and applies the same defaults), and the optional constants as R
+// declares them. A derived class hides any member with one of its own of
+// the same signature. Every forwarded call first tells Self::note(Member)
+// which member it is (a no-op unless Self hides note(): Observed counts the
+// calls so).
+// Limits: the name is R's, so the wrapped runtime reads the same
+// environment variables (<NAME>_VISIBLE_DEVICES) as R; test hooks outside
+// the contract are reached through inner().
 #pragma once
 
 #include <accelkit/config.hpp>

@@ -1,4 +1,4 @@
-"""PyTorch's own operator samples on a backend against the CPU (issues 13, 17).
+"""PyTorch's own operator samples on a backend against the CPU.
 
     python -m accelkit.testing.opinfo [--backend simdev] [--dtypes float32,...]
         [--directions forward,backward] [--samples 1] [--ops a,b] [--jobs 2] [--json out.json]

@@ -32,6 +32,7 @@
 
 ACCELKIT_BEGIN_NAMESPACE
 namespace testing {
+
 // One check's verdict while it runs: the first broken rule fails it.
 class Verdict {
  public:
