@@ -14,10 +14,11 @@
 #
 # makes:
 # - target <module>: the library _C, whose source is the one registration
-#   line, ACCELKIT_REGISTER_BACKEND(CLASS) (accelkit_register_backend.cpp),
+#   line, ACCELKIT_REGISTER_BACKEND(CLASS) (src/accelkit_register_backend.cpp),
 #   linked with the SDK's library part, the object library
-#   accelkit_torch_adapters (the torch adapters, compiled once per project:
-#   Note [Erased backend] in accelkit/torch/erased.hpp);
+#   accelkit_torch_adapters (the torch adapters, src/accelkit_torch_*.cpp,
+#   compiled once per project: Note [Backend interface] in
+#   accelkit/torch/backend_interface.hpp);
 # - <build>/python/<module>/: an importable package (put <build>/python on
 #   PYTHONPATH): _C, an __init__.py configured from torch_backend_init.py.in
 #   and the SDK's Python package as <module>/_accelkit (Note [The SDK's
@@ -69,15 +70,28 @@ endif()
 set_property(GLOBAL PROPERTY ACCELKIT_PYTHON_DIR "${_accelkit_torch_backend_python}")
 set_property(GLOBAL PROPERTY ACCELKIT_BACKEND_INIT_TEMPLATE
              "${_accelkit_torch_backend_dir}/torch_backend_init.py.in")
-# Global, as the two above: a vendor's project that fetched accelkit calls
-# accelkit_add_torch_backend from its own directory, where this directory's
-# variables are not seen.
+# The SDK's C++ sources: src/ of a source tree, or src/ beside this file
+# where accelkit is installed. Global, as the two above: a vendor's project
+# that fetched accelkit calls accelkit_add_torch_backend from its own
+# directory, where this directory's variables are not seen.
+if(EXISTS "${_accelkit_torch_backend_dir}/src/accelkit_register_backend.cpp")
+  set(_accelkit_torch_backend_src "${_accelkit_torch_backend_dir}/src")
+else()
+  get_filename_component(_accelkit_torch_backend_src "${_accelkit_torch_backend_dir}/../src"
+                         ABSOLUTE)
+endif()
 set_property(GLOBAL PROPERTY ACCELKIT_REGISTER_SOURCE
-             "${_accelkit_torch_backend_dir}/accelkit_register_backend.cpp")
+             "${_accelkit_torch_backend_src}/accelkit_register_backend.cpp")
+# Units of about equal compile time, compiled side by side.
 set_property(GLOBAL PROPERTY ACCELKIT_ADAPTER_SOURCES
-             "${_accelkit_torch_backend_dir}/accelkit_torch_adapters.cpp")
+             "${_accelkit_torch_backend_src}/accelkit_torch_backend.cpp"
+             "${_accelkit_torch_backend_src}/accelkit_torch_library.cpp"
+             "${_accelkit_torch_backend_src}/accelkit_torch_aten.cpp"
+             "${_accelkit_torch_backend_src}/accelkit_torch_host_kernels.cpp"
+             "${_accelkit_torch_backend_src}/accelkit_torch_fallback.cpp")
 
-# The SDK's library part (Note [Erased backend] in accelkit/torch/erased.hpp):
+# The SDK's library part (Note [Backend interface] in
+# accelkit/torch/backend_interface.hpp):
 # the torch adapters compiled once per project, into the object library
 # accelkit_torch_adapters, which every backend's module (and any program
 # that uses ACCELKIT_REGISTER_BACKEND itself) links. Made by the first call;
@@ -91,10 +105,10 @@ function(accelkit_torch_adapters out)
     get_property(sources GLOBAL PROPERTY ACCELKIT_ADAPTER_SOURCES)
     add_library(accelkit_torch_adapters OBJECT ${sources})
     target_link_libraries(accelkit_torch_adapters PUBLIC accelkit::torch)
-    # Hidden, as ErasedRuntime is: GCC gives the guard variables of the
-    # adapters' function-local statics default visibility (STB_GNU_UNIQUE)
-    # even where the function is hidden; compiled hidden here, they are
-    # hidden in the module, whichever units also define them.
+    # Hidden, as namespace torch_adapter is: GCC gives the guard variables
+    # of the adapters' function-local statics default visibility
+    # (STB_GNU_UNIQUE) even where the function is hidden; compiled hidden
+    # here, they are hidden in the module, whichever units also define them.
     set_target_properties(accelkit_torch_adapters PROPERTIES POSITION_INDEPENDENT_CODE ON
       CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
   endif()

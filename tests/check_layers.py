@@ -12,10 +12,10 @@ accelkit.hpp includes everything below torch/; testing/ (the conformance
 kit) sits above it and below torch/. Prints every arrow that runs
 up or sideways, and fails if there is one.
 
-Two headers of torch/ are the registration unit's, which includes no
-PyTorch header (Note [Erased backend]: its compile time): register.hpp and
-erased.hpp, and whatever they include, must not include one, even through
-another accelkit header."""
+Three headers of torch/ are the registration unit's, which includes no
+PyTorch header (Note [Backend interface]: its compile time): register.hpp,
+bound_backend.hpp and backend_interface.hpp, and whatever they include,
+must not include one, even through another accelkit header."""
 import pathlib
 import re
 import sys
@@ -47,7 +47,8 @@ def main():
                 wrong.append(f"{rel} (layer {layer(rel)}) includes {inc} (layer {layer(inc)})")
         if layer(rel) < 5 and re.search(r"#include <(torch|ATen|c10)/", text):
             wrong.append(f"{rel} includes a PyTorch header outside torch/")
-    torch_free = ["accelkit/torch/register.hpp", "accelkit/torch/erased.hpp"]
+    torch_free = ["accelkit/torch/register.hpp", "accelkit/torch/bound_backend.hpp",
+                  "accelkit/torch/backend_interface.hpp"]
     seen, todo = set(), list(torch_free)
     while todo:
         rel = todo.pop()

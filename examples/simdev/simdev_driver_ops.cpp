@@ -46,8 +46,8 @@ std::shared_ptr<Sim::Gate> take_gate(int64_t id, const char* op) {
 TORCH_LIBRARY(simdev_driver, m) {
   m.def("hold(Stream stream) -> int", [](c10::Stream s) {
     return accelkit::torch_adapter::translated([&] {
-      auto& st = accelkit::torch_adapter::State<accelkit::torch_adapter::ErasedRuntime>::get();
-      accelkit::StreamHandle h = st.streams().handle(st.from_c10(s));
+      namespace ta = accelkit::torch_adapter;
+      accelkit::StreamHandle h = ta::backend().handle(ta::from_c10(s));
       auto& backend = accelkit::Backend<Sim>::instance();
       std::shared_ptr<Sim::Gate> gate = backend.runtime().hold(backend.physical(s.device_index()), h);
       // Queued through the runtime, which the SDK does not see: said for the

@@ -7,7 +7,7 @@
 #include <ATen/autocast_mode.h>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
 
 // Note [Autocast policy]: libtorch registers autocast kernels for CUDA, the
 // CPU, XPU, MPS, MTIA and MAIA, but none for AutocastPrivateUse1: without

@@ -4,7 +4,7 @@
 // Note [PyTorch versions]
 // The adapters are written against the PyTorch of this repository's
 // environment (2.13) and must also build against older ones that vendors'
-// machines carry (2.11: the GPU machine of issue 20). Each difference found
+// machines carry (2.11). Each difference found
 // is bridged here, by detecting the API itself rather than comparing
 // version numbers (the release that changed it need not be known), and
 // nowhere else. Found so far:
@@ -26,7 +26,8 @@
 #include <utility>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
+
 namespace compat {
 
 // Whether TensorIteratorBase's set_output_raw_strided takes the four

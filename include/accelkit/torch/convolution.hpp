@@ -18,12 +18,11 @@
 #include <vector>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
 
 // Convolutions reach a backend as convolution_overrideable, whose default
 // kernel raises instead of falling back; these run them through the CPU like
 // the fallback does (and count in its report).
-template <class R>
 struct Convolution {
   // The CPU tensors a CPU convolution reads (its tensors all on one device,
   // see one_device): views of the device memory when it is host-visible
@@ -36,7 +35,7 @@ struct Convolution {
     bool in_place = false;
     at::Tensor operator()(const at::Tensor& t) const {
       if (!t.defined()) return t;
-      return view ? HostAccess<R>::host_view(t) : t.cpu();
+      return view ? HostAccess::host_view(t) : t.cpu();
     }
   };
   // Every tensor of a convolution on the first one's device, as a CUDA
@@ -48,34 +47,33 @@ struct Convolution {
   static Inputs inputs(const at::Tensor& any) {
     device_index d = any.device().index();
     return translated([&] {
-      bool view = HostAccess<R>::host_ready(d);
-      return Inputs{view, view && HostAccess<R>::host_access(d) == HostAccessLevel::direct};
+      bool view = HostAccess::host_ready(d);
+      return Inputs{view, view && HostAccess::host_access(d) == HostAccessLevel::direct};
     });
   }
   // The CPU convolution's result `out` on `like`'s device: adopted where it
   // was made in that device's memory; otherwise, where the device's memory is
   // directly host-visible and its stream was waited for (the inputs were
   // views), written through a CPU view of a new device tensor of its layout,
-  // which costs the copy alone (aten::to's way, its dispatch, an allocation
-  // through the dispatcher, a copy queued on the stream and its wait, took
-  // about 10 us more per convolution of the compiled CNN forward in
-  // bench/compile_torch_bench.py under torch.profiler, one core).
+  // which costs the copy alone (aten::to's way adds a dispatch, an allocation
+  // through the dispatcher, a copy queued on the stream and its wait:
+  // bench/compile_torch_bench.py).
   static at::Tensor on_device(at::Tensor& out, const at::Tensor& like, const Inputs& cpu) {
     if (!out.defined()) return out;
     if (!cpu.in_place) return out.to(like.device());
-    if (at::Tensor adopted = HostResults<R>::adopt(out, like.device()); adopted.defined())
+    if (at::Tensor adopted = HostResults::adopt(out, like.device()); adopted.defined())
       return adopted;
     c10::DeviceGuard guard(like.device());
     at::Tensor result = at::detail::empty_strided_generic(
-        out.sizes(), out.strides(), &device_allocator<R>(),
+        out.sizes(), out.strides(), &device_allocator(),
         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), out.scalar_type());
-    HostAccess<R>::host_view(result).copy_(out);
+    HostAccess::host_view(result).copy_(out);
     return result;
   }
   // Runs the CPU convolution f, in device memory where in place.
   template <class F>
   static auto run(const Inputs& cpu, const at::Tensor& like, F&& f) {
-    std::optional<typename HostResults<R>::Scope> scope;
+    std::optional<HostResults::Scope> scope;
     if (cpu.in_place) scope.emplace(like.device());
     return f();
   }
@@ -87,7 +85,7 @@ struct Convolution {
     at::Tensor no_bias;
     const at::Tensor& bias_t = bias && bias->defined() ? *bias : no_bias;
     one_device(op, input, weight, bias_t);
-    auto timer = Fallback<R>::get().run_named(op);
+    auto timer = Fallback::get().run_named(op);
     Inputs cpu = inputs(input);
     std::optional<at::Tensor> b =
         bias_t.defined() ? std::optional<at::Tensor>(cpu(bias_t)) : std::nullopt;
@@ -104,7 +102,7 @@ struct Convolution {
       std::array<bool, 3> output_mask) {
     static const std::string op = "aten::convolution_backward_overrideable";
     one_device(op, input, grad_output, weight);
-    auto timer = Fallback<R>::get().run_named(op);
+    auto timer = Fallback::get().run_named(op);
     std::vector<c10::SymInt> bias_sizes{weight.sym_size(transposed ? 1 : 0) * groups};
     Inputs cpu = inputs(input);
     auto [gi, gw, gb] = run(cpu, input, [&] {

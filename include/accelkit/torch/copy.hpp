@@ -13,14 +13,13 @@
 #include <cstring>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
 
-template <class R>
-struct CopyOps : HostAccess<R> {
-  using HostAccess<R>::st, HostAccess<R>::on_device, HostAccess<R>::dev, HostAccess<R>::nbytes,
-      HostAccess<R>::stream_of, HostAccess<R>::sync, HostAccess<R>::queued,
-      HostAccess<R>::host_ready, HostAccess<R>::run_on_host, HostAccess<R>::host_view,
-      HostAccess<R>::to_cpu, HostAccess<R>::from_cpu;
+struct CopyOps : HostAccess {
+  using HostAccess::on_device, HostAccess::dev, HostAccess::nbytes,
+      HostAccess::stream_of, HostAccess::sync, HostAccess::queued,
+      HostAccess::host_ready, HostAccess::run_on_host, HostAccess::host_view,
+      HostAccess::to_cpu, HostAccess::from_cpu;
 
   // One memcpy of nbytes from data_ptr copies a to b: the same dtype and
   // sizes, both contiguous or both with the same strides and no gaps nor
@@ -94,7 +93,7 @@ struct CopyOps : HostAccess<R> {
       if (self.is_alias_of(dst)) at::assert_no_partial_overlap(dst, self);
       if (math_bits(self) || math_bits(dst)) return copy_with_math_bits(self, dst);
       bool src_dev = on_device(self), dst_dev = on_device(dst);
-      Backend<R>& b = st().backend();
+      BackendInterface& b = backend();
       if (src_dev && dst_dev) {
         if (same_layout(self, dst)) {
           if (dev(self) == dev(dst)) {
@@ -118,8 +117,8 @@ struct CopyOps : HostAccess<R> {
           return dst;
         }
         if (dev(self) == dev(dst) && self.is_alias_of(dst)) {
-          // Note [Copies within one tensor's memory]: one host image of the storage.
-          HostAccess<R>::through_cpu(dst, [&](const at::Tensor& view) {
+          // One host image of the storage (Note [Copies within one tensor's memory]).
+          HostAccess::through_cpu(dst, [&](const at::Tensor& view) {
             char* base = static_cast<char*>(view.data_ptr()) -
                          dst.storage_offset() * dst.element_size();
             view.copy_(at::from_blob(base + self.storage_offset() * self.element_size(),
@@ -139,9 +138,9 @@ struct CopyOps : HostAccess<R> {
       // (as CUDA's pinned allocator records an event for it).
       auto transfer = [&](device_index d, CopyKind kind) {
         const at::Tensor& host = kind == CopyKind::host_to_device ? self : dst;
-        bool pinned = st().host_memory().is_allocation(host.storage().data());
+        bool pinned = backend().host_is_allocation(host.storage().data());
         bool in_flight = non_blocking && pinned;
-        if (in_flight) st().host_memory().record_stream(host.storage().mutable_data(), d, stream_of(d));
+        if (in_flight) backend().host_record_stream(host.storage().mutable_data(), d, stream_of(d));
         b.memcpy_async(d, dst.data_ptr(), self.data_ptr(), nbytes(dst), kind, stream_of(d), pinned);
         if (in_flight) queued(d);
         else sync(d);

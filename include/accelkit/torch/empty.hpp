@@ -10,9 +10,8 @@
 #include <optional>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
 
-template <class R>
 struct EmptyOps {
   static at::Tensor empty_memory_format(c10::SymIntArrayRef size,
                                         std::optional<c10::ScalarType> dtype,
@@ -21,7 +20,7 @@ struct EmptyOps {
                                         std::optional<c10::MemoryFormat> memory_format) {
     std::optional<c10::DeviceGuard> guard;  // only for an explicit index: else current
     if (device && device->has_index()) guard.emplace(*device);
-    return at::detail::empty_generic(C10_AS_INTARRAYREF_SLOW(size), &device_allocator<R>(),
+    return at::detail::empty_generic(C10_AS_INTARRAYREF_SLOW(size), &device_allocator(),
                                      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                      dtype.value_or(at::get_default_dtype_as_scalartype()),
                                      memory_format);
@@ -33,7 +32,7 @@ struct EmptyOps {
     std::optional<c10::DeviceGuard> guard;
     if (device && device->has_index()) guard.emplace(*device);
     return at::detail::empty_strided_generic(
-        C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride), &device_allocator<R>(),
+        C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride), &device_allocator(),
         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
         dtype.value_or(at::get_default_dtype_as_scalartype()));
   }

@@ -1,9 +1,9 @@
 // accelkit: the CPU fallback, which runs every operator without a native
-// kernel through PyTorch's CPU kernel (Fallback<R> and fallback<R>): its
+// kernel through PyTorch's CPU kernel (Fallback and fallback): its
 // policy, block list and report (Note [CPU fallback policy]), the CPU kernel
 // on device memory or on copies in the same layouts (Notes [Zero-copy
 // fallback] and [Layout-keeping fallback]) and with the same aliasing
-// (HostImage<R>, Note [One host storage per device storage]), the one-device
+// (HostImage, Note [One host storage per device storage]), the one-device
 // check, and the devices' generators (Note [Device generators]).
 #pragma once
 
@@ -32,7 +32,7 @@
 #include <vector>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
 
 // Tensors of two devices in one operator, refused in PyTorch's own words
 // (a RuntimeError naming both devices and the operator).
@@ -77,7 +77,6 @@ inline void check_same_device(const c10::Device& first, const c10::Device& other
 // whole, so bytes of that span that the kernel did not write and that no
 // tensor spanned before (gaps of a tensor the kernel restrided onto new
 // bytes) take the host memory's contents.
-template <class R>
 class HostImage {
  public:
   explicit HostImage(bool visible) : visible_(visible) {}
@@ -139,7 +138,7 @@ class HostImage {
         if (h.numel() > 0 && h.has_storage() &&
             h.storage().unsafeGetStorageImpl() == s.host.unsafeGetStorageImpl())
           spans.push_back(span(h));
-      if (moved) translated([&] { StorageOps<R>::grow_storage(s.device, s.host.nbytes()); });
+      if (moved) translated([&] { StorageOps::grow_storage(s.device, s.host.nbytes()); });
       for (auto [begin, end] : merged(std::move(spans)))
         copy(static_cast<char*>(s.device.mutable_data()) + begin,
              static_cast<const char*>(s.host.data()) + begin, end - begin,
@@ -185,13 +184,13 @@ class HostImage {
   // waits for them.
   void copy(void* dst, const void* src, std::size_t n, CopyKind kind) {
     translated([&] {
-      State<R>::get().backend().memcpy_async(d_, dst, src, n, kind, HostAccess<R>::stream_of(d_),
+      backend().memcpy_async(d_, dst, src, n, kind, HostAccess::stream_of(d_),
                                              /*host_pinned=*/false);
     });
     copied_ = true;
   }
   void finish() {
-    translated([&] { HostAccess<R>::sync(d_); });
+    translated([&] { HostAccess::sync(d_); });
     copied_ = false;
   }
 
@@ -208,7 +207,6 @@ class HostImage {
 // each operator falls back) or "error"; <NAME>_FALLBACK_BLOCKLIST names
 // operators (comma list) that must not fall back. The report lists each
 // operator that fell back, how often and for how long.
-template <class R>
 class Fallback {
   struct Entry;
 
@@ -233,7 +231,7 @@ class Fallback {
       const c10::IValue& v = (*stack)[i];
       if (v.isTensor() && v.toTensor().defined() && v.toTensor().layout() != c10::kStrided &&
           v.toTensor().device().type() == kDeviceType)
-        refuse_sparse<R>(op);  // Note [Sparse layouts]
+        refuse_sparse(op);  // Note [Sparse layouts]
     }
     e.add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
               .count());
@@ -341,7 +339,7 @@ class Fallback {
     return *e;
   }
 
-  static std::string upper() { return detail::upper(R::name); }
+  static std::string upper() { return detail::upper(backend_name()); }
 
   // The entry of `op`, once the policy and the block list let it through
   // the CPU (warning once per operator under the warn policy).
@@ -349,11 +347,11 @@ class Fallback {
   Entry& admit(Entry& e) {
     TORCH_CHECK_NOT_IMPLEMENTED(
         policy_ != Policy::error && !e.blocked, "The operator '", e.name,
-        "' is not implemented for ", R::name, " and its CPU fallback is ",
+        "' is not implemented for ", backend_name(), " and its CPU fallback is ",
         policy_ == Policy::error ? "disabled (" : "blocked (", upper(), "_FALLBACK",
         policy_ == Policy::error ? "=error)" : "_BLOCKLIST)");
     if (policy_ == Policy::warn && !e.warned.exchange(true, std::memory_order_relaxed))
-      TORCH_WARN("The operator '", e.name, "' is not implemented for ", R::name,
+      TORCH_WARN("The operator '", e.name, "' is not implemented for ", backend_name(),
                  " and falls back to the CPU; this may be slow.");
     return e;
   }
@@ -422,10 +420,10 @@ class Fallback {
       return false;
     device_index d = device->index();
     // Mapped memory is mapped for the CPU kernel's length (Note [Map scopes]).
-    std::optional<MapScope<R>> maps;
-    bool visible = translated([&] { return HostAccess<R>::host_reachable_ready(d); });
+    std::optional<MapScope> maps;
+    bool visible = translated([&] { return HostAccess::host_reachable_ready(d); });
     // The device tensors by storage (Note [One host storage per device storage]).
-    HostImage<R> image(visible);
+    HostImage image(visible);
     each_tensor([&](const at::Tensor& t) {
       if (t.defined() && t.device().type() == kDeviceType) image.add(t);
       return true;
@@ -603,7 +601,7 @@ class Fallback {
                     c10::DeviceTypeName(device_gen_.device().type(), /*lower_case=*/true), "'");
       }
       impl_ = dynamic_cast<DeviceGenerator*>(device_gen_.unsafeGetGeneratorImpl());
-      TORCH_CHECK(impl_, R::name, ": the generator of ", device_gen_.device(),
+      TORCH_CHECK(impl_, backend_name(), ": the generator of ", device_gen_.device(),
                   " was not made by this backend");
       lock_ = std::unique_lock<std::mutex>(device_gen_.mutex());
       cpu_gen_ = at::make_generator<at::CPUGeneratorImpl>();
@@ -690,14 +688,14 @@ class Fallback {
   }
 
   Fallback() {
-    const Environment& env = Backend<R>::instance().environment();
+    const Environment& env = backend().environment();
     if (auto v = env.get(upper() + "_FALLBACK")) {
       std::string_view s = detail::trim(*v);
       if (s == "allow" || s.empty()) policy_ = Policy::allow;
       else if (s == "warn") policy_ = Policy::warn;
       else if (s == "error") policy_ = Policy::error;
       else
-        TORCH_CHECK_VALUE(false, R::name, ": ", upper(), "_FALLBACK='", *v,
+        TORCH_CHECK_VALUE(false, backend_name(), ": ", upper(), "_FALLBACK='", *v,
                           "': expected allow, warn or error");
     }
     if (auto v = env.get(upper() + "_FALLBACK_BLOCKLIST")) {
@@ -717,10 +715,9 @@ class Fallback {
   std::unordered_map<const void*, Entry*> by_schema_;
 };
 
-template <class R>
-void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  Fallback<R>::get().run(op, stack);
-}
+// The PrivateUse1 fallback's boxed kernel: Fallback::get().run (defined once,
+// in src/accelkit_torch_fallback.cpp).
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 }  // namespace torch_adapter
 ACCELKIT_END_NAMESPACE

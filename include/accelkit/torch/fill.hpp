@@ -10,13 +10,12 @@
 #include <cstring>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
 
-template <class R>
-struct FillOps : HostAccess<R> {
-  using HostAccess<R>::st, HostAccess<R>::dev, HostAccess<R>::nbytes, HostAccess<R>::stream_of,
-      HostAccess<R>::queued, HostAccess<R>::host_ready, HostAccess<R>::run_on_host,
-      HostAccess<R>::host_view, HostAccess<R>::from_cpu;
+struct FillOps : HostAccess {
+  using HostAccess::dev, HostAccess::nbytes, HostAccess::stream_of,
+      HostAccess::queued, HostAccess::host_ready, HostAccess::run_on_host,
+      HostAccess::host_view, HostAccess::from_cpu;
 
   static at::Tensor& fill(at::Tensor& self, const at::Scalar& value) {
     return translated([&]() -> at::Tensor& {
@@ -26,7 +25,7 @@ struct FillOps : HostAccess<R> {
       } else if (at::has_internal_overlap(self) == at::MemOverlap::Yes) {
         // Elements that share memory (an expanded tensor), which the CPU's
         // fill_ takes and a copy from the CPU refuses.
-        HostAccess<R>::through_cpu(self, [&](const at::Tensor& view) { view.fill_(value); });
+        HostAccess::through_cpu(self, [&](const at::Tensor& view) { view.fill_(value); });
       } else {
         from_cpu(self, at::scalar_tensor(value, self.options().device(at::kCPU)));
       }
@@ -42,7 +41,7 @@ struct FillOps : HostAccess<R> {
           std::memset(self.data_ptr(), 0, nbytes(self));
           return self;
         }
-        st().backend().memset_async(dev(self), self.data_ptr(), 0, nbytes(self),
+        backend().memset_async(dev(self), self.data_ptr(), 0, nbytes(self),
                                     stream_of(dev(self)));
         queued(dev(self));
         return self;

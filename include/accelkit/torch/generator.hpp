@@ -15,7 +15,7 @@
 #include <string_view>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
 
 // Note [Device generators]: a backend's generators are typed by device, as
 // CUDA's are: `torch.Generator(device="<name>:1").device` is that device,
@@ -74,7 +74,7 @@ class DeviceGenerator final : public at::CPUGeneratorImpl {
     copy->copy_state_from(const_cast<DeviceGenerator&>(*this));
     return copy;
   }
-  std::string_view backend_;  // R::name: a literal
+  std::string_view backend_;  // backend_name(): a literal
 };
 
 }  // namespace torch_adapter

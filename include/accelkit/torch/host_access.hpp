@@ -1,6 +1,6 @@
 // accelkit: how the native operators reach device memory from the host:
 // the current stream and its waits, CPU views of host-visible memory, and
-// copies to and from the CPU otherwise (HostAccess<R>, which the operator
+// copies to and from the CPU otherwise (HostAccess, which the operator
 // groups, the convolutions, the fallback and the host kernels build on).
 #pragma once
 
@@ -13,139 +13,7 @@
 #include <vector>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
-
-template <class R>
-struct HostAccess {
-  static State<R>& st() { return State<R>::get(); }
-  static bool on_device(const at::Tensor& t) { return t.device().type() == kDeviceType; }
-  static device_index dev(const at::Tensor& t) { return t.device().index(); }
-  static HostAccessLevel host_access(device_index d) {
-    return st().backend().properties(d).host_access;
-  }
-  // Whether the host may touch d's memory now: directly, or mapped while
-  // this thread's map scope on d is open (which maps what it touches: Note
-  // [Map scopes]).
-  static bool host_visible(device_index d) {
-    HostAccessLevel a = host_access(d);
-    return a == HostAccessLevel::direct ||
-           (a == HostAccessLevel::mapped && MapScope<R>::innermost(d) != nullptr);
-  }
-  // Whether a host path (host kernels, the zero-copy fallback) may run on
-  // d's memory, opening a map scope where it must.
-  static bool host_reachable(device_index d) { return host_access(d) != HostAccessLevel::none; }
-  static std::size_t nbytes(const at::Tensor& t) {
-    return static_cast<std::size_t>(t.numel()) * t.element_size();
-  }
-  static StreamHandle stream_of(device_index d) { return st().current_handle(d); }
-  // Before the host works on d's memory or after work was queued on d's
-  // stream: counted as device work (Note [Device work of an operator]).
-  static void sync(device_index d) {
-    note_device_work();
-    st().backend().stream_synchronize(d, stream_of(d));
-  }
-  // After queueing work on d's current stream (Note [Device work inside host kernels]).
-  static void queued(device_index d) {
-    note_device_work();
-    if (host_kernel_depth > 0) sync(d);
-  }
-  // Before the host maps d's memory or works on it (Note [Mapped memory and
-  // other streams]): d's current stream, or on a device whose host_access is
-  // mapped, every stream of d.
-  static void host_wait(device_index d) {
-    if (host_access(d) != HostAccessLevel::mapped) return sync(d);
-    note_device_work();
-    st().streams().device_synchronize(d);
-  }
-  // Whether the host may work on d's memory now: it is host-visible, and
-  // d's current stream has been waited for (so the work lands in order).
-  static bool host_ready(device_index d) {
-    if (!host_visible(d)) return false;
-    host_wait(d);
-    return true;
-  }
-  // Whether device work on d is better done right here, on the host
-  // (Note [Device work inside host kernels]). Waits for d's stream if so.
-  static bool run_on_host(device_index d) { return host_kernel_depth > 0 && host_ready(d); }
-
-  // Whether a host path may run on d now: its memory is reachable (direct,
-  // or mapped through a scope the caller opens), and d's current stream has
-  // been waited for.
-  static bool host_reachable_ready(device_index d) {
-    if (!host_reachable(d)) return false;
-    host_wait(d);
-    return true;
-  }
-
-  // A CPU tensor viewing the device memory of `t` (host-visible devices only).
-  static at::Tensor host_view(const at::Tensor& t) {
-    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(),
-                         at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
-  }
-
-  // The whole storage of a device tensor, copied to a CPU byte buffer, and
-  // `t`'s view of it.
-  static std::pair<at::Tensor, at::Tensor> storage_to_cpu(const at::Tensor& t) {
-    device_index d = dev(t);
-    const c10::Storage& s = t.storage();
-    at::Tensor bytes = at::empty({static_cast<int64_t>(s.nbytes())}, at::TensorOptions().dtype(at::kByte));
-    st().backend().memcpy_async(d, bytes.data_ptr(), s.data(), s.nbytes(), CopyKind::device_to_host,
-                                stream_of(d), false);
-    sync(d);
-    at::Tensor view = at::from_blob(static_cast<char*>(bytes.data_ptr()) +
-                                        t.storage_offset() * t.element_size(),
-                                    t.sizes(), t.strides(),
-                                    at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
-    return {bytes, view};
-  }
-
-  // A contiguous CPU copy of a device tensor.
-  static at::Tensor to_cpu(const at::Tensor& t) {
-    device_index d = dev(t);
-    if (t.is_contiguous()) {
-      at::Tensor out = at::empty(t.sizes(), t.options().device(at::kCPU));
-      st().backend().memcpy_async(d, out.data_ptr(), t.data_ptr(), nbytes(t),
-                                  CopyKind::device_to_host, stream_of(d), false);
-      sync(d);
-      return out;
-    }
-    if (host_ready(d)) return host_view(t).clone(at::MemoryFormat::Contiguous);
-    return storage_to_cpu(t).second.clone(at::MemoryFormat::Contiguous);
-  }
-
-  // Writes a CPU tensor (broadcast and converted to dst's shape and dtype)
-  // into a device tensor.
-  static void from_cpu(const at::Tensor& dst, const at::Tensor& src) {
-    device_index d = dev(dst);
-    at::Tensor tmp = at::empty(dst.sizes(), dst.options().device(at::kCPU));
-    tmp.copy_(src);
-    if (dst.is_contiguous()) {
-      st().backend().memcpy_async(d, dst.data_ptr(), tmp.data_ptr(), nbytes(dst),
-                                  CopyKind::host_to_device, stream_of(d), false);
-      sync(d);
-      return;
-    }
-    if (host_ready(d)) {
-      host_view(dst).copy_(tmp);
-      return;
-    }
-    through_cpu(dst, [&](const at::Tensor& view) { view.copy_(tmp); });
-  }
-
-  // Runs f(view) on a CPU view of a device tensor whose memory the host
-  // cannot touch now: its storage read to the CPU, modified there, written
-  // back.
-  template <class F>
-  static void through_cpu(const at::Tensor& dst, F&& f) {
-    device_index d = dev(dst);
-    auto [bytes, view] = storage_to_cpu(dst);
-    f(view);
-    const c10::Storage& s = dst.storage();
-    st().backend().memcpy_async(d, s.mutable_data(), bytes.data_ptr(), s.nbytes(),
-                                CopyKind::host_to_device, stream_of(d), false);
-    sync(d);
-  }
-};
+ACCELKIT_TORCH_NAMESPACE {
 
 // Note [Mapped memory and other streams]
 // A map scope maps a tensor's whole storage, read and write, and host_map
@@ -172,11 +40,10 @@ struct HostAccess {
 // the operator. A scope left by an exception unmaps in its destructor,
 // reporting failures through the diagnostics hook (the exception in flight
 // is the operator's error).
-template <class R>
 class MapScope {
  public:
   explicit MapScope(device_index d)
-      : d_(d), mapped_(HostAccess<R>::host_access(d) == HostAccessLevel::mapped) {
+      : d_(d), mapped_(backend().properties(d).host_access == HostAccessLevel::mapped) {
     if (!mapped_) return;
     outer_ = innermost_;
     innermost_ = this;
@@ -185,7 +52,7 @@ class MapScope {
     if (!mapped_ || closed_) return;
     innermost_ = outer_;
     for (auto it = tickets_.rbegin(); it != tickets_.rend(); ++it)
-      reporting_failures<R>([&] { HostMaps<R>::get().release(*it); });
+      reporting_failures([&] { backend().maps_release(*it); });
   }
   // Ends the scope now: unmaps everything, in reverse order, then throws the
   // first failure (a c10 error naming the backend). Idempotent.
@@ -196,12 +63,12 @@ class MapScope {
     std::exception_ptr first;
     for (auto it = tickets_.rbegin(); it != tickets_.rend(); ++it) {
       try {
-        HostMaps<R>::get().release(*it);
+        backend().maps_release(*it);
       } catch (...) {
         if (!first) {
           first = std::current_exception();
         } else {
-          reporting_failures<R>([e = std::current_exception()] { std::rethrow_exception(e); });
+          reporting_failures([e = std::current_exception()] { std::rethrow_exception(e); });
         }
       }
     }
@@ -221,7 +88,7 @@ class MapScope {
   }
   void add(void* p, std::size_t bytes) {
     if (!mapped_ || p == nullptr || bytes == 0) return;
-    tickets_.push_back(HostMaps<R>::get().acquire(d_, p, bytes));
+    tickets_.push_back(backend().maps_acquire(d_, p, bytes));
   }
   // Maps the storages of the tensors of this scope's device, largest first,
   // so that a storage inside another (from_blob) only counts, whatever the
@@ -233,7 +100,7 @@ class MapScope {
       if (t.defined() && t.device().type() == kDeviceType && t.device().index() == d_ &&
           t.has_storage())
         ranges.emplace_back(const_cast<void*>(t.storage().data()), t.storage().nbytes());
-    HostMaps<R>::get().acquire_all(d_, std::move(ranges), tickets_);
+    backend().maps_acquire_all(d_, std::move(ranges), tickets_);
   }
   // This thread's innermost open scope over mapped memory of d, if any.
   static MapScope* innermost(device_index d) {
@@ -246,7 +113,144 @@ class MapScope {
   bool mapped_;
   bool closed_ = false;
   MapScope* outer_ = nullptr;
-  std::vector<typename HostMaps<R>::Ticket> tickets_;
+  std::vector<HostMapTicket> tickets_;
+};
+
+// The host paths' access to device memory, all static.
+struct HostAccess {
+  static bool on_device(const at::Tensor& t) { return t.device().type() == kDeviceType; }
+  static device_index dev(const at::Tensor& t) { return t.device().index(); }
+  static HostAccessLevel host_access(device_index d) {
+    return backend().properties(d).host_access;
+  }
+
+  // Whether the host may touch d's memory now: directly, or mapped while
+  // this thread's map scope on d is open (which maps what it touches: Note
+  // [Map scopes]).
+  static bool host_visible(device_index d) {
+    HostAccessLevel a = host_access(d);
+    return a == HostAccessLevel::direct ||
+           (a == HostAccessLevel::mapped && MapScope::innermost(d) != nullptr);
+  }
+
+  // Whether a host path (host kernels, the zero-copy fallback) may run on
+  // d's memory, opening a map scope where it must.
+  static bool host_reachable(device_index d) { return host_access(d) != HostAccessLevel::none; }
+  static std::size_t nbytes(const at::Tensor& t) {
+    return static_cast<std::size_t>(t.numel()) * t.element_size();
+  }
+  static StreamHandle stream_of(device_index d) { return backend().current_handle(d); }
+  // Before the host works on d's memory or after work was queued on d's
+  // stream: counted as device work (Note [Device work of an operator]).
+  static void sync(device_index d) {
+    note_device_work();
+    backend().stream_synchronize(d, stream_of(d));
+  }
+
+  // After queueing work on d's current stream (Note [Device work inside host kernels]).
+  static void queued(device_index d) {
+    note_device_work();
+    if (host_kernel_depth > 0) sync(d);
+  }
+
+  // Before the host maps d's memory or works on it (Note [Mapped memory and
+  // other streams]): d's current stream, or on a device whose host_access is
+  // mapped, every stream of d.
+  static void host_wait(device_index d) {
+    if (host_access(d) != HostAccessLevel::mapped) return sync(d);
+    note_device_work();
+    backend().device_synchronize(d);
+  }
+
+  // Whether the host may work on d's memory now: it is host-visible, and
+  // d's current stream has been waited for (so the work lands in order).
+  static bool host_ready(device_index d) {
+    if (!host_visible(d)) return false;
+    host_wait(d);
+    return true;
+  }
+
+  // Whether device work on d is better done right here, on the host
+  // (Note [Device work inside host kernels]). Waits for d's stream if so.
+  static bool run_on_host(device_index d) { return host_kernel_depth > 0 && host_ready(d); }
+
+  // Whether a host path may run on d now: its memory is reachable (direct,
+  // or mapped through a scope the caller opens), and d's current stream has
+  // been waited for.
+  static bool host_reachable_ready(device_index d) {
+    if (!host_reachable(d)) return false;
+    host_wait(d);
+    return true;
+  }
+
+  // A CPU tensor viewing the device memory of `t` (host-visible devices only).
+  static at::Tensor host_view(const at::Tensor& t) {
+    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(),
+                         at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
+  }
+
+  // The whole storage of a device tensor, copied to a CPU byte buffer, and
+  // `t`'s view of it.
+  static std::pair<at::Tensor, at::Tensor> storage_to_cpu(const at::Tensor& t) {
+    device_index d = dev(t);
+    const c10::Storage& s = t.storage();
+    at::Tensor bytes = at::empty({static_cast<int64_t>(s.nbytes())}, at::TensorOptions().dtype(at::kByte));
+    backend().memcpy_async(d, bytes.data_ptr(), s.data(), s.nbytes(), CopyKind::device_to_host,
+                                stream_of(d), false);
+    sync(d);
+    at::Tensor view = at::from_blob(static_cast<char*>(bytes.data_ptr()) +
+                                        t.storage_offset() * t.element_size(),
+                                    t.sizes(), t.strides(),
+                                    at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
+    return {bytes, view};
+  }
+
+  // A contiguous CPU copy of a device tensor.
+  static at::Tensor to_cpu(const at::Tensor& t) {
+    device_index d = dev(t);
+    if (t.is_contiguous()) {
+      at::Tensor out = at::empty(t.sizes(), t.options().device(at::kCPU));
+      backend().memcpy_async(d, out.data_ptr(), t.data_ptr(), nbytes(t),
+                                  CopyKind::device_to_host, stream_of(d), false);
+      sync(d);
+      return out;
+    }
+    if (host_ready(d)) return host_view(t).clone(at::MemoryFormat::Contiguous);
+    return storage_to_cpu(t).second.clone(at::MemoryFormat::Contiguous);
+  }
+
+  // Writes a CPU tensor (broadcast and converted to dst's shape and dtype)
+  // into a device tensor.
+  static void from_cpu(const at::Tensor& dst, const at::Tensor& src) {
+    device_index d = dev(dst);
+    at::Tensor tmp = at::empty(dst.sizes(), dst.options().device(at::kCPU));
+    tmp.copy_(src);
+    if (dst.is_contiguous()) {
+      backend().memcpy_async(d, dst.data_ptr(), tmp.data_ptr(), nbytes(dst),
+                                  CopyKind::host_to_device, stream_of(d), false);
+      sync(d);
+      return;
+    }
+    if (host_ready(d)) {
+      host_view(dst).copy_(tmp);
+      return;
+    }
+    through_cpu(dst, [&](const at::Tensor& view) { view.copy_(tmp); });
+  }
+
+  // Runs f(view) on a CPU view of a device tensor whose memory the host
+  // cannot touch now: its storage read to the CPU, modified there, written
+  // back.
+  template <class F>
+  static void through_cpu(const at::Tensor& dst, F&& f) {
+    device_index d = dev(dst);
+    auto [bytes, view] = storage_to_cpu(dst);
+    f(view);
+    const c10::Storage& s = dst.storage();
+    backend().memcpy_async(d, s.mutable_data(), bytes.data_ptr(), s.nbytes(),
+                                CopyKind::host_to_device, stream_of(d), false);
+    sync(d);
+  }
 };
 
 }  // namespace torch_adapter

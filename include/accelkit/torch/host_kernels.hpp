@@ -4,8 +4,8 @@
 // Note [Host kernels]
 // The boxed CPU fallback serves every operator, but each call pays for
 // boxing the arguments into a stack, a CPU tensor aliasing each device
-// tensor, and a second trip through the dispatcher: about 1.5 us, as much as
-// a small kernel itself. When the host can reach the device's memory
+// tensor, and a second trip through the dispatcher, as much as a small
+// kernel itself (bench/simdev_bench.py). When the host can reach the device's memory
 // (capability schema), the hottest operators do without all of that: their
 // PrivateUse1 kernel orders itself after the current stream, then runs
 // PyTorch's CPU kernel of the same operator directly on the device tensors,
@@ -46,6 +46,7 @@
 #include <accelkit/torch/compat.hpp>
 #include <accelkit/torch/fallback.hpp>
 #include <accelkit/torch/host_access.hpp>
+#include <accelkit/torch/kernel_table.hpp>
 
 #include <ATen/native/Activation.h>
 #include <ATen/native/BinaryOps.h>
@@ -113,7 +114,8 @@
 #include <vector>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
+
 namespace host {
 
 // A stub's PrivateUse1 entry: the same call on the CPU entry.
@@ -174,9 +176,9 @@ void visit_tensors(const T&, const F&) {}
 // Whether host kernels may run on d (host_access mapped or direct), waiting
 // for d's current stream when `wait`; the first yes installs the stubs'
 // PrivateUse1 entries.
-template <class R, bool wait = true>
+template <bool wait = true>
 bool host_ready(c10::DeviceIndex d) {
-  using H = HostAccess<R>;
+  using H = HostAccess;
   if (!translated([&] { return wait ? H::host_reachable_ready(d) : H::host_reachable(d); }))
     return false;
   static std::once_flag once;
@@ -207,7 +209,7 @@ struct HostPlace {
 // the CPU, converts, or reports two devices).
 // With `wait` false the stream is not waited for: the caller does, after
 // allocating what the kernel writes (Note [Host work on recycled blocks]).
-template <class R, bool uniform, bool scalar = false, bool wait = true, class... Args>
+template <bool uniform, bool scalar = false, bool wait = true, class... Args>
 std::optional<HostPlace> host_device(Args&&... args) {  // forwarding: sees which are written
   std::optional<c10::Device> device;
   std::optional<at::ScalarType> dtype;
@@ -243,14 +245,14 @@ std::optional<HostPlace> host_device(Args&&... args) {  // forwarding: sees whic
     // (nor an event of its own under the profiler) for a dtype query.
     if (!exact || at::native::result_type(*first, *cpu) != d) return std::nullopt;
   }
-  if (!host_ready<R, wait>(device->index())) return std::nullopt;
+  if (!host_ready<wait>(device->index())) return std::nullopt;
   return HostPlace{*device, *dtype};
 }
 
 // Maps every tensor argument on a device whose memory the host reaches
 // only mapped (Note [Map scopes]); nothing otherwise.
-template <class R, class... Args>
-void map_arguments(MapScope<R>& maps, const Args&... args) {
+template <class... Args>
+void map_arguments(MapScope& maps, const Args&... args) {
   std::vector<at::Tensor> ts;
   (visit_tensors(args, [&](const at::Tensor& t, bool) { ts.push_back(t); }), ...);
   translated([&] { maps.add_all(ts); });  // largest first (Note [Map scopes])
@@ -286,15 +288,15 @@ const c10::OperatorHandle& handle() {
 
 // An out= (or otherwise allocation-free) operator: its CPU kernel, called
 // directly on the device tensors.
-template <class R, class Op, bool uniform, bool scalar = false, class Sig = typename Op::schema>
+template <class Op, bool uniform, bool scalar = false, class Sig = typename Op::schema>
 struct Kernel;
-template <class R, class Op, bool uniform, bool scalar, class Ret, class... Args>
-struct Kernel<R, Op, uniform, scalar, Ret(Args...)> {
+template <class Op, bool uniform, bool scalar, class Ret, class... Args>
+struct Kernel<Op, uniform, scalar, Ret(Args...)> {
   static Ret call(Args... args) {
-    std::optional<HostPlace> place = host_device<R, uniform, scalar>(args...);
-    if (!place) return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
-    return Fallback<R>::get().host(handle<Op>(), [&]() -> Ret {
-      MapScope<R> maps(place->device.index());
+    std::optional<HostPlace> place = host_device<uniform, scalar>(args...);
+    if (!place) return at::native::call_fallback_fn_symint<&fallback, Op>::call(args...);
+    return Fallback::get().host(handle<Op>(), [&]() -> Ret {
+      MapScope maps(place->device.index());
       map_arguments(maps, args...);
       HostKernelScope scope;
       Converted c;
@@ -314,8 +316,8 @@ struct Kernel<R, Op, uniform, scalar, Ret(Args...)> {
 // A structured CPU kernel class (meta + impl, TensorIterator based) whose
 // outputs are allocated on the device: what PyTorch generates for CPU, with
 // the device allocator.
-template <class R, class Impl, std::size_t N>
-struct DeviceOutputs final : compat::MetaOutputs<Impl, DeviceOutputs<R, Impl, N>> {
+template <class Impl, std::size_t N>
+struct DeviceOutputs final : compat::MetaOutputs<Impl, DeviceOutputs<Impl, N>> {
   std::array<at::Tensor, N> outputs;
   const at::Tensor& maybe_get_output(int64_t i) override { return outputs[static_cast<std::size_t>(i)]; }
 
@@ -326,9 +328,9 @@ struct DeviceOutputs final : compat::MetaOutputs<Impl, DeviceOutputs<R, Impl, N>
     at::ScalarType dtype = options.dtype().toScalarType();
     // No strides: contiguous in the requested memory format.
     outputs[static_cast<std::size_t>(i)] =
-        strides.empty() ? at::detail::empty_generic(sizes, &device_allocator<R>(), keys, dtype,
+        strides.empty() ? at::detail::empty_generic(sizes, &device_allocator(), keys, dtype,
                                                     options.memory_format_opt())
-                        : at::detail::empty_strided_generic(sizes, strides, &device_allocator<R>(),
+                        : at::detail::empty_strided_generic(sizes, strides, &device_allocator(),
                                                             keys, dtype);
     this->raw_strided(i, sizes, strides, options);
   }
@@ -336,27 +338,27 @@ struct DeviceOutputs final : compat::MetaOutputs<Impl, DeviceOutputs<R, Impl, N>
 
 // A functional operator with one result, run by the structured CPU kernel
 // class Impl (meta(args...), then impl(args..., out)) on the device.
-template <class R, class Op, class Impl, bool scalar = false, class Sig = typename Op::schema>
+template <class Op, class Impl, bool scalar = false, class Sig = typename Op::schema>
 struct Functional;
-template <class R, class Op, class Impl, bool scalar, class... Args>
-struct Functional<R, Op, Impl, scalar, at::Tensor(Args...)> {
+template <class Op, class Impl, bool scalar, class... Args>
+struct Functional<Op, Impl, scalar, at::Tensor(Args...)> {
   static at::Tensor call(Args... args) {
-    std::optional<HostPlace> place = host_device<R, true, scalar, /*wait=*/false>(args...);
-    if (!place) return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
+    std::optional<HostPlace> place = host_device<true, scalar, /*wait=*/false>(args...);
+    if (!place) return at::native::call_fallback_fn_symint<&fallback, Op>::call(args...);
     c10::DeviceGuard guard(place->device);  // the allocator serves the current device
     Converted c;
     auto cpu_args = std::forward_as_tuple(cpu_arg(args, c, place->dtype)...);
-    DeviceOutputs<R, Impl, 1> op;
+    DeviceOutputs<Impl, 1> op;
     std::apply([&](const auto&... a) { op.meta(a...); }, cpu_args);  // allocates the output
     for (int i = 1; i < op.ntensors(); ++i)
       if (op.dtype(i) != op.dtype(0))  // a promoting result (int / int): see host_device
-        return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(args...);
+        return at::native::call_fallback_fn_symint<&fallback, Op>::call(args...);
     // The stream is waited for after the output was allocated, so past every
     // use queued before its block was freed (Note [Host work on recycled
     // blocks]).
-    translated([&] { HostAccess<R>::host_wait(place->device.index()); });
-    return Fallback<R>::get().host(handle<Op>(), [&] {
-      MapScope<R> maps(place->device.index());
+    translated([&] { HostAccess::host_wait(place->device.index()); });
+    return Fallback::get().host(handle<Op>(), [&] {
+      MapScope maps(place->device.index());
       map_arguments(maps, args..., op.outputs[0]);
       HostKernelScope scope;
       std::apply([&](const auto&... a) { op.impl(a..., op.outputs[0]); }, cpu_args);
@@ -371,7 +373,6 @@ struct Functional<R, Op, Impl, scalar, at::Tensor(Args...)> {
 // for any other device it calls a mean kernel stub, which rounds
 // differently. Half and BFloat16 (which the CPU sums in float), and dtypes
 // that mean rejects, go to the fallback.
-template <class R>
 struct Mean {
   using Op = at::_ops::mean_out;
   static at::Tensor& call(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
@@ -382,11 +383,11 @@ struct Mean {
     };
     at::ScalarType d = out.scalar_type();
     if (!plain(self.scalar_type()) || !plain(d) || (dtype && *dtype != d) ||
-        !host_device<R, false>(self, out))
-      return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(self, dim, keepdim,
+        !host_device<false>(self, out))
+      return at::native::call_fallback_fn_symint<&fallback, Op>::call(self, dim, keepdim,
                                                                          dtype, out);
-    return Fallback<R>::get().host(handle<Op>(), [&]() -> at::Tensor& {
-      MapScope<R> maps(out.device().index());
+    return Fallback::get().host(handle<Op>(), [&]() -> at::Tensor& {
+      MapScope maps(out.device().index());
       map_arguments(maps, self, out);
       HostKernelScope scope;
       int64_t n = 1;
@@ -412,16 +413,15 @@ struct Mean {
 // iterator's device is the CPU (should_use_acc_buffer), so on device tensors
 // it would round differently; those dtypes take the fallback, whose CPU
 // aliases take the CPU's path.
-template <class R>
 struct Sum {
   using Op = at::_ops::sum_IntList_out;
   static at::Tensor& call(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
                           std::optional<at::ScalarType> dtype, at::Tensor& out) {
     if (at::isReducedFloatingType(self.scalar_type()) ||
         at::isReducedFloatingType(out.scalar_type()))
-      return at::native::call_fallback_fn_symint<&fallback<R>, Op>::call(self, dim, keepdim,
+      return at::native::call_fallback_fn_symint<&fallback, Op>::call(self, dim, keepdim,
                                                                          dtype, out);
-    return Kernel<R, Op, true>::call(self, dim, keepdim, dtype, out);
+    return Kernel<Op, true>::call(self, dim, keepdim, dtype, out);
   }
 };
 
@@ -432,21 +432,20 @@ struct Sum {
 // arithmetic and functions. Those
 // whose CPU kernel calls a TensorIterator stub need the stub entries, which
 // are known for x86-64 builds of PyTorch only (Note [CPU kernel stubs]).
-template <class R, class M>
-void register_host_kernels(M& m) {
+inline void register_host_kernels(KernelTable& m) {
   // A runtime opts out with `static constexpr bool host_kernels = false;`
   // (an optional constant of the contract, default true).
-  if constexpr (::accelkit::detail::constant_host_kernels<R>) {
+  if (backend_host_kernels()) {
     // uniform: TensorIterator kernels (see host_device).
 #define ACCELKIT_HOST_KERNEL(name, op, uniform) \
-  m.impl(name, TORCH_FN((host::Kernel<R, at::_ops::op, uniform>::call)))
+  m.impl(name, TORCH_FN((host::Kernel<at::_ops::op, uniform>::call)))
 #define ACCELKIT_HOST_FUNCTIONAL(name, op, cls) \
-  m.impl(name, TORCH_FN((host::Functional<R, at::_ops::op, at::native::cls>::call)))
+  m.impl(name, TORCH_FN((host::Functional<at::_ops::op, at::native::cls>::call)))
     // Arithmetic: one CPU scalar operand allowed (see host_device).
 #define ACCELKIT_HOST_ARITHMETIC(name, op) \
-  m.impl(name, TORCH_FN((host::Kernel<R, at::_ops::op, true, true>::call)))
+  m.impl(name, TORCH_FN((host::Kernel<at::_ops::op, true, true>::call)))
 #define ACCELKIT_HOST_ARITHMETIC_FUNCTIONAL(name, op, cls) \
-  m.impl(name, TORCH_FN((host::Functional<R, at::_ops::op, at::native::cls, true>::call)))
+  m.impl(name, TORCH_FN((host::Functional<at::_ops::op, at::native::cls, true>::call)))
     ACCELKIT_HOST_KERNEL("relu", relu, false);
     ACCELKIT_HOST_KERNEL("relu_", relu_, false);
     ACCELKIT_HOST_KERNEL("mm.out", mm_out, false);
@@ -468,7 +467,7 @@ void register_host_kernels(M& m) {
 #undef ACCELKIT_HOST_ARITHMETIC_OPS
     ACCELKIT_HOST_KERNEL("clamp_min.out", clamp_min_out, true);
     ACCELKIT_HOST_KERNEL("threshold_backward.grad_input", threshold_backward_grad_input, true);
-    m.impl("sum.IntList_out", TORCH_FN(host::Sum<R>::call));
+    m.impl("sum.IntList_out", TORCH_FN(host::Sum::call));
     ACCELKIT_HOST_FUNCTIONAL("clamp_min", clamp_min, structured_clamp_min_out);
     ACCELKIT_HOST_FUNCTIONAL("threshold_backward", threshold_backward,
                              structured_threshold_backward_out);
@@ -494,7 +493,7 @@ void register_host_kernels(M& m) {
     ACCELKIT_HOST_KERNEL("lerp.Scalar_out", lerp_Scalar_out, true);
     ACCELKIT_HOST_FUNCTIONAL("tanh_backward", tanh_backward, structured_tanh_backward_out);
     ACCELKIT_HOST_KERNEL("tanh_backward.grad_input", tanh_backward_grad_input, true);
-    m.impl("mean.out", TORCH_FN(host::Mean<R>::call));
+    m.impl("mean.out", TORCH_FN(host::Mean::call));
     ACCELKIT_HOST_FUNCTIONAL("sigmoid_backward", sigmoid_backward,
                              structured_sigmoid_backward_out);
     ACCELKIT_HOST_KERNEL("sigmoid_backward.grad_input", sigmoid_backward_grad_input, true);

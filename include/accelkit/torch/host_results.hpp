@@ -1,6 +1,6 @@
 // accelkit: results of CPU operators made in device memory (Note [CPU
 // results in device memory]): a CPU allocator that serves a thread inside a
-// HostResults<R>::Scope from a device's caching pool, and the adoption of
+// HostResults::Scope from a device's caching pool, and the adoption of
 // such a result as a device tensor without a copy.
 #pragma once
 
@@ -20,14 +20,14 @@
 #include <utility>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
 
 // Note [CPU results in device memory]
 // A CPU convolution allocates its result itself (through c10's CPU
 // allocator); no kernel of it takes the memory to write. Run for a device
-// whose memory the host addresses directly, its result was then copied into
-// device memory: 207 of the 332 us per forward that the compiled CNN of
-// bench/compile_torch_bench.py took over the CPU's, on one core.
+// whose memory the host addresses directly, its result would be copied into
+// device memory, most of what a compiled CNN's forward costs over the CPU's
+// (bench/compile_torch_bench.py).
 //
 // So while such a convolution runs on the host (inside a Scope, entered after
 // the device's stream was waited for), the calling thread's CPU allocations
@@ -38,9 +38,9 @@ namespace torch_adapter {
 // earlier), and the wrapper keeps serving every other allocation, every
 // other thread's among them, with one thread-local read added.
 //  - Where the device has no room without returning its cache (try_allocate),
-//    the allocation is CPU memory, as before: nothing is released or counted
+//    the allocation is CPU memory: nothing is released or counted
 //    as out of memory. The CPU kernel's temporaries can be far larger than
-//    its result; a result in CPU memory is copied, as before.
+//    its result; a result in CPU memory is copied.
 //  - A result is adopted only if its memory is a block of the Scope's
 //    device, its storage is its alone (no other reference, weak ones
 //    included) and it spans that storage; otherwise it is copied. So is
@@ -67,7 +67,6 @@ namespace torch_adapter {
 //    process was judged worse than the raw deleter accepting both kinds). A
 //    child forked meanwhile starts with an empty table (the blocks are the
 //    parent's device memory, which the child leaves alone).
-template <class R>
 class HostResults {
  public:
   // Wraps c10's CPU allocator (once; the backend's registration does).
@@ -116,10 +115,10 @@ class HostResults {
     c10::DataPtr cpu = s->set_data_ptr(c10::DataPtr());
     s->set_nbytes(0);
     void* ptr = cpu.release_context();  // the device tensor frees it
-    c10::DataPtr memory(ptr, DeviceAllocator<R>::context(ptr, device.index()),
-                        &DeviceAllocator<R>::deleter, device);
+    c10::DataPtr memory(ptr, DeviceAllocator::context(ptr, device.index()),
+                        &DeviceAllocator::deleter, device);
     auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
-                                                         std::move(memory), &device_allocator<R>(),
+                                                         std::move(memory), &device_allocator(),
                                                          /*resizable=*/true);
     at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
         c10::Storage(std::move(storage)), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -170,13 +169,13 @@ class HostResults {
   static Blocks& blocks() { return *blocks_slot(); }
 
   static void free_device(void* p, device_index d) {
-    DeviceAllocator<R>::deleter(DeviceAllocator<R>::context(p, d));
+    DeviceAllocator::deleter(DeviceAllocator::context(p, d));
   }
   // The deleter of a block handed out as CPU memory.
   static void free_block(void* p) {
     if (std::optional<device_index> d = blocks().take(p)) return free_device(p, *d);
-    if (Backend<R>::instance().in_bad_fork()) return;  // the parent's device memory
-    report(Severity::error, R::name,
+    if (backend().in_bad_fork()) return;  // the parent's device memory
+    report(Severity::error, backend_name(),
            fmt::format("device memory at {} freed as CPU memory was not handed out as such; "
                        "left allocated",
                        p));
@@ -189,8 +188,8 @@ class HostResults {
     c10::DeleterFnPtr inner_raw = nullptr;
     c10::DataPtr allocate(std::size_t n) override {
       if (depth_ == 0 || n == 0) return inner->allocate(n);
-      c10::DataPtr block = device_allocator<R>().try_allocate(n);  // on the Scope's device
-      if (!block) return inner->allocate(n);  // no room there: CPU memory, as before
+      c10::DataPtr block = device_allocator().try_allocate(n);  // on the Scope's device
+      if (!block) return inner->allocate(n);  // no room there: CPU memory
       void* p = block.get();
       blocks().add(p, block.device().index());  // may throw: `block` frees it
       block.release_context();

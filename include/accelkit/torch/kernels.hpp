@@ -42,6 +42,7 @@
 
 #include <accelkit/torch/adapter.hpp>
 #include <accelkit/torch/fallback.hpp>
+#include <accelkit/torch/kernel_table.hpp>
 
 #include <ATen/native/CPUFallback.h>
 
@@ -62,76 +63,6 @@ struct KernelStream {
   StreamHandle handle;
 };
 
-namespace torch_adapter {
-
-// The backend's ATen kernels, the SDK's and the vendor's (Note [Vendor
-// kernel registration]): one table per module, KernelTable<ErasedRuntime>
-// (Note [Erased backend]). Never destroyed, as State.
-template <class R>
-class KernelTable {
- public:
-  static KernelTable& get() {
-    static KernelTable* const table = new KernelTable();
-    return *table;
-  }
-
-  // The SDK's kernel of `name` ("add.Tensor"), unless the vendor has one.
-  template <class F>
-  void impl(const char* name, F&& f) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::string key = canonical(name);
-    if (vendor_.count(key)) return;
-    auto lib = library(__FILE__, __LINE__);
-    lib->impl(name, std::forward<F>(f));
-    sdk_[key] = std::move(lib);
-  }
-
-  // The vendor's kernel of `name`, replacing the SDK's.
-  template <class F>
-  void vendor_impl(const char* name, F&& f, const char* file, unsigned line) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::string key = canonical(name);
-    auto [it, added] = vendor_.try_emplace(key, Where{file, line, nullptr});
-    TORCH_CHECK(added, R::name, ": two vendor kernels for aten::", key, ": at ", it->second.file,
-                ":", it->second.line, " and at ", file, ":", line);
-    sdk_.erase(key);  // deregisters the SDK's kernel
-    try {
-      it->second.lib = library(file, line);
-      it->second.lib->impl(name, std::forward<F>(f));
-    } catch (...) {
-      vendor_.erase(it);
-      throw;
-    }
-  }
-
-  // Whether the vendor registered a kernel for `name`.
-  bool vendor_has(const char* name) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return vendor_.count(canonical(name)) != 0;
-  }
-
- private:
-  struct Where {
-    const char* file;
-    unsigned line;
-    std::unique_ptr<torch::Library> lib;
-  };
-  static std::string canonical(const char* name) {
-    std::string s(name);
-    if (s.rfind("aten::", 0) == 0) s.erase(0, 6);
-    return s;
-  }
-  static std::unique_ptr<torch::Library> library(const char* file, unsigned line) {
-    return std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
-                                            c10::DispatchKey::PrivateUse1, file, line);
-  }
-  std::mutex mutex_;
-  std::map<std::string, std::unique_ptr<torch::Library>> sdk_;
-  std::map<std::string, Where> vendor_;
-};
-
-}  // namespace torch_adapter
-
 // What a vendor kernel of runtime R uses; all static, all thread-safe.
 template <class R>
 struct Kernels {
@@ -143,10 +74,10 @@ struct Kernels {
   // The calling thread's current stream of a device (-1: the current one).
   static KernelStream current_stream(c10::DeviceIndex device = -1) {
     return torch_adapter::translated([&] {
-      auto& st = torch_adapter::State<torch_adapter::ErasedRuntime>::get();
-      device_index d = device == -1 ? st.backend().current_device() : device;
-      Stream s = st.streams().current_stream(d);
-      return KernelStream{st.to_c10(s), st.backend().physical(d), st.streams().handle(s)};
+      torch_adapter::BackendInterface& b = torch_adapter::backend();
+      device_index d = device == -1 ? b.current_device() : device;
+      Stream s = b.current_stream(d);
+      return KernelStream{torch_adapter::to_c10(s), b.physical(d), b.handle(s)};
     });
   }
   // The runtime's (physical) ordinal of `t`'s device.
@@ -176,8 +107,7 @@ struct Kernels {
                       static_cast<int>(s.stream.device_index()));
     if (!t.storage().data()) return;
     torch_adapter::translated([&] {
-      torch_adapter::State<torch_adapter::ErasedRuntime>::get().device_memory().record_stream(
-          d, t.storage().data_ptr().get(), s.handle);
+      torch_adapter::backend().device_record_stream(d, t.storage().data_ptr().get(), s.handle);
     });
   }
 
@@ -198,7 +128,7 @@ struct Kernels {
   // kernel does not take): fallback<at::_ops::add_Tensor>(self, other, alpha).
   template <class Op, class... A>
   static decltype(auto) fallback(A&&... a) {
-    return at::native::call_fallback_fn_symint<&torch_adapter::fallback<torch_adapter::ErasedRuntime>,
+    return at::native::call_fallback_fn_symint<&torch_adapter::fallback,
                                                Op>::call(
         std::forward<A>(a)...);
   }
@@ -221,7 +151,7 @@ class KernelLibrary {
   // torch::Library::impl takes it (TORCH_FN(f), a lambda, a boxed function).
   template <class F>
   KernelLibrary& impl(const char* name, F&& f) {
-    torch_adapter::KernelTable<torch_adapter::ErasedRuntime>::get().vendor_impl(
+    torch_adapter::KernelTable::get().vendor_impl(
         name, std::forward<F>(f), file_, line_);
     return *this;
   }
@@ -229,7 +159,7 @@ class KernelLibrary {
   // kernel (Note [Host kernels]): a per-operator opt-out.
   KernelLibrary& fallback(const char* name) {
     return impl(name, torch::CppFunction::makeFromBoxedFunction<
-                          &torch_adapter::fallback<torch_adapter::ErasedRuntime>>());
+                          &torch_adapter::fallback>());
   }
 
  private:

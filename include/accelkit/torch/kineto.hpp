@@ -63,12 +63,11 @@
 #include <vector>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
 
-template <class R>
 class KinetoSession final : public libkineto::IActivityProfilerSession {
  public:
-  using Mark = ProfilerMark<R>;
+  using Mark = ProfilerMark;
 
   explicit KinetoSession(bool device_activities)
       : id_(next_id()), device_activities_(device_activities) {}
@@ -111,7 +110,7 @@ class KinetoSession final : public libkineto::IActivityProfilerSession {
       const libkineto::ITraceActivity* op =
           linked ? linked(static_cast<int32_t>(f.correlation)) : nullptr;
       libkineto::GenericTraceActivity a(span(), libkineto::ActivityType::CONCURRENT_KERNEL,
-                                        op ? op->name() : std::string(R::name));
+                                        op ? op->name() : std::string(backend_name()));
       // Not before its operator (whose start PyTorch takes just after the push).
       a.startTime = op ? std::max<int64_t>(f.start_ns, op->timestamp()) : f.start_ns;
       a.endTime = a.startTime + static_cast<int64_t>(us * 1000.0);
@@ -168,7 +167,7 @@ class KinetoSession final : public libkineto::IActivityProfilerSession {
   // lives as long as the process.
   static const libkineto::TraceSpan& span() {
     static const libkineto::TraceSpan* const s =
-        new libkineto::TraceSpan(0, 0, std::string(R::name));
+        new libkineto::TraceSpan(0, 0, std::string(backend_name()));
     return *s;
   }
 
@@ -179,7 +178,6 @@ class KinetoSession final : public libkineto::IActivityProfilerSession {
   std::vector<Frame> done_;
 };
 
-template <class R>
 class KinetoProfiler final : public libkineto::IActivityProfiler {
  public:
   const std::string& name() const override { return name_; }
@@ -188,7 +186,7 @@ class KinetoProfiler final : public libkineto::IActivityProfiler {
   }
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(
       const std::set<libkineto::ActivityType>& types, const libkineto::Config&) override {
-    return std::make_unique<KinetoSession<R>>(types.count(kKernel) != 0);
+    return std::make_unique<KinetoSession>(types.count(kKernel) != 0);
   }
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(
       int64_t, int64_t, const std::set<libkineto::ActivityType>& types,
@@ -198,14 +196,13 @@ class KinetoProfiler final : public libkineto::IActivityProfiler {
 
  private:
   static constexpr libkineto::ActivityType kKernel = libkineto::ActivityType::CONCURRENT_KERNEL;
-  std::string name_{std::string("accelkit.") + std::string(R::name)};
+  std::string name_{std::string("accelkit.") + std::string(backend_name())};
   std::set<libkineto::ActivityType> activities_{kKernel};
 };
 
 // Registers the backend's activity profiler with Kineto (once).
-template <class R>
-void register_kineto_profiler() {
-  static const ::torch::profiler::impl::RegisterPrivateUse1Profiler<KinetoProfiler<R>> once;
+inline void register_kineto_profiler() {
+  static const ::torch::profiler::impl::RegisterPrivateUse1Profiler<KinetoProfiler> once;
   static_cast<void>(once);
 }
 
@@ -214,25 +211,25 @@ ACCELKIT_END_NAMESPACE
 
 #else
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
+
 // Built without Kineto's headers (USE_KINETO and <torch>/include/kineto on
 // the include path, as the accelkit::torch target sets when the wheel has
 // them): torch.profiler records no device activity of the backend.
-template <class R>
-void register_kineto_profiler() {}
+inline void register_kineto_profiler() {}
 }  // namespace torch_adapter
 ACCELKIT_END_NAMESPACE
 #endif
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
+
 // Both of the backend's profilers: the stubs of torch.autograd.profiler's
 // device times (Note [Profiler device times]) and Kineto's device
 // activities (Note [Kineto device activities]). From the SDK's library part (registration.hpp).
-template <class R>
-void register_profilers() {
-  register_profiler<R>();
-  register_kineto_profiler<R>();
+inline void register_profilers() {
+  register_profiler();
+  register_kineto_profiler();
 }
 }  // namespace torch_adapter
 ACCELKIT_END_NAMESPACE

@@ -1,4 +1,4 @@
-// accelkit: the operator set a backend registers for ATen: Ops<R>, the
+// accelkit: the operator set a backend registers for ATen: Ops, the
 // native operators of copy.hpp, empty.hpp, views.hpp, storage.hpp and
 // fill.hpp under one name, with the convolutions (register_aten_ops); the
 // copies' fallthroughs on the Conjugate and Negative keys; and the operators
@@ -12,6 +12,7 @@
 #include <accelkit/torch/empty.hpp>
 #include <accelkit/torch/fallback.hpp>
 #include <accelkit/torch/fill.hpp>
+#include <accelkit/torch/kernel_table.hpp>
 #include <accelkit/torch/storage.hpp>
 #include <accelkit/torch/views.hpp>
 
@@ -26,33 +27,31 @@
 #include <string>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
 
 // Every native operator of the headers above, and the host access they
 // use, under one name (register_aten_ops; a vendor's own kernels may call
-// Ops<R>::to_cpu and the like). The host access is named here once more:
-// GCC finds a name that two groups each bring in from HostAccess<R>
+// Ops::to_cpu and the like). The host access is named here once more:
+// GCC finds a name that two groups each bring in from HostAccess
 // ambiguous.
-template <class R>
-struct Ops : CopyOps<R>, EmptyOps<R>, ViewOps<R>, StorageOps<R>, FillOps<R> {
-  using HostAccess<R>::st, HostAccess<R>::on_device, HostAccess<R>::dev,
-      HostAccess<R>::host_visible, HostAccess<R>::nbytes, HostAccess<R>::stream_of,
-      HostAccess<R>::sync, HostAccess<R>::queued, HostAccess<R>::host_ready,
-      HostAccess<R>::run_on_host, HostAccess<R>::host_view, HostAccess<R>::storage_to_cpu,
-      HostAccess<R>::to_cpu, HostAccess<R>::from_cpu;
+struct Ops : CopyOps, EmptyOps, ViewOps, StorageOps, FillOps {
+  using HostAccess::on_device, HostAccess::dev,
+      HostAccess::host_visible, HostAccess::nbytes, HostAccess::stream_of,
+      HostAccess::sync, HostAccess::queued, HostAccess::host_ready,
+      HostAccess::run_on_host, HostAccess::host_view, HostAccess::storage_to_cpu,
+      HostAccess::to_cpu, HostAccess::from_cpu;
 };
 
-// Note [Math bits in copies]: the copies resolve conjugate and negative bits
-// themselves, so the Conjugate and Negative fallbacks must not intercept them.
+// The copies resolve conjugate and negative bits themselves (Note [Math
+// bits in copies]): the Conjugate and Negative fallbacks let them through.
 inline void register_math_bit_fallthroughs(torch::Library& m) {
   m.impl("_copy_from", torch::CppFunction::makeFallthrough());
   m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
-// M: the registration table (KernelTable<R>, Note [Vendor kernel registration]).
-template <class R, class M>
-void register_aten_ops(M& m) {
-  using O = Ops<R>;
+// Through the registration table (Note [Vendor kernel registration]).
+inline void register_aten_ops(KernelTable& m) {
+  using O = Ops;
   m.impl("empty.memory_format", TORCH_FN(O::empty_memory_format));
   m.impl("empty_strided", TORCH_FN(O::empty_strided));
   m.impl("as_strided", TORCH_FN(O::as_strided));
@@ -88,8 +87,8 @@ void register_aten_ops(M& m) {
            };
            return plain(self) && plain(from);
          });
-  m.impl("convolution_overrideable", TORCH_FN(Convolution<R>::forward));
-  m.impl("convolution_backward_overrideable", TORCH_FN(Convolution<R>::backward));
+  m.impl("convolution_overrideable", TORCH_FN(Convolution::forward));
+  m.impl("convolution_backward_overrideable", TORCH_FN(Convolution::backward));
   // set_.source_Storage and set_.source_Tensor re-dispatch to the above.
   m.impl("set_.source_Storage",
          [](at::Tensor& self, at::Storage source) -> at::Tensor& {
@@ -114,8 +113,7 @@ void register_aten_ops(M& m) {
 // between PyTorch versions: 14 operators in 2.13); an operator that already
 // has a kernel for the backend keeps it (a vendor's kernel registered later
 // replaces these: Note [Vendor kernel registration]).
-template <class R, class M>
-void register_cpu_kernels_over_composites(M& m) {
+inline void register_cpu_kernels_over_composites(KernelTable& m) {
   using c10::DispatchKey;
   auto& dispatcher = c10::Dispatcher::singleton();
   const std::string prefix = "aten::";
@@ -129,7 +127,7 @@ void register_cpu_kernels_over_composites(M& m) {
       continue;
     std::string short_name = name.name.substr(prefix.size());
     if (!name.overload_name.empty()) short_name += "." + name.overload_name;
-    m.impl(short_name.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback<R>>());
+    m.impl(short_name.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
   }
 }
 

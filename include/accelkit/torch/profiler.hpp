@@ -10,7 +10,7 @@
 // of the backend's, PyTorch's defaults throw at every mark, which PyTorch
 // catches and logs, with a backtrace, per operator.
 //
-// Here a mark is a timing event of the SDK's pools (Event<R>, no driver
+// Here a mark is a timing event of the SDK's pools (DeviceEvent, no driver
 // event created per use once the pool is warm) recorded on the calling
 // thread's current stream of its current device, so the device time of an
 // operator is the stream's time from the work queued before the operator to
@@ -45,27 +45,25 @@
 #include <string>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
 
 // One mark of Note [Profiler device times]: a timing event recorded on the
 // calling thread's current stream of its current device, and the host time.
-template <class R>
 struct ProfilerMark {
   device_index device = -1;  // -1: no device time
-  std::optional<Event<R>> event;
+  std::optional<DeviceEvent> event;
   std::int64_t host_ns = 0;  // steady clock
   std::int64_t unix_ns = 0;  // c10::getTime(), the profiler's clock
 
   static std::shared_ptr<ProfilerMark> now() {
     auto mark = std::make_shared<ProfilerMark>();
-    Backend<R>& b = State<R>::get().backend();
+    BackendInterface& b = backend();
     if (b.is_initialized() && !b.in_bad_fork()) {
       try {
         mark->device = b.current_device();
         if (timed(mark->device)) {
-          Streams<R>& streams = State<R>::get().streams();
-          mark->event.emplace(streams, EventFlags::timing);
-          mark->event->record(streams.current_stream(mark->device));
+          mark->event.emplace(EventFlags::timing);
+          mark->event->record(b.current_stream(mark->device));
         }
       } catch (const std::exception& e) {
         failed(e.what());
@@ -99,14 +97,14 @@ struct ProfilerMark {
   // Whether `device` has event timing; says once per device when it has
   // not.
   static bool timed(device_index device) {
-    if (State<R>::get().backend().properties(device).event_timing) return true;
+    if (backend().properties(device).event_timing) return true;
     static std::atomic<bool> reported[kDevices] = {};
     if (device < kDevices && !reported[device].exchange(true))
-      report(Severity::warning, R::name,
+      report(Severity::warning, backend_name(),
              fmt::format("{}:{} has no event timing (properties().event_timing is false): the "
                          "profiler's device times for it are host times from each operator's "
                          "entry to its exit, not the device's",
-                         R::name, device));
+                         backend_name(), device));
     return false;
   }
 
@@ -115,18 +113,17 @@ struct ProfilerMark {
   static void failed(const char* what) {
     static std::atomic<bool> reported{false};
     if (!reported.exchange(true))
-      report(Severity::warning, R::name,
+      report(Severity::warning, backend_name(),
              fmt::format("the profiler could not time an operator on the device, which is left "
                          "without a device time (later failures are not reported): {}",
                          what));
   }
 };
 
-template <class R>
 class ProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
  public:
   using EventStub = torch::profiler::impl::ProfilerVoidEventStub;
-  using Mark = ProfilerMark<R>;
+  using Mark = ProfilerMark;
 
   void record(c10::DeviceIndex* device, EventStub* event, int64_t* cpu_ns) const override {
     std::shared_ptr<Mark> mark = Mark::now();
@@ -148,10 +145,10 @@ class ProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
 
   void onEachDevice(std::function<void(int)> op) const override {
     translated([&] {
-      Backend<R>& b = State<R>::get().backend();
+      BackendInterface& b = backend();
       int n = b.device_count();
       for (int d = 0; d < n; ++d) {
-        DeviceGuard<R> guard(b, d);
+        DeviceSwitch guard(d);
         op(d);
       }
     });
@@ -161,19 +158,18 @@ class ProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
   // is initialized).
   void synchronize() const override {
     translated([&] {
-      Backend<R>& b = State<R>::get().backend();
+      BackendInterface& b = backend();
       if (!b.is_initialized()) return;
       int n = b.device_count();
-      for (int d = 0; d < n; ++d) State<R>::get().streams().device_synchronize(d);
+      for (int d = 0; d < n; ++d) b.device_synchronize(d);
     });
   }
 };
 
 // Registers the backend's stubs with PyTorch's profiler (once; from the
 // SDK's library part).
-template <class R>
-void register_profiler() {
-  static ProfilerStubs<R>* const stubs = new ProfilerStubs<R>();
+inline void register_profiler() {
+  static ProfilerStubs* const stubs = new ProfilerStubs();
   torch::profiler::impl::registerPrivateUse1Methods(stubs);
 }
 

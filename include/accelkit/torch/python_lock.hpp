@@ -30,7 +30,7 @@
 #include <dlfcn.h>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
 
 class PythonLockRelease {
  public:

@@ -2,11 +2,10 @@
 // registration file that turns runtime R into a PyTorch backend. Includes
 // no PyTorch header: the torch adapters are compiled once, in the SDK's
 // library sources that accelkit_add_torch_backend links into the backend's
-// module (Note [Erased backend], torch/erased.hpp); this line binds them to
-// R.
+// module; this line binds them to R (Note [Backend interface]).
 #pragma once
 
-#include <accelkit/torch/erased.hpp>
+#include <accelkit/torch/bound_backend.hpp>
 
 #include <string_view>
 
@@ -17,12 +16,13 @@
 // missing or mistyped stops the build here, naming it (Backend<R>).
 #define ACCELKIT_REGISTER_BACKEND(R)                                               \
   ACCELKIT_BEGIN_NAMESPACE                                                         \
-  namespace torch_adapter {                                                        \
-  BackendInterface& bound_backend() {                                              \
-    static BackendInterface* const backend = new ErasedBackend<R>();               \
-    return *backend;                                                               \
+  ACCELKIT_TORCH_NAMESPACE {                                                       \
+  BackendInterface& backend() {                                                    \
+    static BackendInterface* const bound = new BoundBackend<R>();                  \
+    return *bound;                                                                 \
   }                                                                                \
-  std::string_view bound_backend_name() noexcept { return R::name; }               \
+  std::string_view backend_name() noexcept { return R::name; }                     \
+  bool backend_host_kernels() noexcept { return detail::constant_host_kernels<R>; } \
   }                                                                                \
   ACCELKIT_END_NAMESPACE                                                           \
   static_assert(true, "ACCELKIT_REGISTER_BACKEND(R) ends with a semicolon")

@@ -1,8 +1,8 @@
 // accelkit: host signals (Note [Host signals] in device/backend.hpp) as
 // operators of the backend's library, torch.ops.<name>.*, for the SDK's
 // Python package: accelkit.distributed makes the current stream wait for a
-// collective that runs on host threads. Compiled for the erased backend,
-// in the library part (Note [Erased backend]).
+// collective that runs on host threads. Compiled once, in the library part
+// (Note [Backend interface]).
 #pragma once
 
 #include <accelkit/torch/adapter.hpp>
@@ -17,36 +17,33 @@
 #include <utility>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
 
 // Devices are logical indices (a Stream's own); signals cross as the
 // handle's integer value.
-template <class R>
-device_index signal_device(int64_t d) {
-  TORCH_CHECK_INDEX(d >= 0 && d <= std::numeric_limits<int>::max(), R::name,
+inline device_index signal_device(int64_t d) {
+  TORCH_CHECK_INDEX(d >= 0 && d <= std::numeric_limits<int>::max(), backend_name(),
                     ": invalid device index ", d);
   return static_cast<device_index>(d);
 }
 
-template <class R>
-void register_signal_ops(::torch::Library& lib) {
+inline void register_signal_ops(::torch::Library& lib) {
   // Whether streams wait for signals on the device (the runtime has the
   // members); false: stream_wait_signal blocks the calling thread.
-  lib.def("stream_signals() -> bool", [] { return Backend<R>::instance().stream_signals(); });
+  lib.def("stream_signals() -> bool", [] { return backend().has_stream_signals(); });
   lib.def("signal_create(int device) -> int", [](int64_t d) {
     return translated([&] {
       return static_cast<int64_t>(
-          Backend<R>::instance().signal_create(signal_device<R>(d)).value);
+          backend().signal_create(signal_device(d)).value);
     });
   });
   lib.def("stream_wait_signal(Stream stream, int signal) -> ()", [](c10::Stream s, int64_t g) {
     translated([&] {
-      State<R>& st = State<R>::get();
-      StreamHandle h = st.streams().handle(st.from_c10(s));
+      StreamHandle h = backend().handle(from_c10(s));
       // Queued through the backend, not the SDK's stream layer: said for
       // the profiler (Note [Device work of an operator]).
       note_device_work();
-      st.backend().stream_wait_signal(static_cast<device_index>(s.device_index()), h,
+      backend().stream_wait_signal(static_cast<device_index>(s.device_index()), h,
                                       SignalHandle{static_cast<std::uintptr_t>(g)});
     });
   });
@@ -56,9 +53,9 @@ void register_signal_ops(::torch::Library& lib) {
           [](int64_t d, int64_t g, int64_t error, std::string reason) {
             TORCH_CHECK_VALUE(error >= std::numeric_limits<int>::min() &&
                                   error <= std::numeric_limits<int>::max(),
-                              R::name, ": signal_complete: error ", error, " does not fit an int");
+                              backend_name(), ": signal_complete: error ", error, " does not fit an int");
             translated([&] {
-              Backend<R>::instance().signal_complete(signal_device<R>(d),
+              backend().signal_complete(signal_device(d),
                                                      SignalHandle{static_cast<std::uintptr_t>(g)},
                                                      static_cast<int>(error),
                                                      std::move(reason));
@@ -66,7 +63,7 @@ void register_signal_ops(::torch::Library& lib) {
           });
   lib.def("signal_destroy(int device, int signal) -> ()", [](int64_t d, int64_t g) {
     translated([&] {
-      Backend<R>::instance().signal_destroy(signal_device<R>(d),
+      backend().signal_destroy(signal_device(d),
                                             SignalHandle{static_cast<std::uintptr_t>(g)});
     });
   });
@@ -79,12 +76,11 @@ void register_signal_ops(::torch::Library& lib) {
     return translated([&] {
       static std::mutex mutex;
       static std::map<device_index, Stream> made;
-      State<R>& st = State<R>::get();
-      device_index i = signal_device<R>(d);
+      device_index i = signal_device(d);
       std::lock_guard<std::mutex> lock(mutex);
       auto it = made.find(i);
-      if (it == made.end()) it = made.emplace(i, st.streams().create_stream(i)).first;
-      return st.to_c10(it->second);
+      if (it == made.end()) it = made.emplace(i, backend().create_stream(i, 0)).first;
+      return to_c10(it->second);
     });
   });
 }

@@ -1,5 +1,5 @@
 // accelkit: the operators on a tensor's device storage: resize_ and
-// storage.resize_ (the hooks' resizePrivateUse1Bytes) onto new device memory
+// storage.resize_ (the hooks' resizePrivateUse1Bytes, src/accelkit_torch_backend.cpp) onto new device memory
 // that keeps the contents, and record_stream, which keeps the memory from
 // reuse until a stream has passed its free.
 #pragma once
@@ -17,11 +17,10 @@
 #include <utility>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
 
-template <class R>
-struct StorageOps : HostAccess<R> {
-  using HostAccess<R>::st, HostAccess<R>::stream_of, HostAccess<R>::queued;
+struct StorageOps : HostAccess {
+  using HostAccess::stream_of, HostAccess::queued;
 
   // Grows a storage to `n` bytes, keeping its contents (device to device).
   // Moves a storage to new memory of exactly `n` bytes, keeping the common
@@ -29,13 +28,13 @@ struct StorageOps : HostAccess<R> {
   static void reallocate_storage(const c10::Storage& storage, std::size_t n) {
     device_index d = storage.device().index();
     c10::DeviceGuard guard(storage.device());
-    c10::DataPtr fresh = device_allocator<R>().allocate(n);
+    c10::DataPtr fresh = device_allocator().allocate(n);
     std::size_t keep = std::min(n, storage.nbytes());
     if (keep > 0) {
-      if (HostAccess<R>::run_on_host(d)) {  // inside a host kernel (Note [Map scopes])
+      if (HostAccess::run_on_host(d)) {  // inside a host kernel (Note [Map scopes])
         std::memcpy(fresh.get(), storage.data(), keep);
       } else {
-        st().backend().memcpy_async(d, fresh.get(), storage.data(), keep,
+        backend().memcpy_async(d, fresh.get(), storage.data(), keep,
                                     CopyKind::device_to_device, stream_of(d), false);
         queued(d);
       }
@@ -69,19 +68,11 @@ struct StorageOps : HostAccess<R> {
   // The stream must be one of the tensor's device (the pool of that device
   // records it): RuntimeError naming both otherwise.
   static void record_stream(at::Tensor& self, c10::Stream s) {
-    TORCH_CHECK(s.device() == self.device(), R::name, ": record_stream: the stream is on ",
+    TORCH_CHECK(s.device() == self.device(), backend_name(), ": record_stream: the stream is on ",
                 s.device(), " but the tensor is on ", self.device());
-    device_allocator<R>().recordStream(self.storage().data_ptr(), s);
+    device_allocator().recordStream(self.storage().data_ptr(), s);
   }
 };
-
-// storage.resize_(n): new memory of exactly n bytes, keeping the prefix.
-template <class R>
-void Hooks<R>::resizePrivateUse1Bytes(const c10::Storage& storage, std::size_t newsize) const {
-  translated([&] {
-    if (newsize != storage.nbytes()) StorageOps<R>::reallocate_storage(storage, newsize);
-  });
-}
 
 }  // namespace torch_adapter
 ACCELKIT_END_NAMESPACE

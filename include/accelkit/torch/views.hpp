@@ -14,9 +14,8 @@
 #include <optional>
 
 ACCELKIT_BEGIN_NAMESPACE
-namespace torch_adapter {
+ACCELKIT_TORCH_NAMESPACE {
 
-template <class R>
 struct ViewOps {
   static at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size,
                                c10::SymIntArrayRef stride, std::optional<c10::SymInt> offset) {

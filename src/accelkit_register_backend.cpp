@@ -4,8 +4,8 @@
 // ACCELKIT_BACKEND_CLASS (the runtime class) defined.
 //
 // It includes no PyTorch header: the torch adapters are the SDK's library
-// part, compiled once (cmake/accelkit_torch_adapters.cpp, Note [Erased
-// backend]); this unit builds the runtime's core objects and binds them.
+// part, compiled once (accelkit_torch_*.cpp beside this file, Note [Backend
+// interface]); this unit builds the runtime's core objects and binds them.
 //
 // Note [One registration source for every build tree]
 // This file, and the library part's sources beside it, are the same files

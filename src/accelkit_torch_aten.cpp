@@ -1,0 +1,41 @@
+// The SDK's library part, compiled once per project into the object library
+// accelkit_torch_adapters that every backend's module links (Note [Backend
+// interface] in accelkit/torch/backend_interface.hpp); the module's
+// ACCELKIT_REGISTER_BACKEND(R) line defines the backend it uses. The same
+// files and compile commands in every build tree (Note [One registration
+// source for every build tree] in accelkit_register_backend.cpp). The
+// library is cut into units of about equal compile time, so that a build on
+// two cores compiles them side by side.
+//
+// This unit: the native operators, the math-bit fallthroughs, autocast and
+// the sparse layouts' refusal; the order of the ATen kernels' registration.
+#include <accelkit/torch/autocast.hpp>
+#include <accelkit/torch/kernels.hpp>
+#include <accelkit/torch/ops.hpp>
+#include <accelkit/torch/sparse.hpp>
+
+#include "accelkit_torch_registrations.hpp"
+
+namespace {
+namespace ta = ::accelkit::torch_adapter;
+}
+
+// The SDK's ATen kernels, through the table that vendor kernels share (Note
+// [Vendor kernel registration]).
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  (void)m;
+  ta::KernelTable& table = ta::KernelTable::get();
+  ta::register_aten_ops(table);
+  ta::register_host_kernel_set(table);
+  ta::register_cpu_kernels_over_composites(table);
+}
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) { ta::register_math_bit_fallthroughs(m); }
+TORCH_LIBRARY_IMPL(aten, Negative, m) { ta::register_math_bit_fallthroughs(m); }
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&ta::sparse_fallback>());
+}
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&ta::sparse_fallback>());
+}
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) { ta::register_autocast(m); }
