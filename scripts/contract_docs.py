@@ -117,7 +117,7 @@ def members(root=ROOT):
                 name, typ = args[0], args[1]
                 signature = f"static constexpr {typ} {name}"
                 if not required:
-                    absent = absent or args[2]
+                    absent = absent or f"`{args[2]}`"
             if required and absent:
                 raise SystemExit(f"{CONTRACT}: {name} is required but says what applies when "
                                  "it is absent")
@@ -226,6 +226,10 @@ def _md(text):
     return "`".join(parts)
 
 
+def _capital(text):
+    return text[:1].upper() + text[1:]
+
+
 def _cell(text):
     return _md(text).replace("|", "\\|")
 
@@ -263,12 +267,12 @@ def page(ms, header_text):
     for m in ms:
         if not m.required:
             out.append(f"| `{m.name}` | `{m.signature}` | {_cell(m.meaning) or '—'} | "
-                       f"{_cell(m.absent)} |")
+                       f"{_cell(_capital(m.absent))} |")
     out += [
         "",
         "## Asynchronous errors",
         "",
-        _md(_quote(paras, "Asynchronous errors:").replace("Asynchronous errors: ", "", 1)),
+        _md(_capital(_quote(paras, "Asynchronous errors:")[len("Asynchronous errors: "):])),
         "",
         _md(_quote(paras, "A driver whose queued work")),
         "",

@@ -195,12 +195,12 @@
 //   static constexpr bool host_kernels
 //       Whether PyTorch's CPU kernels of the hottest operators run in place on
 //       device memory the host can reach (host_access mapped or direct); false
-//       for a runtime that brings kernels of its own. Absent: true
+//       for a runtime that brings kernels of its own. Absent: `true`
 //   static constexpr bool fork_safe_discovery
 //       Whether discovery (device_count, properties) leaves nothing that fork()
 //       breaks; false for a driver that starts threads at its first device
 //       query (PoCL): a child forked after discovery then refuses device use,
-//       as after initialization (Note [Fork safety]). Absent: true
+//       as after initialization (Note [Fork safety]). Absent: `true`
 // END GENERATED contract table
 #pragma once
 
