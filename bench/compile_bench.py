@@ -7,7 +7,7 @@ interleaved rounds. The units are the registration unit
 (accelkit_register_backend.cpp, ACCELKIT_REGISTER_BACKEND(R): the one unit
 compiled for each runtime) and the SDK's library part (accelkit_torch_*.cpp:
 the torch adapters, compiled once per project and shared by its backends;
-Note [Erased backend]). Prints per unit the median CPU time (user + system
+Note [Backend interface]). Prints per unit the median CPU time (user + system
 of the compiler: on a loaded machine the wall time mostly measures the other
 processes) and wall time, their spread (min-max), peak memory (the
 compiler's maximum resident set) and the ratios to the extension.h baseline;
