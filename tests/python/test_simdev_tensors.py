@@ -87,7 +87,7 @@ def test_copies_of_views_with_conversion_across_devices():
 
 @pytest.mark.parametrize("contiguous", [True, False])
 def test_copies_within_one_tensors_memory_behave_as_on_the_cpu(contiguous):
-    # Note [Copies within one tensor's memory]: the very same elements are
+    # (Note [Copies within one tensor's memory]) The very same elements are
     # left alone, partly overlapping ones refused with PyTorch's own error
     # where the CPU's check can tell (dense ranges), as on the CPU; the
     # memory and the device stay usable.
@@ -664,7 +664,7 @@ def test_a_kernel_that_conjugates_its_output_by_the_bit_is_followed_on_the_devic
 
 
 def test_fallen_back_operators_see_and_return_the_cpus_layouts():
-    # Note [Layout-keeping fallback]: linalg_lstsq returns its solution as a
+    # (Note [Layout-keeping fallback]) linalg_lstsq returns its solution as a
     # slice of a larger buffer, and later BLAS calls round differently on a
     # compacted copy; a conjugate view must reach the CPU kernel as one (the
     # gradient of householder_product was off without host-visible memory,
