@@ -35,63 +35,70 @@
 //                   [cudart host signals])
 //
 // Note [cudart discovery]
-// cudaGetDeviceCount initializes the driver but makes no context; so do
-// cudaGetDeviceProperties and cudaDeviceGetAttribute. The one property CUDA
-// gives only through a context is the stream priority range
-// (cudaDeviceGetStreamPriorityRange works on the current device's context
-// and creates it). properties() therefore asks it only where the device's
-// primary context is already active (cuDevicePrimaryCtxGetState, reached
-// through cudaGetDriverEntryPointByVersion, so that libcuda is not linked);
-// otherwise it reports CUDA's range of current drivers, 0 (least urgent)
-// to -5 (most urgent), and says so in the extra
-// "cudart.priority_range_source" ("queried" or "assumed"). A priority out of
-// the device's real range is clamped by cudaStreamCreateWithPriority, as
-// CUDA documents, so an assumed range that is too wide degrades to the
-// nearest priority rather than failing. The driver's initialization starts
-// threads, so discovery is not fork-safe (fork_safe_discovery is false: a
-// child forked after it refuses device use, as CUDA itself would fail there).
+// Problem: discovery must not create a context (a context takes device
+// memory and makes the process a user of the device), yet one property,
+// the stream priority range, CUDA gives only through a context
+// (cudaDeviceGetStreamPriorityRange creates the current device's).
+// Decision: cudaGetDeviceCount, cudaGetDeviceProperties and
+// cudaDeviceGetAttribute initialize the driver without a context.
+// properties() asks the priority range only where the device's primary
+// context is already active (cuDevicePrimaryCtxGetState, reached through
+// cudaGetDriverEntryPointByVersion, so that libcuda is not linked);
+// otherwise it reports CUDA's range of current drivers, 0 (least urgent) to
+// -5 (most urgent), and says which in the extra
+// "cudart.priority_range_source" ("queried" or "assumed").
+// Limits: an assumed range may be wider than the device's; a priority
+// outside the real range is clamped by cudaStreamCreateWithPriority, as CUDA
+// documents, so it degrades to the nearest priority rather than failing. The
+// driver's initialization starts threads, so discovery is not fork-safe
+// (fork_safe_discovery is false: a child forked after it refuses device use,
+// as CUDA itself would fail there).
 //
 // Note [cudart asynchronous errors]
-// CUDA reports a failure of queued work (a kernel's illegal address, a
-// launch failure) from the next call that synchronizes or queries, as the
-// contract expects, and the runtime turns it into a DriverError carrying
-// CUDA's code. Most such errors are *sticky*: the context is unusable
-// afterwards and every later call of that device returns the same error,
-// until the process ends. The contract's "the next call works again" does
-// not hold for them; no runtime over CUDA can give it (PyTorch's own CUDA
-// backend has the same limit). The SDK's state stays consistent either way.
-// Errors of a call itself (an invalid argument, out of memory) are not
-// sticky and are reported by that call only.
+// Problem: the contract reports a failure of queued work at a later call and
+// expects the call after that to work again.
+// Decision: CUDA returns such a failure (a kernel's illegal address, a launch
+// failure) from the next call that synchronizes or queries, and the runtime
+// turns it into a DriverError carrying CUDA's code. Errors of a call itself
+// (an invalid argument, out of memory) are not sticky and are reported by
+// that call only.
+// Limits: most asynchronous errors are sticky in CUDA: the context is
+// unusable afterwards and every later call of that device returns the same
+// error until the process ends. No runtime over CUDA can give "the next call
+// works again" (PyTorch's own CUDA backend has the same limit); the SDK's
+// state stays consistent either way.
 //
 // Note [cudart host signals]
-// A host signal (Note [Host signals] in accelkit's backend.hpp) is a flag
-// of the runtime's; a stream waits for it with a host function
-// (cudaLaunchHostFunc) that blocks until the flag is set, so the stream's
-// later work starts after it. (cuStreamWaitValue32 on a host-mapped word
-// would leave CUDA's host-function thread free, but it is the driver API,
-// which this runtime does not link.) A host function may not call CUDA, so
-// a signal completed with an error is kept by the runtime and thrown, once,
-// by the device's next stream_query, stream_synchronize, event_query,
-// event_synchronize or device_synchronize, as a DriverError carrying the
-// signal's error. Destroying a signal not completed while host functions
-// wait for it is refused; after completion the waiting host functions keep
-// its state alive.
+// Problem: a stream must wait for a flag the host sets (Note [Host signals]
+// in accelkit's backend.hpp), and the runtime API has no such primitive
+// (cuStreamWaitValue32 on a host-mapped word is the driver API, which this
+// runtime does not link).
+// Decision: the signal is the runtime's own (support/host_signals.hpp); a
+// stream waits for it with a host function (cudaLaunchHostFunc) that blocks
+// until the signal is completed, so the stream's later work starts after it.
+// A host function may not call CUDA, so a signal completed with an error is
+// kept by the runtime and thrown, once, by the device's next stream_query,
+// stream_synchronize, event_query, event_synchronize or device_synchronize,
+// as a DriverError carrying the signal's error. Destroying a signal not
+// completed while host functions wait for it is refused; after completion
+// the waiting host functions keep its state alive.
+// Limits: a waiting host function holds CUDA's host-function thread, which
+// the device's other host functions share.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <accelkit/accelkit.hpp>
+#include <accelkit/support/host_signals.hpp>
 
 #include <fmt/format.h>
 
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <utility>
 
 namespace cudart {
@@ -293,67 +300,26 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
 
   // ------------------------------------------------------------ optional
 
-  // Note [cudart host signals].
-  accelkit::SignalHandle signal_create(int device) {
-    auto g = std::make_shared<Signal>();
-    g->device = device;
-    accelkit::SignalHandle h = accelkit::SignalHandle::from_pointer(g.get());
-    std::lock_guard<std::mutex> lock(signals_mutex_);
-    signals_.emplace(h.value, std::move(g));
-    return h;
-  }
+  // Host signals (Note [cudart host signals]).
+  accelkit::SignalHandle signal_create(int device) { return signals_.create(device); }
   void stream_wait_signal(int device, accelkit::StreamHandle stream, accelkit::SignalHandle signal) {
-    std::shared_ptr<Signal> g = signal_of(signal, "stream_wait_signal");
-    if (g->device != device)
-      driver_error(cudaErrorInvalidValue, "stream_wait_signal",
-                   fmt::format("signal of device {} waited for on a stream of device {}",
-                               g->device, device));
-    {
-      std::lock_guard<std::mutex> lock(g->mutex);
-      if (g->done && g->error == 0) return;  // nothing to wait for
-      ++g->waiting;
-    }
+    std::shared_ptr<Signal> g = signals_.get(signal, "stream_wait_signal");
+    signals_.check_stream_device(*g, device);
+    if (!g->add_waiter()) return;  // completed with success: nothing to wait for
     auto* wait = new Wait{this, g};
     cudaError_t e = cudaLaunchHostFunc(cuda(stream), &Wait::run, wait);
     if (e != cudaSuccess) {
       delete wait;
-      std::lock_guard<std::mutex> lock(g->mutex);
-      --g->waiting;
+      g->cancel_waiter();
     }
     check(e, "stream_wait_signal", "cudaLaunchHostFunc");
   }
   void signal_complete(int device, accelkit::SignalHandle signal, int error) {
-    std::shared_ptr<Signal> g = signal_of(signal, "signal_complete");
-    if (g->device != device)
-      driver_error(cudaErrorInvalidValue, "signal_complete",
-                   fmt::format("signal of device {} completed as device {}'s", g->device, device));
-    std::lock_guard<std::mutex> lock(g->mutex);
-    if (g->done)
-      driver_error(cudaErrorInvalidValue, "signal_complete",
-                   fmt::format("signal {:#x} was completed already", signal.value));
-    g->done = true;
-    g->error = error;
-    g->cv.notify_all();
+    signals_.complete(signal, device, error);
   }
+  // The waiting host functions keep a destroyed signal's state alive.
   void signal_destroy(int device, accelkit::SignalHandle signal) {
-    std::lock_guard<std::mutex> lock(signals_mutex_);
-    auto it = signals_.find(signal.value);
-    if (it == signals_.end())
-      driver_error(cudaErrorInvalidResourceHandle, "signal_destroy",
-                   fmt::format("signal {:#x} is not a live signal", signal.value));
-    Signal& g = *it->second;
-    if (g.device != device)
-      driver_error(cudaErrorInvalidValue, "signal_destroy",
-                   fmt::format("signal of device {} destroyed as device {}'s", g.device, device));
-    {
-      std::lock_guard<std::mutex> state(g.mutex);
-      if (!g.done && g.waiting > 0)
-        driver_error(cudaErrorNotPermitted, "signal_destroy",
-                     fmt::format("signal {:#x} is not completed and {} stream(s) wait for it: "
-                                 "complete it first",
-                                 signal.value, g.waiting));
-    }
-    signals_.erase(it);  // the waiting host functions keep its state alive
+    signals_.destroy(signal, device);
   }
 
   accelkit::MemoryInfo memory_info(int device) {
@@ -470,8 +436,8 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
     return s;
   }
 
-  // Note [cudart discovery]: the range of the device's context when it is
-  // already active, CUDA's usual range otherwise.
+  // The range of the device's context when it is already active, CUDA's
+  // usual range otherwise (Note [cudart discovery]).
   static accelkit::StreamPriorityRange priority_range(int device, bool& queried) {
     using GetState = int (*)(int, unsigned*, int*);  // cuDevicePrimaryCtxGetState
     void* fn = nullptr;
@@ -517,48 +483,25 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
   std::mutex peer_mutex_;
   std::set<std::pair<int, int>> peer_enabled_;
 
-  // Note [cudart host signals].
-  struct Signal {
-    int device = 0;
-    std::mutex mutex;
-    std::condition_variable cv;
-    bool done = false;
-    int error = 0;
-    int waiting = 0;  // host functions queued on it that have not passed yet
-  };
+  // Host signals (Note [cudart host signals]).
+  using Signal = accelkit::support::HostSignal<>;
   struct Wait {
     CudaRuntime* rt;
     std::shared_ptr<Signal> signal;
     // On CUDA's host-function thread: no CUDA call here.
     static void CUDART_CB run(void* p) {
       std::unique_ptr<Wait> w(static_cast<Wait*>(p));
-      Signal& g = *w->signal;
-      int error = 0;
-      {
-        std::unique_lock<std::mutex> lock(g.mutex);
-        g.cv.wait(lock, [&] { return g.done; });
-        --g.waiting;
-        error = g.error;
-      }
-      if (error != 0) {
-        std::lock_guard<std::mutex> lock(w->rt->signals_mutex_);
-        w->rt->signal_errors_.emplace(g.device, error);  // the first one is kept
+      if (int error = w->signal->wait()) {
+        std::lock_guard<std::mutex> lock(w->rt->signal_errors_mutex_);
+        w->rt->signal_errors_.emplace(w->signal->device(), error);  // the first one is kept
       }
     }
   };
-  std::shared_ptr<Signal> signal_of(accelkit::SignalHandle signal, const char* call) {
-    std::lock_guard<std::mutex> lock(signals_mutex_);
-    auto it = signals_.find(signal.value);
-    if (it == signals_.end())
-      driver_error(cudaErrorInvalidResourceHandle, call,
-                   fmt::format("signal {:#x} is not a live signal", signal.value));
-    return it->second;
-  }
   // Throws, once, the error of a failed signal a stream of `device` waited for.
   void report_signal_error(int device, const char* call) {
     int error = 0;
     {
-      std::lock_guard<std::mutex> lock(signals_mutex_);
+      std::lock_guard<std::mutex> lock(signal_errors_mutex_);
       auto it = signal_errors_.find(device);
       if (it == signal_errors_.end()) return;
       error = it->second;
@@ -569,8 +512,10 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
                              "waited for (stream_wait_signal) was completed with error {}",
                              error));
   }
-  std::mutex signals_mutex_;
-  std::unordered_map<std::uintptr_t, std::shared_ptr<Signal>> signals_;
+  accelkit::support::HostSignalTable<> signals_{
+      name, {cudaErrorInvalidResourceHandle, cudaErrorInvalidValue, cudaErrorInvalidValue,
+             cudaErrorNotPermitted}};
+  std::mutex signal_errors_mutex_;
   std::map<int, int> signal_errors_;  // device -> the error of a failed signal
 };
 

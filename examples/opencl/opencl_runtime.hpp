@@ -31,38 +31,50 @@
 // The backend is named `ocl`: "opencl" is one of PyTorch's device types.
 //
 // Note [ocl last command]
-// An in-order queue completes its commands in order, so it is idle exactly
-// when the last command enqueued on it has completed. Each stream keeps the
-// event of its last command (every enqueue asks OpenCL for one); querying the
-// stream reads that event's status and never enqueues anything, so an idle
-// queue reports idle (a marker enqueued to ask would itself be pending). A
-// plain event record on a stream retains the same event, enqueueing nothing:
-// the record is complete when the queue's work up to it is. A timing record
-// enqueues a marker, whose profiling counters give its time.
+// Problem: the contract asks whether a stream is idle and records events on
+// it, and OpenCL has neither: a queue cannot be queried, and a cl_event
+// names one command, once. A marker enqueued to ask would itself be pending,
+// so an idle queue would never look idle.
+// Decision: an in-order queue completes its commands in order, so it is idle
+// exactly when the last command enqueued on it has completed. Each stream
+// keeps the event of its last command (every enqueue asks OpenCL for one);
+// querying the stream reads that event's status and enqueues nothing. A plain
+// event record retains the same event, enqueueing nothing: the record is
+// complete when the queue's work up to it is. A timing record enqueues a
+// marker, whose profiling counters give its time.
+// Limits: work enqueued on a stream's queue behind the runtime's back is not
+// seen unless it goes through enqueue_on (kernels do).
 //
 // Note [ocl asynchronous errors]
-// OpenCL reports a failed command only as a negative execution status of its
-// event (and of every event waiting on it). The runtime reads statuses where
-// the contract lets errors arrive: stream_query, stream_synchronize,
+// Problem: OpenCL reports a failed command only as a negative execution
+// status of its event (and of every event waiting on it), and the contract
+// wants each failure reported once, at a call that lets errors arrive.
+// Decision: the runtime reads statuses in stream_query, stream_synchronize,
 // event_query, event_synchronize and device_synchronize. The first time a
 // failed event is seen it is thrown as a DriverError carrying the status; it
 // is kept (retained) in the device's list of reported failures, so that the
 // same failure read again through another stream or event record counts as
 // complete and is not reported twice.
+// Limits: the list of reported failures grows by one retained event per
+// failure for the device's life.
 //
 // Note [ocl host signals]
-// A host signal (Note [Host signals] in accelkit's backend.hpp) is a user
-// event of the device's context (clCreateUserEvent); a stream waits for it
-// with a barrier whose wait list is that event
-// (clEnqueueBarrierWithWaitList), the barrier becoming the stream's last
-// command; signal_complete sets the event's status (clSetUserEventStatus):
-// CL_COMPLETE, or for an error a negative status (the error, negated if it
-// is positive). OpenCL fails the barrier waiting for a failed user event,
-// and the stream reports that as its asynchronous error (Note [ocl
-// asynchronous errors]). OpenCL cannot say whether a queue still waits for a
-// user event, and one released before it is set leaves its waiters waiting
-// forever: the runtime counts the barriers queued on each signal and
-// refuses to destroy one that is not completed while barriers wait for it.
+// Problem: a stream must wait for a flag the host sets (Note [Host signals]
+// in accelkit's backend.hpp); OpenCL cannot say whether a queue still waits
+// for a user event, and one released before it is set leaves its waiters
+// waiting forever.
+// Decision: a signal is a user event of the device's context
+// (clCreateUserEvent), kept by the runtime's signal table
+// (support/host_signals.hpp); a stream waits for it with a barrier whose wait
+// list is that event (clEnqueueBarrierWithWaitList), the barrier becoming the
+// stream's last command; signal_complete sets the event's status
+// (clSetUserEventStatus): CL_COMPLETE, or for an error a negative status (the
+// error, negated if it is positive). OpenCL fails the barrier waiting for a
+// failed user event, and the stream reports that as its asynchronous error
+// (Note [ocl asynchronous errors]). Each queued barrier is counted, and a
+// signal that is not completed is not destroyed while any was queued.
+// Limits: a barrier's count never ends (OpenCL does not say when it passed),
+// so a signal waited for once is destroyable only after its completion.
 #pragma once
 
 #ifndef CL_TARGET_OPENCL_VERSION
@@ -72,6 +84,8 @@
 #include <CL/cl_ext.h>
 
 #include <accelkit/accelkit.hpp>
+#include <accelkit/support/handle_table.hpp>
+#include <accelkit/support/host_signals.hpp>
 
 #include <fmt/format.h>
 
@@ -82,7 +96,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -151,8 +164,8 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   OpenCLRuntime& operator=(const OpenCLRuntime&) = delete;
   ~OpenCLRuntime() {
     for (auto& d : devices_) {
-      std::lock_guard<std::mutex> lock(d->mutex);
       d->streams.clear();  // each queue goes with its stream's last reference
+      std::lock_guard<std::mutex> lock(d->mutex);
       for (cl_event e : d->failed) clReleaseEvent(e);
       if (d->sync_queue) clReleaseCommandQueue(d->sync_queue);
       if (d->context) clReleaseContext(d->context);
@@ -162,8 +175,8 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   // ------------------------------------------------------------ contract
 
   // Lists platforms and devices only: no context is created. (PoCL starts
-  // its worker threads at the first platform query nonetheless: issue 16,
-  // misfit 10.)
+  // its worker threads at the first platform query nonetheless, which is why
+  // fork_safe_discovery is false.)
   int device_count() {
     discover();
     return static_cast<int>(devices_.size());
@@ -207,7 +220,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     // Coarse-grained SVM: the host touches it between clEnqueueSVMMap and
     // clEnqueueSVMUnmap (host_map, host_unmap).
     // OCL_HOST_MAP=0 reports it out of the host's reach (none), so the SDK
-    // copies around host kernels as it did before map/unmap (benchmarks).
+    // copies around host kernels (a comparison for the benchmarks).
     p.host_access = svm_ == Svm::fine  ? accelkit::HostAccessLevel::direct
                     : config_.host_map ? accelkit::HostAccessLevel::mapped
                                        : accelkit::HostAccessLevel::none;
@@ -335,27 +348,13 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
       driver_error(CL_INVALID_VALUE, "stream_create",
                    fmt::format("priority {} is outside this device's range 0..{}", priority,
                                highest));
-    auto s = std::make_shared<Stream>(this, device, create_queue(d, priority));
-    accelkit::StreamHandle h = accelkit::StreamHandle::from_pointer(s.get());
-    std::lock_guard<std::mutex> lock(d.mutex);
-    d.streams.emplace(h.value, std::move(s));
-    return h;
+    return d.streams.add(std::make_shared<Stream>(this, device, create_queue(d, priority)));
   }
 
   // Releasing a queue lets its commands finish first (OpenCL's rule).
   void stream_destroy(int device, accelkit::StreamHandle stream) {
     Device& d = context(device, "stream_destroy");
-    std::shared_ptr<Stream> s;
-    {
-      std::lock_guard<std::mutex> lock(d.mutex);
-      auto it = d.streams.find(stream.value);
-      if (it == d.streams.end())
-        driver_error(CL_INVALID_COMMAND_QUEUE, "stream_destroy",
-                     fmt::format("stream {:#x} is not a live stream of device {}", stream.value,
-                                 device));
-      s = std::move(it->second);
-      d.streams.erase(it);
-    }
+    std::shared_ptr<Stream> s = d.streams.remove(stream, "stream_destroy", device);
     clFlush(s->queue);
     // The queue goes with the last reference: another thread that found
     // the stream before it was erased may still use it (stream_ptr).
@@ -402,77 +401,45 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
       });
   }
 
-  // Note [ocl host signals].
+  // Host signals (Note [ocl host signals]).
   accelkit::SignalHandle signal_create(int device) {
     Device& d = context(device, "signal_create");
     cl_int err = CL_SUCCESS;
-    cl_event user = clCreateUserEvent(d.context, &err);
+    UserEvent user(clCreateUserEvent(d.context, &err));
     check(err, "signal_create", "clCreateUserEvent");
-    auto g = std::make_shared<Signal>();
-    g->device = device;
-    g->user = user;
-    accelkit::SignalHandle h = accelkit::SignalHandle::from_pointer(g.get());
-    std::lock_guard<std::mutex> lock(signals_mutex_);
-    signals_.emplace(h.value, std::move(g));
-    return h;
+    return signals_.create(device, std::move(user));
   }
 
   void stream_wait_signal(int device, accelkit::StreamHandle stream, accelkit::SignalHandle signal) {
     auto sp = stream_ptr(device, stream, "stream_wait_signal");
     Stream& s = *sp;
-    auto g = signal_ptr(signal, "stream_wait_signal");
-    if (g->device != device)
-      driver_error(CL_INVALID_EVENT, "stream_wait_signal",
-                   fmt::format("signal of device {} waited for on a stream of device {}",
-                               g->device, device));
-    std::lock_guard<std::mutex> lock(g->mutex);
-    if (g->done && g->status == CL_COMPLETE) return;  // nothing to wait for
-    s.enqueue("stream_wait_signal", "clEnqueueBarrierWithWaitList", false, [&](cl_event* out) {
-      return clEnqueueBarrierWithWaitList(s.queue, 1, &g->user, out);
-    });
-    ++g->barriers;
+    auto g = signals_.get(signal, "stream_wait_signal");
+    signals_.check_stream_device(*g, device);
+    // Counted before the barrier is queued, never ended: OpenCL cannot say
+    // when a barrier has passed (Note [ocl host signals]).
+    if (!g->add_waiter()) return;  // completed with success: nothing to wait for
+    try {
+      s.enqueue("stream_wait_signal", "clEnqueueBarrierWithWaitList", false, [&](cl_event* out) {
+        return clEnqueueBarrierWithWaitList(s.queue, 1, &g->payload().event, out);
+      });
+    } catch (...) {
+      g->cancel_waiter();
+      throw;
+    }
   }
 
   void signal_complete(int device, accelkit::SignalHandle signal, int error) {
-    auto g = signal_ptr(signal, "signal_complete");
-    if (g->device != device)
-      driver_error(CL_INVALID_EVENT, "signal_complete",
-                   fmt::format("signal of device {} completed as device {}'s", g->device, device));
-    std::lock_guard<std::mutex> lock(g->mutex);
-    if (g->done)
-      driver_error(CL_INVALID_OPERATION, "signal_complete",
-                   fmt::format("signal {:#x} was completed already", signal.value));
     cl_int status = error == 0 ? CL_COMPLETE : error < 0 ? error : -error;
-    check(clSetUserEventStatus(g->user, status), "signal_complete", "clSetUserEventStatus");
-    g->done = true;
-    g->status = status;
+    signals_.complete(signal, device, error, [&](Signal& g) {
+      check(clSetUserEventStatus(g.payload().event, status), "signal_complete",
+            "clSetUserEventStatus");
+    });
   }
 
+  // The user event goes with the signal's last reference; queued barriers
+  // hold their own (OpenCL retains the events of a wait list).
   void signal_destroy(int device, accelkit::SignalHandle signal) {
-    std::shared_ptr<Signal> g;
-    {
-      std::lock_guard<std::mutex> lock(signals_mutex_);
-      auto it = signals_.find(signal.value);
-      if (it == signals_.end())
-        driver_error(CL_INVALID_EVENT, "signal_destroy",
-                     fmt::format("signal {:#x} is not a live signal", signal.value));
-      if (it->second->device != device)
-        driver_error(CL_INVALID_EVENT, "signal_destroy",
-                     fmt::format("signal of device {} destroyed as device {}'s",
-                                 it->second->device, device));
-      {
-        std::lock_guard<std::mutex> state(it->second->mutex);
-        if (!it->second->done && it->second->barriers > 0)
-          driver_error(CL_INVALID_OPERATION, "signal_destroy",
-                       fmt::format("signal {:#x} is not completed and {} queued barrier(s) wait "
-                                   "for it: complete it first",
-                                   signal.value, it->second->barriers));
-      }
-      g = std::move(it->second);
-      signals_.erase(it);
-    }
-    // The user event goes with the last reference; queued barriers hold
-    // their own (OpenCL retains the events of a wait list).
+    signals_.destroy(signal, device);
   }
 
   accelkit::EventHandle event_create(int device, accelkit::EventFlags flags) {
@@ -480,28 +447,15 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     auto e = std::make_shared<Event>();
     e->device = device;
     e->timing = accelkit::has_flag(flags, accelkit::EventFlags::timing);
-    accelkit::EventHandle h = accelkit::EventHandle::from_pointer(e.get());
-    std::lock_guard<std::mutex> lock(events_mutex_);
-    events_.emplace(h.value, std::move(e));
-    return h;
+    return events_.add(std::move(e));
   }
 
   void event_destroy(int, accelkit::EventHandle event) {
-    std::shared_ptr<Event> e;
-    {
-      std::lock_guard<std::mutex> lock(events_mutex_);
-      auto it = events_.find(event.value);
-      if (it == events_.end())
-        driver_error(CL_INVALID_EVENT, "event_destroy",
-                     fmt::format("event {:#x} is not a live event", event.value));
-      e = std::move(it->second);
-      events_.erase(it);
-    }
-    e->set(nullptr);
+    events_.remove(event, "event_destroy")->set(nullptr);
   }
 
-  // Note [ocl last command]: a plain record retains the queue's last command
-  // event; a timing record enqueues a marker.
+  // A plain record retains the queue's last command event; a timing record
+  // enqueues a marker (Note [ocl last command]).
   void event_record(int device, accelkit::EventHandle event, accelkit::StreamHandle stream) {
     auto sp = stream_ptr(device, stream, "event_record");
     Stream& s = *sp;
@@ -569,11 +523,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
 
   void device_synchronize(int device) {
     Device& d = context(device, "device_synchronize");
-    std::vector<std::shared_ptr<Stream>> streams;
-    {
-      std::lock_guard<std::mutex> lock(d.mutex);
-      for (auto& kv : d.streams) streams.push_back(kv.second);
-    }
+    std::vector<std::shared_ptr<Stream>> streams = d.streams.objects();
     for (auto& s : streams) check(clFinish(s->queue), "device_synchronize", "clFinish");
     for (auto& s : streams) {
       EventRef last(s->last());  // may be a command enqueued since clFinish
@@ -703,21 +653,19 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     }
   };
 
-  // A host signal (Note [ocl host signals]).
-  struct Signal {
-    int device = 0;
-    cl_event user = nullptr;
-    std::mutex mutex;
-    bool done = false;
-    cl_int status = CL_COMPLETE;  // once done
-    int barriers = 0;             // queued on it
-    Signal() = default;
-    Signal(const Signal&) = delete;
-    Signal& operator=(const Signal&) = delete;
-    ~Signal() {
-      if (user) clReleaseEvent(user);
+  // A host signal's user event (Note [ocl host signals]), released with the
+  // signal's state.
+  struct UserEvent {
+    cl_event event = nullptr;
+    UserEvent() = default;
+    explicit UserEvent(cl_event e) noexcept : event(e) {}
+    UserEvent(UserEvent&& o) noexcept : event(o.event) { o.event = nullptr; }
+    UserEvent& operator=(UserEvent&&) = delete;
+    ~UserEvent() {
+      if (event) clReleaseEvent(event);
     }
   };
+  using Signal = accelkit::support::HostSignal<UserEvent>;
 
   struct Device {
     cl_platform_id platform = nullptr;
@@ -731,7 +679,8 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     bool fine_grain = false;  // the device has fine-grained SVM buffers
     std::unordered_set<void*> blocks;  // from malloc
     std::unordered_set<void*> pinned;  // from host_malloc
-    std::unordered_map<std::uintptr_t, std::shared_ptr<Stream>> streams;
+    accelkit::support::HandleTable<accelkit::StreamHandle, Stream> streams{
+        name, "stream", CL_INVALID_COMMAND_QUEUE};
     std::vector<cl_event> failed;  // failures already reported (Note [ocl asynchronous errors])
   };
 
@@ -915,32 +864,11 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   // Shared: a stream or event destroyed by another thread stays alive, its
   // queue or cl_event included, for a call that found it.
   std::shared_ptr<Stream> stream_ptr(int device, accelkit::StreamHandle stream, const char* call) {
-    Device& d = context(device, call);
-    std::lock_guard<std::mutex> lock(d.mutex);
-    auto it = d.streams.find(stream.value);
-    if (it == d.streams.end())
-      driver_error(CL_INVALID_COMMAND_QUEUE, call,
-                   fmt::format("stream {:#x} is not a live stream of device {}", stream.value,
-                               device));
-    return it->second;
-  }
-
-  std::shared_ptr<Signal> signal_ptr(accelkit::SignalHandle signal, const char* call) {
-    std::lock_guard<std::mutex> lock(signals_mutex_);
-    auto it = signals_.find(signal.value);
-    if (it == signals_.end())
-      driver_error(CL_INVALID_EVENT, call,
-                   fmt::format("signal {:#x} is not a live signal", signal.value));
-    return it->second;
+    return context(device, call).streams.get(stream, call, device);
   }
 
   std::shared_ptr<Event> event_ptr(accelkit::EventHandle event, const char* call) {
-    std::lock_guard<std::mutex> lock(events_mutex_);
-    auto it = events_.find(event.value);
-    if (it == events_.end())
-      driver_error(CL_INVALID_EVENT, call,
-                   fmt::format("event {:#x} is not a live event", event.value));
-    return it->second;
+    return events_.get(event, call);
   }
 
   Config config_;
@@ -948,10 +876,10 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   std::once_flag discovered_;
   Svm svm_ = Svm::fine;
   std::vector<std::unique_ptr<Device>> devices_;
-  std::mutex events_mutex_;
-  std::unordered_map<std::uintptr_t, std::shared_ptr<Event>> events_;
-  std::mutex signals_mutex_;
-  std::unordered_map<std::uintptr_t, std::shared_ptr<Signal>> signals_;
+  accelkit::support::HandleTable<accelkit::EventHandle, Event> events_{name, "event",
+                                                                       CL_INVALID_EVENT};
+  accelkit::support::HostSignalTable<UserEvent> signals_{
+      name, {CL_INVALID_EVENT, CL_INVALID_EVENT, CL_INVALID_OPERATION, CL_INVALID_OPERATION}};
   static inline thread_local int current_device_ = 0;
 };
 

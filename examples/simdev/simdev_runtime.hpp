@@ -9,50 +9,42 @@
 // error), and every member can be made to fail on purpose to test error
 // paths.
 //
-// Configuration, read at the first device_count() (each a clear error when
-// malformed):
-//   SIMDEV_DEVICE_COUNT   number of devices (default 2, 0..64)
-//   SIMDEV_MEMORY_MB      capacity per device in MiB (default 1024, at least 2):
-//                         one value for all devices, or a comma list, one per
-//                         device
-//   SIMDEV_HOST_VISIBLE   1 (default), 0 or mapped: the host may touch device
-//                         memory directly (host_access direct), only through
-//                         copies (none), or only between host_map and
-//                         host_unmap (mapped: Note [simdev mapped memory])
-//   SIMDEV_ALIGNMENT      the alignment malloc declares and gives (a power of
-//                         two in 128..4096): when set, addresses are aligned
-//                         to it and never to twice it, so an SDK that assumes
-//                         more fails (Note [Memory alignment]); unset, 256 is
-//                         declared and memory is page-aligned
-//   SIMDEV_INJECT_FAULT   comma list of member[@n][:async|:refuse]: that
-//                         member throws a driver error on its n-th call
-//                         (default 1), once; with :async its queued work
-//                         fails instead (Note [simdev strictness]); with
-//                         :refuse (malloc only) it returns nullptr with memory
-//                         free, as a driver refusing an alignment or size
-//   SIMDEV_EVENT_CREATE_NS what creating an event costs (default 2000 ns, as
-//                         real drivers' event creation does; busy-waited)
-//   SIMDEV_UNKNOWN_PROPERTIES 1 or 0 (default): properties() leaves the UUID,
-//                         the architecture and the copy engines unknown, as an
-//                         OpenCL driver does (Note [Derived UUID])
-//   SIMDEV_PRIORITY_LEVELS n in 1..8: stream priorities given as levels
-//                         (StreamPriorityRange::from_levels(n), as an OpenCL
-//                         runtime gives its hints); unset, CUDA's style 0..-2
-//   SIMDEV_DISCOVERY_THREAD 1 or 0 (default): device_count() starts a driver
-//                         thread, as PoCL does at its first device query; a
-//                         process forked after that finds the thread gone,
-//                         and every driver call there fails loudly (a real
-//                         driver would hang). simdev still declares
-//                         fork_safe_discovery true, so the knob shows what a
-//                         runtime that starts threads must declare
-//   SIMDEV_EVENT_TIMING   1 (default) or 0: whether properties() reports
-//                         event timing (0 plays a device without timestamps;
-//                         event_elapsed_time then refuses, as the SDK says)
+// Configuration: simdev_config.hpp (SIMDEV_* variables, error codes).
+//
+// Note [simdev strictness]
+// Problem: a real driver punishes the mistakes of the layers above late and
+// at random. Memory freed while queued work still uses it is reused and
+// overwritten; a use after free reads another tensor's bytes; a wait tied to
+// the wrong record of an event releases early only when timings line up; a
+// stale handle names a recycled object; a failure of queued work surfaces at
+// a later, unrelated call. On a CPU without such a driver, tests of the SDK
+// would pass all of these.
+// Decision: simdev turns each into an error at once, every time. free and
+// host_free of memory that queued work on any stream still uses are refused;
+// freed memory is made inaccessible and its addresses stay reserved for a
+// while (retire), so a use after free faults; queued work whose memory is no
+// longer allocated fails (kIllegalAddress); a copy that claims pinned host
+// memory which is not host_malloc's is refused; a wait is tied to the
+// event's record at the call, and a later record changes nothing for it;
+// events and signals serve only their own device's streams; handles are
+// minted and never reused (Note [Minted handles]), so a stale one is
+// kInvalidHandle. Faults can be injected, in the call or in its queued work
+// (:async: the error comes once, at a later call, as CUDA's do), and records
+// and waits that fail still complete in order (Work::essential), so a fault
+// never hangs a stream.
+// Limits: simdev checks the memory ranges work names, not what a kernel does
+// inside them; after kRetiredBytes or kRetiredRanges of freed ranges the
+// oldest addresses may be given again; pageable host memory is the caller's
+// and is not checked.
 #pragma once
 
 #include <accelkit/accelkit.hpp>
+#include <accelkit/support/handle_table.hpp>
+#include <accelkit/support/host_signals.hpp>
+#include <accelkit/support/range_map.hpp>
 
 #include "copy_engine.hpp"
+#include "simdev_config.hpp"
 
 #include <fmt/format.h>
 
@@ -84,159 +76,6 @@
 #include <unistd.h>
 
 namespace simdev {
-
-// Driver error codes, as a real driver would define them.
-enum ErrorCode : int {
-  kInvalidValue = 1,
-  kInvalidDevice = 101,
-  kInvalidHandle = 400,
-  kNotReady = 600,
-  kIllegalAddress = 700,
-  kLaunchFailure = 719,
-  kNotPermitted = 800,
-  kInjectedFault = 999,
-};
-
-// Members whose work is queued, so that they can fail asynchronously.
-inline bool queues_work(std::string_view member) {
-  for (std::string_view m : {"memcpy_async", "memset_async", "memcpy_peer_async", "event_record",
-                             "stream_wait_event", "stream_wait_peer_event", "stream_wait_signal"})
-    if (member == m) return true;
-  return false;
-}
-
-struct Config {
-  int device_count = 2;
-  std::vector<std::uint64_t> memory_bytes{1024ull << 20};  // one entry, or one per device
-  accelkit::HostAccessLevel host_access = accelkit::HostAccessLevel::direct;
-  bool discovery_thread = false;  // SIMDEV_DISCOVERY_THREAD
-  int priority_levels = 0;    // 0: CUDA-style 0..-2 (SIMDEV_PRIORITY_LEVELS)
-  std::size_t alignment = 0;  // 0: 256 declared, pages given (SIMDEV_ALIGNMENT)
-  struct Fault {
-    int nth = 1;          // the call that fails
-    bool async = false;   // its queued work fails instead of the call
-    bool refuse = false;  // (malloc) nullptr with memory free instead
-  };
-  std::map<std::string, Fault> faults;  // member -> the fault to inject
-  long event_create_ns = 2000;
-  bool event_timing = true;
-  bool unknown_properties = false;  // SIMDEV_UNKNOWN_PROPERTIES
-
-  std::uint64_t capacity(int device) const {
-    return memory_bytes.size() == 1 ? memory_bytes[0]
-                                    : memory_bytes[static_cast<std::size_t>(device)];
-  }
-
-  // Reads SIMDEV_* from `env`; throws accelkit::ValueError naming the variable
-  // and value when one is malformed.
-  static Config from_environment(const accelkit::Environment& env) {
-    Config c;
-    auto bad = [](const std::string& var, const std::string& value, const std::string& why) {
-      return accelkit::ValueError("simdev", fmt::format("{}='{}': {}", var, value, why));
-    };
-    auto parse_int = [&](const std::string& var, const std::string& text, long long lo,
-                         long long hi) -> long long {
-      std::string_view t = accelkit::detail::trim(text);
-      if (t.empty() || t.size() > 12 ||
-          !std::all_of(t.begin(), t.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
-        throw bad(var, text, "expected a non-negative integer");
-      long long v = std::stoll(std::string(t));
-      if (v < lo || v > hi) throw bad(var, text, fmt::format("must be in {}..{}", lo, hi));
-      return v;
-    };
-    if (auto v = env.get("SIMDEV_DEVICE_COUNT"))
-      c.device_count = static_cast<int>(parse_int("SIMDEV_DEVICE_COUNT", *v, 0, 64));
-    if (auto v = env.get("SIMDEV_MEMORY_MB")) {
-      c.memory_bytes.clear();
-      for (std::string_view item : accelkit::detail::split_list(*v)) {
-        long long mb = 0;
-        try {
-          mb = parse_int("SIMDEV_MEMORY_MB", std::string(item), 2, 1 << 20);
-        } catch (const accelkit::ValueError&) {
-          // 2 MiB at least: the caching allocator serves small tensors from
-          // 2 MiB segments, so a smaller device could hold no tensor at all.
-          throw bad("SIMDEV_MEMORY_MB", *v,
-                    fmt::format("entry '{}' is not a capacity in MiB (2..{})", item, 1 << 20));
-        }
-        c.memory_bytes.push_back(static_cast<std::uint64_t>(mb) << 20);
-      }
-      if (c.memory_bytes.size() != 1 &&
-          c.memory_bytes.size() != static_cast<std::size_t>(c.device_count))
-        throw bad("SIMDEV_MEMORY_MB", *v,
-                  fmt::format("gives {} capacities for {} devices (give one, or one per device)",
-                              c.memory_bytes.size(), c.device_count));
-    }
-    if (auto v = env.get("SIMDEV_HOST_VISIBLE")) {
-      std::string_view t = accelkit::detail::trim(*v);
-      if (t == "1") c.host_access = accelkit::HostAccessLevel::direct;
-      else if (t == "0") c.host_access = accelkit::HostAccessLevel::none;
-      else if (t == "mapped") c.host_access = accelkit::HostAccessLevel::mapped;
-      else throw bad("SIMDEV_HOST_VISIBLE", *v, "expected 0, 1 or mapped");
-    }
-    if (auto v = env.get("SIMDEV_ALIGNMENT")) {
-      long long a = parse_int("SIMDEV_ALIGNMENT", *v, 128, 4096);
-      if ((a & (a - 1)) != 0) throw bad("SIMDEV_ALIGNMENT", *v, "expected a power of two");
-      c.alignment = static_cast<std::size_t>(a);
-    }
-    if (auto v = env.get("SIMDEV_UNKNOWN_PROPERTIES")) {
-      std::string_view t = accelkit::detail::trim(*v);
-      if (t == "1") c.unknown_properties = true;
-      else if (t == "0") c.unknown_properties = false;
-      else throw bad("SIMDEV_UNKNOWN_PROPERTIES", *v, "expected 0 or 1");
-    }
-    if (auto v = env.get("SIMDEV_PRIORITY_LEVELS"))
-      c.priority_levels = static_cast<int>(parse_int("SIMDEV_PRIORITY_LEVELS", *v, 1, 8));
-    if (auto v = env.get("SIMDEV_DISCOVERY_THREAD")) {
-      std::string_view t = accelkit::detail::trim(*v);
-      if (t == "1") c.discovery_thread = true;
-      else if (t == "0") c.discovery_thread = false;
-      else throw bad("SIMDEV_DISCOVERY_THREAD", *v, "expected 0 or 1");
-    }
-    if (auto v = env.get("SIMDEV_EVENT_TIMING")) {
-      std::string_view t = accelkit::detail::trim(*v);
-      if (t == "1") c.event_timing = true;
-      else if (t == "0") c.event_timing = false;
-      else throw bad("SIMDEV_EVENT_TIMING", *v, "expected 0 or 1");
-    }
-    if (auto v = env.get("SIMDEV_EVENT_CREATE_NS"))
-      c.event_create_ns = static_cast<long>(parse_int("SIMDEV_EVENT_CREATE_NS", *v, 0, 1'000'000));
-    if (auto v = env.get("SIMDEV_INJECT_FAULT")) {
-      for (std::string_view item : accelkit::detail::split_list(*v)) {
-        std::string entry(item);
-        bool async = false, refuse = false;
-        if (auto colon = entry.find(':'); colon != std::string::npos) {
-          std::string mode = entry.substr(colon + 1);
-          if (mode != "async" && mode != "refuse")
-            throw bad("SIMDEV_INJECT_FAULT", *v,
-                      fmt::format("entry '{}' is not member[@n][:async|:refuse]", entry));
-          (mode == "async" ? async : refuse) = true;
-          entry.resize(colon);
-        }
-        auto at = entry.find('@');
-        std::string member = entry.substr(0, at);
-        int nth = at == std::string::npos
-                      ? 1
-                      : static_cast<int>(parse_int("SIMDEV_INJECT_FAULT", entry.substr(at + 1),
-                                                   1, 1'000'000'000));
-        if (member.empty() || !accelkit::detail::is_identifier_part(member))
-          throw bad("SIMDEV_INJECT_FAULT", *v,
-                    fmt::format("entry '{}' is not member[@n][:async|:refuse]", entry));
-        if (refuse && member != "malloc")
-          throw bad("SIMDEV_INJECT_FAULT", *v,
-                    fmt::format("entry '{}': only malloc can refuse", entry));
-        if (async && !queues_work(member))
-          throw bad("SIMDEV_INJECT_FAULT", *v,
-                    fmt::format("entry '{}': {} queues no work, so it cannot fail "
-                                "asynchronously", entry, member));
-        if (c.faults.count(member))
-          throw bad("SIMDEV_INJECT_FAULT", *v,
-                    fmt::format("member '{}' is named twice", member));
-        c.faults[member] = Fault{nth, async, refuse};
-      }
-    }
-    return c;
-  }
-};
 
 class SimRuntime : public accelkit::Runtime<SimRuntime> {
  public:
@@ -343,10 +182,10 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       return nullptr;
     }
     char* ptr = static_cast<char*>(p) + offset;
-    Allocation a{rounded, offset, view, {}};
+    Allocation a{offset, view, {}};
     if (view) a.holds.assign(mapped / kPage, 0);
     std::lock_guard<std::mutex> lock(d.mutex);
-    d.allocations.emplace(ptr, std::move(a));
+    d.allocations.insert(ptr, rounded, std::move(a));
     return ptr;
   }
 
@@ -356,30 +195,32 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     fault("free");
     Device& d = context(device);
     Allocation a;
+    std::size_t bytes = 0;
     {
       std::lock_guard<std::mutex> lock(d.mutex);
-      auto it = d.allocations.find(static_cast<char*>(ptr));
-      if (it == d.allocations.end())
+      auto hit = d.allocations.at(ptr);
+      if (!hit)
         driver_error(kInvalidValue, "free",
                      fmt::format("pointer {} was not allocated on device {}", ptr, device));
-      a = it->second;
+      a = *hit.value;
+      bytes = hit.bytes;
       if (std::any_of(a.holds.begin(), a.holds.end(), [](std::uint32_t h) { return h > 0; }))
         driver_error(kInvalidValue, "free",
                      fmt::format("memory at {} is still mapped for the host (host_map without "
                                  "host_unmap)",
                                  ptr));
     }
-    refuse_if_queued("free", static_cast<char*>(ptr), a.bytes);
+    refuse_if_queued("free", static_cast<char*>(ptr), bytes);
     {
       std::lock_guard<std::mutex> lock(d.mutex);
-      d.allocations.erase(static_cast<char*>(ptr));
+      d.allocations.erase(ptr);
     }
-    retire(static_cast<char*>(ptr) - a.offset, a.bytes + (a.offset ? kPage : 0));
+    retire(static_cast<char*>(ptr) - a.offset, bytes + (a.offset ? kPage : 0));
     if (a.view) {  // mapped mode: the pages go with the device's view
-      ::madvise(a.view, a.bytes + (a.offset ? kPage : 0), MADV_REMOVE);
-      ::munmap(a.view, a.bytes + (a.offset ? kPage : 0));
+      ::madvise(a.view, bytes + (a.offset ? kPage : 0), MADV_REMOVE);
+      ::munmap(a.view, bytes + (a.offset ? kPage : 0));
     }
-    d.used.fetch_sub(a.bytes);
+    d.used.fetch_sub(bytes);
   }
 
   // Pinned memory allocated in one device's context, freed through that
@@ -393,7 +234,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return nullptr;
     std::lock_guard<std::mutex> lock(pinned_mutex_);
-    pinned_.emplace(static_cast<char*>(p), Pinned{rounded, device});
+    pinned_.insert(p, rounded, device);
     return p;
   }
   void host_free(int device, void* ptr) {
@@ -402,20 +243,20 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::size_t bytes = 0;
     {
       std::lock_guard<std::mutex> lock(pinned_mutex_);
-      auto it = pinned_.find(static_cast<char*>(ptr));
-      if (it == pinned_.end())
+      auto hit = pinned_.at(ptr);
+      if (!hit)
         driver_error(kInvalidValue, "host_free",
                      fmt::format("pointer {} was not allocated by host_malloc", ptr));
-      if (it->second.device != device)
+      if (*hit.value != device)
         driver_error(kInvalidValue, "host_free",
                      fmt::format("pointer {} is pinned memory of device {}, freed as device {}'s",
-                                 ptr, it->second.device, device));
-      bytes = it->second.bytes;
+                                 ptr, *hit.value, device));
+      bytes = hit.bytes;
     }
     refuse_if_queued("host_free", static_cast<char*>(ptr), bytes);
     {
       std::lock_guard<std::mutex> lock(pinned_mutex_);
-      pinned_.erase(static_cast<char*>(ptr));
+      pinned_.erase(ptr);
     }
     retire(ptr, bytes);
   }
@@ -483,17 +324,21 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   }
 
   // Note [simdev mapped memory]
-  // With SIMDEV_HOST_VISIBLE=mapped, each allocation is one memfd mapped
-  // twice: the pointer malloc returns is a view the host may not touch
+  // Problem: an SDK that touches device memory on the host outside
+  // host_map/host_unmap works where memory is unified and reads stale data
+  // on a device with memory of its own.
+  // Decision: with SIMDEV_HOST_VISIBLE=mapped each allocation is one memfd
+  // mapped twice: the pointer malloc returns is a view the host may not touch
   // (PROT_NONE), and simdev's streams, copies and kernels work through a
   // second, device-only view of the same pages. host_map opens the host's
-  // view of the pages under a range (read and write), host_unmap closes it
-  // again when the last map over a page ends, so a host access outside a
-  // map faults at once (SIGSEGV) instead of reading stale data. host_map
-  // coexists with queued work that uses the range (the SDK waits for its
-  // streams first; work another thread queued on the range in between, a
-  // read, runs on the device's view meanwhile), and free refuses memory
-  // still mapped or still used by queued work.
+  // view of the pages under a range, host_unmap closes it when the last map
+  // over a page ends, so a host access outside a map faults at once
+  // (SIGSEGV). host_map coexists with queued work on the range (the SDK waits
+  // for its streams first; work another thread queues in between runs on the
+  // device's view), and free refuses memory still mapped.
+  // Limits: pages, not bytes: an access outside a map but on a page another
+  // map holds open is not caught; two mappings and a file descriptor's
+  // creation per allocation.
   void host_map(int device, void* ptr, std::size_t bytes) {
     check(device, "host_map");
     fault("host_map");
@@ -545,23 +390,14 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
                    fmt::format("priority {} is outside simdev's range {}..{}", priority, least,
                                most));
     Device& d = context(device);
-    auto s = std::make_shared<Stream>(this, device, priority);
-    accelkit::StreamHandle h = accelkit::StreamHandle::from_pointer(s.get());
-    std::lock_guard<std::mutex> lock(d.mutex);
-    d.streams.emplace(h.value, std::move(s));
-    return h;
+    return d.streams.add(std::make_shared<Stream>(this, device, priority));
   }
 
   // Waits for the stream's queued work, then stops its worker.
   void stream_destroy(int device, accelkit::StreamHandle stream) {
-    auto s = stream_of(device, stream, "stream_destroy");
+    stream_of(device, stream, "stream_destroy");
     fault("stream_destroy");
-    {
-      Device& d = context(device);
-      std::lock_guard<std::mutex> lock(d.mutex);
-      d.streams.erase(stream.value);
-    }
-    s->stop();
+    context(device).streams.remove(stream, "stream_destroy", device)->stop();
   }
 
   bool stream_query(int device, accelkit::StreamHandle stream) {
@@ -629,18 +465,14 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     auto e = std::make_shared<Event>();
     e->device = device;
     e->timing = accelkit::has_flag(flags, accelkit::EventFlags::timing);
-    accelkit::EventHandle h = accelkit::EventHandle::from_pointer(e.get());
-    std::lock_guard<std::mutex> lock(events_mutex_);
-    events_.emplace(h.value, std::move(e));
-    return h;
+    return events_.add(std::move(e));
   }
 
   void event_destroy(int device, accelkit::EventHandle event) {
     check(device, "event_destroy");
-    event_of(event, "event_destroy");
+    events_.get(event, "event_destroy");
     fault("event_destroy");
-    std::lock_guard<std::mutex> lock(events_mutex_);
-    events_.erase(event.value);  // queued records keep their state alive
+    events_.remove(event, "event_destroy");  // queued records keep their state alive
   }
 
   // A new record of the event: the work queued on `stream` so far.
@@ -694,52 +526,37 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   }
 
   // Note [simdev host signals]
-  // A signal (Note [Host signals] in accelkit's backend.hpp) is a flag the
-  // host sets; a stream's wait for it is queued work that blocks the
-  // stream's worker until it is set, so nothing queued after it runs before
-  // (however long: a real device would wait as long). A signal completed
-  // with an error fails the wait: the error (its code, as given) becomes the
-  // stream's device's asynchronous error, and the stream goes on. Strict:
-  // a signal is waited for only on a stream of its own device, completed
-  // once, and destroying one that is not completed while a queued wait
-  // still waits for it is refused (kNotPermitted), the signal left as it
-  // was; after completion the queued waits keep its state alive.
+  // Problem: a host signal (Note [Host signals] in accelkit's backend.hpp)
+  // must hold back everything queued after the wait, for as long as the
+  // host takes, and a failure must reach the stream as a device's would.
+  // Decision: the wait is queued work that blocks the stream's worker until
+  // the host completes the signal (support/host_signals.hpp keeps the
+  // signals); a signal completed with an error fails the wait: the error
+  // (its code, as given) becomes the device's asynchronous error, and the
+  // stream goes on. A signal serves only streams of its own device, is
+  // completed once, and is not destroyed while it is not completed and a
+  // queued wait waits for it (kNotPermitted, the signal left as it was);
+  // after completion the queued waits keep its state alive.
+  // Limits: each waiting stream holds its worker thread while it waits.
   accelkit::SignalHandle signal_create(int device) {
     check(device, "signal_create");
     fault("signal_create");
     context(device);
-    auto g = std::make_shared<Signal>();
-    g->device = device;
-    accelkit::SignalHandle h = accelkit::SignalHandle::from_pointer(g.get());
-    std::lock_guard<std::mutex> lock(signals_mutex_);
-    signals_.emplace(h.value, std::move(g));
-    return h;
+    return signals_.create(device);
   }
 
   void stream_wait_signal(int device, accelkit::StreamHandle stream, accelkit::SignalHandle signal) {
     auto s = stream_of(device, stream, "stream_wait_signal");
-    auto g = signal_of(signal, "stream_wait_signal");
+    auto g = signals_.get(signal, "stream_wait_signal");
     bool async_fault = fault("stream_wait_signal");
     report_async(device, "stream_wait_signal");
-    if (g->device != device)
-      driver_error(kInvalidValue, "stream_wait_signal",
-                   fmt::format("signal of device {} waited for on a stream of device {}",
-                               g->device, device));
-    {
-      std::lock_guard<std::mutex> lock(g->mutex);
-      ++g->waiting;
-    }
+    signals_.check_stream_device(*g, device);
+    bool waits = g->add_waiter();  // false: completed with success, nothing to wait for
     Work w;
     w.device = device;
     w.what = "stream_wait_signal";
-    w.fn = [this, g, device] {
-      int error = 0;
-      {
-        std::unique_lock<std::mutex> lock(g->mutex);
-        g->cv.wait(lock, [&] { return g->done; });
-        --g->waiting;
-        error = g->error;
-      }
+    w.fn = [this, g, device, waits] {
+      int error = waits ? g->wait() : 0;
       if (error != 0)
         set_async_error(device, error,
                         fmt::format("queued stream_wait_signal: the host signal it waited for "
@@ -753,41 +570,15 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
 
   void signal_complete(int device, accelkit::SignalHandle signal, int error) {
     check(device, "signal_complete");
-    auto g = signal_of(signal, "signal_complete");
+    signals_.get(signal, "signal_complete");
     fault("signal_complete");
-    if (g->device != device)
-      driver_error(kInvalidValue, "signal_complete",
-                   fmt::format("signal of device {} completed as device {}'s", g->device, device));
-    std::lock_guard<std::mutex> lock(g->mutex);
-    if (g->done)
-      driver_error(kInvalidValue, "signal_complete",
-                   fmt::format("signal {:#x} was completed already", signal.value));
-    g->done = true;
-    g->error = error;
-    g->cv.notify_all();
+    signals_.complete(signal, device, error);
   }
 
   void signal_destroy(int device, accelkit::SignalHandle signal) {
     check(device, "signal_destroy");
     fault("signal_destroy");
-    std::lock_guard<std::mutex> lock(signals_mutex_);
-    auto it = signals_.find(signal.value);
-    if (it == signals_.end())
-      driver_error(kInvalidHandle, "signal_destroy",
-                   fmt::format("signal {:#x} is not a live signal", signal.value));
-    Signal& g = *it->second;
-    if (g.device != device)
-      driver_error(kInvalidValue, "signal_destroy",
-                   fmt::format("signal of device {} destroyed as device {}'s", g.device, device));
-    {
-      std::lock_guard<std::mutex> state(g.mutex);
-      if (!g.done && g.waiting > 0)
-        driver_error(kNotPermitted, "signal_destroy",
-                     fmt::format("signal {:#x} is not completed and {} queued "
-                                 "stream_wait_signal still wait(s) for it: complete it first",
-                                 signal.value, g.waiting));
-    }
-    signals_.erase(it);  // queued waits keep its state alive
+    signals_.destroy(signal, device);  // queued waits keep its state alive
   }
 
   void device_synchronize(int device) {
@@ -882,11 +673,9 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     Device& d = context(device);
     char* c = reinterpret_cast<char*>(const_cast<std::remove_const_t<T>*>(p));
     std::lock_guard<std::mutex> lock(d.mutex);
-    auto it = d.allocations.upper_bound(c);
-    if (it == d.allocations.begin()) return p;
-    --it;
-    if (c >= it->first + it->second.bytes || it->second.view == nullptr) return p;
-    return reinterpret_cast<T*>(it->second.view + it->second.offset + (c - it->first));
+    auto hit = d.allocations.find(c);
+    if (!hit || hit.value->view == nullptr) return p;
+    return reinterpret_cast<T*>(hit.value->view + hit.value->offset + hit.offset);
   }
   bool initialized() const { return initialized_; }
   std::uint64_t bytes_in_use(int device) { return context(device).used.load(); }
@@ -1104,16 +893,6 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::thread worker_;
   };
 
-  // A host signal (Note [simdev host signals]).
-  struct Signal {
-    int device = 0;
-    std::mutex mutex;
-    std::condition_variable cv;
-    bool done = false;
-    int error = 0;
-    int waiting = 0;  // queued waits that have not passed yet
-  };
-
   // An event: its last record (none until recorded).
   struct Event {
     int device = 0;
@@ -1126,8 +905,9 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     }
   };
 
+  // A device allocation; its size is the range map's (usable bytes, from
+  // the returned pointer).
   struct Allocation {
-    std::size_t bytes = 0;   // usable, from the returned pointer
     std::size_t offset = 0;  // from the start of the mapping
     char* view = nullptr;    // mapped mode: the device's view of the mapping
     std::vector<std::uint32_t> holds;  // mapped mode: open host maps per page
@@ -1137,8 +917,9 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::atomic<bool> exists{false};
     std::atomic<std::uint64_t> used{0};
     std::mutex mutex;
-    std::map<char*, Allocation> allocations;
-    std::unordered_map<std::uintptr_t, std::shared_ptr<Stream>> streams;
+    accelkit::support::RangeMap<Allocation> allocations;  // under `mutex`
+    accelkit::support::HandleTable<accelkit::StreamHandle, Stream> streams{name, "stream",
+                                                                          kInvalidHandle};
     std::optional<std::pair<int, std::string>> async_error;  // code, message
     std::atomic<bool> has_async_error{false};  // async_error is set (read without the lock)
   };
@@ -1226,15 +1007,13 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     Device& d = context(device);
     char* c = static_cast<char*>(ptr);
     std::lock_guard<std::mutex> lock(d.mutex);
-    auto it = d.allocations.upper_bound(c);
-    if (it == d.allocations.begin() || bytes == 0 ||
-        c + bytes > std::prev(it)->first + std::prev(it)->second.bytes)
+    auto hit = d.allocations.find(c, bytes);
+    if (!hit || bytes == 0)
       driver_error(kInvalidValue, call,
                    fmt::format("{} bytes at {} are not inside one allocation of device {}", bytes,
                                ptr, device));
-    --it;
-    Allocation& a = it->second;
-    char* base = it->first - a.offset;  // the host view's first page
+    Allocation& a = *hit.value;
+    char* base = hit.pointer() - a.offset;  // the host view's first page
     std::size_t first = static_cast<std::size_t>(c - base) / kPage;
     std::size_t last = static_cast<std::size_t>(c + bytes - 1 - base) / kPage;
     if (!open)
@@ -1287,10 +1066,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     if (r.device < 0) return is_pinned(r.ptr, r.bytes);
     Device& d = context(r.device);
     std::lock_guard<std::mutex> lock(d.mutex);
-    auto it = d.allocations.upper_bound(r.ptr);
-    if (it == d.allocations.begin()) return false;
-    --it;
-    return r.ptr >= it->first && r.ptr + r.bytes <= it->first + it->second.bytes;
+    return static_cast<bool>(d.allocations.find(r.ptr, r.bytes));
   }
   void check_live(const Work& w, const char* call) {
     if (!w.live(*this))
@@ -1327,11 +1103,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   }
 
   std::vector<std::shared_ptr<Stream>> streams_of(int device) {
-    std::vector<std::shared_ptr<Stream>> out;
-    Device& d = context(device);
-    std::lock_guard<std::mutex> lock(d.mutex);
-    for (auto& kv : d.streams) out.push_back(kv.second);
-    return out;
+    return context(device).streams.objects();
   }
 
   void configure() {
@@ -1383,43 +1155,19 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
 
   std::shared_ptr<Stream> stream_of(int device, accelkit::StreamHandle stream, const char* call) {
     check(device, call);
-    Device& d = context(device);
-    std::lock_guard<std::mutex> lock(d.mutex);
-    auto it = d.streams.find(stream.value);
-    if (it == d.streams.end())
-      driver_error(kInvalidHandle, call,
-                   fmt::format("stream {:#x} is not a live stream of device {}", stream.value,
-                               device));
-    return it->second;
+    return context(device).streams.get(stream, call, device);
   }
 
   std::shared_ptr<Event> event_of(accelkit::EventHandle event, const char* call) {
-    std::lock_guard<std::mutex> lock(events_mutex_);
-    auto it = events_.find(event.value);
-    if (it == events_.end())
-      driver_error(kInvalidHandle, call,
-                   fmt::format("event {:#x} is not a live event", event.value));
-    return it->second;
-  }
-
-  std::shared_ptr<Signal> signal_of(accelkit::SignalHandle signal, const char* call) {
-    std::lock_guard<std::mutex> lock(signals_mutex_);
-    auto it = signals_.find(signal.value);
-    if (it == signals_.end())
-      driver_error(kInvalidHandle, call,
-                   fmt::format("signal {:#x} is not a live signal", signal.value));
-    return it->second;
+    return events_.get(event, call);
   }
 
   bool is_pinned(const void* p, std::size_t bytes) { return pinned_device(p, bytes) >= 0; }
   // The device whose host_malloc gave [p, p + bytes), or -1.
   int pinned_device(const void* p, std::size_t bytes) {
-    const char* c = static_cast<const char*>(p);
     std::lock_guard<std::mutex> lock(pinned_mutex_);
-    auto it = pinned_.upper_bound(const_cast<char*>(c));
-    if (it == pinned_.begin()) return -1;
-    --it;
-    return c >= it->first && c + bytes <= it->first + it->second.bytes ? it->second.device : -1;
+    auto hit = pinned_.find(p, bytes);
+    return hit ? *hit.value : -1;
   }
 
   // Counts a call of `member`; throws when a fault is due at this call, or
@@ -1453,15 +1201,12 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   std::atomic<long> host_maps_{0};
   bool initialized_ = false;
   std::mutex pinned_mutex_;
-  struct Pinned {
-    std::size_t bytes = 0;
-    int device = 0;  // whose host_malloc
-  };
-  std::map<char*, Pinned> pinned_;
-  std::mutex events_mutex_;
-  std::unordered_map<std::uintptr_t, std::shared_ptr<Event>> events_;
-  std::mutex signals_mutex_;
-  std::unordered_map<std::uintptr_t, std::shared_ptr<Signal>> signals_;
+  accelkit::support::RangeMap<int> pinned_;  // host_malloc's memory -> its device
+  accelkit::support::HandleTable<accelkit::EventHandle, Event> events_{name, "event",
+                                                                       kInvalidHandle};
+  // Note [simdev host signals].
+  accelkit::support::HostSignalTable<> signals_{
+      name, {kInvalidHandle, kInvalidValue, kInvalidValue, kNotPermitted}};
   std::mutex fault_mutex_;
   std::map<std::string, int> calls_;
   std::mutex retired_mutex_;

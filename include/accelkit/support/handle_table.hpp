@@ -15,13 +15,13 @@
 // (from_pointer(obj.get())) cannot tell a stale handle from a live one once
 // the allocator gives a new object the old address: a use after destroy then
 // acts on an unrelated stream or event, silently.
-// Decision: add(object) mints the handle from a process-wide counter, so a
-// value is never given twice (not by this table nor by another of the same
-// handle kind): a stale handle is always an error naming the backend, the
-// call, the kind and the value, with the runtime's driver code. add(handle,
-// object) keeps a handle the driver chose (a cudaStream_t, a cl_command_queue)
-// for runtimes whose kernels must read the driver's object from the handle
-// alone.
+// Decision: add(object) mints the handle from a counter per handle kind,
+// shared by the tables of one program or shared library, so a value is
+// never given twice there: a stale handle is always an error naming the
+// backend, the call, the kind and the value, with the runtime's driver code.
+// add(handle, object) keeps a handle the driver chose (a cudaStream_t, a
+// cl_command_queue) for runtimes whose kernels must read the driver's object
+// from the handle alone.
 // Limits: with driver-chosen handles a stale handle is caught only until the
 // driver reuses the value. Minted values are small integers, not pointers: a
 // runtime that minted them must look its objects up (get), never cast.
@@ -50,8 +50,8 @@ ACCELKIT_BEGIN_NAMESPACE
 namespace support {
 
 namespace detail {
-// One counter per handle kind, shared by every table of the process (Note
-// [Minted handles]).
+// One counter per handle kind, shared by the tables of a program or shared
+// library (Note [Minted handles]).
 template <class Handle>
 inline std::atomic<std::uintptr_t> next_handle{1};
 }  // namespace detail
