@@ -35,17 +35,20 @@
 // options to clBuildProgram.
 //
 // Note [ocl kernel program]
-// The source below is compiled for a device the first time one of its
-// kernels runs there, under one mutex (a second thread waits for the first
-// build rather than building again), with the work-group sizes the device
-// allows as defines. A failed build is kept: each later launch on that
-// device raises the same RuntimeError (the backend, the device, the error
-// and the build log), and nothing is retried, so a broken compiler fails
-// every native operator the same way instead of at random. The cl_kernel
-// objects are shared by all threads: a kernel's arguments are state of the
-// object in OpenCL, so each launch sets them and enqueues under the
-// kernel's mutex (then the stream's, inside enqueue_on; never the other way
-// round).
+// Problem: OpenCL compiles kernels at run time, per device; building at
+// load would cost every process the compiler's time, a build per thread
+// would race, and a kernel's arguments are state of its cl_kernel object.
+// Decision: the source below is compiled for a device the first time one of
+// its kernels runs there, under one mutex (a second thread waits for the
+// first build rather than building again), with the work-group sizes the
+// device allows as defines. A failed build is kept: each later launch on
+// that device raises the same RuntimeError (the backend, the device, the
+// error and the build log). The cl_kernel objects are shared by all threads:
+// each launch sets the arguments and enqueues under the kernel's mutex (then
+// the stream's, inside enqueue_on; never the other way round).
+// Limits: nothing is retried, so a broken compiler fails every native
+// operator on that device, the same way each time; launches of one kernel
+// are serialized while their arguments are set.
 #include <accelkit/torch/kernels.hpp>
 
 #include "opencl_kernels.hpp"

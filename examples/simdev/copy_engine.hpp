@@ -3,56 +3,36 @@
 // copy between two host addresses; this file decides in which order.
 //
 // Note [Copy direction and 4K aliasing]
-// A forward copy loads from src + i while its recent stores to dst + i - k
-// are still in flight. Cores match a load against older stores by the low
-// 12 bits of the address first (Intel documents it as 4K aliasing): when dst
-// lies a little past src modulo 4 KiB (dst - src = N * 4096 + d, with
-// 0 < d < 2 KiB), the loads ahead meet the stores just issued at the same
-// page offsets and wait for them. A device-to-host copy into pageable memory
-// has exactly that shape: device memory is page-aligned, and a CPU tensor's
-// data begins 64 bytes into its page (glibc's posix_memalign(64) of a large
-// block), so d = 64. Pinned memory is page-aligned (d = 0), and
-// host-to-device copies have d = 4096 - 64: neither is affected.
-//
-// glibc's memcpy knows the case: below its non-temporal threshold it copies
-// backward when d is under 256 bytes, but above it (large copies, whose
-// non-temporal stores stay in the store queue longest) it keeps copying
-// forward, four pages side by side. Intel cores tolerate that; an AMD EPYC
-// (2 cores, glibc 2.36) does not: 256 MiB with d = 64 ran at 0.29-0.32x of
-// the same copy with d = 0 (issue 14 saw 0.47x on another).
-//
-// So copies that glibc would store around the caches (from a quarter of
-// the last-level cache on, its default since 2.38) with 0 < d <
-// kAliasWindow are the engine's. An earlier engine copied them from the end
-// to the start; on that EPYC it reached only 0.68-0.76x, since copying
-// backward costs there on its own (0.77x with d = 0). The engine now copies
-// forward, in stages of kStage bytes through a per-thread buffer that
-// stays in the first-level cache, placed kAliasWindow past dst modulo a
-// page: loads from src then meet only the buffer's stores, kAliasWindow + d
-// behind them, and loads from the buffer meet only dst's stores,
-// kAliasWindow ahead. Each stage loads its part of src into the buffer,
-// then stores the buffer to dst with non-temporal stores while prefetching
-// the next part of src, so that reading memory and writing it overlap. On
-// the EPYC: 0.93-1.01x of the copy with d = 0 (the backward engine 0.72-0.76x
-// in the same runs); without the prefetch 0.82-0.88x. SSE2, or AVX2 where
-// the CPU has it.
-//
-// Where the CPU has AVX2 and d < kLag (256 bytes: the device-to-host copy's
-// d = 64 among them), the engine needs no buffer: it copies in one forward
+// Problem: a forward copy loads from src + i while its recent stores to
+// dst + i - k are still in flight, and cores match a load against older
+// stores by the low 12 bits of the address first (Intel calls it 4K
+// aliasing). When dst lies a little past src modulo 4 KiB (dst - src =
+// N * 4096 + d, 0 < d < 2 KiB), the loads meet the stores just issued at the
+// same page offsets and wait for them. A device-to-host copy into pageable
+// memory has exactly that shape: device memory is page-aligned, and a CPU
+// tensor's data begins 64 bytes into its page (glibc's posix_memalign(64) of
+// a large block), so d = 64. glibc's memcpy copies backward for small d only
+// below its non-temporal threshold; above it, it copies forward, and an AMD
+// EPYC then runs at about a third of the speed of the same copy with d = 0.
+// Pinned memory (d = 0) and host-to-device copies (d = 4096 - 64) are not
+// affected.
+// Decision: copies from the engine's threshold on (a quarter of the
+// last-level cache, where glibc turns to non-temporal stores) with
+// 0 < d < kAliasWindow are the engine's. Where the CPU has AVX2 and d < kLag
+// (the device-to-host copy's d = 64 among them), it copies in one forward
 // pass with its loads a block of kLag bytes ahead of its stores, both in
-// registers (sixteen of them, two blocks): each block's loads are issued
-// before the stores of the block before it, so the newest stores they are
-// matched against end d bytes past the previous block's start, short of the
-// loads' kLag. On another EPYC, quiet: 0.98-1.00x of the copy with d = 0,
-// against 0.91-0.93x staged in the same runs (a stage passes every byte
-// through the first-level cache twice); with SSE2's eight registers a block
-// (128 bytes) gave 0.85-0.91x, so without AVX2 the copy is staged.
-//
-// Everything else -- smaller copies (where glibc's temporal
-// stores leave the store queue quickly, and it copies backward itself when d
-// is under 256 bytes), d = 0, dst behind src, overlapping ranges, other
-// architectures -- is the C library's memmove (glibc's memcpy is the same
-// routine).
+// registers, so the newest stores a load is matched against end short of it.
+// Otherwise it copies forward in stages of kStage bytes through a per-thread
+// buffer that stays in the first-level cache, placed kAliasWindow past dst
+// modulo a page: loads from src meet only the buffer's stores, and loads
+// from the buffer meet only dst's; each stage stores to dst with
+// non-temporal stores while the next part of src is prefetched. Everything
+// else (smaller copies, d = 0, dst behind src, overlapping ranges, other
+// architectures) is the C library's memmove.
+// Limits: tuned on x86-64 (SSE2, or AVX2 where the CPU has it); the staged
+// path passes every byte through the first-level cache twice, so it stays
+// a little below a copy with d = 0.
+// Evidence: bench/copy_bench.cpp (d = 64 through glibc and the engine, against d = 0).
 #pragma once
 
 #include <algorithm>

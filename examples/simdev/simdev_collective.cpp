@@ -4,15 +4,16 @@
 // (Note [The vendor collective slot] in python/accelkit/distributed/native.py).
 //
 // Note [simdev's shared-memory collectives]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A communicator is one shared segment (shm_open): a header of per-rank
+// Problem: accelkit's process group needs a vendor library behind its vendor
+// collective slot to be exercised, and simdev's ranks are processes of one
+// host. Every rank must compute the same bits, a dead peer must not hang the
+// others, and no rank may take one collective's step for another's.
+// Decision: a communicator is one shared segment (shm_open): a header of per-rank
 // sequence counters and process ids, then one slot of `kSlotBytes` per
 // rank. Rank 0 creates it under a name the ranks agree on through the c10d
 // store, the others open it, and rank 0 unlinks the name once all have it
 // mapped (the segment lives while mapped). A failed open unlinks the name
-// it created; a rank-0 process that dies between creating the segment and
-// unlinking it (killed while the others open it) leaves the name behind in
-// /dev/shm until reboot or a manual unlink, as any shm_open user does.
+// it created.
 // Every collective is a sequence of steps (`step`), each named by a token:
 // the collective's number in the process group (`seq`, which the group gives
 // every call, the same on every rank), its kind, and the step's number in
@@ -57,6 +58,11 @@
 // rest (integer or bfloat16 reductions, PRODUCT, the bitwise ops) go to
 // gloo. The answer depends only on what the ranks agreed on, so every rank
 // takes the same path.
+// Limits: one host only; a rank-0 process that dies between creating the
+// segment and unlinking it (killed while the others open it) leaves the name
+// behind in /dev/shm until reboot or a manual unlink, as any shm_open user
+// does; data move through a slot at a time, so a collective's time grows
+// with its size over kSlotBytes.
 #include <torch/library.h>
 
 #include <ATen/Tensor.h>
