@@ -155,8 +155,10 @@ inline AllocatorConfig AllocatorConfig::parse(std::string_view backend, std::str
       fail(fmt::format("{} expects a whole number in {}..{}, got '{}'", key, lo, hi, v));
     return n;
   };
-  auto real = [&](const std::string& key, const std::string& v, double lo, bool lo_open, double hi,
-                  bool hi_open) -> double {
+  enum class Bound : bool { closed, open };
+  auto real = [&](const std::string& key, const std::string& v, double lo, Bound lo_bound,
+                  double hi, Bound hi_bound) -> double {
+    bool lo_open = lo_bound == Bound::open, hi_open = hi_bound == Bound::open;
     std::size_t used = 0;
     double d = 0;
     bool ok = !v.empty();
@@ -204,9 +206,9 @@ inline AllocatorConfig AllocatorConfig::parse(std::string_view backend, std::str
     } else if (key == "large_segment_size_mb") {
       c.large_segment_size = whole(key, v, 2, std::uint64_t{1} << 20) * kMiB;
     } else if (key == "garbage_collection_threshold") {
-      c.garbage_collection_threshold = real(key, v, 0.0, true, 1.0, true);
+      c.garbage_collection_threshold = real(key, v, 0.0, Bound::open, 1.0, Bound::open);
     } else if (key == "per_process_memory_fraction") {
-      c.memory_fraction = real(key, v, 0.0, true, 1.0, false);
+      c.memory_fraction = real(key, v, 0.0, Bound::open, 1.0, Bound::closed);
     } else if (key == "expandable_segments" || key == "pinned_use_background_threads") {
       if (boolean(key, v))
         throw NotSupportedError(backend, fmt::format("{}='{}': {}:True is not supported by "

@@ -27,7 +27,7 @@
 #include <accelkit/error.hpp>
 #include <accelkit/memory/config.hpp>
 #include <accelkit/memory/stats.hpp>
-#include <accelkit/memory/stream_uses.hpp>
+#include <accelkit/memory/detail/stream_uses.hpp>
 #include <accelkit/stream/event_pool.hpp>
 
 #include <fmt/format.h>
@@ -128,7 +128,7 @@ class HostAllocator {
     Block* b = nullptr;
     if (config_.caching) {
       detail::SpinGuard lock(bucket.lock);
-      if (!bucket.pending.empty()) process_pending(bucket, false);
+      if (!bucket.pending.empty()) process_pending(bucket, detail::Drain::completed);
       if (!bucket.free.empty()) {
         b = bucket.free.back();
         bucket.free.pop_back();
@@ -212,7 +212,7 @@ class HostAllocator {
       std::vector<Block*> freed;
       {
         detail::SpinGuard lock(bucket.lock);
-        if (!bucket.pending.empty()) process_pending(bucket, true);
+        if (!bucket.pending.empty()) process_pending(bucket, detail::Drain::wait_for_all);
         freed.swap(bucket.free);
         freed.insert(freed.end(), bucket.refused.begin(), bucket.refused.end());
         bucket.refused.clear();
@@ -410,7 +410,8 @@ class HostAllocator {
   }
 
   // Under the bucket lock (Note [Pinned host allocator]).
-  void process_pending(Bucket& bucket, bool block) {
+  void process_pending(Bucket& bucket, detail::Drain drain) {
+    bool block = drain == detail::Drain::wait_for_all;
     detail::drain_pending(
         bucket.pending, block,
         [&](const Pending& p) {

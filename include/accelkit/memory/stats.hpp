@@ -141,12 +141,10 @@ struct KindStat {
     current[k] += n;
     allocated[k] += n;
     // Branches, not conditional moves: in a steady state no new peak is
-    // reached, so they are predicted and cost a compare each. (Measured both
-    // ways: with a conditional move for the aggregate's peak the hit path of
-    // memory_bench took 2-3 ns more per pair, a chain of dependent updates
-    // from one pair to the next; with the branch, its random allocations,
-    // where the inactive split bytes wander near their peak, mispredict it
-    // about once every two frees in callgrind's branch simulation.)
+    // reached, so they are predicted and cost a compare each, where a
+    // conditional move would chain each pair's updates to the next pair's
+    // (bench/memory_bench.cpp's hit path). Where a figure wanders near its
+    // peak (the inactive split bytes under random sizes), they mispredict.
     if (current[k] > peak[k]) peak[k] = current[k];
     std::int64_t all = current[0] + current[1];
     if (all > all_peak) all_peak = all;

@@ -9,7 +9,7 @@
 #include <accelkit/detail/spinlock.hpp>
 #include <accelkit/memory/config.hpp>
 #include <accelkit/memory/detail/small_parking.hpp>
-#include <accelkit/memory/small_arena.hpp>
+#include <accelkit/memory/detail/small_arena.hpp>
 #include <accelkit/memory/stats.hpp>
 #include <accelkit/types.hpp>
 
@@ -45,9 +45,8 @@ struct alignas(64) Block {
   std::size_t requested = 0;
   // Bytes, not bits of one word: the hit path sets allocated, requested and
   // mapped one after another, and bit fields made each a read-modify-write
-  // of the word the one before had just written (callgrind: 427 -> 414
-  // instructions per allocate and free of a 16 MiB block, memory_bench's
-  // hit path).
+  // of the word the one before had just written (bench/memory_bench.cpp's
+  // 16 MiB hit path).
   bool allocated = false;
   bool cached = false;    // in the pool's bins or large set (mergeable)
   bool has_uses = false;  // used on other streams (Pool::uses)
@@ -225,15 +224,24 @@ struct alignas(64) Pool {
   Block* spare = nullptr;
   std::unordered_map<const void*, std::vector<StreamHandle>> uses;  // by block address
   PoolStats stats;
-  // Note [Recently freed blocks]: records parked (small blocks park in
-  // parked_small). The sizes sit beside the records so that a lookup scans
-  // one cache line instead of touching every parked record.
+  // Note [Recently freed blocks]
+  // A training loop frees a block and soon asks for one of the same size
+  // again; merging the freed block and splitting it again pays for a merge
+  // and a split. So a block freed on its stream is parked unmerged, and a
+  // request of exactly its size takes it back. Records park here, the last
+  // kParked freed (a free into full slots evicts the oldest into the large
+  // set), their sizes beside them so that a lookup scans one cache line;
+  // small blocks park by size in parked_small (Note [Parked small blocks]).
+  // Limits: parked blocks merge with their neighbours only when evicted,
+  // when a request finds nothing else (before the pool grows) and before
+  // memory goes back to the driver; a pool whose sizes do not come back
+  // stops parking records (Note [Parking pays for itself]).
   static constexpr std::size_t kParked = 8;
   std::array<Block*, kParked> parked{};
   std::array<std::size_t, kParked> parked_size{};
   std::size_t parked_count = 0;
   std::size_t parked_victim = 0;
-  // Note [Parking pays for itself]
+  // Whether records are parked now (Note [Parking pays for itself]).
   bool parking = true;
   std::uint64_t frees_counted = 0;  // since parking was last turned on or off
   std::uint64_t parked_hits = 0;    // requests that took a parked block of their size
@@ -244,10 +252,9 @@ struct alignas(64) Pool {
   Block* unpark(std::size_t i) noexcept {
     Block* b = parked[i];
     --parked_count;
-    // Not onto itself (the hit path takes back the record its free has
-    // just parked): Clang -O3's memory_bench hit path of 16 MiB, taking
-    // turns, 1.00-1.01x of the naive pool's speed with this test against
-    // 0.96-0.99x without.
+    // Not onto itself: the hit path takes back the record its free has just
+    // parked, and the copy onto itself would be a store the next load waits
+    // for (bench/memory_bench.cpp's 16 MiB hit path).
     if (i != parked_count) {
       parked[i] = parked[parked_count];
       parked_size[i] = parked_size[parked_count];

@@ -11,7 +11,7 @@
 #include <accelkit/detail/spinlock.hpp>
 #include <accelkit/memory/config.hpp>
 #include <accelkit/memory/detail/pool.hpp>
-#include <accelkit/memory/small_arena.hpp>
+#include <accelkit/memory/detail/small_arena.hpp>
 
 #include <array>
 #include <atomic>
@@ -139,10 +139,8 @@ class SmallIndex {
  private:
   using CacheEntry = SmallWindowCacheEntry;
   // By window address, 32 windows (64 MiB of small segments, 2.3 KiB a
-  // thread): memory_bench's random allocations at N = 1e3 hold 18 segments
-  // (36 MiB), and 16 entries missed on two frees in three (callgrind: 10
-  // more instructions per free and allocation than with 32; 64 gave the same
-  // as 32).
+  // thread): bench/memory_bench.cpp's random allocations at N = 1e3 hold 18
+  // segments (36 MiB), which 16 entries would miss on two frees in three.
   static inline thread_local std::array<CacheEntry, 32> tls_cache_{};
   static CacheEntry& tls_entry(const void* key) noexcept {
     return tls_cache_[(reinterpret_cast<std::uintptr_t>(key) >> 21) % tls_cache_.size()];

@@ -1,43 +1,28 @@
 // accelkit: small blocks parked by size in a device pool.
 //
 // Note [Parked small blocks]
-// A small block freed on its stream is parked (Note [Recently freed
-// blocks]) in a stack for its size, unmerged, with up to kDepth blocks a
-// size, and a request of exactly that size takes the most recently parked
-// one back: neither the free nor the allocation splits, merges or moves a
-// descriptor. A request that finds none of its size takes the smallest
-// block that fits, parked or binned, and splits it; but where that is a
-// parked block at most a sixteenth larger (kWholeReuse in the allocator;
-// below 16 granules, 8 KiB, that allows only the exact size), it takes the
-// block whole. The parked blocks merge into the bins when a request finds
-// no block that fits, before the pool grows, and before memory goes back
-// to the driver (unpark_all), so a pool grows only when its free memory,
-// merged, has no room either. A block is
+// In a training loop most small requests come back at a size just freed;
+// merging each freed block into the bins and splitting it again for the next
+// request pays for a merge, a split and descriptor moves every time.
+// So a small block freed on its stream is parked (Note [Recently freed
+// blocks]) in a stack for its size, unmerged, up to kDepth blocks a size, and
+// a request of exactly that size takes the most recently parked one back:
+// neither the free nor the allocation splits, merges or moves a descriptor.
+// A request that finds none of its size takes the smallest block that fits,
+// parked or binned, and splits it; but a parked block at most a sixteenth
+// larger (kWholeReuse in the allocator; below 16 granules, 8 KiB, only the
+// exact size) is taken whole where no binned block fits better. A block is
 // parked only while the parked blocks hold at most half of the pool's free
-// small memory, that block's included; beyond that a free merges at once,
-// as CUDA's allocator does, and the merged half keeps room for the larger
-// requests. memory_bench's random allocations up to 64 KiB, callgrind per
-// free and allocation (GCC 12 -O2), against merging every free as before:
-// at N = 1e3 live blocks 705 instructions against 939, 3.0 mispredicted
-// branches against 3.6, 1.3 first-level read misses against 0.8; at
-// N = 1e5, 679 instructions against 887. What it costs is placement: peak
-// reserved over peak requested 1.15 against 1.09 at N = 1e3 (one 2 MiB
-// segment more; the naive pool of memory_bench 1.12), 1.022-1.023 against
-// 1.017 at N = 1e5. Tried: growing the pool rather than merging the parked
-// blocks, with no limit on them (64 fewer instructions, and the pool grew to
-// 1.27 at N = 1e3); merging parked blocks only until a request fits (824
-// instructions against 700: the next request soon found none again).
-// Taking a parked block of up to a sixteenth more whole, at N = 1e3 (GCC 12
-// -O2): 583 instructions against 705 (the naive pool, which never splits,
-// 600), 2.3 mispredicted branches against 2.9, 1.1 first-level read misses
-// against 1.3; at N = 1e5, 618 against 679. Its cost is memory: a block so
-// taken holds at most a sixteenth more than its rounded request, and over
-// a million pairs at N = 1e3 peak reserved over peak requested reaches
-// 1.19-1.20 for three seeds of five against 1.13-1.14 (one 2 MiB segment
-// more; unchanged over memory_bench's 100,000); at N = 1e5 1.021-1.025
-// against 1.023-1.026. Taken whole even where a binned block fitted better,
-// it ran 562 instructions, and 1.029-1.033 at N = 1e5; an eighth instead of
-// a sixteenth 526 instructions and 1.21 at N = 1e3.
+// small memory, that block's included; beyond that a free merges at once, as
+// CUDA's allocator does, and the merged half keeps room for larger requests.
+// The parked blocks merge into the bins when a request finds no block that
+// fits, before the pool grows, and before memory goes back to the driver
+// (unpark_all), so a pool grows only when its free memory, merged, has no
+// room either.
+// Limits: placement. A block taken whole holds up to a sixteenth more than
+// its rounded request, and parked blocks stay unmerged until needed, so peak
+// reserved memory runs a few percent above what merging every free needs.
+// Evidence: bench/memory_bench.cpp, random sizes up to 64 KiB (docs/design/memory.md).
 // Everything here runs under the lock of the pool that owns the blocks.
 #pragma once
 

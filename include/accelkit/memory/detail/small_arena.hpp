@@ -2,22 +2,22 @@
 //
 // Note [Small arena]
 // Requests of up to 1 MiB share 2 MiB segments (Note [Segment sizes]). With
-// many of them live, the allocator was bound by cache misses: a 64-byte
-// record per block plus a pointer-map slot per live block made 15 MiB of
-// heap at 100,000 live blocks, far more than the cache a core gets, and
-// each operation read several of those lines at random (measured: 2.6-3.5x
-// slower per operation at 100,000 live blocks than at 1,000).
+// many of them live, a 64-byte record per block plus a pointer-map slot per
+// live block make 15 MiB of heap at 100,000 live blocks, far more than the
+// cache a core gets, and each operation reads several of those lines at
+// random: the allocator is bound by cache misses.
 // Small blocks therefore have no records. Each small segment keeps its
 // blocks as a sorted array of 64-bit descriptors (offset and size in 512 B
 // granules, state, and either the bin position or the requested bytes), a
 // few hundred bytes for a typical segment, and a block's neighbours are the
 // adjacent descriptors. Free blocks sit in exact-size bins (one per 512 B
-// step, with a two-level bitmap, as before) that hold 8-byte (segment,
-// offset) entries, not links through the blocks. A pointer is found through
-// its segment (a small map of 2 MiB address windows, in the allocator), then
-// that segment's chunk index (Note [Chunk index]). At 100,000 live blocks the
-// allocator's heap is 1.8 MiB, and an operation costs 1.4-1.5x what it does
-// at 1,000 (memory_bench).
+// step, with a two-level bitmap) that hold 8-byte (segment, offset)
+// entries, not links through the blocks. A pointer is found through its
+// segment (a small map of 2 MiB address windows, in the allocator), then
+// that segment's chunk index (Note [Chunk index]). Limits: a block's
+// neighbours and its descriptor's place are found by search, not by link;
+// a split or merge moves the descriptors after it (Note [Moving descriptors]).
+// Evidence: bench/memory_bench.cpp at N = 1e5 (1.8 MiB of heap at 100,000 live blocks).
 // Everything here runs under the lock of the pool that owns the segment.
 #pragma once
 
@@ -57,14 +57,17 @@ inline std::uint32_t granules(Desc d) noexcept { return static_cast<std::uint32_
 inline std::size_t bytes(Desc d) noexcept { return granules(d) * kGranule; }
 inline State state(Desc d) noexcept { return static_cast<State>((d >> 25) & 3); }
 inline bool has_uses(Desc d) noexcept { return (d >> 27) & 1; }
+// Whether stream uses are recorded for a block (record_stream).
+enum class Uses : bool { none, recorded };
 inline std::uint64_t payload(Desc d) noexcept { return d >> 28; }
-inline Desc make(std::uint32_t off, std::uint32_t gran, State s, bool uses,
+inline Desc make(std::uint32_t off, std::uint32_t gran, State s, Uses uses,
                  std::uint64_t payload) noexcept {
-  return Desc{off} | Desc{gran} << 12 | Desc{s} << 25 | Desc{uses ? 1u : 0u} << 27 | payload << 28;
+  return Desc{off} | Desc{gran} << 12 | Desc{s} << 25 | Desc{uses == Uses::recorded ? 1u : 0u} << 27 |
+         payload << 28;
 }
 inline Desc with_state(Desc d, State s) noexcept { return (d & ~(Desc{3} << 25)) | Desc{s} << 25; }
-inline Desc with_uses(Desc d, bool u) noexcept {
-  return (d & ~(Desc{1} << 27)) | Desc{u ? 1u : 0u} << 27;
+inline Desc with_uses(Desc d, Uses u) noexcept {
+  return (d & ~(Desc{1} << 27)) | Desc{u == Uses::recorded ? 1u : 0u} << 27;
 }
 inline Desc with_payload(Desc d, std::uint64_t p) noexcept {
   return (d & ((Desc{1} << 28) - 1)) | p << 28;
@@ -115,12 +118,11 @@ struct LineAllocator {
 // with what a lookup reads besides (the segment's address and id, its
 // descriptor array), so that with many segments a lookup reads that line and
 // one or two of descriptors. A split or a merge adds or subtracts one in the
-// counts after the block: two vectors of eight, without a branch.
-// The scan of a chunk's descriptors and the loop over the counts that this
-// replaced mispredicted their exits about once each per lookup and update,
-// with three lookups and two updates per free and allocation (memory_bench's
-// random allocations up to 64 KiB; Note [Moving descriptors] has the
-// figures), and kept the counts in a line of their own.
+// counts after the block: two vectors of eight, without a branch. A free
+// and an allocation make about three lookups and two updates, none of which
+// has a loop exit to mispredict. Limits: a chunk of more than eight blocks
+// is bisected; the compares need SSE2 (elsewhere, a plain loop).
+// Evidence: bench/memory_bench.cpp, random sizes up to 64 KiB (docs/design/memory.md).
 
 // How many of the eight descriptors at `d` start before granule `off`.
 ACCELKIT_ALWAYS_INLINE std::size_t starting_before(const small_block::Desc* d,
@@ -149,18 +151,15 @@ ACCELKIT_ALWAYS_INLINE std::size_t starting_before(const small_block::Desc* d,
 // A split inserts a descriptor into its segment's array and a merge erases
 // one or two, moving the descriptors after them: about 30 on average at 60
 // blocks a segment. glibc's memmove chooses among its size classes with
-// branches, which mispredicted about twice a call when the sizes vary
-// (memory_bench's random allocations up to 64 KiB: 1.3 mispredictions and
-// 60 instructions per free and allocation). The array therefore keeps room
-// for eight descriptors past its last, and moves them eight at a time (64
-// bytes through registers), reading and writing past the last where the
-// count is not a multiple of eight: one branch, the loop's, decides; a merge
-// with both neighbours erases their two descriptors in one move.
-// With Note [Chunk index], callgrind (its branch simulation) counted per free
-// and allocation there at 1,000 live blocks, the benchmark's own random
-// numbers included: 8.3 mispredicted conditional branches before, 5.1 after
-// (the naive pool 10.0), at 1,143 instructions before and 1,300 after (the
-// naive pool 747).
+// branches, which mispredict about twice a call when the sizes vary. The
+// array therefore keeps room for eight descriptors past its last, and moves
+// them eight at a time (64 bytes through registers), reading and writing
+// past the last where the count is not a multiple of eight: one branch, the
+// loop's, decides; a merge with both neighbours erases their two
+// descriptors in one move. Limits: each array holds eight descriptors more
+// than it needs, and a move copies up to seven it did not have to; fewer
+// mispredicted branches cost more instructions.
+// Evidence: bench/memory_bench.cpp, random sizes up to 64 KiB (docs/design/memory.md).
 class DescArray {
  public:
   using Desc = small_block::Desc;
@@ -217,9 +216,8 @@ class DescArray {
 
  private:
   // Copies the eight descriptors at `from` to `to` (they may overlap): all
-  // are read before any is written, in registers. (A 64-byte struct copied
-  // with memcpy went through the stack: seventeen instructions a pass of
-  // the move loops against eleven.)
+  // are read before any is written, in registers (GCC takes a 64-byte
+  // struct copied with memcpy through the stack).
   static ACCELKIT_ALWAYS_INLINE void move8(Desc* to, const Desc* from) noexcept {
 #if defined(__SSE2__)
     auto src = reinterpret_cast<const __m128i*>(from);
@@ -375,7 +373,8 @@ class SmallArena {
     auto seg = std::make_unique<SmallSegment>();
     seg->ptr = ptr;
     seg->blocks.reserve(16);
-    seg->insert_block(0, small_block::make(0, small_block::kGranules, small_block::parked, false, 0));
+    seg->insert_block(
+        0, small_block::make(0, small_block::kGranules, small_block::parked, small_block::Uses::none, 0));
     free_ids_.reserve(segments_.size() + 1);  // so that remove_segment cannot throw
     if (free_ids_.empty()) {
       segments_.push_back(nullptr);

@@ -31,6 +31,10 @@
 ACCELKIT_BEGIN_NAMESPACE
 namespace detail {
 
+// Which pending frees a pool returns to its cache: those whose events have
+// completed, or all of them, waiting for each event.
+enum class Drain : bool { completed, wait_for_all };
+
 // Records an event for each (device, stream) of `uses` into `events`, or
 // waits for the stream (Note [Stream-use recording]). False when a use could
 // be neither recorded nor waited for: the block must not be reused, and
