@@ -2,27 +2,26 @@
 // PyTorch or Python header.
 //
 // Note [Blocking waits release the GIL]
-// A thread may block in the SDK, waiting for a stream, an event or the
-// device, while it holds Python's GIL: PyTorch's Python bindings release it
-// around an operator, but an operator reached through Python dispatch
+// Problem: a thread may block in the SDK, waiting for a stream, an event or
+// the device, while it holds Python's GIL: PyTorch's Python bindings release
+// it around an operator, but an operator reached through Python dispatch
 // (DTensor's __torch_dispatch__, which FSDP2's sharded parameters use, or a
 // torch.library kernel written in Python) runs its C++ kernels with the GIL
 // taken again. When the work waited for can finish only after Python code
-// runs on another thread, the process deadlocks. It did: with
-// accelkit.distributed's stream-side wait(), a stream waits for a host signal
-// that the collective's completion thread (Python) completes, and FSDP2's
-// optimizer step, a foreach kernel under DTensor dispatch, waited for that
-// stream in a host kernel holding the GIL, while the completion thread,
-// gloo's work done, waited for the GIL. So every blocking wait of the torch
-// adapters (stream, event and device synchronize, empty_cache, a copy to or
-// from pageable memory, which a driver may make wait for the stream)
-// releases the GIL for its duration when the calling thread holds it, as
-// torch.cuda.synchronize()'s binding does. Python is not linked: its
-// functions are looked up once in the process (dlsym); in a process without
-// Python they are absent and nothing is released. A thread holds the GIL when
-// it has a Python thread state and PyGILState_Check says so (alone, that
-// answers yes on every thread once subinterpreters have turned its check
-// off).
+// runs on another thread, the process deadlocks: a stream that waits for a
+// host signal of accelkit.distributed, which the collective's completion
+// thread (Python) completes, waited for by a host kernel under DTensor
+// dispatch (FSDP2's optimizer step).
+// Decision: every blocking wait of the torch adapters (stream, event and
+// device synchronize, empty_cache, a copy to or from pageable memory, which
+// a driver may make wait for the stream) releases the GIL for its duration
+// when the calling thread holds it, as torch.cuda.synchronize()'s binding
+// does (the `released` entries of Note [Backend interface]'s lists).
+// Limits: Python is not linked: its functions are looked up once in the
+// process (dlsym); in a process without Python they are absent and nothing
+// is released. A thread holds the GIL when it has a Python thread state and
+// PyGILState_Check says so (alone, that answers yes on every thread once
+// subinterpreters have turned its check off).
 #pragma once
 
 #include <accelkit/config.hpp>

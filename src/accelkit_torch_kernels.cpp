@@ -4,17 +4,18 @@
 // ACCELKIT_REGISTER_BACKEND(R) line defines the backend it uses. The same
 // files and compile commands in every build tree (Note [One registration
 // source for every build tree] in accelkit_register_backend.cpp). The
-// library is cut into units of about equal compile time, so that a build on
-// two cores compiles them side by side.
+// library is two units, compiled side by side with the registration unit:
+// more units would each parse PyTorch's headers again, which on two cores
+// costs more than it saves (bench/compile_bench.py times the units).
 //
-// This unit: the native operators, the math-bit fallthroughs, autocast and
-// the sparse layouts' refusal; the order of the ATen kernels' registration.
+// This unit: the native operators and the host kernels (Note [Host
+// kernels]), the math-bit fallthroughs, autocast and the sparse layouts'
+// refusal; the order of the ATen kernels' registration.
 #include <accelkit/torch/autocast.hpp>
+#include <accelkit/torch/host_kernels.hpp>
 #include <accelkit/torch/kernels.hpp>
 #include <accelkit/torch/ops.hpp>
 #include <accelkit/torch/sparse.hpp>
-
-#include "accelkit_torch_registrations.hpp"
 
 namespace {
 namespace ta = ::accelkit::torch_adapter;
@@ -26,7 +27,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   (void)m;
   ta::KernelTable& table = ta::KernelTable::get();
   ta::register_aten_ops(table);
-  ta::register_host_kernel_set(table);
+  ta::register_host_kernels(table);
   ta::register_cpu_kernels_over_composites(table);
 }
 TORCH_LIBRARY_IMPL(aten, Conjugate, m) { ta::register_math_bit_fallthroughs(m); }
