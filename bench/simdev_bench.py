@@ -178,7 +178,7 @@ def main():
         # still be releasing a graph's thread-local state, and finalizing
         # under it aborts ("terminate called without an active exception").
         os._exit(0)
-    # Note [Rounds and spread]: small operators in rounds of `calls` calls.
+    # Small operators in rounds of `calls` calls (Note [Rounds and spread]).
     calls, rounds = (50, 3) if args.quick else (2000, 31)
     mib = 4 if args.quick else 256
     torch.set_num_threads(1)

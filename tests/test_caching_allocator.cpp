@@ -129,8 +129,8 @@ TEST_CASE("allocator: large requests use large segments and best fit") {
   SimBackend b(Environment::fixed({}), sized(1024));
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
-  // Note [Segment sizes]: in a small pool a 1-10 MiB request gets a segment
-  // of its own size...
+  // In a small pool a 1-10 MiB request gets a segment of its own size
+  // (Note [Segment sizes])...
   void* first = a.allocate(3 * kMiB, s);
   CHECK(a.reserved_bytes() == 3 * kMiB);
   // ...and once the pool holds 640 MiB, a 20 MiB segment that later ones share.
@@ -461,8 +461,8 @@ void check_all_freed(Allocator& a) {
 }
 }  // namespace
 
-// Note [Mapped blocks]: a freed large block stays in the pointer map while
-// it is parked; what the map says is checked under the pool's lock.
+// A freed large block stays in the pointer map while it is parked; what the
+// map says is checked under the pool's lock (Note [Mapped blocks]).
 TEST_CASE("allocator: a parked large block is not live: a second free, record_stream and owns refuse it") {
   SimBackend b(Environment::fixed({}), sized());
   for (bool caching : {true, false}) {
@@ -580,10 +580,10 @@ TEST_CASE("allocator: a pointer inside a small block, or off its start, is not f
   check_invariants(a);
 }
 
-// Note [Chunk index]: a block is found by its address through the count of
-// blocks before its 128 KiB chunk, then among the chunk's blocks: the eight
-// from there compared at once (reading past the chunk, and past the last
-// descriptor), or by bisection when the chunk holds more than eight.
+// A block is found by its address through the count of blocks before its
+// 128 KiB chunk, then among the chunk's blocks: the eight from there compared
+// at once (reading past the chunk, and past the last descriptor), or by
+// bisection when the chunk holds more than eight (Note [Chunk index]).
 TEST_CASE("allocator: small blocks are found by address whatever their chunk holds") {
   constexpr std::size_t kChunk = 128 * 1024;
   SimBackend b(Environment::fixed({}), sized());
@@ -1237,9 +1237,9 @@ TEST_CASE("allocator: contains() knows every address of its segments, allocated 
 }
 
 TEST_CASE("statistics by pool kind: the same figures as a StatArray updated in full") {
-  // Note [Statistics by pool kind]: a KindStat keeps less and derives the
-  // rest; random increases, decreases and resets must give, field for
-  // field, what the aggregate-and-kind StatArray gives.
+  // A KindStat keeps less and derives the rest; random increases, decreases
+  // and resets must give, field for field, what the aggregate-and-kind
+  // StatArray gives (Note [Statistics by pool kind]).
   std::mt19937 rng(7);
   KindStat kind;
   StatArray full;

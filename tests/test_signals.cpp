@@ -89,10 +89,10 @@ TEST_CASE("signals: a stream that waited for a signal completed with an error st
   b.stream_wait_signal(0, s, g);
   b.memset_async(0, p, 3, 4096, s);  // runs after the failed wait: the stream goes on
   b.signal_complete(0, g, 1234, "all_reduce failed: rank 1 exited");
-  // Note [Failed waits]: the runtime's report of the failed wait (once)
-  // gives way to the failure, which stays, for every synchronize and query
-  // of the stream and of its device, naming the reason; other streams are
-  // not affected.
+  // The runtime's report of the failed wait (once) gives way to the failure,
+  // which stays, for every synchronize and query of the stream and of its
+  // device, naming the reason; other streams are not affected
+  // (Note [Failed waits]).
   for (int i = 0; i < 3; ++i) {
     CHECK_THROWS_WITH(b.stream_synchronize(0, s),
                       Catch::Contains("waited for work on the host that failed") &&

@@ -191,7 +191,8 @@ TEST_CASE("event pool: a released event is not reused before its record complete
 }
 
 TEST_CASE("invariant checks: an event released twice is caught at the next acquire") {
-  // Note [Invariant checks]: on in the core tests (ACCELKIT_ENABLE_ASSERTS).
+  // The checks are on in the core tests: ACCELKIT_ENABLE_ASSERTS
+  // (Note [Invariant checks]).
   REQUIRE(ACCELKIT_ASSERTS_ON);
   SimBackend b(Environment::fixed({}), sim());
   EventPool<Sim> pool(b, 0);
@@ -408,7 +409,7 @@ TEST_CASE("pinned allocator without caching: a block whose copy cannot be waited
 }
 
 TEST_CASE("both pools quarantine a block whose use can be neither recorded nor waited for") {
-  // Note [Stream-use recording]: one helper, one behaviour for both pools.
+  // One helper, one behaviour for both pools (Note [Stream-use recording]).
   CollectReports collected;
   SimBackend b(Environment::fixed({}), sim());
   StreamHandle s1 = b.stream_create(0, 0), s2 = b.stream_create(0, 0);

@@ -59,10 +59,10 @@ def main():
     if rank == 0:
         torch.save({k: v.cpu() for k, v in net.module.state_dict().items()}
                    | {"_devices": torch.simdev.device_count()}, sys.argv[1])
-    # Every rank past its last collective before the group goes. (A rank
-    # that once aborted here, "terminate called without an active
-    # exception", met a gloo thread running Python during finalization:
-    # Note [Completion on a thread of the group's own].)
+    # Every rank past its last collective before the group goes: a rank
+    # that finalizes while a gloo thread still runs Python aborts with
+    # "terminate called without an active exception"
+    # (Note [Completion on a thread of the group's own]).
     dist.barrier()
     torch.simdev.synchronize()
     dist.destroy_process_group()

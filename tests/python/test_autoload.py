@@ -85,8 +85,8 @@ def test_import_torch_alone_installs_the_backend(installed):
 
 
 def test_importing_the_package_before_torch_installs_it_once(installed):
-    # Note [Importing the package before torch]: torch's import runs the
-    # entry point while the package is still being imported.
+    # Torch's import runs the entry point while the package is still being
+    # imported (Note [Importing the package before torch]).
     out = _python("""
         import torch_simdev
         import torch

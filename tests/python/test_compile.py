@@ -133,9 +133,9 @@ def test_inductor_s_cpu_checks_are_replaced_only_where_their_source_still_matche
 
 @host_visible
 def test_the_fake_convolution_is_replaced_only_where_its_source_and_table_still_match():
-    # Note [The convolution's strides under fake tensors]: checked when Dynamo
-    # or Inductor registers the backend, as Inductor's helpers are (the same
-    # _changed), not at install. Here they match ...
+    # Checked when Dynamo or Inductor registers the backend, as Inductor's
+    # helpers are (the same _changed), not at install (see
+    # Note [The convolution's strides under fake tensors]). Here they match ...
     from torch._subclasses import fake_impls
     mod = _compile_module("fake_conv")
     assert mod._conv_error is None
@@ -267,12 +267,12 @@ def test_a_compiled_training_step_matches_eager_and_the_compiled_cpu(make, shape
 
 @host_visible
 def test_a_compiled_channels_last_convolution_has_the_strides_of_eager_and_the_compiled_cpu():
-    # Note [The convolution's strides under fake tensors]: a graph that ends
-    # in the convolution returns its output as the generated code made it,
-    # checked against what the fake convolution promised. With the fake's
-    # own answer (contiguous, PyTorch's for a PrivateUse1 device) the
-    # generated stride check fails; the SDK's convolution (the CPU's) returns
-    # channels-last, as eagerly.
+    # A graph that ends in the convolution returns its output as the
+    # generated code made it, checked against what the fake convolution
+    # promised. With the fake's own answer (contiguous, PyTorch's for a
+    # PrivateUse1 device) the generated stride check fails; the SDK's
+    # convolution (the CPU's) returns channels-last, as eagerly (see
+    # Note [The convolution's strides under fake tensors]).
     torch.manual_seed(0)
     conv = nn.Conv2d(3, 8, 3, padding=1)
     x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
@@ -289,10 +289,10 @@ def test_a_compiled_channels_last_convolution_has_the_strides_of_eager_and_the_c
 
 @host_visible
 def test_layout_optimization_answers_for_the_device_as_for_the_cpu(monkeypatch):
-    # Note [Inductor's CPU checks]: GraphLowering.decide_layout_opt gives a
-    # graph of the device's convolutions the CPU's answer (channels-last
-    # convolutions inside the graph, where oneDNN is there); PyTorch's own
-    # answers no for a PrivateUse1 device.
+    # GraphLowering.decide_layout_opt gives a graph of the device's
+    # convolutions the CPU's answer (channels-last convolutions inside the
+    # graph, where oneDNN is there); PyTorch's own answers no for a
+    # PrivateUse1 device (Note [Inductor's CPU checks]).
     from torch._inductor import config as iconfig
     from torch._inductor import graph
     _compile_module("cpu_checks")._patch_cpu_checks()  # before the spy: it checks the source it replaces
@@ -456,8 +456,8 @@ def test_compiled_kernels_wait_for_the_current_stream(cpp_wrapper):
 
 @host_visible
 def test_the_cpp_wrapper_runs_generated_kernels_and_refuses_aten_operators():
-    # Note [The C++ wrapper]: buffers on the graph's device, kernels after
-    # the stream; an ATen operator (here addmm) has no C shim for the device.
+    # Buffers on the graph's device, kernels after the stream; an ATen
+    # operator (here addmm) has no C shim for the device (Note [The C++ wrapper]).
     import torch._inductor.config as iconfig
     x = torch.arange(12, dtype=torch.float32).view(3, 4)
     dev = f"{DEV}:{MOD.device_count() - 1}"
@@ -527,13 +527,13 @@ def test_without_host_visible_memory_a_clear_error_and_eager_fallback():
 
 @simdev_only
 def test_a_graph_cached_with_host_visible_memory_is_compiled_again_without_it(tmp_path):
-    # Note [Generated code from the cache]: the device's custom pass puts its
-    # host visibility into the caches' keys, so the second child, sharing the
-    # first one's Inductor cache but without host-visible memory, misses it
-    # and the scheduling refuses at compile time: a BackendCompilerFailed,
-    # and with suppress_errors the graph runs eagerly (the old code found
-    # the graph in the cache and raised at its first kernel, suppress_errors
-    # or not). A third child like the first finds the graph in the cache.
+    # The device's custom pass puts its host visibility into the caches'
+    # keys, so the second child, sharing the first one's Inductor cache but
+    # without host-visible memory, misses it and the scheduling refuses at
+    # compile time: a BackendCompilerFailed, and with suppress_errors the
+    # graph runs eagerly, rather than a graph found in the cache that raises
+    # at its first kernel. A third child like the first finds the graph in
+    # the cache (Note [Generated code from the cache]).
     code = """
         import torch, torch_simdev
         import torch._dynamo, torch._inductor.config as c
@@ -572,9 +572,9 @@ def test_a_graph_cached_with_host_visible_memory_is_compiled_again_without_it(tm
 
 @host_visible
 def test_wait_for_stream_checks_each_device_once(monkeypatch):
-    # Note [Generated code from the cache]: the backstop asks once per device;
-    # None (the current device) joins the checked ones once every device has
-    # been (the old code asked for the current device at every None call).
+    # The backstop asks once per device; None (the current device) joins the
+    # checked ones once every device has been, so a None call does not ask
+    # again (Note [Generated code from the cache]).
     mod = _compile_module("kernels")
     monkeypatch.setattr(mod, "_allowed", set())
     mod.wait_for_stream(None)

@@ -423,7 +423,7 @@ def test_a_stream_waits_for_a_host_signal_through_the_backends_operators():
     f = OPS.signal_create(0)
     OPS.stream_wait_signal(s, f)
     OPS.signal_complete(0, f, 9, "the collective's cause")
-    # Note [Failed waits]: the stream stays failed while the signal lives.
+    # The stream stays failed while the signal lives (Note [Failed waits]).
     for _ in range(2):
         with pytest.raises(RuntimeError, match="simdev: stream_synchronize: stream .* waited for "
                                                "work on the host that failed .*error 9.*the "
