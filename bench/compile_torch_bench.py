@@ -1,4 +1,4 @@
-"""torch.compile on simdev (issue 19) against torch.compile on the CPU and
+"""torch.compile on simdev against torch.compile on the CPU and
 simdev run eagerly, in one run, on one thread (host-visible simdev: Inductor's
 C++ kernels on the device memory, Note [Compiled kernels on host-visible
 memory] in python/accelkit/compile/wrappers.py).

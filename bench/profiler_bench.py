@@ -1,5 +1,5 @@
 """What profiling costs on simdev against what it costs on the CPU, measured
-in the same run (issue 15: device profiling of a loop of small operators at
+in the same run (the aim: device profiling of a loop of small operators at
 most 2x the cost of CPU profiling of the same loop).
 
   python bench/profiler_bench.py           the full run

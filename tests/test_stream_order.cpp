@@ -1,4 +1,4 @@
-// Stream-ordered semantics under real asynchrony (issue 12): simdev as strict
+// Stream-ordered semantics under real asynchrony: simdev as strict
 // as a real driver (Note [simdev strictness]), pooled events reused only once
 // their records complete (Note [Pooled event reuse]), memory returned to the
 // driver only after the work that used it (Note [Ordered release]), and the

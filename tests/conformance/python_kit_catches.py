@@ -1,4 +1,4 @@
-"""The Python kit catches what it claims to (issue 17, item 5, Python side).
+"""The Python kit catches what it claims to (the Python side).
 
 usage: python_kit_catches.py BACKEND WORKDIR
 

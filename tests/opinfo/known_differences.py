@@ -5,7 +5,7 @@ applies to (None: all), and why. The test fails on any difference not listed her
 entry that no longer differs: this list may only shrink."""
 
 SPARSE = ("sparse layouts are not supported on a generated backend: the operator raises "
-          "NotImplementedError naming the backend (Note [Sparse layouts], README)")
+          "NotImplementedError naming the backend (Note [Sparse layouts], docs/python.md)")
 
 REDUCED = ("float16", "bfloat16")
 LCE = "PyTorch picks the accumulation policy per device type (for cpu and cuda only)"

@@ -1,4 +1,4 @@
-"""Autoload (issue 15, item 2): simdev's pip package declares an entry point
+"""Autoload: simdev's pip package declares an entry point
 in PyTorch's `torch.backends` group, so that `import torch` alone installs
 torch.simdev, and TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns that off.
 

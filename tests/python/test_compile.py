@@ -1,4 +1,4 @@
-"""Issue 19: torch.compile on an accelkit backend (python/accelkit/compile/).
+"""torch.compile on an accelkit backend (python/accelkit/compile/).
 
 Compiling is slow (seconds per graph), so these tests run in their own ctest
 entry (python.simdev.compile, which sets ACCELKIT_COMPILE_TESTS=1) and skip

@@ -912,7 +912,7 @@ def _fsdp2(rank, store_path):
     ddp_train.train(net, dev, WORLD, rank)
     # The parameters whole: each rank's shard (dim 0, even here), gathered
     # through the group (DTensor.full_tensor() goes through the functional
-    # collectives, which this group does not serve: README).
+    # collectives, which this group does not serve: docs/distributed.md).
     full = {}
     for k, v in net.state_dict().items():
         local = v.to_local().contiguous()

@@ -1,4 +1,4 @@
-"""Pinned memory in the data path (issue 15, item 8): `tensor.pin_memory()`
+"""Pinned memory in the data path: `tensor.pin_memory()`
 and a DataLoader with `pin_memory=True` give page-locked memory of the
 backend's pinned pool, whose `non_blocking` copies to the device are left in
 flight on the current stream, in order, and land with the right values."""

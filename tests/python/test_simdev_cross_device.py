@@ -1,4 +1,4 @@
-"""Issue 15, item 7: a stream waits for an event of another device, as on
+"""A stream waits for an event of another device, as on
 CUDA (Note [Cross-device waits]).
 
 Device 0's work is held back by simdev's gate. It copies a device-0 tensor

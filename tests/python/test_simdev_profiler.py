@@ -1,9 +1,9 @@
-"""Issue 15, item 6: the profiler (Note [Profiler device times]).
+"""The profiler (Note [Profiler device times]).
 
 torch.autograd.profiler.profile(use_device="simdev") marks every operator
-with the backend's profiler stubs. Before they were registered, PyTorch's
-default stubs threw at every mark: a C++ backtrace on stderr per operator,
-and device times of about -1.5e16 us."""
+with the backend's profiler stubs. Without them PyTorch's default stubs
+throw at every mark: a C++ backtrace on stderr per operator, and device
+times of about -1.5e16 us."""
 import os
 import subprocess
 import sys

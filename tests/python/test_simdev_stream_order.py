@@ -1,7 +1,7 @@
-"""Issue 12 through PyTorch: stream-ordered semantics under real asynchrony,
-failures that must not crash, and bad inputs that must be clear errors.
+"""Stream-ordered semantics through PyTorch under real asynchrony, failures
+that must not crash, and bad inputs that must be clear errors.
 
-Each test keeps the reproduction that failed before the fix. Tests that
+Each test is a reproduction of the failure it guards against. Tests that
 inject faults or change the environment run in a child process."""
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""A bounded concurrency stress through PyTorch (issue 12): Python threads on
+"""A bounded concurrency stress through PyTorch: Python threads on
 both devices and several streams doing non-blocking pinned copies both ways,
 host kernels, fallback operators, record_stream across streams and
 empty_cache, every result checked against the CPU. Run in both memory modes
