@@ -11,7 +11,6 @@
 #include <accelkit/config.hpp>
 #include <accelkit/detail/environment.hpp>
 #include <accelkit/detail/fork.hpp>
-#include <accelkit/detail/host_signals.hpp>
 #include <accelkit/detail/per_device.hpp>
 #include <accelkit/device/failed_waits.hpp>
 #include <accelkit/diagnostics.hpp>
@@ -19,6 +18,7 @@
 #include <accelkit/device/visibility.hpp>
 #include <accelkit/error.hpp>
 #include <accelkit/runtime.hpp>
+#include <accelkit/support/host_signals.hpp>
 #include <accelkit/types.hpp>
 
 #include <fmt/format.h>
@@ -490,8 +490,8 @@ class Backend {
   // error); signal_destroy (refuses, with a DriverError, a signal not
   // completed that a stream waits for). Through Backend<R> a failure is
   // the SDK's to report (Note [Failed waits]).
-  // Limits: without the members the SDK's own signals
-  // (detail/host_signals.hpp) make the wait the calling thread's,
+  // Limits: without the members the SDK's own signals (a
+  // support::HostSignalTable) make the wait the calling thread's,
   // blocking until completion, so a caller that would complete the signal
   // itself must not wait so; has_stream_signals says which. The members'
   // full rules: docs/design/kit.md.
@@ -503,7 +503,7 @@ class Backend {
       return runtime_.signal_create(phys);
     } else {
       static_cast<void>(phys);
-      return host_signals_.create();
+      return host_signals_.create(0);
     }
   }
   void stream_wait_signal(device_index device, StreamHandle stream, SignalHandle signal) {
@@ -513,7 +513,8 @@ class Backend {
       failed_waits_.waited(device, stream, signal);
     } else {
       static_cast<void>(phys), static_cast<void>(stream);
-      if (int error = host_signals_.wait(signal))
+      auto g = host_signals_.get(signal, "stream_wait_signal");
+      if (int error = g->add_waiter() ? g->wait() : 0)
         throw RuntimeError(name, fmt::format("stream_wait_signal: the signal was completed with "
                                              "error {} ({} waits for signals on the host: its "
                                              "runtime has no stream_wait_signal)",
@@ -535,7 +536,7 @@ class Backend {
       runtime_.signal_complete(phys, signal, 0);
     } else {
       static_cast<void>(phys);
-      host_signals_.complete(signal, error);
+      host_signals_.complete(signal, 0, error);
     }
   }
   void signal_destroy(device_index device, SignalHandle signal) {
@@ -552,7 +553,7 @@ class Backend {
       }
     } else {
       static_cast<void>(phys);
-      host_signals_.destroy(signal);
+      host_signals_.destroy(signal, 0);
     }
   }
 
@@ -755,7 +756,10 @@ class Backend {
   std::exception_ptr discovery_error_;
   std::string discovery_message_;
   detail::PerDevice<DeviceProperties> properties_;  // the schema, queried once
-  detail::HostSignals host_signals_{R::name};  // Note [Host signals]: without the members
+  // The SDK's own signals, for a runtime without the members (Note [Host
+  // signals]): all of them device 0's, as any device may complete or destroy
+  // them; misuse is a ValueError.
+  support::HostSignalTable<> host_signals_{R::name};
   detail::FailedWaits failed_waits_{R::name};  // Note [Failed waits]
   std::unique_ptr<std::atomic<std::uint64_t>[]> held_bytes_;
 
