@@ -82,12 +82,9 @@ else()
 endif()
 set_property(GLOBAL PROPERTY ACCELKIT_REGISTER_SOURCE
              "${_accelkit_torch_backend_src}/accelkit_register_backend.cpp")
-# Two units, compiled side by side with the registration unit and the
-# vendor's sources, the longer first (the sources' opening comment says why
-# not more).
+# One unit (its opening comment says why not more).
 set_property(GLOBAL PROPERTY ACCELKIT_ADAPTER_SOURCES
-             "${_accelkit_torch_backend_src}/accelkit_torch_kernels.cpp"
-             "${_accelkit_torch_backend_src}/accelkit_torch_backend.cpp")
+             "${_accelkit_torch_backend_src}/accelkit_torch_adapters.cpp")
 
 # The SDK's library part (Note [Backend interface] in
 # accelkit/torch/backend_interface.hpp):

@@ -78,7 +78,7 @@ struct DeviceAllocator final : c10::DeviceAllocator {
   c10::DataPtr try_allocate(std::size_t n) { return allocate_or(n, false); }
 
  private:
-  // allocate (`must`) or try_allocate (src/accelkit_torch_backend.cpp: a
+  // allocate (`must`) or try_allocate (src/accelkit_torch_adapters.cpp: a
   // block allocated inside a host kernel joins its map scope).
   c10::DataPtr allocate_or(std::size_t n, bool must);
 

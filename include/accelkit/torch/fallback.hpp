@@ -716,7 +716,7 @@ class Fallback {
 };
 
 // The PrivateUse1 fallback's boxed kernel: Fallback::get().run (defined once,
-// in src/accelkit_torch_fallback.cpp).
+// in src/accelkit_torch_adapters.cpp).
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 }  // namespace torch_adapter

@@ -1,5 +1,5 @@
 // accelkit: the operators on a tensor's device storage: resize_ and
-// storage.resize_ (the hooks' resizePrivateUse1Bytes, src/accelkit_torch_backend.cpp) onto new device memory
+// storage.resize_ (the hooks' resizePrivateUse1Bytes, src/accelkit_torch_adapters.cpp) onto new device memory
 // that keeps the contents, and record_stream, which keeps the memory from
 // reuse until a stream has passed its free.
 #pragma once

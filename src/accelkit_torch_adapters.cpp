@@ -4,20 +4,29 @@
 // ACCELKIT_REGISTER_BACKEND(R) line defines the backend it uses. The same
 // files and compile commands in every build tree (Note [One registration
 // source for every build tree] in accelkit_register_backend.cpp). The
-// library is two units, compiled side by side with the registration unit:
-// more units would each parse PyTorch's headers again, which on two cores
+// library is one unit, compiled side by side with the registration unit
+// and the vendor's sources: each more unit would parse PyTorch's headers
+// again and compile inline code the others compile too, which on two cores
 // costs more than it saves (bench/compile_bench.py times the units).
 //
-// This unit: the device guard, the allocators, the hooks, the profilers and
+// In order: the device guard, the allocators, the hooks, the profilers and
 // the device name; the operators of the backend's Python device module
 // (torch.ops.<name>.*); the CPU fallback of every operator without a kernel
-// (Note [CPU fallback policy] in accelkit/torch/fallback.hpp).
+// (Note [CPU fallback policy] in accelkit/torch/fallback.hpp); the native
+// operators and the host kernels (Note [Host kernels]), the math-bit
+// fallthroughs, autocast and the sparse layouts' refusal, and the order of
+// the ATen kernels' registration.
 #include <accelkit/torch/adapter.hpp>
+#include <accelkit/torch/autocast.hpp>
 #include <accelkit/torch/fallback.hpp>
 #include <accelkit/torch/host_access.hpp>
+#include <accelkit/torch/host_kernels.hpp>
 #include <accelkit/torch/host_results.hpp>
+#include <accelkit/torch/kernels.hpp>
 #include <accelkit/torch/kineto.hpp>
+#include <accelkit/torch/ops.hpp>
 #include <accelkit/torch/signals.hpp>
+#include <accelkit/torch/sparse.hpp>
 #include <accelkit/torch/storage.hpp>
 
 #include <limits>
@@ -242,3 +251,27 @@ ACCELKIT_END_NAMESPACE
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&::accelkit::torch_adapter::fallback>());
 }
+
+namespace {
+namespace ta = ::accelkit::torch_adapter;
+}
+
+// The SDK's ATen kernels, through the table that vendor kernels share (Note
+// [Vendor kernel registration]).
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  (void)m;
+  ta::KernelTable& table = ta::KernelTable::get();
+  ta::register_aten_ops(table);
+  ta::register_host_kernels(table);
+  ta::register_cpu_kernels_over_composites(table);
+}
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) { ta::register_math_bit_fallthroughs(m); }
+TORCH_LIBRARY_IMPL(aten, Negative, m) { ta::register_math_bit_fallthroughs(m); }
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&ta::sparse_fallback>());
+}
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&ta::sparse_fallback>());
+}
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) { ta::register_autocast(m); }
