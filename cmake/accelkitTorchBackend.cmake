@@ -16,7 +16,7 @@
 # - target <module>: the library _C, whose source is the one registration
 #   line, ACCELKIT_REGISTER_BACKEND(CLASS) (src/accelkit_register_backend.cpp),
 #   linked with the SDK's library part, the object library
-#   accelkit_torch_adapters (the torch adapters, src/accelkit_torch_*.cpp,
+#   accelkit_torch_adapters (the torch adapters, src/accelkit_torch_adapters.cpp,
 #   compiled once per project: Note [Backend interface] in
 #   accelkit/torch/backend_interface.hpp);
 # - <build>/python/<module>/: an importable package (put <build>/python on

@@ -4,7 +4,7 @@
 // ACCELKIT_BACKEND_CLASS (the runtime class) defined.
 //
 // It includes no PyTorch header: the torch adapters are the SDK's library
-// part, compiled once (accelkit_torch_*.cpp beside this file, Note [Backend
+// part, compiled once (accelkit_torch_adapters.cpp beside this file, Note [Backend
 // interface]); this unit builds the runtime's core objects and binds them.
 //
 // Note [One registration source for every build tree]

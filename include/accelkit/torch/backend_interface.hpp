@@ -6,12 +6,11 @@
 // Note [Backend interface]
 // Problem: the torch adapters (guard, allocators, hooks, ATen kernels, host
 // kernels, CPU fallback, profiler, the torch.ops.<name> library) take most
-// of a backend's compile time; written as templates on the runtime R they
-// were compiled again for each runtime, and every core member they called
-// was spelled out in several places.
+// of a backend's compile time, and use the runtime R only through a few core
+// objects; as templates on R they would be compiled again for each runtime.
 // Decision: the adapters are plain code over BackendInterface, compiled
-// once in the SDK's library sources (src/accelkit_torch_*.cpp, an object
-// library each backend's module links). The members that forward to a core
+// once in the SDK's library sources (src/accelkit_torch_adapters.cpp, an
+// object library each backend's module links). The members that forward to a core
 // object are listed once, in the ACCELKIT_TORCH_*_MEMBERS lists below, one
 // line each; the list declares the interface's pure virtual and
 // BoundBackend<R> (torch/bound_backend.hpp) defines its override from the
