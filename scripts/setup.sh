@@ -121,7 +121,7 @@ install_simdev() {
   rm -f "$site/accelkit_build.pth"
   if [ -f "$stamp" ] && "$ACCELKIT_VENV/bin/python" -c \
        'import importlib.metadata as m; m.version("torch-simdev")' 2>/dev/null \
-     && [ -z "$(find "$ACCELKIT_ROOT/include" "$ACCELKIT_ROOT/python" "$ACCELKIT_ROOT/cmake" \
+     && [ -z "$(find "$ACCELKIT_ROOT/include" "$ACCELKIT_ROOT/python" "$ACCELKIT_ROOT/cmake" "$ACCELKIT_ROOT/src" \
                   "$ACCELKIT_ROOT/examples/simdev" "$pkg/pyproject.toml" -newer "$stamp" \
                   -print -quit)" ]; then
     return
