@@ -73,8 +73,7 @@ c10::DataPtr DeviceAllocator::allocate_or(std::size_t n, bool must) {
           throw;
         }
       }
-      void* ctx = p ? context(p, d) : nullptr;
-      return c10::DataPtr(p, ctx, &deleter, c10::Device(kDeviceType, static_cast<c10::DeviceIndex>(d)));
+      return wrap(p, d);
     });
 }
 

@@ -315,7 +315,7 @@ class Backend {
   // hands out is aligned to min(memory_alignment, 512) B.
   // Limits: so at least 128 B on every backend (PyTorch's CPU tensors get
   // 64 B), and a tensor at a storage offset only as far as its offset
-  // allows. The SDK itself relies on 128 B (Note [DataPtr context]).
+  // allows.
   //
   // Note [Refusal and exhaustion]
   // Problem: a driver's malloc answers nullptr both when the device is

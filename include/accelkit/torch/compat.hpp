@@ -13,6 +13,10 @@
 //     take the output's dimension names as a fifth parameter in 2.11
 //     (`at::DimnameList names = {}`); 2.13 dropped it, and at::DimnameList
 //     with it. MetaOutputs below overrides whichever this PyTorch declares.
+//   - a copy-on-write storage materializes through a function the storage
+//     holds (StorageImpl::set_materializer) in 2.13; 2.11 calls c10's
+//     materialize_cow directly. set_materializer below installs one where
+//     the storage takes it, and does nothing on 2.11.
 #pragma once
 
 #include <accelkit/config.hpp>
@@ -102,6 +106,24 @@ struct MetaOutputs<Impl, Derived, true> : Impl {
     base_raw_strided<at::TensorIteratorBase>(*this, i, sizes, strides, options, Names{});
   }
 };
+
+// Makes `fn` the storage's materializer where StorageImpl has them
+// (Note [PyTorch versions]); S is c10::StorageImpl.
+template <class S, class = void>
+inline constexpr bool has_materializer = false;
+template <class S>
+inline constexpr bool has_materializer<
+    S, std::void_t<decltype(std::declval<S&>().set_materializer(nullptr))>> = true;
+template <class S>
+void set_materializer(S* storage, void (*fn)(S*)) {
+  if constexpr (has_materializer<S>) {
+    storage->clear_materializer();
+    storage->set_materializer(fn);
+  } else {
+    (void)storage;
+    (void)fn;
+  }
+}
 
 }  // namespace compat
 }  // namespace torch_adapter

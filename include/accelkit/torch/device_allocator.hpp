@@ -8,7 +8,8 @@
 
 #include <c10/core/CachingDeviceAllocator.h>
 
-#include <cstdint>
+#include <array>
+#include <cstddef>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -34,34 +35,66 @@ inline std::optional<device_index> device_holding(const void* p) {
   return std::nullopt;
 }
 
+// Note [DataPtr context]
+// Problem: a DataPtr's deleter gets only the context, and must free the
+// memory on the device that holds it; c10 wants the context to be the data
+// pointer itself: copy-on-write storage (torch._lazy_clone) refuses a
+// storage whose context is anything else, and rebuilds the last reference's
+// DataPtr with the pointer as its context; Allocator::raw_allocate asserts
+// it.
+// Decision: the context is the pointer, and the device is in the deleter:
+// one deleter per device index (device_deleters), chosen when the DataPtr
+// is made, so that a free finds its device without a search.
+// Limits: raw_deallocate gets a pointer alone: raw_deleter searches the
+// devices' segments for it (device_holding). A deleter cannot throw: a
+// failure is reported (Note [Diagnostics]). In a child forked after
+// initialization the memory belongs to the parent's device context, which
+// the child does not have: it is left alone, as CUDA leaves inherited
+// device memory.
+inline void free_device_memory(device_index d, void* p) {
+  if (p == nullptr || backend().in_bad_fork()) return;
+  // A block still mapped for the host is unmapped before the pool may
+  // reuse or release it (Note [Map scopes]).
+  reporting_failures([&] { backend().maps_forget(d, p); });
+  reporting_failures([&] { backend().device_deallocate(d, p); });
+}
+
+template <std::size_t D>
+void free_on_device(void* p) {
+  free_device_memory(static_cast<device_index>(D), p);
+}
+template <std::size_t... D>
+constexpr std::array<c10::DeleterFnPtr, sizeof...(D)> make_device_deleters(std::index_sequence<D...>) {
+  return {{&free_on_device<D>...}};
+}
+// One deleter for every device index c10 can name (0..127).
+inline constexpr std::size_t kDeviceIndices =
+    static_cast<std::size_t>(std::numeric_limits<c10::DeviceIndex>::max()) + 1;
+inline constexpr std::array<c10::DeleterFnPtr, kDeviceIndices> device_deleters =
+    make_device_deleters(std::make_index_sequence<kDeviceIndices>{});
+
 // The caching pool as PyTorch's DeviceAllocator for the device type, so that
 // torch.accelerator's memory functions work.
 struct DeviceAllocator final : c10::DeviceAllocator {
 
-  // Note [DataPtr context]: device memory is at least 128-byte aligned
-  // (Note [Memory alignment]), so the context is the pointer with the
-  // device index (0..127, c10's DeviceIndex) in its low 7 bits; the deleter
-  // frees on the right device without searching.
-  // A deleter cannot throw: a failure is reported (Note [Diagnostics]). In a
-  // child forked after initialization the memory belongs to the parent's
-  // device context, which the child does not have: it is left alone, as
-  // CUDA leaves inherited device memory.
-  static constexpr std::uintptr_t kContextMask = 0x7F;
-  static_assert(std::numeric_limits<c10::DeviceIndex>::max() <= kContextMask,
-                "a device index must fit below the 128-byte alignment (Note [DataPtr context])");
-  static void* context(void* p, device_index d) {
-    return reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(p) | static_cast<std::uintptr_t>(d));
+  // Device memory `p` of device `d` as a DataPtr that frees it there (Note
+  // [DataPtr context]).
+  static c10::DataPtr wrap(void* p, device_index d) {
+    return c10::DataPtr(p, p, device_deleters[static_cast<std::size_t>(d)],
+                        c10::Device(kDeviceType, static_cast<c10::DeviceIndex>(d)));
   }
-  static void deleter(void* ctx) {
-    auto v = reinterpret_cast<std::uintptr_t>(ctx);
-    if (!v) return;
-    if (backend().in_bad_fork()) return;
-    auto d = static_cast<device_index>(v & kContextMask);
-    void* p = reinterpret_cast<void*>(v & ~kContextMask);
-    // A block still mapped for the host is unmapped before the pool may
-    // reuse or release it (Note [Map scopes]).
-    reporting_failures([&] { backend().maps_forget(d, p); });
-    reporting_failures([&] { backend().device_deallocate(d, p); });
+  // raw_deallocate's deleter: the device is searched for (Note [DataPtr
+  // context]).
+  static void raw_free(void* p) {
+    if (p == nullptr || backend().in_bad_fork()) return;
+    std::optional<device_index> d;
+    reporting_failures([&] { d = device_holding(p); });
+    if (d) {
+      free_device_memory(*d, p);
+    } else {
+      report(Severity::error, backend_name(),
+             fmt::format("raw_deallocate of {}, which no device's pool holds; left alone", p));
+    }
   }
 
   // Note [Host work on recycled blocks]: a block freed in stream order may
@@ -83,7 +116,7 @@ struct DeviceAllocator final : c10::DeviceAllocator {
   c10::DataPtr allocate_or(std::size_t n, bool must);
 
  public:
-  c10::DeleterFnPtr raw_deleter() const override { return &deleter; }
+  c10::DeleterFnPtr raw_deleter() const override { return &raw_free; }
   // A storage's clone (c10::Allocator::clone: dest was just allocated, on
   // the current device). The source may be another device's memory: the
   // copy then goes on the source's current stream, after the work queued

@@ -115,8 +115,7 @@ class HostResults {
     c10::DataPtr cpu = s->set_data_ptr(c10::DataPtr());
     s->set_nbytes(0);
     void* ptr = cpu.release_context();  // the device tensor frees it
-    c10::DataPtr memory(ptr, DeviceAllocator::context(ptr, device.index()),
-                        &DeviceAllocator::deleter, device);
+    c10::DataPtr memory = DeviceAllocator::wrap(ptr, device.index());
     auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
                                                          std::move(memory), &device_allocator(),
                                                          /*resizable=*/true);
@@ -168,9 +167,7 @@ class HostResults {
   }
   static Blocks& blocks() { return *blocks_slot(); }
 
-  static void free_device(void* p, device_index d) {
-    DeviceAllocator::deleter(DeviceAllocator::context(p, d));
-  }
+  static void free_device(void* p, device_index d) { free_device_memory(d, p); }
   // The deleter of a block handed out as CPU memory.
   static void free_block(void* p) {
     if (std::optional<device_index> d = blocks().take(p)) return free_device(p, *d);

@@ -70,6 +70,7 @@ inline void register_aten_ops(KernelTable& m) {
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(O::set_storage));
   m.impl("fill_.Scalar", TORCH_FN(O::fill));
   m.impl("record_stream", TORCH_FN(O::record_stream));
+  m.impl("_lazy_clone", TORCH_FN(O::lazy_clone));  // Note [Copy-on-write on the storage's device]
   // Dropout as the CPU composes it (bernoulli_, mul) from dispatched
   // operators, so that its mask draws from the device's generator (Note
   // [Device generators]): the CPU kernel would take the CPU's.

@@ -1,15 +1,19 @@
 // accelkit: the operators on a tensor's device storage: resize_ and
 // storage.resize_ (the hooks' resizePrivateUse1Bytes, src/accelkit_torch_adapters.cpp) onto new device memory
-// that keeps the contents, and record_stream, which keeps the memory from
-// reuse until a stream has passed its free.
+// that keeps the contents, _lazy_clone (copy-on-write storage), and
+// record_stream, which keeps the memory from reuse until a stream has passed
+// its free.
 #pragma once
 
 #include <accelkit/torch/adapter.hpp>
+#include <accelkit/torch/compat.hpp>
 #include <accelkit/torch/host_access.hpp>
 
 #include <cstring>
 
+#include <ATen/ops/_lazy_clone_compositeexplicitautograd_dispatch.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/COW.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -61,6 +65,37 @@ struct StorageOps : HostAccess {
       if (memory_format) impl->empty_tensor_restride(*memory_format);
       return self;
     });
+  }
+
+  // Note [Copy-on-write on the storage's device]
+  // Problem: the first write to a copy-on-write storage (torch._lazy_clone)
+  // copies its data: c10's materialize_cow calls the allocator's clone,
+  // which allocates on the current device. CUDA's kernels enter the
+  // tensor's device first (c10's generated DeviceGuard); the SDK's kernels
+  // name devices by index and enter none, nor does data_ptr(), so with
+  // another device current the copy would go to that device while the
+  // tensor still names its own.
+  // Decision: torch._lazy_clone runs PyTorch's composite kernel, then gives
+  // both storages a materializer that enters the storage's device around
+  // c10's materialize_cow: the copy is allocated there and made on that
+  // device's current stream (DeviceAllocator::copy_data), whatever device
+  // is current, in any thread.
+  // Limits: a storage made copy-on-write other than through the
+  // dispatcher's _lazy_clone keeps c10's materializer; on PyTorch 2.11,
+  // whose storages take no materializer (Note [PyTorch versions]), the copy
+  // is made on the current device. A read through
+  // data_ptr() (copies to the CPU, the fallback) also materializes.
+  static at::Tensor lazy_clone(const at::Tensor& self) {
+    at::Tensor out = at::compositeexplicitautograd::_lazy_clone(self);
+    for (c10::StorageImpl* s :
+         {self.storage().unsafeGetStorageImpl(), out.storage().unsafeGetStorageImpl()}) {
+      compat::set_materializer(s, &materialize_on_device);
+    }
+    return out;
+  }
+  static void materialize_on_device(c10::StorageImpl* s) {
+    c10::DeviceGuard guard(s->device());
+    c10::impl::cow::materialize_cow(s);
   }
 
   // Tensor.record_stream: the storage's memory is not reused before `s` has
