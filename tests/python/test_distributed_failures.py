@@ -113,9 +113,13 @@ def _fault_on_the_start_thread(rank, store_path):
     torch.accelerator.synchronize(dev)
     if rank == 0:
         torch.ops.simdev_driver.inject_fault("memcpy_async")
-    first = dist.all_reduce(x, async_op=True)
-    second = dist.all_reduce(y, async_op=True)
-    errors = [_error(lambda: w.wait(datetime.timedelta(seconds=20))) for w in (first, second)]
+    # Either call may already refuse when issued: the start thread can fail
+    # the group before this thread issues the second all_reduce.
+    errors = []
+    for t in (x, y):
+        works = []
+        issued = _error(lambda: works.append(dist.all_reduce(t, async_op=True)))
+        errors.append(issued or _error(lambda: works[0].wait(datetime.timedelta(seconds=20))))
     dist.destroy_process_group()
     return errors, x.cpu().tolist(), y.cpu().tolist()
 
