@@ -58,6 +58,8 @@ struct handle {
 struct stream_tag;
 struct event_tag;
 struct signal_tag;
+struct graph_tag;
+struct graph_exec_tag;
 }  // namespace detail
 
 using StreamHandle = detail::handle<detail::stream_tag>;
@@ -65,6 +67,42 @@ using EventHandle = detail::handle<detail::event_tag>;
 // A host signal (Note [Host signals] in device/backend.hpp): set by the host,
 // waited for by streams.
 using SignalHandle = detail::handle<detail::signal_tag>;
+// A graph: the work a stream queued while capturing (stream_end_capture),
+// and its executable form (graph_instantiate), which graph_launch queues.
+using GraphHandle = detail::handle<detail::graph_tag>;
+using GraphExecHandle = detail::handle<detail::graph_exec_tag>;
+
+// What a capture refuses on other threads while it is underway (CUDA's
+// cudaStreamCaptureMode; PyTorch's capture_error_mode). The SDK enforces it
+// for the calls that wait for or query device work (Note [Capture rules] in
+// device/captures.hpp); a runtime may pass it to its driver.
+enum class CaptureMode : std::uint8_t {
+  global,      // such calls fail on every thread while the capture lasts
+  per_thread,  // they fail on the thread that began the capture
+  relaxed,     // they fail only where they touch the capturing stream itself
+};
+
+constexpr std::string_view to_string(CaptureMode mode) noexcept {
+  switch (mode) {
+    case CaptureMode::global: return "global";
+    case CaptureMode::per_thread: return "thread_local";
+    case CaptureMode::relaxed: return "relaxed";
+  }
+  return "unknown";
+}
+
+// A memory pool of the caching allocator, as PyTorch names one
+// (c10::MempoolId_t): {0, 0} is the default pools; {n, 0} a graph's private
+// pool; {0, n} a pool a user created (MemPool).
+struct MempoolId {
+  std::uint64_t first = 0;
+  std::uint64_t second = 0;
+  constexpr bool is_default() const noexcept { return first == 0 && second == 0; }
+  friend constexpr bool operator==(MempoolId a, MempoolId b) noexcept {
+    return a.first == b.first && a.second == b.second;
+  }
+  friend constexpr bool operator!=(MempoolId a, MempoolId b) noexcept { return !(a == b); }
+};
 
 // Flags for event_create; combine with |.
 enum class EventFlags : unsigned {
