@@ -48,6 +48,7 @@ bool register_backend() {
   set_diagnostic_handler(&warn_through_torch);
   c10::register_privateuse1_backend(std::string(backend_name()));
   c10::SetAllocator(kDeviceType, &device_allocator());
+  at::setHostAllocator(kDeviceType, &pinned_allocator());  // Note [Host allocator]
   HostResults::install();  // Note [CPU results in device memory]
   at::RegisterPrivateUse1HooksInterface(new Hooks());
   register_profilers();  // Note [Profiler device times], [Kineto device activities]
@@ -178,12 +179,9 @@ bool register_library() {
   lib.def("runtime_members() -> str[]",
           [] { return backend().runtime_members(); });
   // Returns the pinned host cache to the driver (torch.<name>.empty_cache
-  // empties the device caches).
-  lib.def("host_empty_cache() -> ()", [] {
-    translated([&] {
-      if (backend().is_initialized()) backend().host_empty_cache();
-    });
-  });
+  // empties the device caches), through the host allocator PyTorch holds
+  // (Note [Host allocator]).
+  lib.def("host_empty_cache() -> ()", [] { registered_host_allocator().empty_cache(); });
   register_signal_ops(lib);  // Note [Host signals]
   lib.def("report_json() -> str", [] { return backend().report_json(); });
   lib.def("report_text() -> str", [] { return backend().report_text(); });
@@ -204,25 +202,16 @@ bool register_library() {
       return backend().memory_fraction(device_arg(d));
     });
   });
-  // The pinned host pool's statistics, and their resets; {} before the
-  // backend is initialized, as on CUDA.
+  // The pinned host pool's statistics, and their resets, as PyTorch's
+  // host allocator for the device type gives them (Note [Host
+  // allocator]); {} before the backend is initialized, as on CUDA.
   lib.def("host_memory_stats_json() -> str", [] {
-    return translated([&]() -> std::string {
-      if (!backend().is_initialized()) return "{}";
-      return to_json(backend().host_stats());
-    });
+    if (!backend().is_initialized()) return std::string("{}");
+    return to_json(PinnedAllocator::from_c10_stats(registered_host_allocator().get_stats()));
   });
-  lib.def("host_reset_peak_stats() -> ()", [] {
-    translated([&] {
-      if (backend().is_initialized()) backend().host_reset_peak_stats();
-    });
-  });
-  lib.def("host_reset_accumulated_stats() -> ()", [] {
-    translated([&] {
-      if (backend().is_initialized())
-        backend().host_reset_accumulated_stats();
-    });
-  });
+  lib.def("host_reset_peak_stats() -> ()", [] { registered_host_allocator().reset_peak_stats(); });
+  lib.def("host_reset_accumulated_stats() -> ()",
+          [] { registered_host_allocator().reset_accumulated_stats(); });
   lib.def("set_memory_fraction(float fraction, int device) -> ()", [](double f, int64_t d) {
     translated([&] {
       backend().set_memory_fraction(device_arg(d), f);
