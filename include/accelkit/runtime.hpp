@@ -192,6 +192,40 @@
 //       Releases the signal; waits queued on it still pass after
 //       signal_complete. A signal not completed that a stream waits for is
 //       refused with DriverError and stays usable. Absent: as signal_create.
+//   void stream_begin_capture(device_index device, StreamHandle stream,
+//                             CaptureMode mode)
+//       Begins capturing `stream` (not capturing, not the default stream): work
+//       queued on it until stream_end_capture is recorded into a graph, not
+//       run. Only device-to-device and pinned memcpy_async, memset_async and
+//       the runtime's own kernel launches are queued on a capturing stream; the
+//       SDK refuses the rest (Note [Capture rules]). `mode` says what the SDK
+//       refuses on other threads meanwhile; the runtime may pass it to its
+//       driver. The seven graph members go together. Absent: capturing raises
+//       NotSupportedError naming the backend, and no stream is ever capturing.
+//   GraphHandle stream_end_capture(device_index device, StreamHandle stream)
+//       Ends the capture of `stream` and returns the graph of the work
+//       recorded, which reads and writes device memory when launched, at the
+//       addresses queued (never contents copied at capture). The stream is not
+//       capturing afterwards, also when the call throws (a capture the driver
+//       invalidated: DriverError). Absent: as stream_begin_capture.
+//   bool stream_is_capturing(device_index device, StreamHandle stream)
+//       Whether `stream` is capturing, as the driver sees it. Absent: as
+//       stream_begin_capture (false).
+//   GraphExecHandle graph_instantiate(device_index device, GraphHandle graph)
+//       An executable form of `graph`, launchable many times; the graph may be
+//       destroyed after. Absent: as stream_begin_capture.
+//   void graph_launch(device_index device, GraphExecHandle exec,
+//                     StreamHandle stream)
+//       Enqueues the graph's work on `stream` (not capturing), in the order it
+//       was captured, reading device memory when it runs; launches of one exec
+//       may be queued many times, on any streams of `device`, each running
+//       whole, in its stream's order. Absent: as stream_begin_capture.
+//   void graph_exec_destroy(device_index device, GraphExecHandle exec)
+//       Releases the exec; launches of it already queued still complete (the
+//       call may return before). Absent: as stream_begin_capture.
+//   void graph_destroy(device_index device, GraphHandle graph)
+//       Releases the graph; execs instantiated from it, and their queued
+//       launches, are not affected. Absent: as stream_begin_capture.
 //   static constexpr bool host_kernels
 //       Whether PyTorch's CPU kernels of the hottest operators run in place on
 //       device memory the host can reach (host_access mapped or direct); false

@@ -18,10 +18,17 @@ enum class Mode { present, omitted, mistyped };
 
 // The host signal members go together (Note [Host signals]): naming one of
 // them present or mistyped makes the others present, so that only the
-// diagnostic of that member fires; PARTIAL_SIGNALS declares one alone.
+// diagnostic of that member fires; PARTIAL_SIGNALS declares one alone. The
+// graph members too (Note [Capture rules]); PARTIAL_GRAPHS declares one alone.
 constexpr bool is_signal_member(std::string_view member) {
   return member == "signal_create" || member == "stream_wait_signal" ||
          member == "signal_complete" || member == "signal_destroy";
+}
+constexpr bool is_graph_member(std::string_view member) {
+  return member == "stream_begin_capture" || member == "stream_end_capture" ||
+         member == "stream_is_capturing" || member == "graph_instantiate" ||
+         member == "graph_launch" || member == "graph_exec_destroy" ||
+         member == "graph_destroy";
 }
 
 constexpr Mode mode_of(std::string_view member, bool required) {
@@ -31,13 +38,18 @@ constexpr Mode mode_of(std::string_view member, bool required) {
 #ifdef MISTYPE
   if (member == MISTYPE) return Mode::mistyped;
   if (is_signal_member(member) && is_signal_member(MISTYPE)) return Mode::present;
+  if (is_graph_member(member) && is_graph_member(MISTYPE)) return Mode::present;
 #endif
 #ifdef PRESENT
   if (member == PRESENT) return Mode::present;
   if (is_signal_member(member) && is_signal_member(PRESENT)) return Mode::present;
+  if (is_graph_member(member) && is_graph_member(PRESENT)) return Mode::present;
 #endif
 #ifdef PARTIAL_SIGNALS
   if (member == "signal_create") return Mode::present;
+#endif
+#ifdef PARTIAL_GRAPHS
+  if (member == "stream_begin_capture") return Mode::present;
 #endif
   return required ? Mode::present : Mode::omitted;
 }

@@ -212,7 +212,43 @@ namespace detail {
   /* Releases the signal; waits queued on it still pass after signal_complete. A signal not    \
      completed that a stream waits for is refused with DriverError and stays usable.           \
      Absent: as signal_create. */                                                              \
-  X(signal_destroy, void, (device_index device, SignalHandle signal), sdk, (device, signal))
+  X(signal_destroy, void, (device_index device, SignalHandle signal), sdk, (device, signal))   \
+  /* Begins capturing `stream` (not capturing, not the default stream): work queued on it      \
+     until stream_end_capture is recorded into a graph, not run. Only device-to-device and     \
+     pinned memcpy_async, memset_async and the runtime's own kernel launches are queued on a   \
+     capturing stream; the SDK refuses the rest (Note [Capture rules]). `mode` says what the   \
+     SDK refuses on other threads meanwhile; the runtime may pass it to its driver. The seven  \
+     graph members go together. Absent: capturing raises NotSupportedError naming the          \
+     backend, and no stream is ever capturing. */                                              \
+  X(stream_begin_capture, void, (device_index device, StreamHandle stream, CaptureMode mode),  \
+    sdk, (device, stream, mode))                                                               \
+  /* Ends the capture of `stream` and returns the graph of the work recorded, which reads and  \
+     writes device memory when launched, at the addresses queued (never contents copied at     \
+     capture). The stream is not capturing afterwards, also when the call throws (a capture    \
+     the driver invalidated: DriverError). Absent: as stream_begin_capture. */                 \
+  X(stream_end_capture, GraphHandle, (device_index device, StreamHandle stream), sdk,          \
+    (device, stream))                                                                          \
+  /* Whether `stream` is capturing, as the driver sees it. Absent: as stream_begin_capture     \
+     (false). */                                                                               \
+  X(stream_is_capturing, bool, (device_index device, StreamHandle stream), sdk,                \
+    (device, stream))                                                                          \
+  /* An executable form of `graph`, launchable many times; the graph may be destroyed after.   \
+     Absent: as stream_begin_capture. */                                                       \
+  X(graph_instantiate, GraphExecHandle, (device_index device, GraphHandle graph), sdk,         \
+    (device, graph))                                                                           \
+  /* Enqueues the graph's work on `stream` (not capturing), in the order it was captured,      \
+     reading device memory when it runs; launches of one exec may be queued many times, on     \
+     any streams of `device`, each running whole, in its stream's order. Absent: as            \
+     stream_begin_capture. */                                                                  \
+  X(graph_launch, void, (device_index device, GraphExecHandle exec, StreamHandle stream), sdk, \
+    (device, exec, stream))                                                                    \
+  /* Releases the exec; launches of it already queued still complete (the call may return     \
+     before). Absent: as stream_begin_capture. */                                              \
+  X(graph_exec_destroy, void, (device_index device, GraphExecHandle exec), sdk,                \
+    (device, exec))                                                                            \
+  /* Releases the graph; execs instantiated from it, and their queued launches, are not        \
+     affected. Absent: as stream_begin_capture. */                                             \
+  X(graph_destroy, void, (device_index device, GraphHandle graph), sdk, (device, graph))
 
 // Constants: C(member, type, default). `static constexpr type member`; a
 // required one has no default.
@@ -387,6 +423,19 @@ template <class R>
 inline constexpr bool has_stream_signals = has_signal_create<R> && has_stream_wait_signal<R> &&
                                            has_signal_complete<R> && has_signal_destroy<R>;
 
+// The graph members go together (Note [Capture rules] in
+// device/captures.hpp): how many of them R declares, and whether it has all.
+template <class R>
+inline constexpr int graph_members_named =
+    int{names_stream_begin_capture<R>} + int{names_stream_end_capture<R>} +
+    int{names_stream_is_capturing<R>} + int{names_graph_instantiate<R>} +
+    int{names_graph_launch<R>} + int{names_graph_exec_destroy<R>} + int{names_graph_destroy<R>};
+template <class R>
+inline constexpr bool has_graphs =
+    has_stream_begin_capture<R> && has_stream_end_capture<R> && has_stream_is_capturing<R> &&
+    has_graph_instantiate<R> && has_graph_launch<R> && has_graph_exec_destroy<R> &&
+    has_graph_destroy<R>;
+
 #define ACCELKIT_DETAIL_AND_HAS_(member, ...) &&has_##member<R>
 template <class R>
 inline constexpr bool satisfies_contract =
@@ -427,6 +476,11 @@ struct check_contract {
                 "accelkit: Runtime has some of the host signal members but not all: "
                 "signal_create, stream_wait_signal, signal_complete and signal_destroy go "
                 "together (Note [Host signals])");
+  static_assert(graph_members_named<R> == 0 || graph_members_named<R> == 7,
+                "accelkit: Runtime has some of the graph members but not all: "
+                "stream_begin_capture, stream_end_capture, stream_is_capturing, "
+                "graph_instantiate, graph_launch, graph_exec_destroy and graph_destroy go "
+                "together (Note [Capture rules])");
 #undef ACCELKIT_DETAIL_ASSERT_
 #undef ACCELKIT_DETAIL_ASSERT_OPTIONAL_
 #undef ACCELKIT_DETAIL_ASSERT_CONSTANT_

@@ -12,6 +12,7 @@
 #include <accelkit/detail/environment.hpp>
 #include <accelkit/detail/fork.hpp>
 #include <accelkit/detail/per_device.hpp>
+#include <accelkit/device/captures.hpp>
 #include <accelkit/device/failed_waits.hpp>
 #include <accelkit/diagnostics.hpp>
 #include <accelkit/properties.hpp>
@@ -30,6 +31,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <unistd.h>
 #include <type_traits>
 #include <utility>
@@ -441,6 +444,7 @@ class Backend {
     int dst_phys = physical(dst_device);
     int src_phys = physical(src_device);
     if (bytes == 0) return;
+    if constexpr (has_graphs) captures_.check_stream(src_device, stream, "memcpy_peer_async");
     if constexpr (detail::has_memcpy_peer_async<R>) {
       runtime_.memcpy_peer_async(dst, dst_phys, src, src_phys, bytes, stream);
     } else {
@@ -473,6 +477,7 @@ class Backend {
                                          "waiting stream's own device (stream_wait_event waits "
                                          "for it)",
                                          name, device));
+    if constexpr (has_graphs) captures_.check_stream(device, stream, "stream_wait_peer_event");
     if constexpr (detail::has_stream_wait_peer_event<R>)
       runtime_.stream_wait_peer_event(phys, stream, event_phys, event);
     else
@@ -508,6 +513,7 @@ class Backend {
   }
   void stream_wait_signal(device_index device, StreamHandle stream, SignalHandle signal) {
     int phys = physical(device);
+    if constexpr (has_graphs) captures_.check_stream(device, stream, "stream_wait_signal");
     if constexpr (has_stream_signals) {
       runtime_.stream_wait_signal(phys, stream, signal);
       failed_waits_.waited(device, stream, signal);
@@ -555,6 +561,146 @@ class Backend {
       static_cast<void>(phys);
       host_signals_.destroy(signal, 0);
     }
+  }
+
+  // ------------------------------------------------------------- graphs
+  // Capture of a stream's work into a graph, and its replay, with the rules
+  // of Note [Capture rules]: the SDK's registry of captures decides what is
+  // refused during a capture, whatever the driver notices. Without the
+  // seven graph members each call raises NotSupportedError naming the
+  // backend, and no stream is ever capturing.
+  static constexpr bool has_graphs = detail::has_graphs<R>;
+
+  // Begins capturing `stream` in `mode`. RuntimeError if it is capturing
+  // already (that capture goes on unharmed).
+  void stream_begin_capture(device_index device, StreamHandle stream, CaptureMode mode) {
+    int phys = physical(device);
+    if constexpr (has_graphs) {
+      captures_.begin(device, stream, mode);
+      try {
+        runtime_.stream_begin_capture(phys, stream, mode);
+      } catch (...) {
+        captures_.end(device, stream);
+        throw;
+      }
+    } else {
+      static_cast<void>(phys), static_cast<void>(stream), static_cast<void>(mode);
+      throw_no_graphs("stream_begin_capture", device);
+    }
+  }
+
+  // Ends the capture of `stream` and returns its graph. RuntimeError if the
+  // stream is not capturing, or if the capture was invalidated (naming the
+  // call that did it; the runtime's graph is destroyed). Either way the
+  // stream is not capturing afterwards.
+  GraphHandle stream_end_capture(device_index device, StreamHandle stream) {
+    int phys = physical(device);
+    if constexpr (has_graphs) {
+      if (!captures_.is_capturing(device, stream))
+        throw RuntimeError(name, fmt::format("stream_end_capture: stream {:#x} of device {} is "
+                                             "not capturing",
+                                             stream.value, device));
+      GraphHandle graph{};
+      std::exception_ptr failed;
+      try {
+        graph = runtime_.stream_end_capture(phys, stream);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      // Forgotten after the runtime's end, so that the stream's calls stay
+      // refused until the driver has ended its capture.
+      std::optional<detail::Captures::Capture> c = captures_.end(device, stream);
+      if (c && !c->invalidated.empty()) {
+        if (!failed) {
+          try {
+            runtime_.graph_destroy(phys, graph);
+          } catch (...) {
+            // The invalidation is the error to report.
+          }
+        }
+        throw RuntimeError(name, fmt::format("stream_end_capture: the capture of stream {:#x} "
+                                             "of device {} (mode {}) was invalidated by {}; no "
+                                             "graph was made, and the stream is no longer "
+                                             "capturing",
+                                             stream.value, device, to_string(c->mode),
+                                             c->invalidated));
+      }
+      if (failed) std::rethrow_exception(failed);
+      return graph;
+    } else {
+      static_cast<void>(phys), static_cast<void>(stream);
+      throw_no_graphs("stream_end_capture", device);
+    }
+  }
+
+  // Whether `stream` of `device` is capturing, as the SDK's registry says;
+  // one relaxed load when no capture is underway. False without graphs.
+  bool stream_is_capturing(device_index device, StreamHandle stream) const {
+    if constexpr (has_graphs)
+      return captures_.is_capturing(device, stream);
+    else
+      return static_cast<void>(device), static_cast<void>(stream), false;
+  }
+
+  // Whether any stream of `device` is capturing.
+  bool capture_underway(device_index device) const noexcept {
+    if constexpr (has_graphs)
+      return captures_.underway(device);
+    else
+      return static_cast<void>(device), false;
+  }
+
+  GraphExecHandle graph_instantiate(device_index device, GraphHandle graph) {
+    int phys = physical(device);
+    if constexpr (has_graphs) {
+      return runtime_.graph_instantiate(phys, graph);
+    } else {
+      static_cast<void>(phys), static_cast<void>(graph);
+      throw_no_graphs("graph_instantiate", device);
+    }
+  }
+
+  // Enqueues the graph's work on `stream`; refused on a capturing stream
+  // (that capture invalidated).
+  void graph_launch(device_index device, GraphExecHandle exec, StreamHandle stream) {
+    int phys = physical(device);
+    if constexpr (has_graphs) {
+      captures_.check_stream(device, stream, "graph_launch");
+      runtime_.graph_launch(phys, exec, stream);
+    } else {
+      static_cast<void>(phys), static_cast<void>(exec), static_cast<void>(stream);
+      throw_no_graphs("graph_launch", device);
+    }
+  }
+
+  // Launches already queued still complete.
+  void graph_exec_destroy(device_index device, GraphExecHandle exec) {
+    int phys = physical(device);
+    if constexpr (has_graphs) {
+      runtime_.graph_exec_destroy(phys, exec);
+    } else {
+      static_cast<void>(phys), static_cast<void>(exec);
+      throw_no_graphs("graph_exec_destroy", device);
+    }
+  }
+
+  void graph_destroy(device_index device, GraphHandle graph) {
+    int phys = physical(device);
+    if constexpr (has_graphs) {
+      runtime_.graph_destroy(phys, graph);
+    } else {
+      static_cast<void>(phys), static_cast<void>(graph);
+      throw_no_graphs("graph_destroy", device);
+    }
+  }
+
+  // What the caller cannot capture (a host kernel, the CPU fallback, a copy
+  // of pageable memory), met on `stream`: invalidates its capture, if it is
+  // capturing, and throws RuntimeError "<what> cannot be captured into a
+  // graph ...".
+  [[noreturn]] void capture_refuse(device_index device, StreamHandle stream,
+                                   std::string_view what) {
+    captures_.refuse(device, stream, what);
   }
 
   // The pass-throughs, generated from the contract table (Note [The
@@ -626,6 +772,7 @@ class Backend {
   template <class Caller, class... A>
   decltype(auto) forward(Caller call, device_index device, A&&... a) {
     int phys = physical(device);
+    if constexpr (has_graphs) check_capture(call, device, a...);
     if constexpr (std::is_same_v<Caller, detail::call_stream_destroy>) {
       if constexpr (has_stream_signals) failed_waits_.forget_stream(device, a...);
     }
@@ -646,6 +793,41 @@ class Backend {
     } else {
       return call(runtime_, phys, std::forward<A>(a)...);
     }
+  }
+
+  // The checks of Note [Capture rules] for the forwarded members, before
+  // the runtime is called; one relaxed load when no capture is underway.
+  template <class Caller, class... A>
+  void check_capture(Caller, device_index device, const A&... a) {
+    if (!captures_.any()) return;
+    auto args = std::forward_as_tuple(a...);
+    if constexpr (std::is_same_v<Caller, detail::call_stream_synchronize> ||
+                  std::is_same_v<Caller, detail::call_stream_query> ||
+                  std::is_same_v<Caller, detail::call_stream_wait_event> ||
+                  std::is_same_v<Caller, detail::call_stream_destroy>) {
+      captures_.check_stream(device, std::get<0>(args), Caller::name);
+    } else if constexpr (std::is_same_v<Caller, detail::call_event_record>) {
+      captures_.check_stream(device, std::get<1>(args), Caller::name);
+    } else if constexpr (std::is_same_v<Caller, detail::call_memcpy_async>) {
+      // (dst, src, bytes, kind, stream, host_pinned)
+      if (!std::get<5>(args) && std::get<3>(args) != CopyKind::device_to_device)
+        captures_.check_stream(device, std::get<4>(args), "memcpy_async of pageable host memory");
+    } else if constexpr (std::is_same_v<Caller, detail::call_device_synchronize>) {
+      captures_.check_device(device, Caller::name);
+    } else if constexpr (std::is_same_v<Caller, detail::call_event_query> ||
+                         std::is_same_v<Caller, detail::call_event_synchronize> ||
+                         std::is_same_v<Caller, detail::call_memcpy>) {
+      captures_.check_blocking(device, Caller::name);
+    }
+    static_cast<void>(args);
+  }
+
+  [[noreturn]] void throw_no_graphs(std::string_view call, device_index device) const {
+    throw NotSupportedError(
+        name, fmt::format("cannot capture graphs: its runtime has no stream_begin_capture, "
+                          "stream_end_capture, stream_is_capturing, graph_instantiate, "
+                          "graph_launch, graph_exec_destroy and graph_destroy ({} on device {})",
+                          call, device));
   }
 
   struct HostDeleter {
@@ -761,6 +943,7 @@ class Backend {
   // them; misuse is a ValueError.
   support::HostSignalTable<> host_signals_{R::name};
   detail::FailedWaits failed_waits_{R::name};  // Note [Failed waits]
+  detail::Captures captures_{R::name};  // Note [Capture rules]
   std::unique_ptr<std::atomic<std::uint64_t>[]> held_bytes_;
 
   unsigned discovery_generation_ = 0;  // (fork_safe_discovery false) at discovery
