@@ -28,8 +28,8 @@ def install(name: str, library=None):
     """Loads the backend `library` (the path of the library that uses
     ACCELKIT_REGISTER_BACKEND, or None if it is loaded already) and makes
     `name` a PyTorch device: renames PyTorch's PrivateUse1 device type,
-    registers torch.<name> (and torch.<name>.amp, .random, .memory,
-    .streams), the tensor, module and storage methods (``x.<name>()``) and
+    registers torch.<name> (and torch.<name>.amp, .graphs, .random,
+    .memory, .streams), the tensor, module and storage methods (``x.<name>()``) and
     the multiprocessing reducers. Returns torch.<name>. A second call with
     the same name returns it again (also from another copy of this package);
     PyTorch has one slot for such a device,
@@ -67,7 +67,7 @@ def install(name: str, library=None):
     from . import _sharing, device
     torch.utils.rename_privateuse1_backend(name)  # also names the profiler's activity
     torch._register_device_module(name, device)
-    for sub in ("amp", "random", "memory", "streams"):
+    for sub in ("amp", "graphs", "random", "memory", "streams"):
         sys.modules[f"torch.{name}.{sub}"] = getattr(device, sub)
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)

@@ -17,6 +17,10 @@ built with accelkit:
   vendor with code generators of its own plugs them in with
   register_codegen (Note [The codegen slot]).
 
+mode="reduce-overhead" captures the compiled graphs into the backend's
+graphs through Inductor's graph policy (graphs: Note [Graphs under
+torch.compile]).
+
 The other modules: kernels (whether the C++ kernels may run on a device, the
 wait before each, the caches' keys: Note [Generated code from the cache]),
 cpu_checks (Note [Inductor's CPU checks]), fake_conv (Note [The
@@ -24,11 +28,12 @@ convolution's strides under fake tensors]) and registration (both tables,
 and the codegen slot).
 """
 from .. import _backend  # noqa: F401  (which backend this copy of the package serves)
+from .graphs import graph_policy
 from .interface import device_interface
 from .kernels import host_visible, wait_for_stream
 from .registration import install, register_codegen  # noqa: F401  (install: accelkit.install)
 
-__all__ = ["device_interface", "register_codegen", "host_visible", "HostVisibleScheduling",
+__all__ = ["device_interface", "register_codegen", "graph_policy", "host_visible", "HostVisibleScheduling",
            "HostVisibleWrapperCodegen", "HostVisibleCppWrapperCodegen", "wait_for_stream"]
 
 _LAZY = ("HostVisibleScheduling", "HostVisibleWrapperCodegen", "HostVisibleCppWrapperCodegen")

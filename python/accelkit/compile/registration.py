@@ -10,7 +10,7 @@ import threading
 import torch
 
 from .. import _backend
-from . import cpu_checks, fake_conv, interface, kernels, wrappers
+from . import cpu_checks, fake_conv, graphs, interface, kernels, wrappers
 
 # Note [Registering without importing the compiler]
 # Problem: PyTorch's two tables (Dynamo's device interfaces, Inductor's code
@@ -96,6 +96,7 @@ def _register_inductor():
     common.register_device_op_overrides(_backend.name,
                                         vendor.get("device_op_overrides") or overrides())
     cpu_checks._patch_cpu_checks()
+    graphs._install()  # mode="reduce-overhead" (Note [Graphs under torch.compile])
 
 
 def _cpp_scheduling():

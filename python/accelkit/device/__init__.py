@@ -11,7 +11,8 @@ import json
 import torch
 
 from .. import _backend
-from . import amp, memory, random, streams  # noqa: F401  (torch.<name>.amp, ...)
+from . import amp, graphs, memory, random, streams  # noqa: F401  (torch.<name>.amp, ...)
+from .graphs import *  # noqa: F401,F403
 from .memory import *  # noqa: F401,F403
 from .random import *  # noqa: F401,F403
 from .streams import *  # noqa: F401,F403

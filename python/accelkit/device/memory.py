@@ -2,6 +2,7 @@
 torch.cuda.memory (the figures come from the SDK's allocator, through
 torch.accelerator and the backend's operators)."""
 import collections
+import contextlib
 import json
 import os
 import warnings
@@ -17,7 +18,8 @@ __all__ = ["memory_allocated", "max_memory_allocated", "memory_reserved", "max_m
            "reset_max_memory_cached", "empty_cache", "set_per_process_memory_fraction",
            "get_per_process_memory_fraction", "mem_get_info", "device_memory_used",
            "list_gpu_processes", "host_memory_stats", "host_memory_stats_as_nested_dict",
-           "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats"]
+           "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats", "MemPool",
+           "use_mem_pool"]
 
 
 def _index(device) -> int:
@@ -169,15 +171,92 @@ def device_memory_used(device=None) -> int:
 def memory_snapshot(mempool_id=None, include_traces=True) -> list:
     """The allocator's segments on every device, each with its blocks, in
     torch.cuda.memory_snapshot's form (a list of dicts with "device",
-    "address", "total_size", "segment_type", "blocks", ...). The backend
-    has no memory pools: `mempool_id` must be None."""
+    "address", "total_size", "segment_type", "segment_pool_id", "blocks",
+    ...); with `mempool_id` (a graph's pool(), a MemPool's id, a
+    graph_pool_handle()), that pool's segments only."""
+    wanted = None
     if mempool_id is not None:
-        raise ValueError(f"{_backend.name}: memory_snapshot: the backend has no memory pools, "
-                         f"got mempool_id={mempool_id!r}")
+        try:
+            wanted = tuple(int(i) for i in mempool_id)
+        except (TypeError, ValueError):
+            wanted = ()
+        if len(wanted) != 2:
+            raise ValueError(f"{_backend.name}: memory_snapshot: mempool_id is a pair of ints, "
+                             f"got {mempool_id!r}")
     segments = []
     for i in range(_backend.ops.device_count()):
         segments += json.loads(_backend.ops.memory_snapshot_json(i))["segments"]
+    if wanted is not None:
+        segments = [s for s in segments if tuple(s.get("segment_pool_id", (0, 0))) == wanted]
     return segments
+
+
+class MemPool:
+    """A pool of the caching allocator on the current device, of the user's
+    own: what is allocated under use_mem_pool(pool) comes from its
+    segments, and its freed blocks serve only it (torch.cuda.MemPool). The
+    pool lives while this object, a use_mem_pool block or a graph that
+    captured into it uses it; then its free segments go back to the driver,
+    and the rest as their tensors are freed. Custom allocators, use_on_oom
+    and no_split are CUDA allocator options the SDK's pools do not have."""
+
+    def __init__(self, allocator=None, use_on_oom: bool = False, no_split: bool = False):
+        if allocator is not None:
+            raise NotImplementedError(f"{_backend.name}: MemPool(allocator=...) takes a CUDA "
+                                      "pluggable allocator; a pool here is the backend's "
+                                      "caching allocator's")
+        if use_on_oom or no_split:
+            raise NotImplementedError(f"{_backend.name}: MemPool(use_on_oom=..., no_split=...) "
+                                      "are not supported by the SDK's allocator")
+        self._device = torch.accelerator.current_device_index()
+        self._id = tuple(_backend.ops.new_mempool_id(True))
+        _backend.ops.mempool_create(self._device, list(self._id))
+
+    @property
+    def id(self) -> tuple:
+        """The pool's id, a pair of ints: pass it to use_mem_pool (through
+        this object), memory_snapshot or a graph capture (pool=)."""
+        return self._id
+
+    @property
+    def allocator(self):
+        """None: the pool is the caching allocator's."""
+        return None
+
+    def use_count(self) -> int:
+        """How many hold the pool: this object, each use_mem_pool block and
+        each graph capturing or captured into it."""
+        return _backend.ops.mempool_use_count(self._device, list(self._id))
+
+    def snapshot(self, include_traces=True) -> list:
+        """memory_snapshot(mempool_id=self.id)."""
+        return memory_snapshot(self._id, include_traces=include_traces)
+
+    def __del__(self):
+        device, pool = getattr(self, "_device", None), getattr(self, "_id", None)
+        if pool is None or _backend.ops is None:
+            return
+        try:
+            _backend.ops.mempool_release(device, list(pool))
+        except Exception:  # noqa: BLE001 (never raise from a finalizer, at exit included)
+            pass
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool, device=None):
+    """``with use_mem_pool(pool):`` makes this thread's allocations on
+    `device` (the current one by default) come from `pool` (a MemPool);
+    other threads' allocations are not affected."""
+    if not isinstance(pool, MemPool):
+        raise TypeError(f"{_backend.name}: use_mem_pool takes a torch.{_backend.name}.MemPool, "
+                        f"got {type(pool).__name__}")
+    index, pool_id = _index(device), list(pool.id)
+    _backend.ops.begin_allocate_current_thread_to_pool(index, pool_id)
+    try:
+        yield
+    finally:
+        _backend.ops.end_allocate_current_thread_to_pool(index, pool_id)
+        _backend.ops.mempool_release(index, pool_id)
 
 
 def list_gpu_processes(device=None) -> str:

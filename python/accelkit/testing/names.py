@@ -2,7 +2,7 @@
 why (the kit's names group checks the rest)."""
 
 # torch.cuda's public names that torch.<name> does not have, and why: each is
-# CUDA's own (its toolkit, libraries, graphs or NVIDIA's management library)
+# CUDA's own (its toolkit, libraries or NVIDIA's management library)
 # or a deprecated CUDA tensor type.
 CUDA_ONLY = {
     # Legacy typed tensor and storage classes (torch.cuda.FloatTensor, ...):
@@ -12,12 +12,7 @@ CUDA_ONLY = {
                  "Short") for kind in ("Storage", "Tensor")},
     "ComplexDoubleStorage": "legacy CUDA tensor types",
     "ComplexFloatStorage": "legacy CUDA tensor types",
-    # CUDA graphs (capture and replay of CUDA streams).
-    "CUDAGraph": "CUDA graphs", "graph": "CUDA graphs", "graphs": "CUDA graphs",
-    "graph_pool_handle": "CUDA graphs", "make_graphed_callables": "CUDA graphs",
-    "is_current_stream_capturing": "CUDA graphs",
-    # Memory pools and allocator backends of CUDA's allocator.
-    "MemPool": "CUDA allocator pools", "use_mem_pool": "CUDA allocator pools",
+    # Allocator backends of CUDA's allocator.
     "CUDAPluggableAllocator": "CUDA allocator backends",
     "change_current_allocator": "CUDA allocator backends",
     "get_allocator_backend": "CUDA allocator backends (native or cudaMallocAsync)",

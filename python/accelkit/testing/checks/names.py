@@ -10,7 +10,7 @@ from .base import check
 
 
 @check("names", "torch.<name> has every public name of torch.cuda but CUDA's own "
-                "(its toolkit, libraries, graphs, NVML: accelkit.testing.names.CUDA_ONLY)")
+                "(its toolkit, libraries, NVML: accelkit.testing.names.CUDA_ONLY)")
 def cuda_names(ctx):
     missing = [n for n in torch.cuda.__all__ if not hasattr(ctx.mod, n) and n not in CUDA_ONLY]
     assert missing == [], f"torch.{ctx.name} lacks {missing}"
@@ -21,6 +21,11 @@ def _parameters(f):
     if inspect.isclass(f) and target is f:
         target = f.__init__
     params = list(inspect.signature(target).parameters.values())
+    if inspect.isclass(f) and target is not f.__init__ and all(
+            p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params[1:]):
+        # A generic __new__ (a C++ class's, as torch.cuda.MemPool's): the
+        # parameters are __init__'s.
+        params = list(inspect.signature(f.__init__).parameters.values())
     return [(p.name, p.kind) for p in params if p.name not in ("self", "cls")]
 
 
