@@ -86,10 +86,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -165,7 +167,17 @@ class DeviceCachingAllocator {
       if (no_room == NoRoom::return_null) return nullptr;
       throw too_large(bytes);
     }
-    detail::Pool& pool = pool_for(stream);
+    // One relaxed load while no allocation is routed to a private pool
+    // (Note [Private pools]).
+    if (routes_active_.load(std::memory_order_relaxed) != 0)
+      return allocate_routed(bytes, stream, no_room);
+    return allocate_in(pool_for(stream), bytes, stream, no_room);
+  }
+
+  // allocate_or from `pool`: a stream's pool, or the private pool a route
+  // chose.
+  ACCELKIT_ALWAYS_INLINE void* allocate_in(detail::Pool& pool, std::size_t bytes,
+                                           StreamHandle stream, NoRoom no_room) {
     Allocation t;
     if (!config_.caching) {
       detail::Block* b = allocate_uncached(pool, bytes, no_room);
@@ -227,10 +239,41 @@ class DeviceCachingAllocator {
   void record_stream(void* ptr, StreamHandle stream);
 
   // Returns every unused cached segment to the driver, after waiting for
-  // pending stream uses. Reserved memory drops to what allocations need.
-  void empty_cache() { release_all(detail::Drain::wait_for_all); }
+  // pending stream uses. Reserved memory drops to what allocations need,
+  // but for private pools in use (Note [Private pools]) and, while a stream
+  // captures, that stream's pool (Note [Frees during capture]).
+  void empty_cache() {
+    release_all(detail::Drain::wait_for_all);
+    forget_idle_pools();
+  }
 
-  // Statistics summed over streams (Note [Sharded statistics]).
+  // Private pools (Note [Private pools]), named by MempoolId; {0, 0} names
+  // the streams' pools and is refused where a private pool is meant.
+  // Adds a use of pool `id`, creating it if new. ValueError for {0, 0}.
+  void create_pool(MempoolId id);
+  // Drops a use of pool `id`; at 0 its wholly free segments go back to the
+  // driver at once, the others as their blocks are freed. ValueError naming
+  // the id if it has no use.
+  void release_pool(MempoolId id);
+  // The uses of pool `id`; 0 if unknown.
+  int pool_use_count(MempoolId id);
+  // From now until end_allocate_to_pool(id), an allocation on a stream for
+  // which `filter` returns true comes from pool `id` (the route begun last
+  // is asked first). Adds a use, as create_pool. `filter` is called under
+  // the allocator's lock, from any thread that allocates: it must be cheap
+  // and must not call the allocator.
+  void begin_allocate_to_pool(MempoolId id, std::function<bool(StreamHandle)> filter);
+  // Ends the route begun last for pool `id` (its use stays: release_pool
+  // drops it). ValueError if none is active.
+  void end_allocate_to_pool(MempoolId id);
+  // Pool `id`'s wholly free segments back to the driver, if its use count
+  // is 0 (memory of a pool in use stays reserved). {0, 0}: empty_cache().
+  void empty_cache(MempoolId id);
+  // Pool `id`'s figures alone; {0, 0}: the streams' pools'; zeros for an
+  // unknown id.
+  DeviceStats stats(MempoolId id);
+
+  // Statistics summed over every pool (Note [Sharded statistics]).
   DeviceStats stats();
   void reset_peak_stats();
   void reset_accumulated_stats();
@@ -332,6 +375,30 @@ class DeviceCachingAllocator {
   ACCELKIT_ALWAYS_INLINE Pool& pool_for(StreamHandle stream);
   ACCELKIT_NOINLINE Pool& pool_from_map(StreamHandle stream);
   std::vector<Pool*> pools_snapshot();
+
+  // Private pools (memory/detail/private_pools.hpp).
+  struct PrivateEntry {
+    MempoolId id;
+    Pool* pool;
+    int use_count;
+  };
+  struct Route {
+    MempoolId id;
+    Pool* pool;
+    std::function<bool(StreamHandle)> filter;
+  };
+  ACCELKIT_NOINLINE void* allocate_routed(std::size_t bytes, StreamHandle stream,
+                                          NoRoom no_room);
+  PrivateEntry* find_private(MempoolId id);
+  Pool& incref_pool(MempoolId id);
+  void release_pool_memory(Pool& pool, detail::Drain drain);
+  ACCELKIT_NOINLINE void give_back(Pool& pool) noexcept;
+  void forget_if_idle(Pool& pool);
+  void forget_idle_pools();
+  bool capturing(const Pool& pool);
+  bool kept_from_release(const Pool& pool);
+  void detach_free(Pool& pool, Released& freed, detail::Drain drain);
+  ValueError not_private(std::string_view call, MempoolId id) const;
 
   // Under the pool lock: a cached block of at least `size`, split to size
   // and marked allocated, or {} (t.ptr null).
@@ -685,7 +752,17 @@ class DeviceCachingAllocator {
 
   std::mutex pools_mutex_;
   std::unordered_map<std::uintptr_t, std::unique_ptr<Pool>> pools_by_stream_;
-  std::vector<Pool*> pools_;
+  std::vector<std::unique_ptr<Pool>> private_owned_;  // every private pool made
+  std::vector<Pool*> pools_;                          // both kinds
+
+  // Private pools (Note [Private pools]); private_mutex_ is taken before
+  // pools_mutex_ and a pool's lock, never while release_mutex_ is held.
+  std::mutex private_mutex_;
+  std::vector<PrivateEntry> private_pools_;  // under private_mutex_
+  std::vector<Route> routes_;                // under private_mutex_, oldest first
+  std::atomic<std::size_t> routes_active_{0};  // routes_.size(), read without the lock
+  std::vector<Pool*> idle_pools_;  // under private_mutex_: private pools with no id, reused
+  DeviceStats retired_stats_;      // under private_mutex_: figures of pools made idle
   std::mutex release_mutex_;  // serializes returning segments to the driver
   Released limbo_;            // under release_mutex_ (Note [Ordered release])
 
@@ -702,4 +779,5 @@ ACCELKIT_END_NAMESPACE
 #include <accelkit/memory/detail/stream_order.hpp>
 #include <accelkit/memory/detail/segments.hpp>
 #include <accelkit/memory/detail/collection.hpp>
+#include <accelkit/memory/detail/private_pools.hpp>
 #include <accelkit/memory/detail/errors.hpp>

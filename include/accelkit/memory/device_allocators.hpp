@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <utility>
 
 ACCELKIT_BEGIN_NAMESPACE
 
@@ -65,6 +66,21 @@ class CachingAllocator {
   void empty_cache() {
     devices_.for_each([](device_index, DeviceCachingAllocator<R>& a) { a.empty_cache(); });
   }
+  // The same for private pool `id` on every device that has an allocator
+  // (Note [Private pools]); {0, 0}: empty_cache().
+  void empty_cache(MempoolId id) {
+    devices_.for_each([&](device_index, DeviceCachingAllocator<R>& a) { a.empty_cache(id); });
+  }
+
+  // Private pools of device `d` (Note [Private pools]).
+  void create_pool(device_index d, MempoolId id) { device(d).create_pool(id); }
+  void release_pool(device_index d, MempoolId id) { device(d).release_pool(id); }
+  int pool_use_count(device_index d, MempoolId id) { return device(d).pool_use_count(id); }
+  void begin_allocate_to_pool(device_index d, MempoolId id,
+                              std::function<bool(StreamHandle)> filter) {
+    device(d).begin_allocate_to_pool(id, std::move(filter));
+  }
+  void end_allocate_to_pool(device_index d, MempoolId id) { device(d).end_allocate_to_pool(id); }
 
  private:
   Backend<R>& backend_;

@@ -55,6 +55,7 @@ struct SegmentSnapshot {
   StreamHandle stream;
   std::string_view segment_type;  // "small" or "large"
   std::vector<BlockSnapshot> blocks;
+  MempoolId pool_id;  // {0, 0}: a stream's pool; else a private pool's id
 };
 struct MemorySnapshot {
   std::vector<SegmentSnapshot> segments;
@@ -74,6 +75,11 @@ inline std::string to_json(const MemorySnapshot& s) {
         .field("requested_size", seg.requested_size)
         .field("stream", seg.stream.value)
         .field("segment_type", seg.segment_type)
+        .key("segment_pool_id")
+        .begin_array()
+        .value(seg.pool_id.first)
+        .value(seg.pool_id.second)
+        .end_array()
         .key("blocks")
         .begin_array();
     for (const BlockSnapshot& b : seg.blocks)

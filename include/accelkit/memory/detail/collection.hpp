@@ -12,8 +12,9 @@
 // driver refuses to free, is kept in limbo_: still counted as reserved (the
 // driver holds it), never allocated from, and tried again by the next
 // release (empty_cache, the out-of-memory retry); the error is thrown to
-// the caller once. Statistics count a segment out when the driver has it
-// back.
+// the caller once. A capturing stream is never synchronized (Note [Frees
+// during capture]): its segments wait in limbo too, without an error.
+// Statistics count a segment out when the driver has it back.
 //
 // Here: ordered release (free_segments), emptying the cache (release_all),
 // garbage collection, the uncached path's frees, and the destructor.
@@ -43,8 +44,8 @@ inline DeviceCachingAllocator<R>::~DeviceCachingAllocator() {
     }
     delete d.record;
   }
-  for (auto& kv : pools_by_stream_) {
-    detail::Pool& pool = *kv.second;
+  for (Pool* each : pools_) {  // the streams' and the private pools
+    detail::Pool& pool = *each;
     for (detail::PendingFree& p : pool.pending)
       for (auto [device, e] : p.events) events_.release(e);
     for (detail::Segment* s : pool.segments) {
@@ -79,6 +80,10 @@ inline void DeviceCachingAllocator<R>::free_segments(Released& r,
     if (std::find(streams.begin(), streams.end(), d.pool->stream) == streams.end())
       streams.push_back(d.pool->stream);
   for (StreamHandle s : streams) {
+    if (backend_.stream_is_capturing(device_, s)) {  // Note [Frees during capture]
+      failed.push_back(s);
+      continue;
+    }
     try {
       backend_.stream_synchronize(device_, s);
     } catch (...) {
@@ -138,23 +143,45 @@ template <class R>
 inline void DeviceCachingAllocator<R>::release_into(Released& freed, detail::Drain drain) {
   for (Pool* pool : pools_snapshot()) {
     detail::SpinGuard lock(pool->lock);
-    if (!pool->pending.empty()) {
-      if (drain == detail::Drain::wait_for_all) ++pool->stats.num_sync_all_streams;
-      process_pending(*pool, drain);
-    }
-    unpark_all(*pool);
-    for (std::size_t i = pool->segments.size(); i-- > 0;) {
-      Segment* s = pool->segments[i];
-      if (!wholly_free(s)) continue;
-      freed.push_back(detach_segment(*pool, s));
-    }
-    std::vector<detail::SmallSegment*> empty;
-    pool->arena.for_each_segment([&](detail::SmallSegment& s) {
-      if (s.wholly_free()) empty.push_back(&s);
-    });
-    freed.reserve(freed.size() + empty.size());
-    for (detail::SmallSegment* s : empty) freed.push_back(detach_small(*pool, s));
+    if (!kept_from_release(*pool)) detach_free(*pool, freed, drain);
   }
+}
+
+// Under the pool lock: whether a release leaves `pool` alone: a private
+// pool in use (Note [Private pools]), or the pool of a capturing stream
+// (Note [Frees during capture]).
+template <class R>
+inline bool DeviceCachingAllocator<R>::kept_from_release(const Pool& pool) {
+  return pool.keep == detail::Keep::reserve || capturing(pool);
+}
+
+// Whether the stream that orders `pool` is capturing.
+template <class R>
+inline bool DeviceCachingAllocator<R>::capturing(const Pool& pool) {
+  return pool.has_stream && backend_.stream_is_capturing(device_, pool.stream);
+}
+
+// Under the pool lock: drains `pool`'s pending frees, then detaches its
+// wholly free segments into `freed`.
+template <class R>
+inline void DeviceCachingAllocator<R>::detach_free(Pool& pool, Released& freed,
+                                                   detail::Drain drain) {
+  if (!pool.pending.empty()) {
+    if (drain == detail::Drain::wait_for_all) ++pool.stats.num_sync_all_streams;
+    process_pending(pool, drain);
+  }
+  unpark_all(pool);
+  for (std::size_t i = pool.segments.size(); i-- > 0;) {
+    Segment* s = pool.segments[i];
+    if (!wholly_free(s)) continue;
+    freed.push_back(detach_segment(pool, s));
+  }
+  std::vector<detail::SmallSegment*> empty;
+  pool.arena.for_each_segment([&](detail::SmallSegment& s) {
+    if (s.wholly_free()) empty.push_back(&s);
+  });
+  freed.reserve(freed.size() + empty.size());
+  for (detail::SmallSegment* s : empty) freed.push_back(detach_small(pool, s));
 }
 
 // Note [Garbage collection threshold]
@@ -181,6 +208,7 @@ inline void DeviceCachingAllocator<R>::collect_garbage(std::size_t incoming) {
   std::vector<Candidate> candidates;
   for (Pool* pool : pools_snapshot()) {
     detail::SpinGuard lock(pool->lock);
+    if (kept_from_release(*pool)) continue;
     unpark_all(*pool);
     for (Segment* s : pool->segments)
       if (wholly_free(s)) candidates.push_back({s->free_tick, pool, s, {}});
@@ -195,6 +223,7 @@ inline void DeviceCachingAllocator<R>::collect_garbage(std::size_t incoming) {
   for (const Candidate& c : candidates) {
     if (reserved_.load() - releasing + incoming <= threshold) break;
     detail::SpinGuard lock(c.pool->lock);
+    if (kept_from_release(*c.pool)) continue;  // a route took it since, say
     if (c.seg) {
       // Segments are deleted only under release_mutex_, so c.seg is valid.
       if (!wholly_free(c.seg)) continue;

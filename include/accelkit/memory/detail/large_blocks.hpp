@@ -231,6 +231,9 @@ ACCELKIT_NOINLINE void DeviceCachingAllocator<R>::free_large(void* ptr) {
       b->allocated = false;
       count_free(pool, b);
       free_block(pool, b);  // parked, it stays mapped
+      if (pool.keep != detail::Keep::give_back) return;
+      lock.unlock();
+      give_back(pool);  // Note [Private pools]
       return;
     }
     // Its free now waits for other streams, or goes to the driver. No
@@ -244,11 +247,17 @@ ACCELKIT_NOINLINE void DeviceCachingAllocator<R>::free_large(void* ptr) {
     return;
   }
   std::vector<std::pair<device_index, EventHandle>> events;
-  bool safe = record_uses(b->ptr, uses, events);
+  // No event while a capture is underway (Note [Frees during capture]).
+  bool defer = backend_.capture_underway(device_);
+  bool safe = defer || record_uses(b->ptr, uses, events);
   detail::SpinGuard lock(pool.lock);
   count_free(pool, b);
   if (!safe) return;  // quarantined: see record_uses
-  cache_or_queue(pool, {b, nullptr, b->ptr, std::move(events)});
+  if (!defer) uses.clear();
+  cache_or_queue(pool, {b, nullptr, b->ptr, std::move(events), std::move(uses)});
+  if (pool.keep != detail::Keep::give_back) return;
+  lock.unlock();
+  give_back(pool);  // Note [Private pools]
 }
 
 // Under the pool lock: a block that is no longer in use (freed, and past

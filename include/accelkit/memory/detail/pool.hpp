@@ -1,6 +1,7 @@
 // accelkit: the device pool's records: blocks and segments, the live-block
-// index entry, the record recycler, and a pool shard (one per stream) with
-// its bins, small arena and queue of pending frees. The policy that uses
+// index entry, the record recycler, and a pool shard (one per stream, or a
+// private pool: Note [Private pools]) with its bins, small arena and queue
+// of pending frees. The policy that uses
 // them is in memory/caching_allocator.hpp.
 #pragma once
 
@@ -150,13 +151,23 @@ struct LargeOrder {
 };
 
 // A freed block waiting for events on the streams it was used on: a record
-// (large blocks), or a small block at `ptr` in `seg`.
+// (large blocks), or a small block at `ptr` in `seg`. A free whose events
+// could not be recorded yet, because a capture was underway on the device,
+// lists the streams in `deferred` instead (Note [Frees during capture]).
 struct PendingFree {
   Block* block;
   SmallSegment* seg;
   char* ptr;
   std::vector<std::pair<device_index, EventHandle>> events;  // all of this pool's device
+  std::vector<StreamHandle> deferred = {};
+  bool quarantined = false;  // its deferred uses could be neither recorded nor waited for
 };
+
+// What becomes of a pool's wholly free segments (Note [Private pools]):
+// cached until a release (a stream's pool), kept reserved (a private pool
+// in use), or returned to the driver as soon as they are wholly free (a
+// private pool whose use count dropped to 0).
+enum class Keep : std::uint8_t { cache, reserve, give_back };
 
 // Where the small segments overlapping one 2 MiB address window are (Note
 // [Small arena]): at most two, as they are 2 MiB each and do not overlap.
@@ -174,7 +185,8 @@ struct SmallWindow {
   }
 };
 
-// The cached memory of one stream (Note [Caching device allocator]).
+// The cached memory of one stream (Note [Caching device allocator]), or a
+// private pool (Note [Private pools]).
 struct alignas(64) Pool {
   explicit Pool(StreamHandle s)
       : stream(s), large(LargeOrder{}, NodeRecycler<Block*>(&nodes)) {
@@ -208,7 +220,14 @@ struct alignas(64) Pool {
   }
 
   SpinLock lock;
+  // Under lock: what its wholly free segments do. Beside the lock, which a
+  // free takes anyway: a free reads it to give a private pool's memory back.
+  Keep keep = Keep::cache;
+  // A private pool's stream is the stream of its first allocation (then
+  // has_stream); a stream's pool has its stream from the start.
+  bool has_stream = true;
   StreamHandle stream;
+  MempoolId id{};  // {0, 0} for a stream's pool
   SmallArena arena;           // small blocks (Note [Small arena])
   SmallParking parked_small;  // Note [Parked small blocks]
   NodeFreeList nodes;  // before `large`: destroyed after it

@@ -194,6 +194,10 @@ ACCELKIT_ALWAYS_INLINE void DeviceCachingAllocator<R>::free_small(SmallHold& h, 
   }
   release_small(pool, seg, i, ptr);  // may throw: nothing changed
   count_free(pool, size, requested, BlockKind::small);
+  if (pool.keep == detail::Keep::give_back) {  // Note [Private pools]
+    lock.unlock();
+    give_back(pool);
+  }
 }
 
 // The rest of free_small, out of line (so that the common frees do not pay
@@ -213,11 +217,18 @@ ACCELKIT_NOINLINE void DeviceCachingAllocator<R>::free_small_used(detail::SpinGu
   seg.blocks[i] = with_uses(with_state(d, pending), Uses::none);
   lock.unlock();
   std::vector<std::pair<device_index, EventHandle>> events;
-  bool safe = record_uses(ptr, uses, events);
+  // No event while a capture is underway (Note [Frees during capture]).
+  bool defer = backend_.capture_underway(device_);
+  bool safe = defer || record_uses(ptr, uses, events);
   lock.lock();
   count_free(pool, size, requested, BlockKind::small);
   if (!safe) return;  // quarantined: see record_uses
-  cache_or_queue(pool, {nullptr, &seg, ptr, std::move(events)});
+  if (!defer) uses.clear();
+  cache_or_queue(pool, {nullptr, &seg, ptr, std::move(events), std::move(uses)});
+  if (pool.keep == detail::Keep::give_back) {  // Note [Private pools]
+    lock.unlock();
+    give_back(pool);
+  }
 }
 
 // The same as free_block for small block `i` of `seg`, at `ptr`: parked by

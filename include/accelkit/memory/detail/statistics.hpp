@@ -1,10 +1,13 @@
 // accelkit: the caching allocator's statistics and snapshot.
 //
 // Note [Sharded statistics]
-// Statistics are kept per stream pool, under the lock that pool already
-// holds, and summed on request. Current values and totals are exact. A peak
-// is summed too: exact when one stream allocates, an upper bound on the true
-// device-wide peak when several do, since their peaks need not coincide.
+// Statistics are kept per pool (each stream's, each private pool's), under
+// the lock that pool already holds, and summed on request. Current values
+// and totals are exact. A peak is summed too: exact when one pool
+// allocates, an upper bound on the true device-wide peak when several do,
+// since their peaks need not coincide. A private pool made idle (Note
+// [Private pools]) leaves its totals and peaks in retired_stats_, so that
+// the device's figures never go back.
 //
 // Here: the counting that every block operation does under its pool's lock
 // (allocations, frees, segments, inactive split blocks), the device-wide
@@ -19,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -154,6 +158,10 @@ ACCELKIT_ALWAYS_INLINE void DeviceCachingAllocator<R>::count_released(Pool& pool
 template <class R>
 inline DeviceStats DeviceCachingAllocator<R>::stats() {
   DeviceStats out;
+  {
+    std::lock_guard<std::mutex> guard(private_mutex_);
+    out.merge(retired_stats_);
+  }
   for (detail::Pool* pool : pools_snapshot()) {
     detail::SpinGuard lock(pool->lock);
     out.merge(pool->stats.device_stats());
@@ -166,6 +174,10 @@ inline DeviceStats DeviceCachingAllocator<R>::stats() {
 
 template <class R>
 inline void DeviceCachingAllocator<R>::reset_peak_stats() {
+  {
+    std::lock_guard<std::mutex> guard(private_mutex_);
+    retired_stats_.reset_peak();
+  }
   for (detail::Pool* pool : pools_snapshot()) {
     detail::SpinGuard lock(pool->lock);
     pool->stats.reset_peak();
@@ -174,6 +186,10 @@ inline void DeviceCachingAllocator<R>::reset_peak_stats() {
 
 template <class R>
 inline void DeviceCachingAllocator<R>::reset_accumulated_stats() {
+  {
+    std::lock_guard<std::mutex> guard(private_mutex_);
+    retired_stats_.reset_accumulated();
+  }
   for (detail::Pool* pool : pools_snapshot()) {
     detail::SpinGuard lock(pool->lock);
     pool->stats.reset_accumulated();
@@ -190,7 +206,7 @@ inline MemorySnapshot DeviceCachingAllocator<R>::snapshot() {
       if (p.block) pending.push_back(p.block);
     for (const detail::Segment* s : pool->segments) {
       SegmentSnapshot seg{device_, reinterpret_cast<std::uintptr_t>(s->ptr), s->size, 0, 0, 0,
-                          pool->stream, s->small ? "small" : "large", {}};
+                          pool->stream, s->small ? "small" : "large", {}, pool->id};
       for (const detail::Block* b = s->head; b; b = b->next) {
         bool is_pending = std::find(pending.begin(), pending.end(), b) != pending.end();
         std::string_view state = b->allocated ? "active_allocated"
@@ -210,7 +226,7 @@ inline MemorySnapshot DeviceCachingAllocator<R>::snapshot() {
     pool->arena.for_each_segment([&](const detail::SmallSegment& s) {
       using namespace detail::small_block;
       SegmentSnapshot seg{device_, reinterpret_cast<std::uintptr_t>(s.ptr), s.size(), 0, 0, 0,
-                          pool->stream, "small", {}};
+                          pool->stream, "small", {}, pool->id};
       for (std::size_t i = 0; i < s.blocks.size(); ++i) {
         Desc d = s.blocks[i];
         bool allocated = state(d) == detail::small_block::allocated;

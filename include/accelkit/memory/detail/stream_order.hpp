@@ -66,14 +66,41 @@ inline bool DeviceCachingAllocator<R>::record_uses(char* ptr,
       [&] { return fmt::format("device memory at {}", static_cast<void*>(ptr)); });
 }
 
+// Note [Frees during capture]
+// Work queued on a capturing stream is recorded, not run, and no event may
+// be recorded on a capturing stream; in global capture mode the driver also
+// refuses event queries and waits on the device (CUDA's rule). So while a
+// capture is underway on the device (Backend::capture_underway, one relaxed
+// load when none is), the allocator neither records, queries nor waits for
+// an event: a free of a block used on other streams (record_stream) is
+// queued with those streams (PendingFree::deferred) instead of events, and
+// pending frees are not drained. Once no capture is underway, the next
+// drain (an allocation from that pool, end_allocate_to_pool, empty_cache,
+// release_pool) records the deferred events, and the block is reused once
+// they complete, as CUDA defers. Release paths never synchronize a
+// capturing stream: empty_cache, the out-of-memory retry and garbage
+// collection skip the pool of a capturing stream, and a segment whose
+// stream captures waits in limbo (Note [Ordered release]). Limits: this
+// defers every free with stream uses on the device while any capture is
+// underway, not only those used on the capturing stream, since the event
+// pool queries its returned events when it records one.
+
 // Under the pool lock: frees pending blocks whose events have completed
-// (all of them, waiting, when `wait`).
+// (all of them, waiting, when `wait`); nothing while a capture is underway
+// (Note [Frees during capture]).
 template <class R>
 inline void DeviceCachingAllocator<R>::process_pending(Pool& pool, detail::Drain drain) {
+  if (backend_.capture_underway(device_)) return;
   bool wait = drain == detail::Drain::wait_for_all;
   detail::drain_pending(
       pool.pending, wait,
-      [&](const detail::PendingFree& p) {
+      [&](detail::PendingFree& p) {
+        if (!p.deferred.empty()) {
+          // Its events, deferred while a capture was underway.
+          if (!record_uses(p.ptr, p.deferred, p.events)) p.quarantined = true;
+          p.deferred.clear();
+          if (p.quarantined) return true;
+        }
         // A driver error (one of earlier queued work, say) goes to the
         // caller; the entry stays queued.
         for (auto [device, e] : p.events) {
@@ -83,6 +110,7 @@ inline void DeviceCachingAllocator<R>::process_pending(Pool& pool, detail::Drain
         return true;
       },
       [&](detail::PendingFree& p) {
+        if (p.quarantined) return;  // never reused: see record_uses
         // The free first: if it throws, nothing changed and p stays queued.
         make_room(pool, p);
         cache_freed(pool, p);
@@ -103,7 +131,7 @@ inline void DeviceCachingAllocator<R>::cache_freed(Pool& pool, const detail::Pen
 // and process_pending caches it once its events complete.
 template <class R>
 inline void DeviceCachingAllocator<R>::cache_or_queue(Pool& pool, detail::PendingFree p) {
-  if (p.events.empty() && try_make_room(pool, p)) {
+  if (p.events.empty() && p.deferred.empty() && try_make_room(pool, p)) {
     cache_freed(pool, p);
     return;
   }
