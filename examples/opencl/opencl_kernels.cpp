@@ -25,8 +25,9 @@
 // would, without a dispatcher call: empty_out); inputs are recorded on that
 // stream (they may come from another); each launch is reported
 // (Kernels<R>::enqueued) and becomes the stream's last command
-// (OpenCLRuntime::enqueue_on, Note [ocl last command]), so stream and event
-// queries stay right.
+// (OpenCLRuntime::enqueue_kernel, Note [ocl last command]), so stream and
+// event queries stay right; on a capturing stream it is recorded into the
+// stream's graph instead (Note [ocl graphs]).
 //
 // The program is built with clBuildProgram once per device, at the first
 // launch there (Note [ocl kernel program]). OCL_NATIVE_KERNELS=0 at the
@@ -45,7 +46,7 @@
 // that device raises the same RuntimeError (the backend, the device, the
 // error and the build log). The cl_kernel objects are shared by all threads:
 // each launch sets the arguments and enqueues under the kernel's mutex (then
-// the stream's, inside enqueue_on; never the other way round).
+// the stream's, inside enqueue_kernel; never the other way round).
 // Limits: nothing is retried, so a broken compiler fails every native
 // operator on that device, the same way each time; launches of one kernel
 // are serialized while their arguments are set.
@@ -296,7 +297,8 @@ void set_ptr(cl_kernel k, cl_uint i, const void* p) {
 }
 
 // Sets `kernel`'s arguments and enqueues it on `s`'s queue, as the stream's
-// last command; then reports the work (Kernels<R>::enqueued).
+// last command, or records it when the stream captures (Note [ocl graphs]);
+// then reports the work (Kernels<R>::enqueued).
 template <class SetArgs>
 void launch(const accelkit::KernelStream& s, Kernel& kernel, Counter counter, cl_uint dims,
             const std::size_t* global, const std::size_t* local, SetArgs&& set_args) {
@@ -304,11 +306,8 @@ void launch(const accelkit::KernelStream& s, Kernel& kernel, Counter counter, cl
     std::lock_guard<std::mutex> lock(kernel.mutex);  // Note [ocl kernel program]
     set_args(kernel.k);
     K::translated([&] {
-      K::runtime().enqueue_on(s.device, s.handle, "clEnqueueNDRangeKernel",
-                              [&](cl_command_queue q, cl_event* e) {
-                                return clEnqueueNDRangeKernel(q, kernel.k, dims, nullptr, global,
-                                                              local, 0, nullptr, e);
-                              });
+      K::runtime().enqueue_kernel(s.device, s.handle, "clEnqueueNDRangeKernel", kernel.k, dims,
+                                  global, local);
     });
   }
   counters[counter].fetch_add(1, std::memory_order_relaxed);

@@ -19,6 +19,11 @@
 //                   DriverError carrying it (Note [ocl asynchronous errors])
 //   host signals    user events, waited for by barriers (Note [ocl host
 //                   signals])
+//   graphs          cl_khr_command_buffer where the device has it: a
+//                   capturing stream's copies, fills and kernels recorded
+//                   into a command buffer, enqueued again by a launch (Note
+//                   [ocl graphs] in opencl_command_buffer.hpp); elsewhere
+//                   capturing is a NotSupportedError naming the extension
 //
 // Configuration, read at the first device_count() (each a clear error when
 // malformed):
@@ -27,6 +32,9 @@
 //   OCL_HOST_MAP 1 (default) or 0: coarse-grained memory is reported as
 //             reachable by the host through host_map/host_unmap (mapped), or
 //             not at all (none: the SDK copies; for comparisons)
+//   OCL_COMMAND_BUFFER 1 (default) or 0: graphs through cl_khr_command_buffer
+//             where the device has it, or never (capturing is then refused
+//             as on a device without the extension)
 //
 // The backend is named `ocl`: "opencl" is one of PyTorch's device types.
 //
@@ -43,7 +51,7 @@
 // complete when the queue's work up to it is. A timing record enqueues a
 // marker, whose profiling counters give its time.
 // Limits: work enqueued on a stream's queue behind the runtime's back is not
-// seen unless it goes through enqueue_on (kernels do).
+// seen unless it goes through enqueue_kernel (kernels do) or enqueue_on.
 //
 // Note [ocl asynchronous errors]
 // Problem: OpenCL reports a failed command only as a negative execution
@@ -87,16 +95,19 @@
 #include <accelkit/support/handle_table.hpp>
 #include <accelkit/support/host_signals.hpp>
 
+#include "opencl_command_buffer.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <map>
 #include <optional>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 namespace ocl {
@@ -122,6 +133,12 @@ inline const char* error_name(cl_int e) {
     case CL_INVALID_EVENT: return "CL_INVALID_EVENT";
     case CL_INVALID_EVENT_WAIT_LIST: return "CL_INVALID_EVENT_WAIT_LIST";
     case CL_PLATFORM_NOT_FOUND_KHR: return "CL_PLATFORM_NOT_FOUND_KHR";
+    case CL_INVALID_MEM_OBJECT: return "CL_INVALID_MEM_OBJECT";
+    case CL_INVALID_KERNEL: return "CL_INVALID_KERNEL";
+    case CL_MEM_COPY_OVERLAP: return "CL_MEM_COPY_OVERLAP";
+    case CL_INVALID_COMMAND_BUFFER_KHR: return "CL_INVALID_COMMAND_BUFFER_KHR";
+    case CL_INVALID_SYNC_POINT_WAIT_LIST_KHR: return "CL_INVALID_SYNC_POINT_WAIT_LIST_KHR";
+    case CL_INCOMPATIBLE_COMMAND_QUEUE_KHR: return "CL_INCOMPATIBLE_COMMAND_QUEUE_KHR";
     default: return "an OpenCL error";
   }
 }
@@ -132,6 +149,7 @@ enum class Svm { fine, coarse };
 struct Config {
   std::optional<Svm> svm;  // unset: fine where every device has it
   bool host_map = true;    // OCL_HOST_MAP: coarse-grained memory reported mapped (else none)
+  bool command_buffer = true;  // OCL_COMMAND_BUFFER: graphs where the device can (else never)
 
   static Config from_environment(const accelkit::Environment& env) {
     Config c;
@@ -146,6 +164,14 @@ struct Config {
       if (t == "1") c.host_map = true;
       else if (t == "0") c.host_map = false;
       else throw accelkit::ValueError("ocl", fmt::format("OCL_HOST_MAP='{}': expected 0 or 1", *v));
+    }
+    if (auto v = env.get("OCL_COMMAND_BUFFER")) {
+      std::string_view t = accelkit::detail::trim(*v);
+      if (t == "1") c.command_buffer = true;
+      else if (t == "0") c.command_buffer = false;
+      else
+        throw accelkit::ValueError("ocl",
+                                   fmt::format("OCL_COMMAND_BUFFER='{}': expected 0 or 1", *v));
     }
     return c;
   }
@@ -163,6 +189,8 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   OpenCLRuntime(const OpenCLRuntime&) = delete;
   OpenCLRuntime& operator=(const OpenCLRuntime&) = delete;
   ~OpenCLRuntime() {
+    execs_.clear();  // graphs go with their last queued launch (Note [ocl graphs])
+    graphs_.clear();
     for (auto& d : devices_) {
       d->streams.clear();  // each queue goes with its stream's last reference
       std::lock_guard<std::mutex> lock(d->mutex);
@@ -234,6 +262,10 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     p.extras.push_back({"ocl.platform", platform_string(d.platform, CL_PLATFORM_NAME)});
     p.extras.push_back({"ocl.device_version", version});  // PoCL: its target
     p.extras.push_back({"ocl.driver_version", driver});
+    // Graphs: cl_khr_command_buffer's revision, or why there are none.
+    p.extras.push_back({"ocl.command_buffer",
+                        d.no_command_buffer.empty() ? d.command_buffer_version
+                                                    : "none: " + d.no_command_buffer});
     return p;
   }
 
@@ -252,7 +284,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     void* p = clSVMAlloc(d.context, svm_flags(), bytes, kSvmAlign);
     if (p == nullptr) return nullptr;
     std::lock_guard<std::mutex> lock(d.mutex);
-    d.blocks.insert(p);
+    d.blocks.emplace(p, bytes);
     return p;
   }
 
@@ -278,7 +310,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
                   : std::aligned_alloc(kPage, (bytes + kPage - 1) / kPage * kPage);
     if (p == nullptr) return nullptr;
     std::lock_guard<std::mutex> lock(d.mutex);
-    d.pinned.insert(p);
+    d.pinned.emplace(p, bytes);
     return p;
   }
   void host_free(int device, void* ptr) {
@@ -318,12 +350,21 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   }
 
   // Waited for when a host side is pageable (the contract: consumed before
-  // return), asynchronous otherwise.
+  // return), asynchronous otherwise. On a capturing stream, recorded (Note
+  // [ocl graphs]); a pageable one is refused there.
   void memcpy_async(int device, void* dst, const void* src, std::size_t bytes,
                     accelkit::CopyKind kind, accelkit::StreamHandle stream, bool host_pinned) {
     auto sp = stream_ptr(device, stream, "memcpy_async");
     Stream& s = *sp;
     bool pageable = kind != accelkit::CopyKind::device_to_device && !host_pinned;
+    if (s.try_record("memcpy_async", [&](Capture& c) {
+          if (pageable)
+            driver_error(CL_INVALID_OPERATION, "memcpy_async",
+                         "a copy of pageable host memory cannot be recorded into a command "
+                         "buffer (the stream is capturing): its capture is invalidated");
+          record_copy(dev(device, "memcpy_async"), c, dst, src, bytes);
+        }))
+      return;
     s.enqueue("memcpy_async", "clEnqueueSVMMemcpy", pageable, [&](cl_event* e) {
       return clEnqueueSVMMemcpy(s.queue, CL_FALSE, dst, src, bytes, 0, nullptr, e);
     });
@@ -334,6 +375,10 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     auto sp = stream_ptr(device, stream, "memset_async");
     Stream& s = *sp;
     auto pattern = static_cast<unsigned char>(value);
+    if (s.try_record("memset_async", [&](Capture& c) {
+          record_fill(dev(device, "memset_async"), c, ptr, pattern, bytes);
+        }))
+      return;
     s.enqueue("memset_async", "clEnqueueSVMMemFill", false, [&](cl_event* e) {
       return clEnqueueSVMMemFill(s.queue, ptr, &pattern, 1, bytes, 0, nullptr, e);
     });
@@ -363,6 +408,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   bool stream_query(int device, accelkit::StreamHandle stream) {
     auto sp = stream_ptr(device, stream, "stream_query");
     Stream& s = *sp;
+    s.refuse_if_capturing("stream_query");
     EventRef last(s.last());
     if (last.e == nullptr) return true;
     bool done = completed(device, last.e, "stream_query");
@@ -373,6 +419,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   void stream_synchronize(int device, accelkit::StreamHandle stream) {
     auto sp = stream_ptr(device, stream, "stream_synchronize");
     Stream& s = *sp;
+    s.refuse_if_capturing("stream_synchronize");
     check(clFinish(s.queue), "stream_synchronize", "clFinish");
     EventRef last(s.last());  // may be a command enqueued since clFinish
     if (last.e == nullptr) return;
@@ -382,6 +429,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   void stream_wait_event(int device, accelkit::StreamHandle stream, accelkit::EventHandle event) {
     auto sp = stream_ptr(device, stream, "stream_wait_event");
     Stream& s = *sp;
+    s.refuse_if_capturing("stream_wait_event");
     auto ep = event_ptr(event, "stream_wait_event");
     Event& e = *ep;
     if (e.device != device)
@@ -413,6 +461,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   void stream_wait_signal(int device, accelkit::StreamHandle stream, accelkit::SignalHandle signal) {
     auto sp = stream_ptr(device, stream, "stream_wait_signal");
     Stream& s = *sp;
+    s.refuse_if_capturing("stream_wait_signal");
     auto g = signals_.get(signal, "stream_wait_signal");
     signals_.check_stream_device(*g, device);
     // Counted before the barrier is queued, never ended: OpenCL cannot say
@@ -459,6 +508,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   void event_record(int device, accelkit::EventHandle event, accelkit::StreamHandle stream) {
     auto sp = stream_ptr(device, stream, "event_record");
     Stream& s = *sp;
+    s.refuse_if_capturing("event_record");
     auto ep = event_ptr(event, "event_record");
     Event& e = *ep;
     if (e.device != device)
@@ -532,6 +582,127 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     }
   }
 
+  // ------------------------------------------------------------ graphs
+  // Through cl_khr_command_buffer (Note [ocl graphs]). Where the device
+  // cannot record (no_command_buffer), each member but stream_is_capturing
+  // throws NotSupportedError naming the reason.
+
+  // The mode is the SDK's to enforce (OpenCL has none).
+  void stream_begin_capture(int device, accelkit::StreamHandle stream,
+                            accelkit::CaptureMode mode) {
+    Device& d = graphs_device(device, "stream_begin_capture");
+    auto sp = stream_ptr(device, stream, "stream_begin_capture");
+    Stream& s = *sp;
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.capture)
+      driver_error(CL_INVALID_OPERATION, "stream_begin_capture",
+                   fmt::format("stream {:#x} of device {} is capturing already (mode {})",
+                               stream.value, device, accelkit::to_string(s.capture->mode)));
+    auto g = std::make_shared<Graph>();
+    g->device = device;
+    g->recording = std::make_shared<Recording>();
+    g->recording->api = &d.command_buffer;
+    cl_command_buffer_properties_khr simultaneous[] = {
+        CL_COMMAND_BUFFER_FLAGS_KHR, CL_COMMAND_BUFFER_SIMULTANEOUS_USE_KHR, 0};
+    cl_int err = CL_SUCCESS;
+    g->recording->buffer = d.command_buffer.create(
+        1, &s.queue, d.simultaneous_use ? simultaneous : nullptr, &err);
+    check(err, "stream_begin_capture", "clCreateCommandBufferKHR");
+    s.capture = std::make_unique<Capture>(capturing_, mode, std::move(g));
+  }
+
+  // The stream is not capturing afterwards, also when this throws (an
+  // invalidated capture: DriverError naming the call that invalidated it).
+  accelkit::GraphHandle stream_end_capture(int device, accelkit::StreamHandle stream) {
+    graphs_device(device, "stream_end_capture");
+    auto sp = stream_ptr(device, stream, "stream_end_capture");
+    Stream& s = *sp;
+    std::unique_ptr<Capture> c;
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      c = std::move(s.capture);
+    }
+    if (!c)
+      driver_error(CL_INVALID_OPERATION, "stream_end_capture",
+                   fmt::format("stream {:#x} of device {} is not capturing", stream.value, device));
+    if (!c->invalidated.empty())
+      driver_error(CL_INVALID_OPERATION, "stream_end_capture",
+                   fmt::format("the capture of stream {:#x} of device {} was invalidated by {}: "
+                               "no graph was made",
+                               stream.value, device, c->invalidated));
+    Recording& r = *c->graph->recording;
+    check(r.api->finalize(r.buffer), "stream_end_capture", "clFinalizeCommandBufferKHR");
+    return graphs_.add(c->graph);
+  }
+
+  bool stream_is_capturing(int device, accelkit::StreamHandle stream) {
+    auto sp = stream_ptr(device, stream, "stream_is_capturing");
+    std::lock_guard<std::mutex> lock(sp->mutex);
+    return sp->capture != nullptr;
+  }
+
+  // The finalized command buffer is executable: the exec shares the graph's.
+  accelkit::GraphExecHandle graph_instantiate(int device, accelkit::GraphHandle graph) {
+    graphs_device(device, "graph_instantiate");
+    auto g = graph_ptr(device, graph, "graph_instantiate");
+    return execs_.add(std::make_shared<GraphExec>(GraphExec{std::move(g)}));
+  }
+
+  // The launch is the stream's last command (Note [ocl last command]).
+  // Refused on a capturing stream, and for a graph whose memory was freed.
+  void graph_launch(int device, accelkit::GraphExecHandle exec, accelkit::StreamHandle stream) {
+    Device& d = graphs_device(device, "graph_launch");
+    auto x = execs_.get(exec, "graph_launch");
+    Graph& g = *x->graph;
+    if (g.device != device)
+      driver_error(CL_INVALID_DEVICE, "graph_launch",
+                   fmt::format("graph exec of device {} launched on device {}", g.device, device));
+    auto sp = stream_ptr(device, stream, "graph_launch");
+    Stream& s = *sp;
+    s.refuse_if_capturing("graph_launch");
+    {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      for (const Touch& t : g.touches) {
+        const auto& live = t.pinned ? d.pinned : d.blocks;
+        auto it = live.find(t.base);
+        if (it == live.end() || it->second != t.bytes)
+          driver_error(CL_INVALID_MEM_OBJECT, "graph_launch",
+                       fmt::format("the graph uses the {} memory at {} ({} bytes), freed since "
+                                   "its capture: a launch would reach freed memory",
+                                   t.pinned ? "pinned host" : "device", t.base, t.bytes));
+      }
+    }
+    if (!d.simultaneous_use) g.wait_pending();
+    Recording& r = *g.recording;
+    cl_event launched = nullptr;
+    s.enqueue("graph_launch", "clEnqueueCommandBufferKHR", false, [&](cl_event* e) {
+      return r.api->enqueue(1, &s.queue, r.buffer, 0, nullptr, e);
+    }, &launched);
+    g.launched(launched);
+  }
+
+  // Queued launches complete; the command buffer goes with the last of
+  // them (Note [ocl graphs]).
+  void graph_exec_destroy(int device, accelkit::GraphExecHandle exec) {
+    graphs_device(device, "graph_exec_destroy");
+    execs_.remove(exec, "graph_exec_destroy", -1, [&](const GraphExec& x) {
+      if (x.graph->device != device)
+        driver_error(CL_INVALID_DEVICE, "graph_exec_destroy",
+                     fmt::format("graph exec of device {} destroyed on device {}",
+                                 x.graph->device, device));
+    });
+  }
+
+  // Execs instantiated from the graph keep what they need.
+  void graph_destroy(int device, accelkit::GraphHandle graph) {
+    graphs_device(device, "graph_destroy");
+    graphs_.remove(graph, "graph_destroy", -1, [&](const Graph& g) {
+      if (g.device != device)
+        driver_error(CL_INVALID_DEVICE, "graph_destroy",
+                     fmt::format("graph of device {} destroyed on device {}", g.device, device));
+    });
+  }
+
   // ------------------------------------------------ for tests and kernels
 
   // The queue behind a stream, and the context and device of a device.
@@ -547,11 +718,29 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   // Makes the command that `enqueue` puts on `stream` the stream's last one
   // (Note [ocl last command]); for work enqueued outside the runtime, such
   // as kernels and tests' failing commands.
+  // Refused on a capturing stream (what `enqueue` does cannot be recorded),
+  // invalidating its capture.
   template <class Enqueue>
   void enqueue_on(int device, accelkit::StreamHandle stream, const char* call, Enqueue&& enqueue) {
     auto sp = stream_ptr(device, stream, call);
     Stream& s = *sp;
+    s.refuse_if_capturing(call);
     s.enqueue(call, call, false, [&](cl_event* e) { return enqueue(s.queue, e); });
+  }
+  // Enqueues `kernel` with its arguments as set now on `stream`, as the
+  // stream's last command, or on a capturing stream records it (a clone
+  // of it: Note [ocl graphs]). `global` and `local` (null: the driver's
+  // choice) have `dims` sizes each.
+  void enqueue_kernel(int device, accelkit::StreamHandle stream, const char* call,
+                      cl_kernel kernel, cl_uint dims, const std::size_t* global,
+                      const std::size_t* local) {
+    auto sp = stream_ptr(device, stream, call);
+    Stream& s = *sp;
+    if (s.try_record(call, [&](Capture& c) { record_kernel(c, kernel, dims, global, local, call); }))
+      return;
+    s.enqueue(call, "clEnqueueNDRangeKernel", false, [&](cl_event* e) {
+      return clEnqueueNDRangeKernel(s.queue, kernel, dims, nullptr, global, local, 0, nullptr, e);
+    });
   }
 
  private:
@@ -575,12 +764,30 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
       driver_error(err, call, fmt::format("{} failed: {} ({})", fn, error_name(err), err));
   }
 
+  // A stream's capture underway (Note [ocl graphs]): the graph being
+  // recorded, and the call that invalidated it, if one did. Counted in the
+  // runtime's capturing_ while it lives.
+  struct Capture {
+    std::atomic<int>& count;
+    accelkit::CaptureMode mode;
+    std::shared_ptr<Graph> graph;
+    std::string invalidated;
+    Capture(std::atomic<int>& c, accelkit::CaptureMode m, std::shared_ptr<Graph> g)
+        : count(c), mode(m), graph(std::move(g)) {
+      count.fetch_add(1, std::memory_order_relaxed);
+    }
+    Capture(const Capture&) = delete;
+    Capture& operator=(const Capture&) = delete;
+    ~Capture() { count.fetch_sub(1, std::memory_order_relaxed); }
+  };
+
   struct Stream {
     OpenCLRuntime* rt;
     int device;
     cl_command_queue queue;
     std::mutex mutex;
     cl_event last_ = nullptr;  // the last command's event (Note [ocl last command])
+    std::unique_ptr<Capture> capture;  // under mutex
 
     Stream(OpenCLRuntime* r, int d, cl_command_queue q) : rt(r), device(d), queue(q) {}
     // The last command's event, retained for the caller (nullptr: idle).
@@ -624,9 +831,43 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
       } release{e};
       rt->completed(device, e, call);
     }
+    // On a capturing stream, runs record(capture) under the stream's lock
+    // and returns true (a failure invalidates the capture); false when the
+    // stream is not capturing (one relaxed load when no stream is).
+    template <class F>
+    bool try_record(const char* call, F&& record) {
+      if (rt->capturing_.load(std::memory_order_relaxed) == 0) return false;
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!capture) return false;
+      if (!capture->invalidated.empty())
+        rt->driver_error(CL_INVALID_OPERATION, call,
+                         fmt::format("stream is capturing, and its capture was invalidated by "
+                                     "{}: nothing more is recorded (stream_end_capture ends it)",
+                                     capture->invalidated));
+      try {
+        record(*capture);
+      } catch (...) {
+        capture->invalidated = call;
+        throw;
+      }
+      return true;
+    }
+    // Refuses `call` on a capturing stream, invalidating the capture: what
+    // a command buffer cannot record (Note [ocl graphs]).
+    void refuse_if_capturing(const char* call) {
+      if (rt->capturing_.load(std::memory_order_relaxed) == 0) return;
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!capture) return;
+      if (capture->invalidated.empty()) capture->invalidated = call;
+      rt->driver_error(CL_INVALID_OPERATION, call,
+                       fmt::format("{} cannot be recorded into a command buffer, and the stream "
+                                   "is capturing (mode {}): its capture is invalidated",
+                                   call, accelkit::to_string(capture->mode)));
+    }
     Stream(const Stream&) = delete;
     Stream& operator=(const Stream&) = delete;
     ~Stream() {
+      capture.reset();
       if (last_) clReleaseEvent(last_);
       clReleaseCommandQueue(queue);
     }
@@ -677,8 +918,14 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     cl_command_queue sync_queue = nullptr;  // memcpy's: not ordered with streams
     std::mutex mutex;
     bool fine_grain = false;  // the device has fine-grained SVM buffers
-    std::unordered_set<void*> blocks;  // from malloc
-    std::unordered_set<void*> pinned;  // from host_malloc
+    std::map<const void*, std::size_t> blocks;  // from malloc: base -> bytes
+    std::map<const void*, std::size_t> pinned;  // from host_malloc: base -> bytes
+    // Graphs (Note [ocl graphs]): cl_khr_command_buffer's entry points, or
+    // why the device cannot capture (empty: it can).
+    CommandBufferApi command_buffer;
+    std::string no_command_buffer;
+    std::string command_buffer_version;  // "0.9.0"
+    bool simultaneous_use = false;
     accelkit::support::HandleTable<accelkit::StreamHandle, Stream> streams{
         name, "stream", CL_INVALID_COMMAND_QUEUE};
     std::vector<cl_event> failed;  // failures already reported (Note [ocl asynchronous errors])
@@ -771,6 +1018,64 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     return {};
   }
 
+  // Whether the device can record graphs (Note [ocl graphs]): sets the
+  // entry points, or the reason it cannot (no_command_buffer).
+  void find_command_buffer(Device& d) {
+    if (!config_.command_buffer) {
+      d.no_command_buffer = "cl_khr_command_buffer is turned off (OCL_COMMAND_BUFFER=0)";
+      return;
+    }
+    if (!has_extension(d.id, "cl_khr_command_buffer")) {
+      d.no_command_buffer = "the device does not list cl_khr_command_buffer (CL_DEVICE_EXTENSIONS)";
+      return;
+    }
+    std::size_t n = 0;
+    std::vector<cl_name_version> exts;
+    if (clGetDeviceInfo(d.id, CL_DEVICE_EXTENSIONS_WITH_VERSION, 0, nullptr, &n) == CL_SUCCESS &&
+        n >= sizeof(cl_name_version)) {
+      exts.resize(n / sizeof(cl_name_version));
+      if (clGetDeviceInfo(d.id, CL_DEVICE_EXTENSIONS_WITH_VERSION, n, exts.data(), nullptr) !=
+          CL_SUCCESS)
+        exts.clear();
+    }
+    auto it = std::find_if(exts.begin(), exts.end(), [](const cl_name_version& e) {
+      return std::string_view(e.name) == "cl_khr_command_buffer";
+    });
+    if (it == exts.end()) {
+      d.no_command_buffer = "the device does not say which revision of cl_khr_command_buffer it "
+                            "has (CL_DEVICE_EXTENSIONS_WITH_VERSION)";
+      return;
+    }
+    cl_version v = it->version;
+    d.command_buffer_version = fmt::format("{}.{}.{}", CL_VERSION_MAJOR(v), CL_VERSION_MINOR(v),
+                                           CL_VERSION_PATCH(v));
+    // 0.9.5 added a properties argument to every command: other signatures.
+    if (CL_VERSION_MAJOR(v) != 0 || CL_VERSION_MINOR(v) != 9 || CL_VERSION_PATCH(v) > 4) {
+      d.no_command_buffer = fmt::format("the device's cl_khr_command_buffer is revision {}, and "
+                                        "this backend records with revisions 0.9.0 to 0.9.4",
+                                        d.command_buffer_version);
+      return;
+    }
+    cl_command_queue_properties required = 0;
+    clGetDeviceInfo(d.id, CL_DEVICE_COMMAND_BUFFER_REQUIRED_QUEUE_PROPERTIES_KHR,
+                    sizeof required, &required, nullptr);
+    if ((required & ~cl_command_queue_properties{CL_QUEUE_PROFILING_ENABLE}) != 0) {
+      d.no_command_buffer = fmt::format("the device's cl_khr_command_buffer needs queue "
+                                        "properties {:#x}, and the backend's queues are in-order "
+                                        "with profiling",
+                                        required);
+      return;
+    }
+    if (!d.command_buffer.resolve(d.platform)) {
+      d.no_command_buffer = "the platform lists cl_khr_command_buffer but not all its entry "
+                            "points (clGetExtensionFunctionAddressForPlatform)";
+      return;
+    }
+    auto caps = info<cl_device_command_buffer_capabilities_khr>(
+        d.id, CL_DEVICE_COMMAND_BUFFER_CAPABILITIES_KHR);
+    d.simultaneous_use = (caps & CL_COMMAND_BUFFER_CAPABILITY_SIMULTANEOUS_USE_KHR) != 0;
+  }
+
   cl_mem_flags svm_flags() const {
     return CL_MEM_READ_WRITE | (svm_ == Svm::fine ? CL_MEM_SVM_FINE_GRAIN_BUFFER : 0);
   }
@@ -808,6 +1113,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
           d->priority_hints = has_extension(id, "cl_khr_priority_hints");
           d->fine_grain = (caps & CL_DEVICE_SVM_FINE_GRAIN_BUFFER) != 0;
           d->max_alloc = info<cl_ulong>(id, CL_DEVICE_MAX_MEM_ALLOC_SIZE);
+          find_command_buffer(*d);
           found.push_back(std::move(d));
         }
       }
@@ -871,6 +1177,107 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     return events_.get(event, call);
   }
 
+  // ------------------------------------------------ graphs (private part)
+
+  // The device, with its context, where it can record graphs; otherwise
+  // NotSupportedError naming why (Note [ocl graphs]).
+  Device& graphs_device(int device, const char* call) {
+    Device& d = context(device, call);
+    if (!d.no_command_buffer.empty())
+      throw accelkit::NotSupportedError(
+          name, fmt::format("cannot capture graphs on device {} ({}): {} ({})", device,
+                            info_string(d.id, CL_DEVICE_NAME), d.no_command_buffer, call));
+    return d;
+  }
+
+  std::shared_ptr<Graph> graph_ptr(int device, accelkit::GraphHandle graph, const char* call) {
+    auto g = graphs_.get(graph, call);
+    if (g->device != device)
+      driver_error(CL_INVALID_DEVICE, call,
+                   fmt::format("graph of device {} used on device {}", g->device, device));
+    return g;
+  }
+
+  // The allocation of `d` (device memory, else pinned) holding
+  // [p, p + bytes); a DriverError when there is none.
+  Touch allocation_of(Device& d, const void* p, std::size_t bytes, const char* call) {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    for (bool pinned : {false, true}) {
+      const auto& m = pinned ? d.pinned : d.blocks;
+      auto it = m.upper_bound(p);
+      if (it == m.begin()) continue;
+      --it;
+      auto base = reinterpret_cast<std::uintptr_t>(it->first);
+      auto at = reinterpret_cast<std::uintptr_t>(p);
+      if (at - base <= it->second && bytes <= it->second - (at - base))
+        return {it->first, it->second, pinned};
+    }
+    driver_error(CL_INVALID_VALUE, call,
+                 fmt::format("{} bytes at {} are in no allocation of this device (malloc or "
+                             "host_malloc): only those can be recorded into a command buffer",
+                             bytes, p));
+  }
+
+  // The buffer over allocation `t` that the capture's commands use (Note
+  // [ocl graphs]), created at its first use in the capture.
+  cl_mem mem_of(Device& d, Capture& c, const Touch& t, const char* call) {
+    Recording& r = *c.graph->recording;
+    auto it = r.mems.find(t.base);
+    if (it != r.mems.end()) return it->second;
+    cl_int err = CL_SUCCESS;
+    cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, t.bytes,
+                              const_cast<void*>(t.base), &err);
+    check(err, call, "clCreateBuffer");
+    r.mems.emplace(t.base, m);
+    c.graph->touches.push_back(t);
+    return m;
+  }
+
+  static std::size_t offset(const void* p, const Touch& t) {
+    return static_cast<std::size_t>(reinterpret_cast<std::uintptr_t>(p) -
+                                    reinterpret_cast<std::uintptr_t>(t.base));
+  }
+
+  void record_copy(Device& d, Capture& c, void* dst, const void* src, std::size_t bytes) {
+    if (bytes == 0) return;
+    Touch ts = allocation_of(d, src, bytes, "memcpy_async");
+    Touch td = allocation_of(d, dst, bytes, "memcpy_async");
+    cl_mem ms = mem_of(d, c, ts, "memcpy_async");
+    cl_mem md = mem_of(d, c, td, "memcpy_async");
+    Recording& r = *c.graph->recording;
+    cl_sync_point_khr point = 0;
+    check(r.api->copy(r.buffer, nullptr, ms, md, offset(src, ts), offset(dst, td), bytes,
+                      r.waits(), r.wait_list(), &point, nullptr),
+          "memcpy_async", "clCommandCopyBufferKHR");
+    r.recorded(point);
+  }
+
+  void record_fill(Device& d, Capture& c, void* ptr, unsigned char pattern, std::size_t bytes) {
+    if (bytes == 0) return;
+    Touch t = allocation_of(d, ptr, bytes, "memset_async");
+    cl_mem m = mem_of(d, c, t, "memset_async");
+    Recording& r = *c.graph->recording;
+    cl_sync_point_khr point = 0;
+    check(r.api->fill(r.buffer, nullptr, m, &pattern, 1, offset(ptr, t), bytes, r.waits(),
+                      r.wait_list(), &point, nullptr),
+          "memset_async", "clCommandFillBufferKHR");
+    r.recorded(point);
+  }
+
+  void record_kernel(Capture& c, cl_kernel kernel, cl_uint dims, const std::size_t* global,
+                     const std::size_t* local, const char* call) {
+    Recording& r = *c.graph->recording;
+    cl_int err = CL_SUCCESS;
+    cl_kernel clone = clCloneKernel(kernel, &err);
+    check(err, call, "clCloneKernel");
+    r.kernels.push_back(clone);
+    cl_sync_point_khr point = 0;
+    check(r.api->kernel(r.buffer, nullptr, nullptr, clone, dims, nullptr, global, local,
+                        r.waits(), r.wait_list(), &point, nullptr),
+          call, "clCommandNDRangeKernelKHR");
+    r.recorded(point);
+  }
+
   Config config_;
   bool configured_ = false;
   std::once_flag discovered_;
@@ -878,6 +1285,11 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   std::vector<std::unique_ptr<Device>> devices_;
   accelkit::support::HandleTable<accelkit::EventHandle, Event> events_{name, "event",
                                                                        CL_INVALID_EVENT};
+  accelkit::support::HandleTable<accelkit::GraphHandle, Graph> graphs_{name, "graph",
+                                                                       CL_INVALID_VALUE};
+  accelkit::support::HandleTable<accelkit::GraphExecHandle, GraphExec> execs_{
+      name, "graph exec", CL_INVALID_VALUE};
+  std::atomic<int> capturing_{0};  // captures underway, on all devices
   accelkit::support::HostSignalTable<UserEvent> signals_{
       name, {CL_INVALID_EVENT, CL_INVALID_EVENT, CL_INVALID_OPERATION, CL_INVALID_OPERATION}};
   static inline thread_local int current_device_ = 0;
