@@ -19,6 +19,7 @@
 #include <accelkit/torch/adapter.hpp>
 #include <accelkit/torch/autocast.hpp>
 #include <accelkit/torch/fallback.hpp>
+#include <accelkit/torch/graph.hpp>
 #include <accelkit/torch/host_access.hpp>
 #include <accelkit/torch/host_kernels.hpp>
 #include <accelkit/torch/host_results.hpp>
@@ -32,6 +33,7 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 ACCELKIT_BEGIN_NAMESPACE
@@ -49,6 +51,7 @@ bool register_backend() {
   c10::register_privateuse1_backend(std::string(backend_name()));
   c10::SetAllocator(kDeviceType, &device_allocator());
   at::setHostAllocator(kDeviceType, &pinned_allocator());  // Note [Host allocator]
+  register_graph_impl();  // Note [Graphs through PyTorch]
   HostResults::install();  // Note [CPU results in device memory]
   at::RegisterPrivateUse1HooksInterface(new Hooks());
   register_profilers();  // Note [Profiler device times], [Kineto device activities]
@@ -103,6 +106,14 @@ inline device_index device_arg(int64_t d) {
                         d <= std::numeric_limits<device_index>::max(),
                     backend_name(), ": invalid device index ", d);
   return static_cast<device_index>(d);
+}
+
+// A memory pool's id from an operator's int[] argument: two non-negative
+// integers (ValueError otherwise).
+inline MempoolId mempool_arg(c10::IntArrayRef id) {
+  TORCH_CHECK_VALUE(id.size() == 2 && id[0] >= 0 && id[1] >= 0, backend_name(),
+                    ": a memory pool id is two non-negative integers, got ", id);
+  return MempoolId{static_cast<std::uint64_t>(id[0]), static_cast<std::uint64_t>(id[1])};
 }
 
 bool register_library() {
@@ -196,6 +207,58 @@ bool register_library() {
     return translated([&] {
       return to_json(backend().device_stats(device_arg(d)));
     });
+  });
+  // Graphs and private pools (Note [Graphs through PyTorch], Note [Private
+  // pools]): what the Python device module's Graph, graph_pool_handle,
+  // MemPool and use_mem_pool call.
+  lib.def("is_stream_capturing(Stream s) -> bool", [](c10::Stream s) {
+    return translated([&] {
+      Stream st = from_c10(s);
+      return backend().stream_is_capturing(st.device, backend().handle(st));
+    });
+  });
+  lib.def("capture_underway(int device) -> bool", [](int64_t d) {
+    return translated([&] { return backend().capture_underway(device_arg(d)); });
+  });
+  // [n, 0] for graph pools (graph_pool_handle), [0, n] for user pools (MemPool).
+  lib.def("new_mempool_id(bool user_created) -> int[]", [](bool user_created) {
+    MempoolId id = next_mempool_id(user_created);
+    return std::vector<int64_t>{static_cast<int64_t>(id.first), static_cast<int64_t>(id.second)};
+  });
+  lib.def("mempool_create(int device, int[] id) -> ()", [](int64_t d, c10::IntArrayRef id) {
+    translated([&] { backend().device_create_pool(device_arg(d), mempool_arg(id)); });
+  });
+  lib.def("mempool_release(int device, int[] id) -> ()", [](int64_t d, c10::IntArrayRef id) {
+    translated([&] { backend().device_release_pool(device_arg(d), mempool_arg(id)); });
+  });
+  lib.def("mempool_use_count(int device, int[] id) -> int", [](int64_t d, c10::IntArrayRef id) {
+    return translated([&] {
+      return static_cast<int64_t>(backend().device_pool_use_count(device_arg(d), mempool_arg(id)));
+    });
+  });
+  // Allocations of the calling thread, on any stream, come from the pool
+  // until the matching end (a use of the pool, which mempool_release drops).
+  lib.def("begin_allocate_current_thread_to_pool(int device, int[] id) -> ()",
+          [](int64_t d, c10::IntArrayRef id) {
+            translated([&] {
+              std::thread::id me = std::this_thread::get_id();
+              backend().device_begin_allocate_to_pool(
+                  device_arg(d), mempool_arg(id),
+                  [me](StreamHandle) { return std::this_thread::get_id() == me; });
+            });
+          });
+  lib.def("end_allocate_current_thread_to_pool(int device, int[] id) -> ()",
+          [](int64_t d, c10::IntArrayRef id) {
+            translated(
+                [&] { backend().device_end_allocate_to_pool(device_arg(d), mempool_arg(id)); });
+          });
+  lib.def("pool_stats_json(int device, int[] id) -> str", [](int64_t d, c10::IntArrayRef id) {
+    return translated([&] {
+      return to_json(backend().device_pool_stats(device_arg(d), mempool_arg(id)));
+    });
+  });
+  lib.def("empty_cache_pool(int device, int[] id) -> ()", [](int64_t d, c10::IntArrayRef id) {
+    translated([&] { backend().device_empty_cache_pool(device_arg(d), mempool_arg(id)); });
   });
   lib.def("memory_fraction(int device) -> float", [](int64_t d) {
     return translated([&] {

@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -84,7 +85,22 @@
   X(void, signal_complete, signal_complete,                                                   \
     (device_index d, SignalHandle g, int error, std::string reason),                          \
     (d, g, error, std::move(reason)), held)                                                   \
-  X(void, signal_destroy, signal_destroy, (device_index d, SignalHandle g), (d, g), held)
+  X(void, signal_destroy, signal_destroy, (device_index d, SignalHandle g), (d, g), held)     \
+  /* Note [Capture rules] (device/captures.hpp); torch/graph.hpp */                           \
+  X(void, stream_begin_capture, stream_begin_capture,                                         \
+    (device_index d, StreamHandle s, CaptureMode mode), (d, s, mode), held)                   \
+  X(GraphHandle, stream_end_capture, stream_end_capture, (device_index d, StreamHandle s),    \
+    (d, s), held)                                                                              \
+  X(bool, stream_is_capturing, stream_is_capturing, (device_index d, StreamHandle s), (d, s), \
+    held)                                                                                      \
+  X(bool, capture_underway, capture_underway, (device_index d), (d), held)                    \
+  X(GraphExecHandle, graph_instantiate, graph_instantiate, (device_index d, GraphHandle g),   \
+    (d, g), held)                                                                              \
+  X(void, graph_launch, graph_launch, (device_index d, GraphExecHandle e, StreamHandle s),    \
+    (d, e, s), held)                                                                           \
+  X(void, graph_exec_destroy, graph_exec_destroy, (device_index d, GraphExecHandle e), (d, e),\
+    held)                                                                                      \
+  X(void, graph_destroy, graph_destroy, (device_index d, GraphHandle g), (d, g), held)
 
 // Streams<R> (BoundBackend's streams_).
 #define ACCELKIT_TORCH_STREAMS_MEMBERS(X)                                                      \
@@ -121,7 +137,20 @@
   X(double, memory_fraction, memory_fraction, (device_index d), (), held)                     \
   X(void, set_memory_fraction, set_memory_fraction, (device_index d, double f), (f), held)    \
   X(void, device_reset_peak_stats, reset_peak_stats, (device_index d), (), held)              \
-  X(void, device_reset_accumulated_stats, reset_accumulated_stats, (device_index d), (), held)
+  X(void, device_reset_accumulated_stats, reset_accumulated_stats, (device_index d), (), held) \
+  /* private pools (Note [Private pools], memory/caching_allocator.hpp) */                    \
+  X(void, device_create_pool, create_pool, (device_index d, MempoolId id), (id), held)        \
+  /* the last use's release waits for the pool's stream */                                    \
+  X(void, device_release_pool, release_pool, (device_index d, MempoolId id), (id), released)  \
+  X(int, device_pool_use_count, pool_use_count, (device_index d, MempoolId id), (id), held)   \
+  X(void, device_begin_allocate_to_pool, begin_allocate_to_pool,                              \
+    (device_index d, MempoolId id, std::function<bool(StreamHandle)> filter),                 \
+    (id, std::move(filter)), held)                                                             \
+  X(void, device_end_allocate_to_pool, end_allocate_to_pool, (device_index d, MempoolId id),  \
+    (id), held)                                                                                \
+  X(void, device_empty_cache_pool, empty_cache, (device_index d, MempoolId id), (id),         \
+    released)                                                                                  \
+  X(DeviceStats, device_pool_stats, stats, (device_index d, MempoolId id), (id), held)
 
 // HostAllocator<R> (BoundBackend's host_memory()).
 #define ACCELKIT_TORCH_HOST_POOL_MEMBERS(X)                                                    \
@@ -171,6 +200,11 @@ class BackendInterface {
   virtual void memcpy_async(device_index d, void* dst, const void* src, std::size_t bytes,
                             CopyKind kind, StreamHandle stream, bool host_pinned) = 0;
   virtual bool has_stream_signals() = 0;  // Backend<R>::has_stream_signals
+  virtual bool has_graphs() = 0;          // Backend<R>::has_graphs
+  // Backend<R>::capture_refuse: invalidates the capture of stream s, if it
+  // is capturing, and throws RuntimeError "<what> cannot be captured ...".
+  [[noreturn]] virtual void capture_refuse(device_index d, StreamHandle s,
+                                           std::string_view what) = 0;
   virtual std::string report_json() = 0;
   virtual std::string report_text() = 0;
   // The contract members the runtime implements (torch.ops.<name>.runtime_members).

@@ -74,6 +74,11 @@ class BoundBackend final : public BackendInterface {
     backend_.memcpy_async(device, dst, src, bytes, kind, stream, host_pinned);
   }
   bool has_stream_signals() override { return Backend<R>::has_stream_signals; }
+  bool has_graphs() override { return Backend<R>::has_graphs; }
+  [[noreturn]] void capture_refuse(device_index d, StreamHandle s,
+                                   std::string_view what) override {
+    backend_.capture_refuse(d, s, what);
+  }
   std::string report_json() override { return accelkit::report_json(backend_); }
   std::string report_text() override { return accelkit::report_text(backend_); }
   std::vector<std::string> runtime_members() override {

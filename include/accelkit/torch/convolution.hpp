@@ -77,6 +77,13 @@ struct Convolution {
     if (cpu.in_place) scope.emplace(like.device());
     return f();
   }
+  // Note [Refusals during capture]: the convolutions run on the host.
+  static void refuse_during_capture(const std::string& op, const at::Tensor& input) {
+    if (input.device().type() != kDeviceType) return;
+    refuse_if_capturing(input.device().index(), [&] {
+      return fmt::format("{} (a convolution run by the host through the CPU)", op);
+    });
+  }
   static at::Tensor forward(const at::Tensor& input, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
                             c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
@@ -85,6 +92,7 @@ struct Convolution {
     at::Tensor no_bias;
     const at::Tensor& bias_t = bias && bias->defined() ? *bias : no_bias;
     one_device(op, input, weight, bias_t);
+    refuse_during_capture(op, input);
     auto timer = Fallback::get().run_named(op);
     Inputs cpu = inputs(input);
     std::optional<at::Tensor> b =
@@ -102,6 +110,7 @@ struct Convolution {
       std::array<bool, 3> output_mask) {
     static const std::string op = "aten::convolution_backward_overrideable";
     one_device(op, input, grad_output, weight);
+    refuse_during_capture(op, input);
     auto timer = Fallback::get().run_named(op);
     std::vector<c10::SymInt> bias_sizes{weight.sym_size(transposed ? 1 : 0) * groups};
     Inputs cpu = inputs(input);

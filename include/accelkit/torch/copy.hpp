@@ -85,12 +85,44 @@ struct CopyOps : HostAccess {
            self.is_neg() == dst.is_neg();
   }
 
+  // Whether the copy is queued on a capturing stream: then only what the
+  // device runs is taken (Note [Refusals during capture]): one layout and
+  // dtype, on one device or between the device and pinned host memory,
+  // whose storage the graph keeps alive (Note [Captured pinned copies]).
+  // The rest is refused, naming the operator.
+  static bool captured(const at::Tensor& self, const at::Tensor& dst) {
+    std::optional<StreamHandle> h;
+    device_index d = 0;
+    for (const at::Tensor* t : {&self, &dst})
+      if (!h && on_device(*t) && (h = capturing_stream(dev(*t)))) d = dev(*t);
+    if (!h) return false;
+    auto refuse = [&](std::string_view why) {
+      backend().capture_refuse(d, *h, fmt::format("aten::_copy_from ({})", why));
+    };
+    if (math_bits(self) || math_bits(dst))
+      refuse("a copy that resolves a conjugate or negative view, done by the host");
+    if (!same_layout(self, dst))
+      refuse("a copy between different dtypes or layouts, done by the host");
+    if (on_device(self) && on_device(dst)) {
+      if (dev(self) != dev(dst)) refuse("a copy between two devices");
+      return true;
+    }
+    const at::Tensor& host = on_device(self) ? dst : self;
+    if (!backend().host_is_allocation(host.storage().data()))
+      refuse("a copy with pageable host memory, which the host reads or writes at once; "
+             "copies with pinned memory (pin_memory()) are captured");
+    CaptureKeeps::get().keep(d, *h, host.storage());
+    return true;
+  }
+
   static at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
     return translated([&] {
       if (self.numel() == 0) return dst;
       if (same_elements(self, dst)) return dst;  // Note [Copies within one tensor's memory]
       if (!dst.is_contiguous()) at::assert_no_internal_overlap(dst);
       if (self.is_alias_of(dst)) at::assert_no_partial_overlap(dst, self);
+      // A captured copy is queued, never waited for: it runs at each replay.
+      bool in_capture = captured(self, dst);
       if (math_bits(self) || math_bits(dst)) return copy_with_math_bits(self, dst);
       bool src_dev = on_device(self), dst_dev = on_device(dst);
       BackendInterface& b = backend();
@@ -136,11 +168,15 @@ struct CopyOps : HostAccess {
       // copies]). A copy left in flight keeps its pinned block from reuse
       // until the stream has passed it, should the tensor be freed first
       // (as CUDA's pinned allocator records an event for it).
+      // A captured one records no stream use (no event can be recorded on a
+      // capturing stream): the graph keeps its pinned storage instead (Note
+      // [Captured pinned copies]).
       auto transfer = [&](device_index d, CopyKind kind) {
         const at::Tensor& host = kind == CopyKind::host_to_device ? self : dst;
         bool pinned = backend().host_is_allocation(host.storage().data());
-        bool in_flight = non_blocking && pinned;
-        if (in_flight) backend().host_record_stream(host.storage().mutable_data(), d, stream_of(d));
+        bool in_flight = (non_blocking || in_capture) && pinned;
+        if (in_flight && !in_capture)
+          backend().host_record_stream(host.storage().mutable_data(), d, stream_of(d));
         b.memcpy_async(d, dst.data_ptr(), self.data_ptr(), nbytes(dst), kind, stream_of(d), pinned);
         if (in_flight) queued(d);
         else sync(d);
@@ -166,7 +202,13 @@ struct CopyOps : HostAccess {
   }
 
   static at::Scalar local_scalar_dense(const at::Tensor& self) {
-    return translated([&] { return to_cpu(self).item(); });
+    return translated([&] {
+      refuse_if_capturing(dev(self), [] {
+        return std::string("aten::_local_scalar_dense (Tensor.item(): the host reads the value "
+                           "at once)");
+      });
+      return to_cpu(self).item();
+    });
   }
 };
 

@@ -137,8 +137,16 @@ struct DeviceAllocator final : c10::DeviceAllocator {
     });
   }
   bool initialized() override { return backend().is_initialized(); }
-  void emptyCache(c10::MempoolId_t) override {
-    translated([&] { backend().device_empty_cache(); });
+  // {0,0}: every device's cache; a private pool's id: that pool's free
+  // segments on every device, once no graph or MemPool uses it (Note
+  // [Private pools]).
+  void emptyCache(c10::MempoolId_t id) override {
+    translated([&] {
+      if (id.first == 0 && id.second == 0) return backend().device_empty_cache();
+      int n = backend().device_count();
+      for (int d = 0; d < n; ++d)
+        backend().device_empty_cache_pool(d, MempoolId{id.first, id.second});
+    });
   }
   void recordStream(const c10::DataPtr& p, c10::Stream s) override {
     if (!p.get()) return;

@@ -220,6 +220,7 @@ class Fallback {
   void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     Entry& e = admit(op);
     std::optional<c10::Device> to_device = check_one_device(op, *stack, e.name);
+    refuse_during_capture(op, *stack, to_device, e.name);  // Note [Refusals during capture]
     GeneratorLease generator(op, *stack);  // Note [Device generators]
     auto t0 = std::chrono::steady_clock::now();
     if (!on_cpu(op, *stack)) {
@@ -235,6 +236,37 @@ class Fallback {
     }
     e.add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
               .count());
+  }
+
+  // Refuses the operator when the current stream of a device its tensors
+  // (or its results) are on is capturing (Note [Refusals during capture]).
+  static void refuse_during_capture(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                                    const std::optional<c10::Device>& to_device,
+                                    const std::string& name) {
+    auto what = [&] {
+      return fmt::format("{} (the CPU fallback: PyTorch's CPU kernel on the device's memory, "
+                         "run by the host)",
+                         name);
+    };
+    auto check = [&](const at::Tensor& t) {
+      if (t.defined() && t.device().type() == kDeviceType)
+        refuse_if_capturing(t.device().index(), what);
+    };
+    std::size_t first = stack.size() - op.schema().arguments().size();
+    for (std::size_t i = first; i < stack.size(); ++i) {
+      const c10::IValue& v = stack[i];
+      if (v.isTensor()) {
+        check(v.toTensor());
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorVector()) check(t);
+      } else if (v.isOptionalTensorList()) {
+        for (const std::optional<at::Tensor>& t : v.toOptionalTensorVector())
+          if (t) check(*t);
+      }
+    }
+    if (to_device && to_device->type() == kDeviceType)
+      refuse_if_capturing(to_device->has_index() ? to_device->index() : backend().current_device(),
+                          what);
   }
 
   // Counts one run of an operator through the CPU in the report, timed

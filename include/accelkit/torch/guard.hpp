@@ -88,6 +88,13 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   bool queryStream(const c10::Stream& s) const override {
     return translated([&] { return backend().stream_query(from_c10(s)); });
   }
+  // Whether the stream is capturing a graph (Note [Capture rules]).
+  bool isStreamCapturing(const c10::Stream& s) const override {
+    return translated([&] {
+      Stream st = from_c10(s);
+      return backend().stream_is_capturing(st.device, backend().handle(st));
+    });
+  }
   void synchronizeStream(const c10::Stream& s) const override {
     translated([&] { backend().synchronize(from_c10(s)); });
   }

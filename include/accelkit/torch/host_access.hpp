@@ -5,6 +5,7 @@
 #pragma once
 
 #include <accelkit/torch/adapter.hpp>
+#include <accelkit/torch/capture.hpp>
 
 #include <cstddef>
 #include <cstdint>

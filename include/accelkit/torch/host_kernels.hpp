@@ -278,6 +278,21 @@ inline const at::Tensor& cpu_arg(const at::Tensor& a, Converted& c, at::ScalarTy
   return c.held;
 }
 
+// Refuses host kernel Op when the current stream of a device its tensors
+// are on is capturing (Note [Refusals during capture]).
+template <class Op, class... Args>
+void refuse_during_capture(const Args&... args) {
+  auto check = [](const at::Tensor& t, bool) {
+    if (!t.defined() || t.device().type() != kDeviceType) return;
+    refuse_if_capturing(t.device().index(), [] {
+      return fmt::format("{} (a host kernel: PyTorch's CPU kernel run by the host on the "
+                         "device's memory)",
+                         operator_name(Op::name, Op::overload_name));
+    });
+  };
+  (visit_tensors(args, check), ...);
+}
+
 // The dispatcher's handle of operator Op (for the fallback report).
 template <class Op>
 const c10::OperatorHandle& handle() {
@@ -293,6 +308,7 @@ struct Kernel;
 template <class Op, bool uniform, bool scalar, class Ret, class... Args>
 struct Kernel<Op, uniform, scalar, Ret(Args...)> {
   static Ret call(Args... args) {
+    refuse_during_capture<Op>(args...);
     std::optional<HostPlace> place = host_device<uniform, scalar>(args...);
     if (!place) return at::native::call_fallback_fn_symint<&fallback, Op>::call(args...);
     return Fallback::get().host(handle<Op>(), [&]() -> Ret {
@@ -343,6 +359,7 @@ struct Functional;
 template <class Op, class Impl, bool scalar, class... Args>
 struct Functional<Op, Impl, scalar, at::Tensor(Args...)> {
   static at::Tensor call(Args... args) {
+    refuse_during_capture<Op>(args...);
     std::optional<HostPlace> place = host_device<true, scalar, /*wait=*/false>(args...);
     if (!place) return at::native::call_fallback_fn_symint<&fallback, Op>::call(args...);
     c10::DeviceGuard guard(place->device);  // the allocator serves the current device
@@ -377,6 +394,7 @@ struct Mean {
   using Op = at::_ops::mean_out;
   static at::Tensor& call(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
                           std::optional<at::ScalarType> dtype, at::Tensor& out) {
+    refuse_during_capture<Op>(self, out);
     auto plain = [](at::ScalarType t) {
       return (at::isFloatingType(t) && t != at::kHalf && t != at::kBFloat16) ||
              (at::isComplexType(t) && t != at::kComplexHalf);

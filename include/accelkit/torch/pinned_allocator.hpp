@@ -33,7 +33,7 @@ ACCELKIT_TORCH_NAMESPACE {
 // capturing records nothing (no event can be recorded there); the torch
 // layer's own copies captured into a graph keep their pinned storage alive
 // until the graph is reset instead (Note [Captured pinned copies] in
-// torch/graph.hpp). The driver's host_malloc and host_free are not timed
+// torch/capture.hpp). The driver's host_malloc and host_free are not timed
 // (host_alloc_time and host_free_time stay zero).
 struct PinnedAllocator final : at::HostAllocator {
   template <class From, class To>
@@ -70,7 +70,9 @@ struct PinnedAllocator final : at::HostAllocator {
       void* base = ctx && b.host_is_allocation(ctx) ? ctx : ptr;
       if (!base || !b.host_is_allocation(base)) return false;
       Stream s = from_c10(stream);
-      b.host_record_stream(base, s.device, b.handle(s));
+      StreamHandle h = b.handle(s);
+      if (b.stream_is_capturing(s.device, h)) return true;  // Note [Host allocator]
+      b.host_record_stream(base, s.device, h);
       return true;
     });
   }
