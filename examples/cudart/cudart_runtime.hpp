@@ -33,6 +33,14 @@
 //   host signals    a host function (cudaLaunchHostFunc) that blocks its
 //                   stream until the host completes the signal (Note
 //                   [cudart host signals])
+//   graphs          stream capture: cudaStreamBeginCapture (the capture
+//                   mode mapped to CUDA's: global, thread-local, relaxed),
+//                   cudaStreamEndCapture, cudaStreamIsCapturing,
+//                   cudaGraphInstantiate, cudaGraphLaunch,
+//                   cudaGraphExecDestroy, cudaGraphDestroy; the backend's
+//                   kernels, copies and fills on a capturing stream are
+//                   CUDA's to record, and CUDA refuses (and invalidates the
+//                   capture for) what the SDK would refuse too
 //
 // Note [cudart discovery]
 // Problem: discovery must not create a context (a context takes device
@@ -362,12 +370,76 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
           "cudaStreamWaitEvent");
   }
 
+  // ------------------------------------------------------------- graphs
+  // CUDA's stream capture, member for member. CUDA enforces the mode
+  // itself as well as the SDK (Note [Capture rules]).
+
+  void stream_begin_capture(int device, accelkit::StreamHandle stream,
+                            accelkit::CaptureMode mode) {
+    (void)device;
+    check(cudaStreamBeginCapture(cuda(stream), capture_mode(mode)), "stream_begin_capture",
+          "cudaStreamBeginCapture");
+  }
+  // An invalidated capture: cudaStreamEndCapture ends it and returns
+  // cudaErrorStreamCaptureInvalidated with no graph (a DriverError here).
+  accelkit::GraphHandle stream_end_capture(int device, accelkit::StreamHandle stream) {
+    (void)device;
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamEndCapture(cuda(stream), &graph);
+    if (e != cudaSuccess && graph != nullptr) (void)cudaGraphDestroy(graph);
+    check(e, "stream_end_capture", "cudaStreamEndCapture");
+    return accelkit::GraphHandle::from_pointer(graph);
+  }
+  // An invalidated capture still counts as capturing until its end, as in
+  // CUDA (cudaStreamCaptureStatusInvalidated).
+  bool stream_is_capturing(int device, accelkit::StreamHandle stream) {
+    (void)device;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(cuda(stream), &status), "stream_is_capturing",
+          "cudaStreamIsCapturing");
+    return status != cudaStreamCaptureStatusNone;
+  }
+  accelkit::GraphExecHandle graph_instantiate(int device, accelkit::GraphHandle graph) {
+    Guard g(device, "graph_instantiate");
+    cudaGraphExec_t exec = nullptr;
+    check(cudaGraphInstantiate(&exec, cuda(graph), 0), "graph_instantiate",
+          "cudaGraphInstantiate");
+    return accelkit::GraphExecHandle::from_pointer(exec);
+  }
+  void graph_launch(int device, accelkit::GraphExecHandle exec, accelkit::StreamHandle stream) {
+    (void)device;
+    check(cudaGraphLaunch(cuda(exec), cuda(stream)), "graph_launch", "cudaGraphLaunch");
+  }
+  // CUDA lets queued launches of a destroyed exec complete.
+  void graph_exec_destroy(int device, accelkit::GraphExecHandle exec) {
+    (void)device;
+    check(cudaGraphExecDestroy(cuda(exec)), "graph_exec_destroy", "cudaGraphExecDestroy");
+  }
+  void graph_destroy(int device, accelkit::GraphHandle graph) {
+    (void)device;
+    check(cudaGraphDestroy(cuda(graph)), "graph_destroy", "cudaGraphDestroy");
+  }
+
+  // CUDA's capture mode for the contract's.
+  static cudaStreamCaptureMode capture_mode(accelkit::CaptureMode mode) noexcept {
+    switch (mode) {
+      case accelkit::CaptureMode::global: return cudaStreamCaptureModeGlobal;
+      case accelkit::CaptureMode::per_thread: return cudaStreamCaptureModeThreadLocal;
+      case accelkit::CaptureMode::relaxed: return cudaStreamCaptureModeRelaxed;
+    }
+    return cudaStreamCaptureModeGlobal;
+  }
+
   // ------------------------------------------------ for kernels and tests
 
   static cudaStream_t cuda(accelkit::StreamHandle s) noexcept {
     return s.as_pointer<CUstream_st>();
   }
   static cudaEvent_t cuda(accelkit::EventHandle e) noexcept { return e.as_pointer<CUevent_st>(); }
+  static cudaGraph_t cuda(accelkit::GraphHandle g) noexcept { return g.as_pointer<CUgraph_st>(); }
+  static cudaGraphExec_t cuda(accelkit::GraphExecHandle x) noexcept {
+    return x.as_pointer<CUgraphExec_st>();
+  }
   // Throws a DriverError for a failed CUDA call (a kernel launch's status).
   static void check(cudaError_t e, const char* call, const char* fn) {
     if (e != cudaSuccess) driver_error(e, call, fmt::format("{} failed: {}", fn, describe(e)));

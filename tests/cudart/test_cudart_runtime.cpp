@@ -7,8 +7,10 @@
 
 #include <cudart_runtime.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
+#include <vector>
 
 namespace {
 using Rt = cudart::CudaRuntime;
@@ -110,4 +112,87 @@ TEST_CASE("cudart: host signals are the runtime's own flags, checked without a d
   rt.signal_destroy(0, g);
   CHECK(code([&] { rt.signal_destroy(0, g); }) == cudaErrorInvalidResourceHandle);
   CHECK(code([&] { rt.signal_complete(0, g, 0); }) == cudaErrorInvalidResourceHandle);
+}
+
+TEST_CASE("cudart: graphs are CUDA's stream capture, the mode mapped to CUDA's") {
+  STATIC_REQUIRE(accelkit::Backend<Rt>::has_graphs);
+  CHECK(Rt::capture_mode(accelkit::CaptureMode::global) == cudaStreamCaptureModeGlobal);
+  CHECK(Rt::capture_mode(accelkit::CaptureMode::per_thread) == cudaStreamCaptureModeThreadLocal);
+  CHECK(Rt::capture_mode(accelkit::CaptureMode::relaxed) == cudaStreamCaptureModeRelaxed);
+  // The DriverError's message from CUDA, or "" when `f` did not throw one.
+  auto refusal = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const accelkit::DriverError& e) {
+      return e.driver_message();
+    }
+    return "";
+  };
+  auto starts = [](const std::string& s, const std::string& prefix) {
+    return s.compare(0, prefix.size(), prefix) == 0;
+  };
+  Rt rt;
+  int count = 0;
+  cudaError_t direct = cudaGetDeviceCount(&count);
+  if (direct != cudaSuccess || count == 0) {
+    // No GPU: each member reports CUDA's own error, naming its CUDA call.
+    accelkit::StreamHandle legacy{};
+    CHECK(starts(refusal([&] { rt.stream_begin_capture(0, legacy, accelkit::CaptureMode::global); }),
+                 "cudaStreamBeginCapture failed: cudaError"));
+    CHECK(starts(refusal([&] { rt.stream_end_capture(0, legacy); }),
+                 "cudaStreamEndCapture failed: cudaError"));
+    CHECK(starts(refusal([&] { rt.stream_is_capturing(0, legacy); }),
+                 "cudaStreamIsCapturing failed: cudaError"));
+    CHECK(refusal([&] { rt.graph_instantiate(0, accelkit::GraphHandle{}); }).find(
+              " failed: cudaError") != std::string::npos);
+    return;
+  }
+  // A GPU: a memset and a copy captured, not run; each launch runs them,
+  // reading the source when it runs.
+  rt.set_device(0);
+  accelkit::StreamHandle s = rt.stream_create(0, 0);
+  constexpr std::size_t n = 1 << 16;
+  void* a = rt.malloc(0, n);
+  void* b = rt.malloc(0, n);
+  REQUIRE((a && b));
+  rt.memset_async(0, b, 0, n, s);
+  rt.stream_synchronize(0, s);
+  rt.stream_begin_capture(0, s, accelkit::CaptureMode::global);
+  CHECK(rt.stream_is_capturing(0, s));
+  rt.memset_async(0, static_cast<char*>(a) + n / 2, 7, n / 2, s);
+  rt.memcpy_async(0, b, a, n, accelkit::CopyKind::device_to_device, s, false);
+  accelkit::GraphHandle g = rt.stream_end_capture(0, s);
+  CHECK_FALSE(rt.stream_is_capturing(0, s));
+  std::vector<unsigned char> host(n, 1);
+  rt.memcpy(0, host.data(), b, n, accelkit::CopyKind::device_to_host);
+  CHECK(host == std::vector<unsigned char>(n, 0));
+  accelkit::GraphExecHandle x = rt.graph_instantiate(0, g);
+  rt.graph_destroy(0, g);  // the exec is independent of it
+  for (unsigned char round : {3, 5}) {
+    std::vector<unsigned char> src(n, round);
+    rt.memcpy(0, a, src.data(), n, accelkit::CopyKind::host_to_device);
+    rt.graph_launch(0, x, s);
+    rt.stream_synchronize(0, s);
+    rt.memcpy(0, host.data(), b, n, accelkit::CopyKind::device_to_host);
+    std::vector<unsigned char> want(n, round);
+    std::fill(want.begin() + n / 2, want.end(), static_cast<unsigned char>(7));
+    CHECK(host == want);
+  }
+  // Synchronizing a capturing stream: CUDA refuses and invalidates the
+  // capture; its end reports that, and the stream is not capturing after.
+  rt.stream_begin_capture(0, s, accelkit::CaptureMode::global);
+  rt.memset_async(0, a, 1, n, s);
+  CHECK(starts(refusal([&] { rt.stream_synchronize(0, s); }),
+               "cudaStreamSynchronize failed: cudaErrorStreamCapture"));
+  CHECK(starts(refusal([&] { rt.stream_end_capture(0, s); }),
+               "cudaStreamEndCapture failed: cudaErrorStreamCaptureInvalidated"));
+  CHECK_FALSE(rt.stream_is_capturing(0, s));
+  accelkit::StreamHandle other = rt.stream_create(0, 0);
+  rt.graph_launch(0, x, other);  // any stream of the device
+  rt.stream_synchronize(0, other);
+  rt.graph_exec_destroy(0, x);
+  rt.free(0, a);
+  rt.free(0, b);
+  rt.stream_destroy(0, s);
+  rt.stream_destroy(0, other);
 }

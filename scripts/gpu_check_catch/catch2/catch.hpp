@@ -1,9 +1,9 @@
 // A stand-in for the part of Catch2 that accelkit's C++ conformance kit
-// and the cudart tests use (TEST_CASE, CHECK, REQUIRE, FAIL, FAIL_CHECK,
-// WARN, INFO, CHECK_NOTHROW, Approx), for scripts/gpu_check on a machine
-// without Catch2: it runs every test case in declaration order (the kit
-// needs that), prints each failure, and exits 1 if any failed. Not Catch2:
-// no tags, sections, or command line (any argument is ignored).
+// and the cudart tests use (TEST_CASE, CHECK, REQUIRE, STATIC_REQUIRE, FAIL,
+// FAIL_CHECK, WARN, INFO, CHECK_NOTHROW, Approx), for scripts/gpu_check on
+// a machine without Catch2: it runs every test case in declaration order
+// (the kit needs that), prints each failure, and exits 1 if any failed. Not
+// Catch2: no tags, sections, or command line (any argument is ignored).
 #pragma once
 
 #include <cmath>
@@ -107,6 +107,7 @@ class Approx {
       throw ::gpu_check_catch::Abort{};                                          \
     }                                                                            \
   } while (0)
+#define STATIC_REQUIRE(...) static_assert(__VA_ARGS__, "STATIC_REQUIRE(" #__VA_ARGS__ ")")
 #define CHECK_FALSE(...) CHECK(!(__VA_ARGS__))
 #define REQUIRE_FALSE(...) REQUIRE(!(__VA_ARGS__))
 #define CHECK_NOTHROW(...)                                                                \
