@@ -64,6 +64,8 @@ enum ErrorCode : int {
   kIllegalAddress = 700,
   kLaunchFailure = 719,
   kNotPermitted = 800,
+  kCaptureUnsupported = 900,  // a call a capture cannot hold; the capture is invalidated
+  kCaptureInvalidated = 901,  // ending a capture that was invalidated
   kInjectedFault = 999,
 };
 

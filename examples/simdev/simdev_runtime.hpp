@@ -31,11 +31,20 @@
 // kInvalidHandle. Faults can be injected, in the call or in its queued work
 // (:async: the error comes once, at a later call, as CUDA's do), and records
 // and waits that fail still complete in order (Work::essential), so a fault
-// never hangs a stream.
+// never hangs a stream. A capturing stream records its work instead of
+// queuing it, and refuses (kCaptureUnsupported, the capture invalidated)
+// what a capture cannot hold: a record, wait, query or synchronize of it, a
+// pageable or peer copy on it, a device_synchronize of its device; ending an
+// invalidated capture is kCaptureInvalidated, the stream no longer
+// capturing. A launch checks that each range the graph's work touches is
+// still the allocation it was at capture, and refuses a graph whose memory
+// was freed (kIllegalAddress, naming the work and the address).
 // Limits: simdev checks the memory ranges work names, not what a kernel does
 // inside them; after kRetiredBytes or kRetiredRanges of freed ranges the
 // oldest addresses may be given again; pageable host memory is the caller's
-// and is not checked.
+// and is not checked; the calls a capture mode refuses on other threads
+// (event queries, synchronous copies) are left to the SDK (Note [Capture
+// rules]).
 #pragma once
 
 #include <accelkit/accelkit.hpp>
@@ -182,7 +191,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       return nullptr;
     }
     char* ptr = static_cast<char*>(p) + offset;
-    Allocation a{offset, view, {}};
+    Allocation a{offset, view, {}, next_serial_.fetch_add(1, std::memory_order_relaxed)};
     if (view) a.holds.assign(mapped / kPage, 0);
     std::lock_guard<std::mutex> lock(d.mutex);
     d.allocations.insert(ptr, rounded, std::move(a));
@@ -287,6 +296,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     const void* host = kind == accelkit::CopyKind::host_to_device   ? src
                        : kind == accelkit::CopyKind::device_to_host ? dst
                                                                     : nullptr;
+    if (host != nullptr && !host_pinned) refuse_capturing(*s, device, stream, "memcpy_async");
     if (host_pinned && host == nullptr)
       driver_error(kInvalidValue, "memcpy_async",
                    "host_pinned is true for a device_to_device copy, which has no host side");
@@ -370,6 +380,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
                          std::size_t bytes, accelkit::StreamHandle stream) {
     check(dst_device, "memcpy_peer_async");
     auto s = stream_of(src_device, stream, "memcpy_peer_async");
+    refuse_capturing(*s, src_device, stream, "memcpy_peer_async");
     bool async_fault = fault("memcpy_peer_async");
     report_async(src_device, "memcpy_peer_async");
     report_async(dst_device, "memcpy_peer_async");
@@ -395,13 +406,15 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
 
   // Waits for the stream's queued work, then stops its worker.
   void stream_destroy(int device, accelkit::StreamHandle stream) {
-    stream_of(device, stream, "stream_destroy");
+    refuse_capturing(*stream_of(device, stream, "stream_destroy"), device, stream,
+                     "stream_destroy");
     fault("stream_destroy");
     context(device).streams.remove(stream, "stream_destroy", device)->stop();
   }
 
   bool stream_query(int device, accelkit::StreamHandle stream) {
     auto s = stream_of(device, stream, "stream_query");
+    refuse_capturing(*s, device, stream, "stream_query");
     fault("stream_query");
     // The state first, then the errors: work that failed before the stream
     // went idle has set its error by then, so an idle answer never hides it.
@@ -412,6 +425,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
 
   void stream_synchronize(int device, accelkit::StreamHandle stream) {
     auto s = stream_of(device, stream, "stream_synchronize");
+    refuse_capturing(*s, device, stream, "stream_synchronize");
     fault("stream_synchronize");
     s->synchronize();
     report_async(device, "stream_synchronize");
@@ -423,6 +437,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   // stream_wait_peer_event's, so that an SDK that mixes them up is caught.
   void stream_wait_event(int device, accelkit::StreamHandle stream, accelkit::EventHandle event) {
     auto s = stream_of(device, stream, "stream_wait_event");
+    refuse_capturing(*s, device, stream, "stream_wait_event");
     auto e = event_of(event, "stream_wait_event");
     bool async_fault = fault("stream_wait_event");
     report_async(device, "stream_wait_event");
@@ -440,6 +455,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   void stream_wait_peer_event(int device, accelkit::StreamHandle stream, int event_device,
                               accelkit::EventHandle event) {
     auto s = stream_of(device, stream, "stream_wait_peer_event");
+    refuse_capturing(*s, device, stream, "stream_wait_peer_event");
     check(event_device, "stream_wait_peer_event");
     auto e = event_of(event, "stream_wait_peer_event");
     bool async_fault = fault("stream_wait_peer_event");
@@ -478,6 +494,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   // A new record of the event: the work queued on `stream` so far.
   void event_record(int device, accelkit::EventHandle event, accelkit::StreamHandle stream) {
     auto s = stream_of(device, stream, "event_record");
+    refuse_capturing(*s, device, stream, "event_record");
     auto e = event_of(event, "event_record");
     bool async_fault = fault("event_record");
     report_async(device, "event_record");
@@ -547,6 +564,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
 
   void stream_wait_signal(int device, accelkit::StreamHandle stream, accelkit::SignalHandle signal) {
     auto s = stream_of(device, stream, "stream_wait_signal");
+    refuse_capturing(*s, device, stream, "stream_wait_signal");
     auto g = signals_.get(signal, "stream_wait_signal");
     bool async_fault = fault("stream_wait_signal");
     report_async(device, "stream_wait_signal");
@@ -584,8 +602,131 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   void device_synchronize(int device) {
     check(device, "device_synchronize");
     fault("device_synchronize");
+    if (captures_underway_.load(std::memory_order_relaxed) != 0) {
+      int invalidated = 0;
+      for (auto& s : streams_of(device)) invalidated += s->invalidate("device_synchronize");
+      if (invalidated)
+        driver_error(kCaptureUnsupported, "device_synchronize",
+                     fmt::format("device {} has {} stream(s) capturing a graph: not allowed "
+                                 "during capture; the captures are invalidated",
+                                 device, invalidated));
+    }
     for (auto& s : streams_of(device)) s->synchronize();
     report_async(device, "device_synchronize");
+  }
+
+  // Note [simdev graphs]
+  // Problem: a graph must replay the work captured, reading memory as it is
+  // at each replay, and simdev must catch a replay whose memory is gone.
+  // Decision: a capturing stream appends its Works (the closures queued work
+  // runs, with the addresses they touch) to the capture instead of its
+  // queue; the graph keeps them, with the serial of the allocation each
+  // touched range lay in at the end of the capture; an exec shares them
+  // (immutable), and a launch checks every serial and enqueues copies of the
+  // Works in one go, so destroying the exec or graph leaves queued launches
+  // whole, and a free of memory they use is refused as for any queued work.
+  // Limits: one stream per capture; the capture mode is kept, not enforced
+  // (Note [simdev strictness]); a launch runs on the stream's one worker.
+  void stream_begin_capture(int device, accelkit::StreamHandle stream,
+                            accelkit::CaptureMode mode) {
+    auto s = stream_of(device, stream, "stream_begin_capture");
+    fault("stream_begin_capture");
+    if (!s->begin_capture(mode))
+      driver_error(kInvalidValue, "stream_begin_capture",
+                   fmt::format("stream {:#x} of device {} is capturing already", stream.value,
+                               device));
+    captures_underway_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // The stream stops capturing whatever happens here.
+  accelkit::GraphHandle stream_end_capture(int device, accelkit::StreamHandle stream) {
+    auto s = stream_of(device, stream, "stream_end_capture");
+    std::unique_ptr<Stream::Capture> c = s->end_capture();
+    if (!c)
+      driver_error(kInvalidValue, "stream_end_capture",
+                   fmt::format("stream {:#x} of device {} is not capturing", stream.value,
+                               device));
+    captures_underway_.fetch_sub(1, std::memory_order_relaxed);
+    fault("stream_end_capture");
+    if (!c->invalidated.empty())
+      driver_error(kCaptureInvalidated, "stream_end_capture",
+                   fmt::format("the capture of stream {:#x} of device {} was invalidated by {}",
+                               stream.value, device, c->invalidated));
+    auto g = std::make_shared<Graph>();
+    g->device = device;
+    auto nodes = std::make_shared<std::vector<Node>>();
+    nodes->reserve(c->works.size());
+    for (Work& w : c->works) {
+      Node n;
+      for (std::size_t i = 0; i < kMaxTouches; ++i) n.serials[i] = serial_of(w.touches[i]);
+      n.work = std::move(w);
+      nodes->push_back(std::move(n));
+    }
+    g->nodes = std::move(nodes);
+    graphs_captured_.fetch_add(1, std::memory_order_relaxed);
+    return graphs_.add(std::move(g));
+  }
+
+  bool stream_is_capturing(int device, accelkit::StreamHandle stream) {
+    auto s = stream_of(device, stream, "stream_is_capturing");
+    fault("stream_is_capturing");
+    return s->capturing();
+  }
+
+  accelkit::GraphExecHandle graph_instantiate(int device, accelkit::GraphHandle graph) {
+    check(device, "graph_instantiate");
+    auto g = graphs_.get(graph, "graph_instantiate");
+    fault("graph_instantiate");
+    if (g->device != device)
+      driver_error(kInvalidValue, "graph_instantiate",
+                   fmt::format("graph of device {} instantiated on device {}", g->device, device));
+    auto e = std::make_shared<Exec>();
+    e->device = device;
+    e->nodes = g->nodes;
+    return execs_.add(std::move(e));
+  }
+
+  void graph_launch(int device, accelkit::GraphExecHandle exec, accelkit::StreamHandle stream) {
+    auto s = stream_of(device, stream, "graph_launch");
+    auto e = execs_.get(exec, "graph_launch");
+    refuse_capturing(*s, device, stream, "graph_launch");
+    fault("graph_launch");
+    report_async(device, "graph_launch");
+    if (e->device != device)
+      driver_error(kInvalidValue, "graph_launch",
+                   fmt::format("graph exec of device {} launched on a stream of device {}",
+                               e->device, device));
+    for (std::size_t i = 0; i < e->nodes->size(); ++i) {
+      const Node& n = (*e->nodes)[i];
+      for (std::size_t t = 0; t < kMaxTouches; ++t) {
+        const Range& r = n.work.touches[t];
+        if (r.ptr != nullptr && serial_of(r) != n.serials[t])
+          driver_error(kIllegalAddress, "graph_launch",
+                       fmt::format("the graph's {} (work {} of {}) touches {} bytes at {} of {}, "
+                                   "freed since the capture",
+                                   n.work.what, i + 1, e->nodes->size(), r.bytes,
+                                   static_cast<void*>(r.ptr),
+                                   r.device < 0 ? std::string("pinned host memory")
+                                                : fmt::format("device {}", r.device)));
+      }
+    }
+    s->enqueue_all(*e->nodes);
+    graph_launches_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // Launches already queued hold copies of the work: they complete.
+  void graph_exec_destroy(int device, accelkit::GraphExecHandle exec) {
+    check(device, "graph_exec_destroy");
+    execs_.get(exec, "graph_exec_destroy");
+    fault("graph_exec_destroy");
+    execs_.remove(exec, "graph_exec_destroy");
+  }
+
+  void graph_destroy(int device, accelkit::GraphHandle graph) {
+    check(device, "graph_destroy");
+    graphs_.get(graph, "graph_destroy");
+    fault("graph_destroy");
+    graphs_.remove(graph, "graph_destroy");
   }
 
   // Blocks `stream` at this point of its queue until the returned gate opens
@@ -618,7 +759,9 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     w.device = device;
     w.what = "hold";
     w.fn = [gate] { gate->wait(); };
-    stream_of(device, stream, "hold")->enqueue(std::move(w));
+    auto s = stream_of(device, stream, "hold");
+    refuse_capturing(*s, device, stream, "hold");
+    s->enqueue(std::move(w));
     return gate;
   }
 
@@ -664,6 +807,12 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   long launches() const { return launches_.load(); }
   // host_map calls so far (Note [simdev mapped memory]).
   long host_maps() const { return host_maps_.load(); }
+  // Graphs made by stream_end_capture, and graph_launch calls, so far; graphs
+  // and execs alive (Note [simdev graphs]).
+  long graphs_captured() const { return graphs_captured_.load(); }
+  long graph_launches() const { return graph_launches_.load(); }
+  long live_graphs() const { return static_cast<long>(graphs_.size()); }
+  long live_graph_execs() const { return static_cast<long>(execs_.size()); }
   // Where simdev's own work addresses device memory at `p` (its device
   // view in mapped mode, `p` itself otherwise): native kernels launched on
   // simdev's streams read and write through it.
@@ -808,10 +957,53 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
         : rt_(rt), device_(device), priority_(priority) {}
     ~Stream() { stop(); }
 
+    // A capture underway (Note [simdev graphs]).
+    struct Capture {
+      accelkit::CaptureMode mode = accelkit::CaptureMode::global;
+      std::vector<Work> works;
+      std::string invalidated;  // the call that did, or empty
+    };
+    bool begin_capture(accelkit::CaptureMode mode) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (capture_) return false;
+      capture_ = std::make_unique<Capture>();
+      capture_->mode = mode;
+      return true;
+    }
+    std::unique_ptr<Capture> end_capture() {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return std::move(capture_);
+    }
+    bool capturing() {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return capture_ != nullptr;
+    }
+    // Marks the capture invalidated by `call`; false when not capturing.
+    bool invalidate(const char* call) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!capture_) return false;
+      if (capture_->invalidated.empty()) capture_->invalidated = call;
+      return true;
+    }
+
+    // Queues the work, or records it while the stream captures.
     void enqueue(Work work) {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (capture_) {
+        capture_->works.push_back(std::move(work));
+        return;
+      }
       queue_.push_back(std::move(work));
       ++enqueued_;
+      if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
+      cv_.notify_all();
+    }
+    // A graph's launch: copies of its work, queued in one go.
+    template <class Nodes>
+    void enqueue_all(const Nodes& nodes) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& n : nodes) queue_.push_back(n.work);
+      enqueued_ += nodes.size();
       if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
       cv_.notify_all();
     }
@@ -889,6 +1081,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::array<Range, kMaxTouches> running_{};
     std::uint64_t enqueued_ = 0;
     std::uint64_t completed_ = 0;
+    std::unique_ptr<Capture> capture_;
     bool stopping_ = false;
     std::thread worker_;
   };
@@ -905,12 +1098,28 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     }
   };
 
+  // A graph's work, with the serial of the allocation each touched range lay
+  // in at capture (0: none; pinned ranges are checked by address only).
+  struct Node {
+    Work work;
+    std::array<std::uint64_t, kMaxTouches> serials{};
+  };
+  struct Graph {
+    int device = 0;
+    std::shared_ptr<const std::vector<Node>> nodes;
+  };
+  struct Exec {
+    int device = 0;
+    std::shared_ptr<const std::vector<Node>> nodes;  // shared with the graph
+  };
+
   // A device allocation; its size is the range map's (usable bytes, from
   // the returned pointer).
   struct Allocation {
     std::size_t offset = 0;  // from the start of the mapping
     char* view = nullptr;    // mapped mode: the device's view of the mapping
     std::vector<std::uint32_t> holds;  // mapped mode: open host maps per page
+    std::uint64_t serial = 0;          // which allocation: never the same twice
   };
   struct Device {
     std::once_flag created;
@@ -1068,6 +1277,28 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::lock_guard<std::mutex> lock(d.mutex);
     return static_cast<bool>(d.allocations.find(r.ptr, r.bytes));
   }
+  // The serial of the allocation [r.ptr, r.ptr + r.bytes) lies in; for
+  // pinned memory 1 while it is host_malloc's; 0 when not allocated.
+  std::uint64_t serial_of(const Range& r) {
+    if (r.ptr == nullptr) return 0;
+    if (r.device < 0) return is_pinned(r.ptr, r.bytes) ? 1 : 0;
+    Device& d = context(r.device);
+    std::lock_guard<std::mutex> lock(d.mutex);
+    auto hit = d.allocations.find(r.ptr, r.bytes);
+    return hit ? hit.value->serial : 0;
+  }
+
+  // `call` on a capturing stream: the capture invalidated, a driver error
+  // (Note [simdev strictness]). One load when nothing captures.
+  void refuse_capturing(Stream& s, int device, accelkit::StreamHandle stream, const char* call) {
+    if (captures_underway_.load(std::memory_order_relaxed) == 0) return;
+    if (s.invalidate(call))
+      driver_error(kCaptureUnsupported, call,
+                   fmt::format("stream {:#x} of device {} is capturing a graph: not allowed "
+                               "during capture; the capture is invalidated",
+                               stream.value, device));
+  }
+
   void check_live(const Work& w, const char* call) {
     if (!w.live(*this))
       driver_error(kIllegalAddress, call,
@@ -1199,6 +1430,14 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   std::atomic<long> copies_{0};
   std::atomic<long> launches_{0};
   std::atomic<long> host_maps_{0};
+  std::atomic<long> graphs_captured_{0};
+  std::atomic<long> graph_launches_{0};
+  std::atomic<int> captures_underway_{0};  // streams capturing, all devices
+  std::atomic<std::uint64_t> next_serial_{1};  // Allocation::serial
+  accelkit::support::HandleTable<accelkit::GraphHandle, Graph> graphs_{name, "graph",
+                                                                       kInvalidHandle};
+  accelkit::support::HandleTable<accelkit::GraphExecHandle, Exec> execs_{name, "graph exec",
+                                                                         kInvalidHandle};
   bool initialized_ = false;
   std::mutex pinned_mutex_;
   accelkit::support::RangeMap<int> pinned_;  // host_malloc's memory -> its device

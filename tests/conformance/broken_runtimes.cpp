@@ -283,7 +283,77 @@ struct FailingHostMap : Wrap<FailingHostMap, SimRuntime> {
   void host_unmap(device_index, void*, std::size_t) {}
 };
 
+// Work queued on a capturing stream runs at once as well as being captured
+// (on a side stream of its own, waited for), as a driver that executes
+// while it records.
+struct RunsWhileCapturing : Wrap<RunsWhileCapturing, SimRuntime> {
+  std::mutex m;
+  std::map<device_index, StreamHandle> side;
+  StreamHandle side_stream(device_index d) {
+    std::lock_guard<std::mutex> lock(m);
+    auto it = side.find(d);
+    if (it == side.end()) it = side.emplace(d, inner().stream_create(d, 0)).first;
+    return it->second;
+  }
+  void memcpy_async(device_index d, void* dst, const void* src, std::size_t n, CopyKind k,
+                    StreamHandle s, bool pinned) {
+    if (inner().stream_is_capturing(d, s)) {
+      StreamHandle now = side_stream(d);
+      inner().memcpy_async(d, dst, src, n, k, now, pinned);
+      inner().stream_synchronize(d, now);
+    }
+    inner().memcpy_async(d, dst, src, n, k, s, pinned);
+  }
+  void memset_async(device_index d, void* p, int value, std::size_t n, StreamHandle s) {
+    if (inner().stream_is_capturing(d, s)) {
+      StreamHandle now = side_stream(d);
+      inner().memset_async(d, p, value, n, now);
+      inner().stream_synchronize(d, now);
+    }
+    inner().memset_async(d, p, value, n, s);
+  }
+};
+
+// A device-to-device copy captured into a graph copies the source's bytes as
+// they were at the capture: the graph replays a snapshot (taken into pinned
+// memory), not the source.
+struct StaleReplay : Wrap<StaleReplay, SimRuntime> {
+  std::mutex m;
+  std::vector<std::pair<device_index, void*>> snapshots;
+  ~StaleReplay() {
+    for (auto [d, p] : snapshots) inner().host_free(d, p);
+  }
+  void memcpy_async(device_index d, void* dst, const void* src, std::size_t n, CopyKind k,
+                    StreamHandle s, bool pinned) {
+    if (k != CopyKind::device_to_device || !inner().stream_is_capturing(d, s))
+      return inner().memcpy_async(d, dst, src, n, k, s, pinned);
+    void* snapshot = inner().host_malloc(d, n);
+    {
+      std::lock_guard<std::mutex> lock(m);
+      snapshots.emplace_back(d, snapshot);
+    }
+    inner().memcpy(d, snapshot, src, n, CopyKind::device_to_host);
+    inner().memcpy_async(d, dst, snapshot, n, CopyKind::host_to_device, s, true);
+  }
+};
+
 }  // namespace
+
+TEST_CASE("conformance kit: graph checks fail a runtime that runs captured work, and one that "
+          "replays stale data") {
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(RunsWhileCapturing, graphs,
+                                              capture_does_not_execute),
+                "ran during the capture");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(StaleReplay, graphs,
+                                              replay_reads_memory_at_run_time),
+                "stale data");
+  // Each breaks one rule: the other's check passes on it.
+  CHECK(ACCELKIT_CONFORMANCE_EVALUATE(RunsWhileCapturing, graphs,
+                                      replay_reads_memory_at_run_time)
+            .status == CheckStatus::pass);
+  CHECK(ACCELKIT_CONFORMANCE_EVALUATE(StaleReplay, graphs, capture_does_not_execute).status ==
+        CheckStatus::pass);
+}
 
 TEST_CASE("conformance kit: each broken rule is reported, with the rule named") {
   expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(Misaligned, memory, malloc_aligned), "not aligned");

@@ -159,17 +159,17 @@ class Captures {
   // What the caller cannot capture: invalidates the capture of `stream` (if
   // it is capturing) and throws.
   [[noreturn]] void refuse(device_index device, StreamHandle stream, std::string_view what) {
-    std::string mode = "not capturing";
+    std::string state = "which is not capturing";
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (Capture* c = find(device, stream)) {
         invalidate(*c, std::string(what));
-        mode = fmt::format("mode {}", to_string(c->mode));
+        state = fmt::format("capturing in mode {}; the capture is invalidated", to_string(c->mode));
       }
     }
     throw RuntimeError(backend_, fmt::format("{} cannot be captured into a graph (stream {:#x} "
-                                             "of device {}, {}); the capture is invalidated",
-                                             what, stream.value, device, mode));
+                                             "of device {}, {})",
+                                             what, stream.value, device, state));
   }
 
  private:

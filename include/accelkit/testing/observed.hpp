@@ -12,9 +12,12 @@
 // all completed is a violation, kept with the call that broke the rule. A
 // driver error that a marker's query raises is thrown from the call that
 // made the query, so no asynchronous error is lost to the observer.
+// Work queued on a capturing stream is recorded, not run (Note [Capture
+// rules]): its ranges are kept with the capture, then with its graph and
+// execs, and each graph_launch gets one marker over all of them.
 // Limits: an event record per queued operation: the kit is a test, not a
-// benchmark. Only work queued through memcpy_async and memset_async is
-// tracked; a vendor kernel's memory use is not seen.
+// benchmark. Only work queued through memcpy_async and memset_async (and
+// graphs of it) is tracked; a vendor kernel's memory use is not seen.
 #pragma once
 
 #include <accelkit/config.hpp>
@@ -38,6 +41,62 @@
 ACCELKIT_BEGIN_NAMESPACE
 namespace testing {
 
+namespace detail {
+// The graph members, for a runtime that has them: each tells Self, which
+// keeps the ranges captured work touches (Note [Observing a runtime]).
+template <class Self, class R, bool = ::accelkit::detail::has_graphs<R>>
+class ObservedGraphs : public Wrap<Self, R> {
+ public:
+  using Wrap<Self, R>::Wrap;
+};
+template <class Self, class R>
+class ObservedGraphs<Self, R, true> : public Wrap<Self, R> {
+ public:
+  using Wrap<Self, R>::Wrap;
+  void stream_begin_capture(device_index device, StreamHandle stream, CaptureMode mode) {
+    self().note(Member::stream_begin_capture);
+    this->inner().stream_begin_capture(device, stream, mode);
+    self().capture_begun(device, stream);
+  }
+  GraphHandle stream_end_capture(device_index device, StreamHandle stream) {
+    self().note(Member::stream_end_capture);
+    GraphHandle g{};
+    try {
+      g = this->inner().stream_end_capture(device, stream);
+    } catch (...) {
+      self().capture_ended(device, stream, nullptr);
+      throw;
+    }
+    self().capture_ended(device, stream, &g);
+    return g;
+  }
+  GraphExecHandle graph_instantiate(device_index device, GraphHandle graph) {
+    self().note(Member::graph_instantiate);
+    GraphExecHandle e = this->inner().graph_instantiate(device, graph);
+    self().instantiated(device, graph, e);
+    return e;
+  }
+  void graph_launch(device_index device, GraphExecHandle exec, StreamHandle stream) {
+    self().note(Member::graph_launch);
+    this->inner().graph_launch(device, exec, stream);
+    self().launched(device, exec, stream);
+  }
+  void graph_exec_destroy(device_index device, GraphExecHandle exec) {
+    self().note(Member::graph_exec_destroy);
+    this->inner().graph_exec_destroy(device, exec);
+    self().exec_destroyed(device, exec);
+  }
+  void graph_destroy(device_index device, GraphHandle graph) {
+    self().note(Member::graph_destroy);
+    this->inner().graph_destroy(device, graph);
+    self().graph_destroyed(device, graph);
+  }
+
+ private:
+  Self& self() { return static_cast<Self&>(*this); }
+};
+}  // namespace detail
+
 // Calls by member, read as a whole.
 struct CallCounts {
   std::array<std::uint64_t, member_count> n{};
@@ -49,8 +108,9 @@ struct CallCounts {
 };
 
 template <class R>
-class Observed : public Wrap<Observed<R>, R> {
-  using Base = Wrap<Observed<R>, R>;
+class Observed : public detail::ObservedGraphs<Observed<R>, R> {
+  using Base = detail::ObservedGraphs<Observed<R>, R>;
+  friend Base;
 
  public:
   using Base::Base;
@@ -157,6 +217,14 @@ class Observed : public Wrap<Observed<R>, R> {
   // After queued work: a marker on its stream, and the completed markers
   // forgotten.
   void mark(Marker m) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto c = captures_.find({m.device, m.stream.value});
+      if (c != captures_.end()) {  // recorded, not run: no event on a capturing stream
+        c->second.insert(c->second.end(), m.ranges.begin(), m.ranges.end());
+        return;
+      }
+    }
     m.event = this->inner().event_create(m.device, EventFlags::none);
     try {
       this->inner().event_record(m.device, m.event, m.stream);
@@ -224,7 +292,45 @@ class Observed : public Wrap<Observed<R>, R> {
     }
   }
 
+  // The ranges of captured work (Note [Observing a runtime]), told by
+  // detail::ObservedGraphs.
+  void capture_begun(device_index device, StreamHandle stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    captures_[{device, stream.value}].clear();
+  }
+  void capture_ended(device_index device, StreamHandle stream, const GraphHandle* graph) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto c = captures_.find({device, stream.value});
+    if (c == captures_.end()) return;
+    if (graph) graphs_[{device, graph->value}] = std::move(c->second);
+    captures_.erase(c);
+  }
+  void instantiated(device_index device, GraphHandle graph, GraphExecHandle exec) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    execs_[{device, exec.value}] = graphs_[{device, graph.value}];
+  }
+  void launched(device_index device, GraphExecHandle exec, StreamHandle stream) {
+    std::vector<Range> ranges;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ranges = execs_[{device, exec.value}];
+    }
+    mark({device, {}, stream, "graph_launch", std::move(ranges)});
+  }
+  void exec_destroyed(device_index device, GraphExecHandle exec) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    execs_.erase({device, exec.value});
+  }
+  void graph_destroyed(device_index device, GraphHandle graph) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    graphs_.erase({device, graph.value});
+  }
+
   std::array<std::atomic<std::uint64_t>, member_count> calls_{};
+  using Key = std::pair<device_index, std::uintptr_t>;
+  std::map<Key, std::vector<Range>> captures_;  // by stream
+  std::map<Key, std::vector<Range>> graphs_;
+  std::map<Key, std::vector<Range>> execs_;
   std::mutex mutex_;
   std::vector<Marker> markers_;
   std::map<std::pair<device_index, void*>, std::size_t> sizes_;
