@@ -77,7 +77,7 @@ struct Convolution {
     if (cpu.in_place) scope.emplace(like.device());
     return f();
   }
-  // Note [Refusals during capture]: the convolutions run on the host.
+  // The convolutions run on the host (Note [Refusals during capture]).
   static void refuse_during_capture(const std::string& op, const at::Tensor& input) {
     if (input.device().type() != kDeviceType) return;
     refuse_if_capturing(input.device().index(), [&] {

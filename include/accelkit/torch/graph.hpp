@@ -6,8 +6,8 @@
 
 #include <accelkit/torch/capture.hpp>
 #include <accelkit/torch/common.hpp>
+#include <accelkit/torch/device_work.hpp>
 #include <accelkit/torch/errors.hpp>
-#include <accelkit/torch/python_lock.hpp>
 
 #include <ATen/core/GraphImplInterface.h>
 #include <ATen/record_function.h>
@@ -15,7 +15,10 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cstdint>
+#include <exception>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
