@@ -1,12 +1,15 @@
 """torch_cudart (examples/cudart) through PyTorch (ctest: python.cudart).
 
 Without a GPU or driver (this CI): the module imports, torch.cudart says no device, and a
-tensor on it raises a RuntimeError naming CUDA's error; the process stays usable. With a GPU
+tensor on it raises a RuntimeError naming CUDA's error; the process stays usable; the graph
+names are there, and scripts/gpu_check_graphs.py stops saying there is no device. With a GPU
 (scripts/gpu_check): the backend's own kernels (add, mul, relu of float32, float16, bfloat16)
 and the fallback agree with the CPU."""
 import ctypes
 import ctypes.util
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -74,3 +77,18 @@ def test_fallback_arguments_match_cpu():
     torch.testing.assert_close(da.add(da, alpha=2).cpu(), a.add(a, alpha=2))
     torch.testing.assert_close((da * 3).cpu(), a * 3)
     torch.testing.assert_close(torch.relu(da.t()).cpu(), torch.relu(a.t()))  # not contiguous
+
+
+@no_gpu
+def test_graph_names_exist_and_gpu_check_graphs_reports_no_device():
+    for name in ("CUDAGraph", "Graph", "graph", "graph_pool_handle", "make_graphed_callables",
+                 "is_current_stream_capturing"):
+        assert callable(getattr(torch.cudart, name)), name
+    assert torch.cudart.is_current_stream_capturing() is False
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                          "gpu_check_graphs.py")
+    out = subprocess.run([sys.executable, script, "--backend", "cudart"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr  # no device: nothing run
+    assert "gpu_check_graphs: no cudart device" in out.stdout
+    assert NAME in out.stdout, out.stdout  # CUDA's reason, from the init error
