@@ -17,8 +17,8 @@
 // same line. ACCELKIT_REGISTER_BACKEND(R) (torch/register.hpp), in a unit
 // that includes no PyTorch header, binds R: one backend per module, as
 // PyTorch has one PrivateUse1 slot. Members whose forwarding is more than a
-// call (events, host maps, the contract's constants) are written out in
-// both classes.
+// call (events, host maps, the contract's constants, the [[noreturn]]
+// capture_refuse) are written out in both classes.
 // Limits: one indirect call per core member the adapters call (a handful
 // per operator), no allocation and no lock. Everything in namespace
 // torch_adapter is hidden (ACCELKIT_TORCH_NAMESPACE): two backends' modules
