@@ -90,7 +90,7 @@ struct CommandBufferApi {
 // commands use, released together (after the last queued launch, Note [ocl
 // graphs]).
 struct Recording {
-  const CommandBufferApi* api = nullptr;
+  CommandBufferApi api;  // a copy: a release may come after the runtime is gone
   cl_command_buffer_khr buffer = nullptr;
   std::vector<cl_kernel> kernels;  // the clones the kernel commands run
   std::map<const void*, cl_mem> mems;  // allocation base -> its buffer
@@ -102,7 +102,7 @@ struct Recording {
   Recording(const Recording&) = delete;
   Recording& operator=(const Recording&) = delete;
   ~Recording() {
-    if (buffer) api->release(buffer);
+    if (buffer) api.release(buffer);
     for (cl_kernel k : kernels) clReleaseKernel(k);
     for (auto& m : mems) clReleaseMemObject(m.second);
   }

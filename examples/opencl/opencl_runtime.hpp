@@ -601,7 +601,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     auto g = std::make_shared<Graph>();
     g->device = device;
     g->recording = std::make_shared<Recording>();
-    g->recording->api = &d.command_buffer;
+    g->recording->api = d.command_buffer;
     cl_command_buffer_properties_khr simultaneous[] = {
         CL_COMMAND_BUFFER_FLAGS_KHR, CL_COMMAND_BUFFER_SIMULTANEOUS_USE_KHR, 0};
     cl_int err = CL_SUCCESS;
@@ -631,7 +631,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
                                "no graph was made",
                                stream.value, device, c->invalidated));
     Recording& r = *c->graph->recording;
-    check(r.api->finalize(r.buffer), "stream_end_capture", "clFinalizeCommandBufferKHR");
+    check(r.api.finalize(r.buffer), "stream_end_capture", "clFinalizeCommandBufferKHR");
     return graphs_.add(c->graph);
   }
 
@@ -676,7 +676,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     Recording& r = *g.recording;
     cl_event launched = nullptr;
     s.enqueue("graph_launch", "clEnqueueCommandBufferKHR", false, [&](cl_event* e) {
-      return r.api->enqueue(1, &s.queue, r.buffer, 0, nullptr, e);
+      return r.api.enqueue(1, &s.queue, r.buffer, 0, nullptr, e);
     }, &launched);
     g.launched(launched);
   }
@@ -1246,7 +1246,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     cl_mem md = mem_of(d, c, td, "memcpy_async");
     Recording& r = *c.graph->recording;
     cl_sync_point_khr point = 0;
-    check(r.api->copy(r.buffer, nullptr, ms, md, offset(src, ts), offset(dst, td), bytes,
+    check(r.api.copy(r.buffer, nullptr, ms, md, offset(src, ts), offset(dst, td), bytes,
                       r.waits(), r.wait_list(), &point, nullptr),
           "memcpy_async", "clCommandCopyBufferKHR");
     r.recorded(point);
@@ -1258,7 +1258,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     cl_mem m = mem_of(d, c, t, "memset_async");
     Recording& r = *c.graph->recording;
     cl_sync_point_khr point = 0;
-    check(r.api->fill(r.buffer, nullptr, m, &pattern, 1, offset(ptr, t), bytes, r.waits(),
+    check(r.api.fill(r.buffer, nullptr, m, &pattern, 1, offset(ptr, t), bytes, r.waits(),
                       r.wait_list(), &point, nullptr),
           "memset_async", "clCommandFillBufferKHR");
     r.recorded(point);
@@ -1272,7 +1272,7 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     check(err, call, "clCloneKernel");
     r.kernels.push_back(clone);
     cl_sync_point_khr point = 0;
-    check(r.api->kernel(r.buffer, nullptr, nullptr, clone, dims, nullptr, global, local,
+    check(r.api.kernel(r.buffer, nullptr, nullptr, clone, dims, nullptr, global, local,
                         r.waits(), r.wait_list(), &point, nullptr),
           call, "clCommandNDRangeKernelKHR");
     r.recorded(point);
