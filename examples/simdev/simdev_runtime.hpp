@@ -803,7 +803,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   long events_created() const { return events_created_.load(); }
   // memcpy and memcpy_async calls so far (tests tell copying paths apart).
   long copies() const { return copies_.load(); }
-  // Kernels launched so far.
+  // Kernel launch calls so far (those recorded by a capture included).
   long launches() const { return launches_.load(); }
   // host_map calls so far (Note [simdev mapped memory]).
   long host_maps() const { return host_maps_.load(); }

@@ -16,9 +16,13 @@
 // back, oldest first, after an event_query; with none ready it creates a
 // new one. An error from that query belongs to earlier queued work: it is
 // passed to the caller of acquire(), once, and the event stays parked.
+// While a capture is underway on the device no parked event is queried (an
+// event query may be refused then and invalidate the capture: Note [Capture
+// rules]); the pool creates events instead, as CUDA's allocator stops
+// processing its events during a capture.
 // Limits: a pool grows by as many events as are parked behind pending work
-// at once; a record that never completes keeps its event parked for the
-// pool's life.
+// at once, and by the events acquired during captures; a record that never
+// completes keeps its event parked for the pool's life.
 #pragma once
 
 #include <accelkit/config.hpp>
@@ -59,7 +63,7 @@ class EventPool {
       std::lock_guard<std::mutex> lock(mutex_);
       ACCELKIT_ASSERT(free_.size() + returned_.size() <= created_,
                       "an event pool holds only events it created, each once");
-      if (free_.empty()) reclaim();
+      if (free_.empty() && !backend_.capture_underway(device_)) reclaim();
       if (!free_.empty()) {
         EventHandle e = free_.back();
         free_.pop_back();
