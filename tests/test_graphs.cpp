@@ -581,3 +581,29 @@ TEST_CASE("graphs: another thread synchronizing an event while a capture is unde
   b.stream_destroy(0, s);
   b.stream_destroy(0, t);
 }
+
+TEST_CASE("graphs: the event pool queries no parked event while a global capture is underway, "
+          "so the capture survives the pool's use on other streams") {
+  SimBackend b(Environment::fixed({}), sim());
+  EventPool<Sim> pool(b, 0);
+  StreamHandle s = b.stream_create(0, 0), t = b.stream_create(0, 0);
+  void* p = filled(b, 0);
+  pool.release(pool.record(t));  // parked: its record may be pending
+  b.stream_synchronize(0, t);
+  b.stream_begin_capture(0, s, CaptureMode::global);
+  b.memset_async(0, p, 3, kBytes, s);
+  EventHandle e = pool.record(t);  // a new event, the parked one not queried
+  CHECK(pool.created() == 2);
+  GraphExecHandle x = b.graph_instantiate(0, b.stream_end_capture(0, s));  // not invalidated
+  b.graph_launch(0, x, s);
+  b.stream_synchronize(0, s);
+  CHECK(read(b, p) == all(3));
+  pool.release(e);
+  b.stream_synchronize(0, t);
+  pool.release(pool.acquire());  // after the capture, parked events are reused again
+  CHECK(pool.created() == 2);
+  b.graph_exec_destroy(0, x);
+  b.raw_free(0, p, kBytes);
+  b.stream_destroy(0, s);
+  b.stream_destroy(0, t);
+}
