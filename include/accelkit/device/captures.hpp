@@ -13,8 +13,8 @@
 // and checks, in Backend<R>, before the runtime is called:
 //   - stream_synchronize, stream_query, event_record, stream_wait_event,
 //     stream_wait_signal, stream_wait_peer_event, memcpy_peer_async,
-//     graph_launch, and memcpy_async of pageable host memory, naming a
-//     capturing stream: refused, that capture invalidated;
+//     graph_launch, stream_destroy, and memcpy_async of pageable host
+//     memory, naming a capturing stream: refused, that capture invalidated;
 //   - device_synchronize of a device with a capture underway: refused, each
 //     of its captures invalidated;
 //   - event_query, event_synchronize and the synchronous memcpy on a device
