@@ -3,8 +3,9 @@ kernels (examples/simdev/simdev_kernels.cpp: add, mul and their in-place forms, 
 threshold_backward, gelu and its backward, mm, addmm, sum over dims) run on the current
 stream's queue, asynchronously, and equal the CPU's results, with any strides (the
 transposed views autograd passes) and the shapes of a Linear layer's forward and
-backward; they replace the SDK's kernels without PyTorch's override warning;
-`div.Tensor` opts out of its host kernel alone.
+backward; a graph captures them and replays them reading memory at run time; they
+replace the SDK's kernels without PyTorch's override warning; `div.Tensor` opts out
+of its host kernel alone.
 
 The kernels are registered at the library's load when SIMDEV_NATIVE_KERNELS=1, so each
 test runs in a child process."""
@@ -251,6 +252,55 @@ def test_a_linear_models_step_is_queued_behind_a_held_stream():
     """ + QUIET_EXIT)
     assert r.stdout.split()[-6:] == ["busy", "True", "queued", "True", "idle", "True"], \
         r.stdout + r.stderr
+
+
+def test_every_native_kernel_is_captured_and_replays_reading_memory_at_run_time():
+    # A graph (torch.accelerator.Graph) records the kernels' launches without running
+    # them; each replay reads the inputs written since, and in-place results build on
+    # the previous replay's, as eager calls would.
+    r = _run("""
+        import torch.nn.functional as F
+        aten = torch.ops.aten
+        g0 = torch.Generator().manual_seed(11)
+        x, w, bias = (torch.randn(*shape, generator=g0).to('simdev')
+                      for shape in [(6, 9), (4, 9), (4,)])
+        acc = torch.zeros(6, 4, device='simdev')
+
+        def step(x, w, bias, acc):
+            h = torch.addmm(bias, x, w.t())
+            r = torch.relu(h * 0.5 + 1.0)
+            t = aten.threshold_backward(r, h, 0.25)
+            e = F.gelu(t) + aten.gelu_backward(t, h, approximate='tanh')
+            m = x.t().mm(x)
+            acc.add_(e).mul_(0.5)
+            return e.sum(0) + m.sum((0, 1), keepdim=True).view(()), acc
+
+        s = torch.Stream(device='simdev')
+        launches = torch.ops.simdev_driver.launches
+        g = torch.accelerator.Graph()
+        with s:
+            g.capture_begin()
+            n0 = launches()
+            out, _ = step(x, w, bias, acc)
+            captured = launches() - n0
+            g.capture_end()
+        s.synchronize()
+        untouched = acc.abs().sum().item() == 0
+        expected_acc = torch.zeros(6, 4)
+        for _ in range(3):
+            new = [torch.randn(*t.shape, generator=g0) for t in (x, w, bias)]
+            for t, v in zip((x, w, bias), new):
+                t.copy_(v)
+            torch.simdev.synchronize()
+            g.replay()
+            torch.accelerator.synchronize()
+            expected, expected_acc = step(*new, expected_acc)
+            torch.testing.assert_close(out.cpu(), expected, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(acc.cpu(), expected_acc, rtol=1e-5, atol=1e-5)
+        g.reset()
+        print('captured', captured, 'untouched', untouched)
+    """)
+    assert r.stdout.split()[-4:] == ["captured", "15", "untouched", "True"], r.stdout + r.stderr
 
 
 def test_without_the_knob_the_host_kernels_serve_add():
