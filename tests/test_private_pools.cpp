@@ -339,26 +339,28 @@ TEST_CASE("private pools: out of memory while routed, consistent, and the pool's
   a.deallocate(whole);
 }
 
-TEST_CASE("private pools: a routed allocation on a second stream waits for it before reuse") {
+TEST_CASE("private pools: a pool serving two streams reuses each block in its own stream's order") {
   SimBackend b(Environment::fixed({}), sized());
   Allocator a(b, 0, AllocatorConfig{});
   StreamHandle s = b.stream_create(0, 0);
   StreamHandle t = b.stream_create(0, 0);
   a.begin_allocate_to_pool(kUser, [](StreamHandle) { return true; });  // this thread, say
-  void* first = a.allocate(4096, s);  // the pool's stream is s
+  void* on_s = a.allocate(4096, s);
   void* on_t = a.allocate(4096, t);
-  auto gate = b.runtime().hold(0, t);
-  a.deallocate(on_t);  // t has not passed the free
+  CHECK(pool_of(a, on_s) == kUser);
+  CHECK(pool_of(a, on_t) == kUser);
+  auto gate = b.runtime().hold(0, t);  // t has not passed the free
+  a.deallocate(on_t);
   void* next = a.allocate(4096, s);
-  CHECK(next != on_t);
+  CHECK(next != on_t);  // s is not ordered after t's work
+  CHECK(a.allocate(4096, t) == on_t);  // t's own order: reused at once
   gate->open();
-  b.stream_synchronize(0, t);
-  void* reused = a.allocate(4096, s);
-  CHECK(reused == on_t);
   a.end_allocate_to_pool(kUser);
-  for (void* p : {first, next, reused}) a.deallocate(p);
+  for (void* p : {on_s, next, on_t}) a.deallocate(p);
+  b.stream_synchronize(0, t);
   a.release_pool(kUser);
   CHECK(a.reserved_bytes() == 0);
+  CHECK(a.pool_use_count(kUser) == 0);
 }
 
 TEST_CASE("private pools: snapshot segments carry their pool id, in the JSON as segment_pool_id") {

@@ -10,7 +10,10 @@
 //    blocks and statistics. CUDA's allocator already keys cached blocks by
 //    stream, so nothing is shared between streams on the hot path, and two
 //    threads allocating on two streams do not contend. A segment belongs to
-//    the pool of the stream that first needed it.
+//    the pool of the stream that first needed it. Besides the streams'
+//    pools there are private pools, named by a MempoolId and not keyed by a
+//    stream, which serve only the allocations routed to them (a graph's
+//    capture, a user's pool: Note [Private pools]).
 //  - Small blocks have no per-block records: each small segment keeps a
 //    sorted array of 8-byte descriptors, and free small blocks sit in 4096
 //    exact size bins (one per 512 B step up to the 2 MiB segment) with a
@@ -39,18 +42,21 @@
 // stream whose pool holds it, so memory one stream cached reaches another
 // only through the driver (empty_cache, garbage collection, the retry before
 // out-of-memory); a peak summed over pools bounds the device's peak from
-// above (Note [Sharded statistics]).
+// above (Note [Sharded statistics]). While a stream captures, the
+// allocator records no event and synchronizes no capturing stream (Note
+// [Frees during capture]).
 //
 // This file holds the public API and the policy: which cached block serves a
 // request (take_cached), when a pool stops parking records (judge_parking),
 // how large a new segment is (segment_size), and what a request does when
 // the driver has no room (allocate_slow). The mechanisms are in memory/detail/, a concern a file, each included below:
 //   stream_pools.hpp  the pool of each stream, each thread's cache of them
+//   private_pools.hpp private pools: use counts, routes, giving memory back
 //   statistics.hpp    counting, stats(), snapshot()
 //   large_blocks.hpp  records: parking, the large set, split and merge, the
 //                     pointer map
 //   small_blocks.hpp  descriptors: parking by size, split and merge, lookup
-//   stream_order.hpp  record_stream, pending frees
+//   stream_order.hpp  record_stream, pending frees, frees during capture
 //   segments.hpp      memory from the driver, detaching free segments
 //   collection.hpp    memory back to the driver in order, garbage collection
 //   errors.hpp        the messages of out-of-memory and invalid frees
@@ -106,6 +112,7 @@ class DeviceCachingAllocator {
         device_(device),
         config_(config),
         id_(next_id()),
+        cache_key_(id_),
         own_events_(std::make_unique<EventPool<R>>(backend, device)),
         events_(*own_events_) {
     const DeviceProperties& p = backend.properties(device);
@@ -119,7 +126,12 @@ class DeviceCachingAllocator {
   // use one set of driver events). `events` must outlive the allocator.
   DeviceCachingAllocator(Backend<R>& backend, device_index device, AllocatorConfig config,
                          EventPool<R>& events)
-      : backend_(backend), device_(device), config_(config), id_(next_id()), events_(events) {
+      : backend_(backend),
+        device_(device),
+        config_(config),
+        id_(next_id()),
+        cache_key_(id_),
+        events_(events) {
     if (events.device() != device)
       throw ValueError(Backend<R>::name,
                        fmt::format("the allocator of {}:{} was given the event pool of {}:{}",
@@ -167,17 +179,9 @@ class DeviceCachingAllocator {
       if (no_room == NoRoom::return_null) return nullptr;
       throw too_large(bytes);
     }
-    // One relaxed load while no allocation is routed to a private pool
-    // (Note [Private pools]).
-    if (routes_active_.load(std::memory_order_relaxed) != 0)
-      return allocate_routed(bytes, stream, no_room);
-    return allocate_in(pool_for(stream), bytes, stream, no_room);
-  }
-
-  // allocate_or from `pool`: a stream's pool, or the private pool a route
-  // chose.
-  ACCELKIT_ALWAYS_INLINE void* allocate_in(detail::Pool& pool, std::size_t bytes,
-                                           StreamHandle stream, NoRoom no_room) {
+    // A stream's pool, or the private pool a route sends it to (Note
+    // [Private pools]).
+    detail::Pool& pool = pool_for(stream);
     Allocation t;
     if (!config_.caching) {
       detail::Block* b = allocate_uncached(pool, bytes, no_room);
@@ -379,21 +383,22 @@ class DeviceCachingAllocator {
   // Private pools (memory/detail/private_pools.hpp).
   struct PrivateEntry {
     MempoolId id;
-    Pool* pool;
     int use_count;
+    std::vector<Pool*> pools;  // one a stream it served, made on its first request
   };
   struct Route {
     MempoolId id;
-    Pool* pool;
     std::function<bool(StreamHandle)> filter;
   };
-  ACCELKIT_NOINLINE void* allocate_routed(std::size_t bytes, StreamHandle stream,
-                                          NoRoom no_room);
+  Pool* routed_pool(StreamHandle stream);
   PrivateEntry* find_private(MempoolId id);
-  Pool& incref_pool(MempoolId id);
+  PrivateEntry* entry_of(const Pool& pool);
+  void incref_pool(MempoolId id);
+  std::vector<Pool*> pools_of(MempoolId id);
   void release_pool_memory(Pool& pool, detail::Drain drain);
+  void mark_released(Pool& pool);
   ACCELKIT_NOINLINE void give_back(Pool& pool) noexcept;
-  void forget_if_idle(Pool& pool);
+  void forget_if_idle(MempoolId id);
   void forget_idle_pools();
   bool capturing(const Pool& pool);
   bool kept_from_release(const Pool& pool);
@@ -741,6 +746,12 @@ class DeviceCachingAllocator {
   std::uint64_t id_;
   std::size_t total_memory_ = 0;
   std::size_t max_allocation_ = 0;
+  // What a thread's cache of stream pools is keyed by (tls_pools_): id_, or
+  // kRouting while a route is active, which no entry holds, so that every
+  // allocation then asks pool_from_map, which asks the routes (Note
+  // [Private pools]). One relaxed load on the hot path, as reading id_ was.
+  static constexpr std::uint64_t kRouting = ~std::uint64_t{0};
+  std::atomic<std::uint64_t> cache_key_;
   std::atomic<std::size_t> limit_{0};
   std::atomic<double> fraction_{1.0};
   std::atomic<std::size_t> reserved_{0};
@@ -760,8 +771,7 @@ class DeviceCachingAllocator {
   std::mutex private_mutex_;
   std::vector<PrivateEntry> private_pools_;  // under private_mutex_
   std::vector<Route> routes_;                // under private_mutex_, oldest first
-  std::atomic<std::size_t> routes_active_{0};  // routes_.size(), read without the lock
-  std::vector<Pool*> idle_pools_;  // under private_mutex_: private pools with no id, reused
+  std::vector<Pool*> idle_pools_;  // under private_mutex_: private pools of no id, reused
   DeviceStats retired_stats_;      // under private_mutex_: figures of pools made idle
   std::mutex release_mutex_;  // serializes returning segments to the driver
   Released limbo_;            // under release_mutex_ (Note [Ordered release])

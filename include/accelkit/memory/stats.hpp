@@ -46,7 +46,8 @@ enum class StatType : std::size_t { aggregate = 0, small_pool = 1, large_pool = 
 using StatArray = std::array<Stat, 3>;
 
 // c10::CachingDeviceAllocator::DeviceStats, field for field where accelkit
-// has the concept (no CUDA-graph private pools).
+// has the concept: the device's figures, or one pool's (Note [Private
+// pools]).
 struct DeviceStats {
   StatArray allocation;            // COUNT: allocations requested by client code
   StatArray segment;               // COUNT: segments obtained from the driver
@@ -179,7 +180,7 @@ struct KindStat {
   }
 };
 
-// One device pool's statistics (one per stream, Note [Sharded statistics]),
+// One device pool's statistics (one per pool, Note [Sharded statistics]),
 // each array statistic kept by pool kind (Note [Statistics by pool kind]).
 struct PoolStats {
   KindStat allocation, segment, active, inactive_split, allocated_bytes, reserved_bytes,

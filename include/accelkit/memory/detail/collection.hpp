@@ -158,7 +158,7 @@ inline bool DeviceCachingAllocator<R>::kept_from_release(const Pool& pool) {
 // Whether the stream that orders `pool` is capturing.
 template <class R>
 inline bool DeviceCachingAllocator<R>::capturing(const Pool& pool) {
-  return pool.has_stream && backend_.stream_is_capturing(device_, pool.stream);
+  return backend_.stream_is_capturing(device_, pool.stream);
 }
 
 // Under the pool lock: drains `pool`'s pending frees, then detaches its

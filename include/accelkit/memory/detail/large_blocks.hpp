@@ -231,9 +231,6 @@ ACCELKIT_NOINLINE void DeviceCachingAllocator<R>::free_large(void* ptr) {
       b->allocated = false;
       count_free(pool, b);
       free_block(pool, b);  // parked, it stays mapped
-      if (pool.keep != detail::Keep::give_back) return;
-      lock.unlock();
-      give_back(pool);  // Note [Private pools]
       return;
     }
     // Its free now waits for other streams, or goes to the driver. No

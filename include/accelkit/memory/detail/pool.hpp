@@ -50,7 +50,7 @@ struct alignas(64) Block {
   // 16 MiB hit path).
   bool allocated = false;
   bool cached = false;    // in the pool's bins or large set (mergeable)
-  bool has_uses = false;  // used on other streams (Pool::uses)
+  bool has_uses = false;  // used on other streams (Pool::uses), or its private pool released
   bool mapped = false;    // in the device pool's pointer map (Note [Mapped blocks])
 };
 static_assert(sizeof(Block) == 64, "Note [Block records]");
@@ -220,14 +220,7 @@ struct alignas(64) Pool {
   }
 
   SpinLock lock;
-  // Under lock: what its wholly free segments do. Beside the lock, which a
-  // free takes anyway: a free reads it to give a private pool's memory back.
-  Keep keep = Keep::cache;
-  // A private pool's stream is the stream of its first allocation (then
-  // has_stream); a stream's pool has its stream from the start.
-  bool has_stream = true;
   StreamHandle stream;
-  MempoolId id{};  // {0, 0} for a stream's pool
   SmallArena arena;           // small blocks (Note [Small arena])
   SmallParking parked_small;  // Note [Parked small blocks]
   NodeFreeList nodes;  // before `large`: destroyed after it
@@ -243,6 +236,10 @@ struct alignas(64) Pool {
   Block* spare = nullptr;
   std::unordered_map<const void*, std::vector<StreamHandle>> uses;  // by block address
   PoolStats stats;
+  // Private pools (Note [Private pools]), under lock; after the hot
+  // members, off their cache lines.
+  Keep keep = Keep::cache;  // what its wholly free segments do
+  MempoolId id{};           // {0, 0} for a stream's pool
   // Note [Recently freed blocks]
   // A training loop frees a block and soon asks for one of the same size
   // again; merging the freed block and splitting it again pays for a merge

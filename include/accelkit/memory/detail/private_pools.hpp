@@ -8,35 +8,43 @@
 // graphs may share memory they never use at once (their replays are
 // ordered), and a user may pick which allocations come from which memory
 // (torch.cuda.MemPool).
-// Decision (CUDA's): a private pool is a Pool not keyed by a stream, named
+// Decision (CUDA's): a private pool is memory not keyed by a stream, named
 // by a MempoolId, with a use count. begin_allocate_to_pool(id, filter) adds
 // a route: while one is active, an allocation on a stream that a route's
 // filter accepts comes from that route's pool and from nothing else (the
 // route begun last is asked first); no stream's pool serves it, and the
-// private pool serves no request no route sent. The hot path pays one
-// relaxed load (routes_active_) while no route is active. A block knows its
-// pool through its segment, so a block freed during or after capture goes
-// back to its private pool only. A private pool's stream (Pool::stream) is
-// that of its first allocation; a routed allocation on another stream is
-// recorded as used on that stream too (record_stream), so its reuse waits
-// for both. Its segments stay reserved while its use count is above 0:
-// release paths (empty_cache, the out-of-memory retry, garbage collection)
-// skip it (Keep::reserve). When release_pool brings the count to 0 its
-// wholly free segments go back to the driver at once, ordered after its
-// stream (Note [Ordered release]; the caller has synchronized the streams
-// its replays ran on), and each later free that leaves a segment wholly
-// free gives that back too (Keep::give_back), as does empty_cache. A pool
-// at 0 with nothing reserved and no route is forgotten: its id is unknown
-// again, its figures join the device's retired totals, and the Pool is kept
-// for the next private pool, so that pools made and released in a loop do
-// not grow the allocator.
-// Limits: a filter runs under private_mutex_ on every allocation of every
-// thread while a route is active, so it must be cheap and must not call the
-// allocator; a routed request that finds no room in its pool asks the
-// driver, then returns the other pools' free memory and retries, but never
-// takes a block another pool has cached; a free that gives memory back
-// synchronizes the pool's stream (not while it captures: Note [Frees
-// during capture]), in the free's thread.
+// private pool serves no request no route sent. While a route is active the
+// threads' caches of stream pools are keyed by kRouting, which no entry
+// holds, so every allocation asks pool_from_map, which asks the routes; so
+// the hot path pays one relaxed load (cache_key_, read where id_ was) while
+// no route is active. Inside, the pool keeps a Pool for each stream it
+// served (Pool::stream), as CUDA's private pools key blocks by stream: a
+// block is reused in the order of the stream it was allocated on, and
+// release orders a segment after that stream. A block knows its Pool
+// through its segment, so a block freed during or after capture goes back
+// to its private pool only. The pool's segments stay reserved while its use
+// count is above 0: release paths (empty_cache, the out-of-memory retry,
+// garbage collection) skip it (Keep::reserve). When release_pool brings the
+// count to 0 its wholly free segments go back to the driver at once,
+// ordered after their streams (Note [Ordered release]; the caller has
+// synchronized the streams its replays ran on), and each later free that
+// leaves a segment wholly free gives that back too (Keep::give_back), as
+// does empty_cache; the blocks still allocated at release are flagged so
+// that only their frees, out of line, check for this (mark_released). A
+// pool at 0 with nothing reserved and no route is forgotten: its id is
+// unknown again, its figures join the device's retired totals, and its
+// Pools are kept for the next private pool, so that pools made and released
+// in a loop do not grow the allocator.
+// Limits: a block allocated from a pool after its release (a route still
+// active on it) is given back at the next empty_cache, not at its free; a
+// filter runs under private_mutex_ on every allocation of every thread
+// while a route is active, so it must be cheap and must not call the
+// allocator, and those allocations skip the threads' caches; a routed
+// request that finds no room in its pool asks the driver, then returns the
+// other pools' free memory and retries, but never takes a block another
+// pool (or another stream's part of its own) has cached; a free that gives
+// memory back synchronizes the block's stream (not while it captures: Note
+// [Frees during capture]), in the free's thread.
 //
 // Part of DeviceCachingAllocator: the class, its public API and its policy are
 // in memory/caching_allocator.hpp, which includes this file at its end (this
@@ -74,40 +82,28 @@ inline auto DeviceCachingAllocator<R>::find_private(MempoolId id) -> PrivateEntr
   return nullptr;
 }
 
-// Under private_mutex_: adds a use of pool `id`, made (or an idle Pool
-// reused) if it is new, and kept reserved from now on.
+// Under private_mutex_: adds a use of pool `id`, made if it is new; its
+// memory is kept reserved from now on.
 template <class R>
-inline auto DeviceCachingAllocator<R>::incref_pool(MempoolId id) -> Pool& {
+inline void DeviceCachingAllocator<R>::incref_pool(MempoolId id) {
   if (PrivateEntry* e = find_private(id)) {
     if (e->use_count++ == 0) {  // released, with memory still out: in use again
-      detail::SpinGuard lock(e->pool->lock);
-      e->pool->keep = detail::Keep::reserve;
+      for (Pool* pool : e->pools) {
+        detail::SpinGuard lock(pool->lock);
+        pool->keep = detail::Keep::reserve;
+      }
     }
-    return *e->pool;
+    return;
   }
-  private_pools_.reserve(private_pools_.size() + 1);
-  Pool* pool;
-  if (!idle_pools_.empty()) {
-    pool = idle_pools_.back();
-    idle_pools_.pop_back();
-  } else {
-    std::lock_guard<std::mutex> lock(pools_mutex_);
-    pools_.reserve(pools_.size() + 1);
-    auto made = std::make_unique<Pool>(StreamHandle{});
-    pool = made.get();
-    private_owned_.push_back(std::move(made));
-    pools_.push_back(pool);
-    // So that forgetting a pool cannot fail (forget_if_idle).
-    idle_pools_.reserve(private_owned_.size());
-  }
-  {
-    detail::SpinGuard lock(pool->lock);
-    pool->id = id;
-    pool->has_stream = false;
-    pool->keep = detail::Keep::reserve;
-  }
-  private_pools_.push_back({id, pool, 1});
-  return *pool;
+  private_pools_.push_back({id, 1, {}});
+}
+
+// Pool `id`'s Pools (one a stream it served); none if unknown.
+template <class R>
+inline auto DeviceCachingAllocator<R>::pools_of(MempoolId id) -> std::vector<Pool*> {
+  std::lock_guard<std::mutex> guard(private_mutex_);
+  PrivateEntry* e = find_private(id);
+  return e ? e->pools : std::vector<Pool*>{};
 }
 
 template <class R>
@@ -126,18 +122,29 @@ inline int DeviceCachingAllocator<R>::pool_use_count(MempoolId id) {
 
 template <class R>
 inline void DeviceCachingAllocator<R>::release_pool(MempoolId id) {
-  Pool* pool;
+  std::vector<Pool*> pools;
   {
     std::lock_guard<std::mutex> guard(private_mutex_);
     PrivateEntry* e = id.is_default() ? nullptr : find_private(id);
     if (!e || e->use_count == 0) throw not_private("release_pool", id);
     if (--e->use_count > 0) return;
-    pool = e->pool;
-    detail::SpinGuard lock(pool->lock);
-    pool->keep = detail::Keep::give_back;
+    pools = e->pools;
+    for (Pool* pool : pools) {
+      detail::SpinGuard lock(pool->lock);
+      pool->keep = detail::Keep::give_back;
+      mark_released(*pool);
+    }
   }
-  release_pool_memory(*pool, detail::Drain::wait_for_all);
-  forget_if_idle(*pool);
+  std::exception_ptr first;
+  for (Pool* pool : pools) {
+    try {
+      release_pool_memory(*pool, detail::Drain::wait_for_all);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  forget_if_idle(id);
+  if (first) std::rethrow_exception(first);
 }
 
 template <class R>
@@ -149,15 +156,16 @@ inline void DeviceCachingAllocator<R>::begin_allocate_to_pool(
                      fmt::format("begin_allocate_to_pool on {}:{}: pool ({}, {}) needs a filter",
                                  Backend<R>::name, device_, id.first, id.second));
   std::lock_guard<std::mutex> guard(private_mutex_);
-  routes_.reserve(routes_.size() + 1);  // so that nothing fails after the use is added
-  Pool& pool = incref_pool(id);
-  routes_.push_back({id, &pool, std::move(filter)});
-  routes_active_.store(routes_.size(), std::memory_order_relaxed);
+  // Room first, so that nothing fails after the use is added.
+  routes_.reserve(routes_.size() + 1);
+  private_pools_.reserve(private_pools_.size() + 1);
+  incref_pool(id);
+  routes_.push_back({id, std::move(filter)});
+  cache_key_.store(kRouting, std::memory_order_relaxed);
 }
 
 template <class R>
 inline void DeviceCachingAllocator<R>::end_allocate_to_pool(MempoolId id) {
-  Pool* pool;
   {
     std::lock_guard<std::mutex> guard(private_mutex_);
     auto it = std::find_if(routes_.rbegin(), routes_.rend(),
@@ -167,36 +175,37 @@ inline void DeviceCachingAllocator<R>::end_allocate_to_pool(MempoolId id) {
                        fmt::format("end_allocate_to_pool on {}:{}: no allocation is routed to "
                                    "pool ({}, {})",
                                    Backend<R>::name, device_, id.first, id.second));
-    pool = it->pool;
     routes_.erase(std::next(it).base());
-    routes_active_.store(routes_.size(), std::memory_order_relaxed);
+    if (routes_.empty()) cache_key_.store(id_, std::memory_order_relaxed);
   }
   // Frees deferred during the capture get their events now, if no other
   // capture is underway (Note [Frees during capture]). A driver error here
   // is one of earlier work; the next drain meets it again.
-  try {
-    detail::SpinGuard lock(pool->lock);
-    if (!pool->pending.empty()) process_pending(*pool, detail::Drain::completed);
-  } catch (const std::exception& e) {
-    report(Severity::warning, Backend<R>::name,
-           fmt::format("device {}: pending frees of pool ({}, {}) wait for a later drain: {}",
-                       device_, id.first, id.second, e.what()));
+  for (Pool* pool : pools_of(id)) {
+    try {
+      detail::SpinGuard lock(pool->lock);
+      if (!pool->pending.empty()) process_pending(*pool, detail::Drain::completed);
+    } catch (const std::exception& e) {
+      report(Severity::warning, Backend<R>::name,
+             fmt::format("device {}: pending frees of pool ({}, {}) wait for a later drain: {}",
+                         device_, id.first, id.second, e.what()));
+    }
   }
-  forget_if_idle(*pool);
+  forget_if_idle(id);
 }
 
 template <class R>
 inline void DeviceCachingAllocator<R>::empty_cache(MempoolId id) {
   if (id.is_default()) return empty_cache();
-  Pool* pool;
+  std::vector<Pool*> pools;
   {
     std::lock_guard<std::mutex> guard(private_mutex_);
     PrivateEntry* e = find_private(id);
     if (!e || e->use_count > 0) return;  // unknown, or reserved while in use
-    pool = e->pool;
+    pools = e->pools;
   }
-  release_pool_memory(*pool, detail::Drain::wait_for_all);
-  forget_if_idle(*pool);
+  for (Pool* pool : pools) release_pool_memory(*pool, detail::Drain::wait_for_all);
+  forget_if_idle(id);
 }
 
 template <class R>
@@ -210,8 +219,10 @@ inline DeviceStats DeviceCachingAllocator<R>::stats(MempoolId id) {
   } else {
     std::lock_guard<std::mutex> guard(private_mutex_);
     if (PrivateEntry* e = find_private(id)) {
-      detail::SpinGuard lock(e->pool->lock);
-      out = e->pool->stats.device_stats();
+      for (Pool* pool : e->pools) {
+        detail::SpinGuard lock(pool->lock);
+        out.merge(pool->stats.device_stats());
+      }
     }
   }
   out.max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
@@ -220,38 +231,43 @@ inline DeviceStats DeviceCachingAllocator<R>::stats(MempoolId id) {
   return out;
 }
 
-// allocate() while a route is active: the pool of the route begun last
-// whose filter accepts `stream`, else the stream's own pool.
+// While a route is active (pool_from_map): the Pool for `stream` of the
+// private pool of the route begun last whose filter accepts `stream`, made
+// (or an idle one reused) on the pool's first request on that stream; or
+// nullptr, the stream's own pool then serving the request.
 template <class R>
-ACCELKIT_NOINLINE void* DeviceCachingAllocator<R>::allocate_routed(std::size_t bytes,
-                                                                   StreamHandle stream,
-                                                                   NoRoom no_room) {
-  Pool* routed = nullptr;
+inline auto DeviceCachingAllocator<R>::routed_pool(StreamHandle stream) -> Pool* {
+  std::lock_guard<std::mutex> guard(private_mutex_);
+  auto route = std::find_if(routes_.rbegin(), routes_.rend(),
+                            [&](const Route& r) { return r.filter(stream); });
+  if (route == routes_.rend()) return nullptr;
+  PrivateEntry* e = find_private(route->id);
+  ACCELKIT_ASSERT(e, "a route's pool has an entry while the route is active");
+  for (Pool* pool : e->pools)
+    if (pool->stream == stream) return pool;
+  e->pools.reserve(e->pools.size() + 1);
+  Pool* pool;
+  if (!idle_pools_.empty()) {
+    pool = idle_pools_.back();
+    idle_pools_.pop_back();
+  } else {
+    std::lock_guard<std::mutex> lock(pools_mutex_);
+    pools_.reserve(pools_.size() + 1);
+    auto made = std::make_unique<Pool>(stream);
+    pool = made.get();
+    private_owned_.push_back(std::move(made));
+    pools_.push_back(pool);
+    // So that forgetting a pool cannot fail (forget_if_idle).
+    idle_pools_.reserve(private_owned_.size());
+  }
   {
-    std::lock_guard<std::mutex> guard(private_mutex_);
-    for (auto it = routes_.rbegin(); it != routes_.rend(); ++it) {
-      if (!it->filter(stream)) continue;
-      routed = it->pool;
-      if (!routed->has_stream) {
-        detail::SpinGuard lock(routed->lock);
-        routed->stream = stream;
-        routed->has_stream = true;
-      }
-      break;
-    }
+    detail::SpinGuard lock(pool->lock);
+    pool->stream = stream;
+    pool->id = e->id;
+    pool->keep = e->use_count > 0 ? detail::Keep::reserve : detail::Keep::give_back;
   }
-  if (!routed) return allocate_in(pool_for(stream), bytes, stream, no_room);
-  void* p = allocate_in(*routed, bytes, stream, no_room);
-  if (p && stream != routed->stream) {
-    // Reused only once both streams are past it (Note [Private pools]).
-    try {
-      record_stream(p, stream);
-    } catch (...) {
-      deallocate(p);
-      throw;
-    }
-  }
-  return p;
+  e->pools.push_back(pool);
+  return pool;
 }
 
 // Returns the wholly free segments of `pool` to the driver if its use
@@ -271,6 +287,23 @@ inline void DeviceCachingAllocator<R>::release_pool_memory(Pool& pool, detail::D
   free_segments(freed);
 }
 
+// Under the pool lock, as `pool` is released: flags its allocated blocks as
+// used elsewhere, so that their frees take the out-of-line path, which
+// gives memory back (free_small_used, free_large's), and the hit path pays
+// nothing for released pools (Note [Private pools]). A flagged block with no
+// streams recorded (take_uses) is freed as any other.
+template <class R>
+inline void DeviceCachingAllocator<R>::mark_released(Pool& pool) {
+  using namespace detail::small_block;
+  for (Segment* seg : pool.segments)
+    for (Block* b = seg->head; b; b = b->next)
+      if (b->allocated) b->has_uses = true;
+  pool.arena.for_each_segment([](detail::SmallSegment& seg) {
+    for (std::size_t i = 0; i < seg.blocks.size(); ++i)
+      if (state(seg.blocks[i]) == allocated) seg.blocks[i] = with_uses(seg.blocks[i], Uses::recorded);
+  });
+}
+
 // After a free into `pool` (Keep::give_back): what became wholly free goes
 // back to the driver. A free must not throw for the driver's sake, so a
 // failure is reported; the memory waits for a later empty_cache.
@@ -278,7 +311,12 @@ template <class R>
 ACCELKIT_NOINLINE void DeviceCachingAllocator<R>::give_back(Pool& pool) noexcept {
   try {
     release_pool_memory(pool, detail::Drain::completed);
-    forget_if_idle(pool);
+    MempoolId id;
+    {
+      detail::SpinGuard lock(pool.lock);
+      id = pool.id;
+    }
+    if (!id.is_default()) forget_if_idle(id);
   } catch (const std::exception& e) {
     report(Severity::warning, Backend<R>::name,
            fmt::format("device {}: memory of a released pool waits for a later empty_cache: {}",
@@ -290,45 +328,47 @@ ACCELKIT_NOINLINE void DeviceCachingAllocator<R>::give_back(Pool& pool) noexcept
   }
 }
 
-// Forgets `pool` if its use count is 0, no route names it and it holds
-// nothing from the driver: its id becomes unknown and the Pool waits in
-// idle_pools_ for the next private pool (Note [Private pools]).
+// Forgets pool `id` if its use count is 0, no route names it and its Pools
+// hold nothing from the driver: the id becomes unknown, its figures join
+// retired_stats_, and its Pools wait in idle_pools_ for the next private
+// pool (Note [Private pools]).
 template <class R>
-inline void DeviceCachingAllocator<R>::forget_if_idle(Pool& pool) {
+inline void DeviceCachingAllocator<R>::forget_if_idle(MempoolId id) {
   std::lock_guard<std::mutex> guard(private_mutex_);
-  auto e = std::find_if(private_pools_.begin(), private_pools_.end(),
-                        [&](const PrivateEntry& x) { return x.pool == &pool; });
-  if (e == private_pools_.end() || e->use_count > 0) return;
+  PrivateEntry* e = find_private(id);
+  if (!e || e->use_count > 0) return;
   for (const Route& r : routes_)
-    if (r.pool == &pool) return;
-  {
-    detail::SpinGuard lock(pool.lock);
-    if (pool.stats.reserved_bytes.total() != 0) return;  // limbo_ counts too
-    ACCELKIT_ASSERT(pool.pending.empty() && pool.segments.empty(),
-                    "a pool that holds nothing from the driver has no blocks");
-    retired_stats_.merge(pool.stats.device_stats());
-    pool.stats = PoolStats{};
-    pool.keep = detail::Keep::cache;
-    pool.id = MempoolId{};
-    pool.has_stream = false;
-    pool.parking = true;
-    pool.frees_counted = 0;
-    pool.parked_hits = 0;
+    if (r.id == id) return;
+  for (Pool* pool : e->pools) {
+    detail::SpinGuard lock(pool->lock);
+    if (pool->stats.reserved_bytes.total() != 0) return;  // limbo_ counts too
   }
-  private_pools_.erase(e);
-  idle_pools_.push_back(&pool);  // has room: incref_pool reserved it
+  for (Pool* pool : e->pools) {
+    detail::SpinGuard lock(pool->lock);
+    ACCELKIT_ASSERT(pool->pending.empty() && pool->segments.empty(),
+                    "a pool that holds nothing from the driver has no blocks");
+    retired_stats_.merge(pool->stats.device_stats());
+    pool->stats = PoolStats{};
+    pool->keep = detail::Keep::cache;
+    pool->id = MempoolId{};
+    pool->parking = true;
+    pool->frees_counted = 0;
+    pool->parked_hits = 0;
+    idle_pools_.push_back(pool);  // has room: routed_pool reserved it
+  }
+  private_pools_.erase(private_pools_.begin() + (e - private_pools_.data()));
 }
 
 // After empty_cache(): forgets the released pools it emptied.
 template <class R>
 inline void DeviceCachingAllocator<R>::forget_idle_pools() {
-  std::vector<Pool*> released;
+  std::vector<MempoolId> released;
   {
     std::lock_guard<std::mutex> guard(private_mutex_);
     for (const PrivateEntry& e : private_pools_)
-      if (e.use_count == 0) released.push_back(e.pool);
+      if (e.use_count == 0) released.push_back(e.id);
   }
-  for (Pool* pool : released) forget_if_idle(*pool);
+  for (MempoolId id : released) forget_if_idle(id);
 }
 
 ACCELKIT_END_NAMESPACE

@@ -194,17 +194,15 @@ ACCELKIT_ALWAYS_INLINE void DeviceCachingAllocator<R>::free_small(SmallHold& h, 
   }
   release_small(pool, seg, i, ptr);  // may throw: nothing changed
   count_free(pool, size, requested, BlockKind::small);
-  if (pool.keep == detail::Keep::give_back) {  // Note [Private pools]
-    lock.unlock();
-    give_back(pool);
-  }
 }
 
 // The rest of free_small, out of line (so that the common frees do not pay
 // for its frame): a block used on other streams is pending (never
 // allocated again, nor freed twice) until events on those streams say they
-// are past this point. Called under the pool's lock, held by `lock`, with
-// the block's descriptor `d`.
+// are past this point; a block of a released private pool may leave its
+// segment wholly free, to give back (its flag set by mark_released, Note
+// [Private pools]). Called under the pool's lock, held by `lock`, with the
+// block's descriptor `d`.
 template <class R>
 ACCELKIT_NOINLINE void DeviceCachingAllocator<R>::free_small_used(detail::SpinGuard& lock,
                                                                          Pool& pool,

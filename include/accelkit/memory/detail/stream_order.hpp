@@ -139,10 +139,12 @@ inline void DeviceCachingAllocator<R>::cache_or_queue(Pool& pool, detail::Pendin
 }
 
 // Under the pool lock: the streams a freed block was used on, leaving none
-// recorded for it.
+// recorded for it (none at all for a block flagged only because its
+// private pool was released: mark_released).
 template <class R>
 inline std::vector<StreamHandle> DeviceCachingAllocator<R>::take_uses(Pool& pool, const void* ptr) {
   auto it = pool.uses.find(ptr);
+  if (it == pool.uses.end()) return {};
   std::vector<StreamHandle> uses = std::move(it->second);
   pool.uses.erase(it);
   return uses;

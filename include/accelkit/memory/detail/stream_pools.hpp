@@ -5,6 +5,8 @@
 // thread finds a stream's pool in its own cache of the last four pools it
 // used (tls_pools_, keyed by allocator and stream, scanned inline on every
 // allocation), and otherwise in the allocator's map under pools_mutex_.
+// While a route to a private pool is active the cache is bypassed, and the
+// routes are asked first (Note [Private pools]).
 //
 // Part of DeviceCachingAllocator: the class, its public API and its policy are
 // in memory/caching_allocator.hpp, which includes this file at its end (this
@@ -13,6 +15,8 @@
 
 #include <accelkit/memory/caching_allocator.hpp>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -23,13 +27,16 @@ ACCELKIT_BEGIN_NAMESPACE
 // of line (GCC at -O3 called all of it out of line otherwise).
 template <class R>
 ACCELKIT_ALWAYS_INLINE auto DeviceCachingAllocator<R>::pool_for(StreamHandle stream) -> Pool& {
+  std::uint64_t key = cache_key_.load(std::memory_order_relaxed);  // kRouting: no entry
   for (const PoolCacheEntry& e : tls_pools_)
-    if (e.owner == id_ && e.stream == stream.value) return *e.pool;
+    if (e.owner == key && e.stream == stream.value) return *e.pool;
   return pool_from_map(stream);
 }
 
 template <class R>
 ACCELKIT_NOINLINE auto DeviceCachingAllocator<R>::pool_from_map(StreamHandle stream) -> Pool& {
+  if (cache_key_.load(std::memory_order_relaxed) == kRouting)
+    if (Pool* routed = routed_pool(stream)) return *routed;
   Pool* p;
   {
     std::lock_guard<std::mutex> lock(pools_mutex_);
