@@ -203,10 +203,17 @@ class graph:  # noqa: N801 (torch.cuda.graph)
 # gradients likewise and replays the backward graph. The inputs of the
 # graph are the callable's tensor arguments and, for a module, its
 # parameters, which are read in place (an optimizer that updates them in
-# place is seen by the next replay).
-# Limits: as torch.cuda's: arguments are tensors only, in the layout of the
-# sample; outputs are the same tensors at every call (overwritten by the
-# next replay); no double backward; module hooks present at capture are
+# place is seen by the next replay). The outputs and the gradients handed
+# back are copies of the graph's (one device copy each), where torch.cuda
+# hands out the graph's own tensors: a parameter's .grad would otherwise
+# be the graph's memory (so zero_grad(set_to_none=False) followed by a
+# replay doubles it), and an output kept across two calls would change
+# under the caller.
+# Limits: as torch.cuda's: a call's backward must run before the next call
+# (the backward graph reads what the forward's replay left in the pool);
+# arguments are tensors only, in the layout of the sample; a function's
+# tensors that need gradients must be its arguments (a module's parameters
+# are taken); no double backward; module hooks present at capture are
 # refused; buffers must not require grad; a module whose training flag
 # differs from the one at capture runs its original forward; autocast only
 # with its cache off.
@@ -271,6 +278,10 @@ class _Captured:
             self.has_backward = True
         self.static_grad_inputs = tuple(next(grads) if t.requires_grad and self.has_backward
                                         else None for t in self.surface)
+        # The captured autograd graph is of no further use: held, it would keep the
+        # parameters' AccumulateGrad nodes of the capture stream alive.
+        self.differentiable = tuple(o.requires_grad for o in self.static_outputs)
+        self.static_outputs = tuple(o.detach() for o in self.static_outputs)
 
     def load_inputs(self, inputs):
         for static, new in zip(self.flat_args, inputs):
@@ -304,9 +315,9 @@ class _Replay(torch.autograd.Function):
         ctx.captured = captured
         captured.load_inputs(inputs[:len(captured.flat_args)])
         captured.fwd.replay()
-        outputs = tuple(o.detach() for o in captured.static_outputs)
-        ctx.mark_non_differentiable(*(o for o, s in zip(outputs, captured.static_outputs)
-                                      if not s.requires_grad))
+        outputs = tuple(o.clone() for o in captured.static_outputs)
+        ctx.mark_non_differentiable(*(o for o, d in zip(outputs, captured.differentiable)
+                                      if not d))
         return outputs
 
     @staticmethod
@@ -316,7 +327,7 @@ class _Replay(torch.autograd.Function):
         if captured.has_backward:
             captured.load_grads(grads)
             captured.bwd.replay()
-        return (None,) + tuple(None if g is None else g.detach()
+        return (None,) + tuple(None if g is None else g.clone()
                                for g in captured.static_grad_inputs)
 
 

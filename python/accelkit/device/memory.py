@@ -182,7 +182,7 @@ def memory_snapshot(mempool_id=None, include_traces=True) -> list:
             wanted = ()
         if len(wanted) != 2:
             raise ValueError(f"{_backend.name}: memory_snapshot: mempool_id is a pair of ints, "
-                             f"got {mempool_id!r}")
+                             f"got mempool_id={mempool_id!r}")
     segments = []
     for i in range(_backend.ops.device_count()):
         segments += json.loads(_backend.ops.memory_snapshot_json(i))["segments"]
