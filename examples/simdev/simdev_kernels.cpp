@@ -370,18 +370,23 @@ Matrix matrix(const at::Tensor& t) {
 
 // c (n x m, rows of m) = a (n x k) @ b (k x m), or c += it, any strides of
 // a and b, summed in double. The loop order follows b's layout: rows of b
-// (i, k, j) or its columns (i, j, k: a transposed weight).
+// (i, k, j) or its columns (i, j, k: a transposed weight, each element a dot
+// product summed in four independent parts so that the additions overlap).
 void matmul(const float* a, std::int64_t sa0, std::int64_t sa1, const float* b, std::int64_t sb0,
             std::int64_t sb1, float* c, std::int64_t n, std::int64_t k, std::int64_t m,
             bool accumulate) {
   if (sb0 == 1 && sb1 != 1) {
     for (std::int64_t i = 0; i < n; ++i)
       for (std::int64_t j = 0; j < m; ++j) {
-        double acc = accumulate ? c[i * m + j] : 0.0;
         const float* ai = a + i * sa0;
         const float* bj = b + j * sb1;
-        for (std::int64_t l = 0; l < k; ++l) acc += double(ai[l * sa1]) * double(bj[l]);
-        c[i * m + j] = static_cast<float>(acc);
+        double part[4] = {0.0, 0.0, 0.0, 0.0};
+        std::int64_t l = 0;
+        for (; l + 4 <= k; l += 4)
+          for (int q = 0; q < 4; ++q) part[q] += double(ai[(l + q) * sa1]) * double(bj[l + q]);
+        for (; l < k; ++l) part[0] += double(ai[l * sa1]) * double(bj[l]);
+        double acc = (part[0] + part[1]) + (part[2] + part[3]);
+        c[i * m + j] = static_cast<float>(accumulate ? c[i * m + j] + acc : acc);
       }
     return;
   }
