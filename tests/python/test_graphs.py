@@ -224,6 +224,47 @@ def test_capture_on_a_side_stream_while_another_thread_allocates(mode):
     assert torch.equal(outs[-1].cpu(), _rotate(x).cpu())
 
 
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_an_event_query_on_another_thread_during_capture_follows_the_mode(mode):
+    # global refuses the query on any thread and invalidates the capture;
+    # thread_local refuses it on the capturing thread only; relaxed allows it.
+    x = torch.ones(256, device=DEV)
+    ev = MOD.Event()
+    ev.record(MOD.Stream())
+    ev.synchronize()
+    opened, asked, outcome = threading.Event(), threading.Event(), []
+
+    def other():
+        opened.wait(30)
+        try:
+            outcome.append(ev.query())
+        except RuntimeError as e:
+            outcome.append(e)
+        asked.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    g = MOD.Graph()
+    try:
+        with MOD.graph(g, capture_error_mode=mode):
+            out = x.clone()
+            opened.set()
+            asked.wait(30)
+    except RuntimeError as e:
+        ended = e
+    else:
+        ended = None
+    thread.join()
+    if mode == "global":
+        assert isinstance(outcome[0], RuntimeError) and "captur" in str(outcome[0])
+        assert ended is not None and "invalidated" in str(ended)
+    else:
+        assert outcome == [True] and ended is None
+        g.replay()
+        assert torch.equal(out.cpu(), x.cpu())
+    assert not MOD.is_current_stream_capturing()
+
+
 @simdev_only
 def test_a_graph_destroyed_while_replays_are_queued_frees_nothing_early():
     src = torch.zeros(2048, device=DEV)

@@ -106,8 +106,8 @@ def test_a_graph_captures_into_a_mempool():
     try:
         with MOD.graph(g, pool=pool.id):
             out = x.clone()
-    except NotImplementedError as e:  # a backend without graphs (simdev has them)
-        if IS_SIMDEV:
+    except (NotImplementedError, RuntimeError) as e:  # a backend without graphs (simdev has them)
+        if IS_SIMDEV or "cannot capture" not in str(e):
             raise
         pytest.skip(str(e))
     assert g.pool() == pool.id and pool.use_count() == 2 and _in(out, pool.id)
