@@ -30,27 +30,36 @@ from .. import _backend
 # generator on host-visible memory; non-tensor or self-overlapping inputs;
 # mutated inputs) runs as compiled, with one warning naming the reason.
 # Limits: no trees: each compiled graph (a forward, a backward) has its own
-# graph and pool; dynamic shapes give one capture per compiled graph (a
-# new shape recompiles); the first call runs the graph twice (warm-up).
+# graph and pool, per thread; the first call of a thread runs the compiled
+# code twice (warm-up, then capture), the RNG state restored after.
 
 _SKIP = "skipping {name} graphs: {why}"
 
 
+class _Captured:
+    """One thread's capture of a compiled graph: its static inputs, the graph
+    and the outputs the graph writes."""
+
+    def __init__(self, static_inputs, copy, graph, outputs):
+        self.static_inputs, self.copy, self.graph, self.outputs = static_inputs, copy, graph, outputs
+
+
 class _Graphed:
-    """A compiled graph's callable, captured at its first call and replayed."""
+    """A compiled graph's callable, captured at a thread's first call and
+    replayed at its next ones (each thread its own capture, as Inductor's
+    graphs are per thread)."""
 
     def __init__(self, model, static_input_idxs, mutated, device):
         self.model, self.static, self.device = model, frozenset(static_input_idxs), device
         self.refusal = (f"it mutates its inputs {sorted(set(mutated) - self.static)}"
                         if set(mutated) - self.static else None)
-        self.lock = threading.Lock()
-        self.graph = None
+        self.local = threading.local()
 
     def _skip(self, why):
         self.refusal = why
         from torch._dynamo.utils import counters
         counters["inductor"]["cudagraph_skips"] += 1
-        warnings.warn(_SKIP.format(name=_backend.name, why=why), stacklevel=3)
+        warnings.warn(_SKIP.format(name=_backend.name, why=why), stacklevel=4)
 
     def _record(self, inputs):
         mod = getattr(torch, _backend.name)
@@ -62,9 +71,9 @@ class _Graphed:
         static = [x if i in self.static else
                   torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
                   for i, x in enumerate(inputs)]
-        for i, x in enumerate(inputs):
-            if i not in self.static:
-                static[i].copy_(x)
+        copy = [i for i in range(len(static)) if i not in self.static]
+        for i in copy:
+            static[i].copy_(inputs[i])
         torch.accelerator.synchronize(self.device)
         side = mod.Stream(self.device)
         side.wait_stream(mod.current_stream(self.device))
@@ -77,23 +86,23 @@ class _Graphed:
                 outputs = self.model(list(static))
         except (RuntimeError, NotImplementedError) as e:
             return self._skip(f"the compiled code cannot be captured: {e}")
-        self.static_inputs = static
-        self.outputs = outputs
-        self.copy = [i for i in range(len(static)) if i not in self.static]
-        self.graph = graph
+        self.local.captured = _Captured(static, copy, graph, outputs)
 
     def __call__(self, inputs):
-        if self.graph is None and self.refusal is None:
-            with self.lock, getattr(torch, _backend.name).device(self.device):
-                if self.graph is None and self.refusal is None:
-                    self._record(inputs)
-        if self.graph is None:
+        captured = getattr(self.local, "captured", None)
+        if captured is None and self.refusal is None:
+            from torch._dynamo.utils import preserve_rng_state
+            with preserve_rng_state(), getattr(torch, _backend.name).device(self.device):
+                self._record(inputs)
+            captured = getattr(self.local, "captured", None)
+        if captured is None:
             return self.model(inputs)
-        for i in self.copy:
-            self.static_inputs[i].copy_(inputs[i])
+        for i in captured.copy:
+            if captured.static_inputs[i].data_ptr() != inputs[i].data_ptr():
+                captured.static_inputs[i].copy_(inputs[i])
         inputs.clear()  # the boxed convention: the callee owns the list
-        self.graph.replay()
-        return [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs]
+        captured.graph.replay()
+        return [o.clone() if isinstance(o, torch.Tensor) else o for o in captured.outputs]
 
 
 _policy = None
