@@ -9,13 +9,13 @@
 // threads at once.
 //
 // Asynchronous errors: work queued by memcpy_async, memset_async,
-// memcpy_peer_async, event_record, stream_wait_event, stream_wait_peer_event
-// and stream_wait_signal may fail after the call returned. The driver then
-// reports the failure later, once, as a DriverError carrying its own code,
-// from stream_synchronize, stream_query, event_synchronize, event_query,
-// device_synchronize or a later stream-ordered call of that device (as CUDA's
-// sticky errors arrive); synchronizing members wait for the work first. The
-// SDK guarantees, when one arrives: its state stays consistent (nothing
+// memcpy_peer_async, event_record, stream_wait_event, stream_wait_peer_event,
+// stream_wait_signal and graph_launch may fail after the call returned. The
+// driver then reports the failure later, once, as a DriverError carrying its
+// own code, from stream_synchronize, stream_query, event_synchronize,
+// event_query, device_synchronize or a later stream-ordered call of that
+// device (as CUDA's sticky errors arrive); synchronizing members wait for the
+// work first. The SDK guarantees, when one arrives: its state stays consistent (nothing
 // half-done in the allocators, pools or streams; a block whose free could not
 // be ordered is kept out of the cache, memory whose release could not be
 // ordered stays reserved and is returned by a later empty_cache); the error
