@@ -126,3 +126,16 @@ def test_what_the_sdks_pools_do_not_have_is_refused_by_name():
     with pytest.raises(TypeError, match=DEV):
         with MOD.use_mem_pool((0, 1)):
             pass
+
+
+def test_memory_stats_give_each_private_pools_reserved_bytes_as_cuda_keys_them():
+    pool = MOD.MemPool()
+    with MOD.use_mem_pool(pool):
+        t = torch.empty(3 * 2**20, dtype=torch.uint8, device=DEV)
+    key = f"reserved_bytes_by_private_pools.{pool.id[0]}_{pool.id[1]}.all.current"
+    stats = MOD.memory_stats()
+    reserved = sum(s["total_size"] for s in pool.snapshot())
+    assert stats[key] == reserved >= t.numel()
+    assert stats["reserved_bytes.all.current"] >= reserved
+    nested = MOD.memory_stats_as_nested_dict()
+    assert nested["reserved_bytes_by_private_pools"][pool.id]["all"]["current"] == reserved

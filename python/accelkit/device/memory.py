@@ -62,15 +62,28 @@ def max_memory_cached(device=None) -> int:
 
 def memory_stats(device=None) -> dict:
     """The allocator's statistics, keyed as torch.cuda.memory_stats
-    ("allocated_bytes.all.current", "num_ooms", ...)."""
-    return json.loads(_backend.ops.memory_stats_json(_index(device)))
+    ("allocated_bytes.all.current", "num_ooms", ...), with the reserved bytes
+    of each private pool that holds memory (a graph's or a MemPool's) as
+    "reserved_bytes_by_private_pools.<a>_<b>.<all|large_pool|small_pool>.<...>"."""
+    index = _index(device)
+    stats = json.loads(_backend.ops.memory_stats_json(index))
+    pools = {tuple(s.get("segment_pool_id", (0, 0)))
+             for s in json.loads(_backend.ops.memory_snapshot_json(index))["segments"]}
+    for a, b in sorted(pools - {(0, 0)}):
+        for key, value in json.loads(_backend.ops.pool_stats_json(index, [a, b])).items():
+            if key.startswith("reserved_bytes."):
+                stats[f"reserved_bytes_by_private_pools.{a}_{b}.{key[len('reserved_bytes.'):]}"] = value
+    return stats
 
 
 def memory_stats_as_nested_dict(device=None) -> dict:
-    """memory_stats, nested at each dot of its keys."""
+    """memory_stats, nested at each dot of its keys (a private pool's key
+    as its id, a pair of ints, as torch.cuda's)."""
     nested = {}
     for key, value in memory_stats(device).items():
         *path, last = key.split(".")
+        if path[:1] == ["reserved_bytes_by_private_pools"] and len(path) > 1:
+            path[1] = tuple(int(i) for i in path[1].split("_"))
         node = nested
         for part in path:
             node = node.setdefault(part, {})
