@@ -279,14 +279,16 @@ inline const at::Tensor& cpu_arg(const at::Tensor& a, Converted& c, at::ScalarTy
 }
 
 // Refuses host kernel Op when the current stream of a device its tensors
-// are on is capturing (Note [Refusals during capture]).
+// are on is capturing (Note [Refusals during capture]), before it is known
+// whether the host kernel or the fallback would take the arguments: either
+// runs PyTorch's CPU kernel on the host.
 template <class Op, class... Args>
 void refuse_during_capture(const Args&... args) {
   auto check = [](const at::Tensor& t, bool) {
     if (!t.defined() || t.device().type() != kDeviceType) return;
     refuse_if_capturing(t.device().index(), [] {
-      return fmt::format("{} (a host kernel: PyTorch's CPU kernel run by the host on the "
-                         "device's memory)",
+      return fmt::format("{} (PyTorch's CPU kernel run by the host, as a host kernel or through "
+                         "the CPU fallback)",
                          operator_name(Op::name, Op::overload_name));
     });
   };
