@@ -357,11 +357,15 @@ def test_torch_accelerator_graph_works_with_the_graph_context():
     g.replay()
     assert torch.equal(out.cpu(), _rotate(x).cpu())
     s = MOD.Stream()
-    g2 = torch.accelerator.Graph()
+    g2 = torch.accelerator.Graph(pool=g.pool())
     with s, g2:  # PyTorch's own context: capture on the current stream
         out2 = x.clone()
     g2.replay()
-    assert torch.equal(out2.cpu(), x.cpu())
+    assert torch.equal(out2.cpu(), x.cpu()) and g2.pool() == g.pool()
+    g3 = torch.accelerator.Graph(pool=g.pool())
+    with MOD.graph(g3):  # its pool, given at construction, is kept
+        x.clone()
+    assert g3.pool() == g.pool()
 
 
 def test_arguments_are_checked_with_the_backends_name():

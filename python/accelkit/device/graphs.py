@@ -160,10 +160,13 @@ class graph:  # noqa: N801 (torch.cuda.graph)
         _backend.ops.host_empty_cache()
         self.stream_ctx.__enter__()
         try:
-            if isinstance(self.cuda_graph, Graph):
-                self.cuda_graph.capture_begin(self.pool, capture_error_mode=self.capture_error_mode)
-            else:  # torch.accelerator.Graph: its pool and mode are set at construction
-                self.cuda_graph.capture_begin()
+            # The binding's own capture_begin, which every graph class has
+            # (torch.accelerator.Graph's takes no arguments: its pool, if
+            # given at construction, is used where this context has none).
+            pool = self.pool if self.pool is not None else _pool(
+                getattr(self.cuda_graph, "graph_pool", None))
+            torch._C._acceleratorGraph.capture_begin(
+                self.cuda_graph, pool=pool, capture_error_mode=self.capture_error_mode)
         except BaseException:
             self.stream_ctx.__exit__(None, None, None)
             raise
