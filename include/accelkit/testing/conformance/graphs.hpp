@@ -27,13 +27,33 @@ struct GraphChecks : CheckTools<R> {
   using Tools::no_host_side;
   static constexpr std::size_t kBytes = 64 << 10;
 
-  // True (the check skipped) when there is no device, or when the runtime
-  // has no graph members, after checking that the SDK then refuses graphs
-  // with NotSupportedError naming the backend and reports no capture.
+  // True (the check skipped) when there is no device, when the runtime has
+  // no graph members (after checking that the SDK then refuses graphs with
+  // NotSupportedError naming the backend and reports no capture), or when
+  // the runtime has them but device 0 cannot capture: its
+  // stream_begin_capture throws NotSupportedError (an OpenCL device without
+  // cl_khr_command_buffer), which must name the backend.
   static bool no_graphs(Kit& kit, Verdict& v) {
     if (no_device(kit, v)) return true;
     if constexpr (Kit::SdkBackend::has_graphs) {
-      return false;
+      auto& b = kit.backend();
+      StreamHandle s = b.stream_create(0, 0);
+      std::string reason;
+      try {
+        b.stream_begin_capture(0, s, CaptureMode::global);
+        b.graph_destroy(0, b.stream_end_capture(0, s));
+      } catch (const NotSupportedError& e) {
+        reason = e.what();
+      }
+      bool still = b.stream_is_capturing(0, s);
+      b.stream_destroy(0, s);
+      if (reason.empty()) return false;
+      v.require(reason.find(std::string(R::name)) != std::string::npos,
+                fmt::format("a device that cannot capture must say so naming the backend: {}",
+                            reason));
+      v.require(!still, "a refused stream_begin_capture left the stream capturing");
+      v.skip(fmt::format("device 0 cannot capture graphs: {}", reason));
+      return true;
     } else {
       auto& b = kit.backend();
       StreamHandle s = b.stream_create(0, 0);
