@@ -595,6 +595,30 @@ TEST_CASE("capture: a free of a block used on a capturing stream waits for the c
   }
 }
 
+TEST_CASE("capture: a free of a block used only on non-capturing streams records its event at once") {
+  SimBackend b(Environment::fixed({}), sized());
+  Allocator a(b, 0, AllocatorConfig{});
+  StreamHandle s = b.stream_create(0, 0);
+  StreamHandle t = b.stream_create(0, 0);
+  StreamHandle u = b.stream_create(0, 0);
+  void* p = a.allocate(4096, t);
+  a.record_stream(p, u);
+  Capture cap(b, s);
+  long events = b.runtime().events_created();
+  a.deallocate(p);
+  CHECK(b.runtime().events_created() == events + 1);  // recorded on u, at the free
+  void* other = a.allocate(4096, t);  // nothing pending is drained while capturing
+  CHECK(other != p);
+  CHECK_NOTHROW(cap.end());
+  b.stream_synchronize(0, u);
+  void* reused = a.allocate(4096, t);
+  CHECK(reused == p);
+  a.deallocate(reused);
+  a.deallocate(other);
+  a.empty_cache();
+  CHECK(a.reserved_bytes() == 0);
+}
+
 TEST_CASE("capture: a private pool's blocks freed during capture serve the capture again") {
   SimBackend b(Environment::fixed({}), sized());
   Allocator a(b, 0, AllocatorConfig{});

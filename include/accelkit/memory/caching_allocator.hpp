@@ -43,8 +43,8 @@
 // only through the driver (empty_cache, garbage collection, the retry before
 // out-of-memory); a peak summed over pools bounds the device's peak from
 // above (Note [Sharded statistics]). While a stream captures, the
-// allocator records no event and synchronizes no capturing stream (Note
-// [Frees during capture]).
+// allocator records no event on it and never synchronizes it (Note [Frees
+// during capture]).
 //
 // This file holds the public API and the policy: which cached block serves a
 // request (take_cached), when a pool stops parking records (judge_parking),
@@ -712,6 +712,7 @@ class DeviceCachingAllocator {
   bool record_uses(char* ptr, const std::vector<StreamHandle>& uses,
                    std::vector<std::pair<device_index, EventHandle>>& events);
   void process_pending(Pool& pool, detail::Drain drain);
+  bool used_while_capturing(const std::vector<StreamHandle>& uses);
   void cache_freed(Pool& pool, const detail::PendingFree& p);
   void cache_or_queue(Pool& pool, detail::PendingFree p);
   void make_room(Pool& pool, const detail::PendingFree& p);

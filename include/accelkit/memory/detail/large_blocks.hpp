@@ -244,8 +244,8 @@ ACCELKIT_NOINLINE void DeviceCachingAllocator<R>::free_large(void* ptr) {
     return;
   }
   std::vector<std::pair<device_index, EventHandle>> events;
-  // No event while a capture is underway (Note [Frees during capture]).
-  bool defer = backend_.capture_underway(device_);
+  // No event on a capturing stream (Note [Frees during capture]).
+  bool defer = used_while_capturing(uses);
   bool safe = defer || record_uses(b->ptr, uses, events);
   detail::SpinGuard lock(pool.lock);
   count_free(pool, b);

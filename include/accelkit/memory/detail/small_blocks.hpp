@@ -215,8 +215,8 @@ ACCELKIT_NOINLINE void DeviceCachingAllocator<R>::free_small_used(detail::SpinGu
   seg.blocks[i] = with_uses(with_state(d, pending), Uses::none);
   lock.unlock();
   std::vector<std::pair<device_index, EventHandle>> events;
-  // No event while a capture is underway (Note [Frees during capture]).
-  bool defer = backend_.capture_underway(device_);
+  // No event on a capturing stream (Note [Frees during capture]).
+  bool defer = used_while_capturing(uses);
   bool safe = defer || record_uses(ptr, uses, events);
   lock.lock();
   count_free(pool, size, requested, BlockKind::small);

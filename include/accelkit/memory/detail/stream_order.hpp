@@ -69,21 +69,31 @@ inline bool DeviceCachingAllocator<R>::record_uses(char* ptr,
 // Note [Frees during capture]
 // Work queued on a capturing stream is recorded, not run, and no event may
 // be recorded on a capturing stream; in global capture mode the driver also
-// refuses event queries and waits on the device (CUDA's rule). So while a
+// refuses event queries and waits on the device (CUDA's rule, Note [Capture
+// rules]). So a free of a block used on a capturing stream (record_stream)
+// is queued with its streams (PendingFree::deferred) instead of events; a
+// free of a block used only on other streams records its events as usual
+// (the event pool queries no parked event during a capture). While a
 // capture is underway on the device (Backend::capture_underway, one relaxed
-// load when none is), the allocator neither records, queries nor waits for
-// an event: a free of a block used on other streams (record_stream) is
-// queued with those streams (PendingFree::deferred) instead of events, and
-// pending frees are not drained. Once no capture is underway, the next
-// drain (an allocation from that pool, end_allocate_to_pool, empty_cache,
-// release_pool) records the deferred events, and the block is reused once
-// they complete, as CUDA defers. Release paths never synchronize a
-// capturing stream: empty_cache, the out-of-memory retry and garbage
-// collection skip the pool of a capturing stream, and a segment whose
-// stream captures waits in limbo (Note [Ordered release]). Limits: this
-// defers every free with stream uses on the device while any capture is
-// underway, not only those used on the capturing stream, since the event
-// pool queries its returned events when it records one.
+// load when none is) pending frees are not drained: no event is queried or
+// waited for. Once no capture is underway, the next drain (an allocation
+// from that pool, end_allocate_to_pool, empty_cache, release_pool) records
+// the deferred events, and the block is reused once they complete, as CUDA
+// defers. Release paths never synchronize a capturing stream: empty_cache,
+// the out-of-memory retry and garbage collection skip the pool of a
+// capturing stream, and a segment whose stream captures waits in limbo
+// (Note [Ordered release]). Limits: a pool's pending frees wait for the end
+// of every capture on the device, even those no capture touched, as in
+// CUDA; the deferred event is recorded after the capture, later in its
+// stream than the free, which delays reuse but never makes it early.
+
+// Whether any of `uses` is a capturing stream (Note [Frees during capture]).
+template <class R>
+inline bool DeviceCachingAllocator<R>::used_while_capturing(const std::vector<StreamHandle>& uses) {
+  if (!backend_.capture_underway(device_)) return false;
+  return std::any_of(uses.begin(), uses.end(),
+                     [&](StreamHandle s) { return backend_.stream_is_capturing(device_, s); });
+}
 
 // Under the pool lock: frees pending blocks whose events have completed
 // (all of them, waiting, when `wait`); nothing while a capture is underway

@@ -13,8 +13,8 @@
 // the driver only at teardown (the device pool leaves it in its segment,
 // the pinned pool keeps it on a list); the events recorded for it are
 // released. Both pools use record_stream_uses below, so they behave alike.
-// While a capture is underway the device pool records no event at all and
-// defers such frees (Note [Frees during capture]).
+// The device pool defers the free of a block used on a capturing stream,
+// where no event may be recorded (Note [Frees during capture]).
 #pragma once
 
 #include <accelkit/config.hpp>
