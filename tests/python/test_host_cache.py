@@ -12,6 +12,10 @@ import torch
 
 from backend import DEV, MOD, OPS, renamed, simdev_only
 
+if not hasattr(torch.accelerator, "empty_host_cache"):
+    pytest.skip(f"PyTorch {torch.__version__} has no torch.accelerator.empty_host_cache",
+                allow_module_level=True)
+
 
 def _python(code: str) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter with torch_<backend> imported."""

@@ -17,13 +17,26 @@
 //     holds (StorageImpl::set_materializer) in 2.13; 2.11 calls c10's
 //     materialize_cow directly. set_materializer below installs one where
 //     the storage takes it, and does nothing on 2.11.
+//   - graphs (at::GraphImplInterface in ATen/core/GraphImplInterface.h,
+//     behind torch.accelerator.Graph) and the guard's isStreamCapturing
+//     are 2.13's: ACCELKIT_TORCH_GRAPH_IMPL says whether the header exists
+//     (torch/graph.hpp registers nothing without it), and
+//     StreamCapturingGuard overrides isStreamCapturing where the guard
+//     interface declares it.
 #pragma once
 
 #include <accelkit/config.hpp>
-#include <accelkit/torch/adapter.hpp>  // first (Note [CPU kernel stubs])
+#include <accelkit/torch/common.hpp>  // first (Note [CPU kernel stubs])
 
 #include <ATen/TensorIterator.h>
 #include <ATen/TensorMeta.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#if __has_include(<ATen/core/GraphImplInterface.h>)
+#define ACCELKIT_TORCH_GRAPH_IMPL 1
+#else
+#define ACCELKIT_TORCH_GRAPH_IMPL 0
+#endif
 
 #include <cstdint>
 #include <type_traits>
@@ -124,6 +137,18 @@ void set_materializer(S* storage, void (*fn)(S*)) {
     (void)fn;
   }
 }
+
+// Base, with isStreamCapturing overridden by Derived::stream_capturing
+// where Base (c10::impl::DeviceGuardImplInterface) declares it.
+template <class Base, class Derived, class = void>
+struct StreamCapturingGuard : Base {};
+template <class Base, class Derived>
+struct StreamCapturingGuard<Base, Derived, std::void_t<decltype(&Base::isStreamCapturing)>>
+    : Base {
+  bool isStreamCapturing(const c10::Stream& s) const override {
+    return static_cast<const Derived*>(this)->stream_capturing(s);
+  }
+};
 
 }  // namespace compat
 }  // namespace torch_adapter

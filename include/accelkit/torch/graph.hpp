@@ -6,10 +6,13 @@
 
 #include <accelkit/torch/capture.hpp>
 #include <accelkit/torch/common.hpp>
+#include <accelkit/torch/compat.hpp>
 #include <accelkit/torch/device_work.hpp>
 #include <accelkit/torch/errors.hpp>
 
+#if ACCELKIT_TORCH_GRAPH_IMPL
 #include <ATen/core/GraphImplInterface.h>
+#endif
 #include <ATen/record_function.h>
 
 #include <fmt/format.h>
@@ -64,7 +67,9 @@ ACCELKIT_TORCH_NAMESPACE {
 // Limits: one stream per graph (no fork and join: Note [Capture rules]).
 // Replays on several streams are ordered by the caller, as on CUDA.
 // graph_pool_handle's ids ({n,0}) and user pools' ({0,n}) are the
-// process's own counters (next_mempool_id).
+// process's own counters (next_mempool_id). A PyTorch without
+// GraphImplInterface (2.11) gets no GraphImpl (Note [PyTorch versions]); the
+// pool operators work there too.
 
 inline MempoolId from_c10(c10::MempoolId_t id) { return MempoolId{id.first, id.second}; }
 inline c10::MempoolId_t to_c10(MempoolId id) { return c10::MempoolId_t{id.first, id.second}; }
@@ -77,6 +82,7 @@ inline MempoolId next_mempool_id(bool user_created) {
   return MempoolId{graphs.fetch_add(1, std::memory_order_relaxed), 0};
 }
 
+#if ACCELKIT_TORCH_GRAPH_IMPL
 inline CaptureMode capture_mode(at::GraphCaptureMode m) {
   switch (m) {
     case at::GraphCaptureMode::ThreadLocal: return CaptureMode::per_thread;
@@ -324,14 +330,18 @@ struct GraphImpl final : at::GraphImplInterface {
   std::optional<OperatorRecorder> recorder_;
 };
 
+#endif  // ACCELKIT_TORCH_GRAPH_IMPL
+
 // Registers GraphImpl for the device type (Note [Graphs through PyTorch]);
 // after the backend's name is registered.
 inline void register_graph_impl() {
+#if ACCELKIT_TORCH_GRAPH_IMPL
   std::string key = c10::DeviceTypeName(kDeviceType, /*lower_case=*/false);
   at::GraphImplRegistry()->Register(
       key, [](at::GraphImplArgs args) -> std::unique_ptr<at::GraphImplInterface> {
         return std::make_unique<GraphImpl>(args);
       });
+#endif
 }
 
 }  // namespace torch_adapter

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <accelkit/torch/common.hpp>
+#include <accelkit/torch/compat.hpp>
 #include <accelkit/torch/errors.hpp>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -10,7 +11,8 @@
 ACCELKIT_BEGIN_NAMESPACE
 ACCELKIT_TORCH_NAMESPACE {
 
-struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
+struct GuardImpl final
+    : compat::StreamCapturingGuard<c10::impl::DeviceGuardImplInterface, GuardImpl> {
   static c10::Device dev(device_index d) { return c10::Device(kDeviceType, static_cast<c10::DeviceIndex>(d)); }
   // A device without an index (torch.Stream(device="simdev")) is the current one.
   static device_index index(c10::Device d) {
@@ -88,8 +90,9 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   bool queryStream(const c10::Stream& s) const override {
     return translated([&] { return backend().stream_query(from_c10(s)); });
   }
-  // Whether the stream is capturing a graph (Note [Capture rules]).
-  bool isStreamCapturing(const c10::Stream& s) const override {
+  // Whether the stream is capturing a graph (Note [Capture rules]): the
+  // guard's isStreamCapturing where PyTorch has it (Note [PyTorch versions]).
+  bool stream_capturing(const c10::Stream& s) const {
     return translated([&] {
       Stream st = from_c10(s);
       return backend().stream_is_capturing(st.device, backend().handle(st));
