@@ -14,15 +14,27 @@ its start, so that the calls that set the backend up (discovery, streams,
 pools) are swept too. The cases are forked from this process once it has
 imported torch (without the backend: autoloading is off, and the child
 imports torch_simdev itself), so that each pays for loading the backend,
-not for importing torch: that import was most of a case's time. It runs the workload (tensors on two devices, copies
-both ways including non-blocking pinned ones, operators on a side stream,
-streams and events, a wait across devices, a host signal, a training step, empty_cache), compares every result
-with the same workload on the CPU, runs it again with the fault gone, then
-empties the caches and compares the allocator's statistics, the driver's
-device bytes and pinned blocks with a reference process that ran without a
-fault. The members come from the contract's own list
-(torch.ops.simdev.runtime_members). Prints a table and exits non-zero on any
-failure.
+not for importing torch: that import was most of a case's time. It runs
+the workload (tensors on two devices, copies both ways including
+non-blocking pinned ones, operators on a side stream, streams and events, a
+wait across devices, a host signal, graphs, a training step, empty_cache),
+compares every result with the same workload on the CPU, runs it again with
+the fault gone, then empties the caches and compares the allocator's
+statistics, the driver's device bytes and pinned blocks with a reference
+process that ran without a fault. The members come from the contract's own
+list (torch.ops.simdev.runtime_members). Prints a table and exits non-zero
+on any failure.
+
+The graphs are three captures on a side stream of work simdev records
+without its native kernels (pinned copies both ways, device copies, a
+memset, a fill, an allocation from the graph's pool): through
+torch.accelerator.Graph, through torch.simdev.graph, and with keep_graph
+(instantiated at the first replay); each replayed twice with its inputs
+changed in place between replays, compared with the CPU, and reset (its
+pool given back) before the statistics are compared. So each graph member
+that the SDK calls is reached at calls 1 to 3 (graph_launch at 1 to 6);
+the runtime's stream_is_capturing is not (the SDK answers whether a stream
+captures from its own registry of captures): its cases are "unreached".
 """
 import argparse
 import json
@@ -73,6 +85,7 @@ def run(dev0, dev1, a, w):
         host_signal(side)
     else:
         out = (a * 2 + 1).relu()
+    replays = graphs(dev0, a)                         # captured, replayed, reset
     zeros = torch.zeros(4096, device=dev0)            # a fill
     big = torch.empty(3 << 20, device=dev0)           # a segment of its own
     big.fill_(1.0)
@@ -88,7 +101,72 @@ def run(dev0, dev1, a, w):
         torch.accelerator.synchronize(0)
         torch.accelerator.synchronize(1)
     return {"z": out.clone(), "x1": x1.cpu(), "loss": loss.detach().cpu(),
-            "w": wt.detach().cpu(), "sum": total}
+            "w": wt.detach().cpu(), "sum": total, "graphs": replays}
+
+
+def graph_inputs(a, r, i):
+    """The inputs of replay i of graph r: a pinned host one and a device one."""
+    flat = a.flatten()[:1024]
+    return flat * (i + 1) + r, flat.flip(0) - i
+
+
+def graphs(dev, a):
+    """Three graphs captured on a side stream of `dev`, of the work simdev
+    captures without its native kernels: a pinned copy in, a device copy
+    into the graph's pool, a memset, a fill, a device copy from another
+    input, a pinned copy out. The first through torch.accelerator.Graph,
+    the second through torch.simdev.graph, the third with keep_graph
+    (instantiated at its first replay); each replayed twice with its inputs
+    changed in place between replays, then reset (its pool given back).
+    Returns the six replays' outputs (on the CPU: what they must be)."""
+    outs = []
+    if dev == "cpu":
+        for r in range(3):
+            for i in range(2):
+                hin, other = graph_inputs(a, r, i)
+                t = hin.clone()
+                t[:256] = 0
+                t[256:512] = r + 0.5
+                t[768:] = other[768:]
+                outs.append(t)
+        return torch.stack(outs)
+    side = torch.Stream(device=dev)
+    for r in range(3):
+        hin = torch.zeros(1024).pin_memory()
+        hout = torch.zeros(1024).pin_memory()
+        src = torch.zeros(1024, device=dev)
+        other = torch.zeros(1024, device=dev)
+        g = torch.simdev.Graph() if r == 1 else torch.accelerator.Graph(keep_graph=r == 2)
+        def record():
+            src.copy_(hin, non_blocking=True)          # pinned -> device
+            static = src.clone()                       # from the graph's pool
+            static[:256].zero_()                       # a memset
+            static[256:512].fill_(r + 0.5)             # a fill
+            static[768:].copy_(other[768:])            # device -> device
+            hout.copy_(static, non_blocking=True)      # device -> pinned
+            return static                              # the graph's output
+
+        # Plain with statements: an exception raised in contextlib.ExitStack's
+        # __exit__ is in a reference cycle with its frame, which would keep
+        # this workload's tensors alive past the statistics' comparison.
+        try:
+            if r == 1:
+                with torch.simdev.graph(g, stream=side):
+                    static = record()
+            else:
+                with side, g:
+                    static = record()
+            assert hout.abs().sum().item() == 0       # recorded, not run
+            for i in range(2):
+                new_hin, new_other = graph_inputs(a, r, i)
+                hin.copy_(new_hin)                     # the static inputs, in place
+                other.copy_(new_other)
+                g.replay()
+                torch.accelerator.synchronize(0)
+                outs.append(hout.clone())
+        finally:
+            g.reset()
+    return torch.stack(outs)
 
 
 def host_signal(stream):
