@@ -187,6 +187,7 @@ def main():
     print(f"  {'workload':34s} {'figure':20s} median [25%-75%]")
     workload("100 x (x + y), 1,024 float32", chain)
     workload("MLP 4 x Linear(256), batch 1", decode)
+    print("graph bench: done")
 
 
 if __name__ == "__main__":

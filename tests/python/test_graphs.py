@@ -402,9 +402,17 @@ def test_a_small_mlp_through_host_kernels_is_refused_by_operator():
 
 # ------------------------------------------- native kernels (child processes)
 
+# A child ends with os._exit once its checks passed: PyTorch's autograd device
+# thread may drop a finished backward's Python state while the interpreter
+# finalizes, and taking the GIL then aborts the process ("terminate called
+# without an active exception"; pytorch/pytorch#117762), whatever the backend.
+_EXIT = "\nimport os, sys\nsys.stdout.flush()\nsys.stderr.flush()\nos._exit(0)\n"
+
+
 def _child(code, **env):
     full = {**os.environ, "SIMDEV_NATIVE_KERNELS": "1", **env}
-    r = subprocess.run([sys.executable, "-c", "import torch, torch_simdev\n" + textwrap.dedent(code)],
+    r = subprocess.run([sys.executable, "-c",
+                        "import torch, torch_simdev\n" + textwrap.dedent(code) + _EXIT],
                        capture_output=True, text=True, env=full, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
