@@ -1,6 +1,7 @@
 """What the Python benchmarks share: the machine they ran on, and a median with its spread.
 
 Torch-free, so that the benchmarks that time `import torch` or the compiler can use it."""
+import gc
 import os
 import platform
 import statistics
@@ -41,6 +42,27 @@ def spread(xs, digits=2):
     m = statistics.median(xs)
     q1, q3 = quartiles(xs)
     return f"{m:.{digits}f} [{q1:.{digits}f}-{q3:.{digits}f}]"
+
+
+def rounds_of(fns, rounds, measure):
+    """Note [Rounds and spread] (simdev_bench.py): `rounds` rounds, each
+    measuring every fn in turn (in reverse order every other round, so that
+    no fn always follows the same one), after one warm-up measure of each;
+    returns one list of samples per fn. Python's cyclic garbage collector is
+    paused while timing."""
+    for fn in fns:
+        measure(fn)  # warm-up
+    samples = [[] for _ in fns]
+    order = list(range(len(fns)))
+    gc.collect()
+    gc.disable()
+    try:
+        for r in range(rounds):
+            for i in (order if r % 2 == 0 else order[::-1]):
+                samples[i].append(measure(fns[i]))
+    finally:
+        gc.enable()
+    return samples
 
 
 def mlp_step(device, backward=None):

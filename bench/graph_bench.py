@@ -29,7 +29,6 @@ OCL_NATIVE_KERNELS=1 (operators run as host kernels or through the CPU fallback 
 captured).
 """
 import argparse
-import gc
 import json
 import os
 import sys
@@ -37,30 +36,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchlib import machine_line, spread  # noqa: E402
+from benchlib import machine_line, rounds_of, spread  # noqa: E402
 
 BACKENDS = {
     "simdev": ("torch_simdev", {"SIMDEV_NATIVE_KERNELS": "1"}),
     "ocl": ("torch_ocl", {"OCL_NATIVE_KERNELS": "1"}),
 }
-
-
-def rounds_of(fns, rounds, measure):
-    """Note [Rounds and spread]: each round measures every fn in turn (reversed every other
-    round); one list of samples per fn."""
-    for fn in fns:
-        measure(fn)  # warm-up
-    samples = [[] for _ in fns]
-    order = list(range(len(fns)))
-    gc.collect()
-    gc.disable()
-    try:
-        for r in range(rounds):
-            for i in (order if r % 2 == 0 else order[::-1]):
-                samples[i].append(measure(fns[i]))
-    finally:
-        gc.enable()
-    return samples
 
 
 def main():

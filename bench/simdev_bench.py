@@ -35,7 +35,6 @@ of steps on simdev and on the CPU take turns, each block ending with a
 synchronize: the blocks are the rounds of Note [Rounds and spread].
 """
 import argparse
-import gc
 import json
 import os
 import queue
@@ -55,7 +54,7 @@ import torch  # noqa: E402
 
 import torch_simdev  # noqa: F401
 
-from benchlib import machine_line, mlp_step, spread  # noqa: E402
+from benchlib import machine_line, mlp_step, rounds_of, spread  # noqa: E402,F401
 
 
 
@@ -65,26 +64,6 @@ def per_call_us(fn, calls):
     for _ in range(calls):
         fn()
     return (time.perf_counter() - t0) / calls * 1e6
-
-
-def rounds_of(fns, rounds, measure):
-    """Note [Rounds and spread]: `rounds` rounds, each measuring every fn in
-    turn (in reverse order every other round, so that no fn always follows
-    the same one); returns one list of samples per fn."""
-    for fn in fns:
-        measure(fn)  # warm-up
-    samples = [[] for _ in fns]
-    order = list(range(len(fns)))
-    gc.collect()
-    gc.disable()
-    try:
-        for r in range(rounds):
-            for i in (order if r % 2 == 0 else order[::-1]):
-                samples[i].append(measure(fns[i]))
-    finally:
-        gc.enable()
-    return samples
-
 
 
 def header():
