@@ -72,7 +72,8 @@ enum ErrorCode : int {
 // Members whose work is queued, so that they can fail asynchronously.
 inline bool queues_work(std::string_view member) {
   for (std::string_view m : {"memcpy_async", "memset_async", "memcpy_peer_async", "event_record",
-                             "stream_wait_event", "stream_wait_peer_event", "stream_wait_signal"})
+                             "stream_wait_event", "stream_wait_peer_event", "stream_wait_signal",
+                             "graph_launch"})
     if (member == m) return true;
   return false;
 }

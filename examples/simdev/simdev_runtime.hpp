@@ -690,7 +690,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     auto s = stream_of(device, stream, "graph_launch");
     auto e = execs_.get(exec, "graph_launch");
     refuse_capturing(*s, device, stream, "graph_launch");
-    fault("graph_launch");
+    bool async_fault = fault("graph_launch");  // the launch's first work fails when it runs
     report_async(device, "graph_launch");
     if (e->device != device)
       driver_error(kInvalidValue, "graph_launch",
@@ -710,7 +710,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
                                                 : fmt::format("device {}", r.device)));
       }
     }
-    s->enqueue_all(*e->nodes);
+    s->enqueue_all(*e->nodes, async_fault);
     graph_launches_.fetch_add(1, std::memory_order_relaxed);
   }
 
@@ -840,8 +840,8 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       throw accelkit::ValueError(
           name, fmt::format("inject_fault: {} queues no work, so it cannot fail asynchronously "
                             "(memcpy_async, memset_async, memcpy_peer_async, event_record, "
-                            "stream_wait_event, stream_wait_peer_event and stream_wait_signal "
-                            "can)",
+                            "stream_wait_event, stream_wait_peer_event, stream_wait_signal "
+                            "and graph_launch can)",
                             member));
     configure();  // so that reading the environment later cannot drop it
     std::lock_guard<std::mutex> lock(fault_mutex_);
@@ -1000,9 +1000,14 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     }
     // A graph's launch: copies of its work, queued in one go.
     template <class Nodes>
-    void enqueue_all(const Nodes& nodes) {
+    // `fail`: the first of them fails when it runs (an injected asynchronous
+    // fault of the launch).
+    void enqueue_all(const Nodes& nodes, bool fail) {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (const auto& n : nodes) queue_.push_back(n.work);
+      for (const auto& n : nodes) {
+        queue_.push_back(n.work);
+        if (fail) queue_.back().fail = std::exchange(fail, false);
+      }
       enqueued_ += nodes.size();
       if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
       cv_.notify_all();
