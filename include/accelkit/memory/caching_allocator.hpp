@@ -301,6 +301,32 @@ class DeviceCachingAllocator {
   // until then).
   double memory_fraction() const noexcept { return fraction_.load(); }
 
+  // Applies `config` to the live allocator: later requests, splits, segments
+  // and collections follow it; blocks already cached keep their sizes. Safe
+  // while other threads allocate and free: every field is read and written
+  // atomically (Note [Allocator configuration]), so a request running
+  // meanwhile sees each field either old or new, and the hot path takes no
+  // lock for it. A per_process_memory_fraction that differs from the current
+  // configuration's is applied as set_memory_fraction. ValueError where
+  // `config` turns caching on or off (fixed at construction) or its fraction
+  // is outside (0, 1]; nothing changes then.
+  void set_config(const AllocatorConfig& config) {
+    static std::mutex serial;  // one set_config at a time
+    std::lock_guard<std::mutex> guard(serial);
+    if (config.caching != config_.caching)
+      throw ValueError(Backend<R>::name,
+                       fmt::format("the allocator of {}:{} cannot turn caching {} while it lives",
+                                   Backend<R>::name, device_, config.caching ? "on" : "off"));
+    double fraction = config.memory_fraction;
+    bool fraction_changed = fraction != config_.memory_fraction;
+    if (fraction_changed && !(fraction > 0.0 && fraction <= 1.0))
+      throw ValueError(Backend<R>::name,
+                       fmt::format("memory fraction {} for {}:{} is outside (0, 1]", fraction,
+                                   Backend<R>::name, device_));
+    config_ = config;
+    if (fraction_changed) set_memory_fraction(fraction);
+  }
+
   // Keeps the last `max_entries` allocation events for snapshot(); 0 stops.
   void record_history(std::size_t max_entries) { trace_.start(max_entries); }
 
@@ -596,7 +622,7 @@ class DeviceCachingAllocator {
     if (size <= kSmallSize) return kSmallBuffer;
     if (size >= kMinLargeAlloc) return round2(size);
     std::size_t grown = round2(reserved_.load(std::memory_order_relaxed) / 32);
-    return std::max(size, std::min(grown, config_.large_segment_size));
+    return std::max(size, std::min<std::size_t>(grown, config_.large_segment_size));
   }
 
   // A new segment for a request the cache could not serve; where the driver

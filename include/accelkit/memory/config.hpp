@@ -20,7 +20,9 @@
 //                                 N steps between powers of two; default off
 //   per_process_memory_fraction   in (0, 1]: cap on reserved memory as a
 //                                 fraction of the device's total; default 1
-//   expandable_segments           False only (True: not supported)
+//   expandable_segments           True: large requests come from segments that
+//                                 grow in place (runtimes with the virtual-memory
+//                                 members only); default False
 //   pinned_use_background_threads False only (True: not supported)
 // A separate switch, <NAME>_NO_MEMORY_CACHING=1 (like
 // PYTORCH_NO_CUDA_MEMORY_CACHING), turns caching off: every allocation goes
@@ -40,6 +42,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <iterator>
 #include <cctype>
 #include <cstddef>
@@ -62,16 +65,50 @@ inline constexpr std::size_t kRoundLarge = 2 * kMiB;       // above: rounded to 
 inline constexpr std::size_t kRoundupIntervals = 16;       // 1 MiB .. 32 GiB and above
 }  // namespace memory_constants
 
+namespace detail {
+// A field of AllocatorConfig: a value read and written with relaxed atomic
+// loads and stores (plain moves on common machines), so that a running
+// allocator's settings may change while other threads read them without a
+// lock (Note [Allocator configuration]). Copies copy the value.
+template <class T>
+class Relaxed {
+ public:
+  constexpr Relaxed() noexcept : v_(T{}) {}
+  constexpr Relaxed(T v) noexcept : v_(v) {}  // NOLINT(google-explicit-constructor)
+  Relaxed(const Relaxed& o) noexcept : v_(o.get()) {}
+  Relaxed& operator=(const Relaxed& o) noexcept {
+    set(o.get());
+    return *this;
+  }
+  Relaxed& operator=(T v) noexcept {
+    set(v);
+    return *this;
+  }
+  operator T() const noexcept { return get(); }  // NOLINT(google-explicit-constructor)
+  T get() const noexcept { return v_.load(std::memory_order_relaxed); }
+  void set(T v) noexcept { v_.store(v, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<T> v_;
+};
+}  // namespace detail
+
 struct AllocatorConfig {
-  bool caching = true;
-  std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
-  std::size_t max_non_split_rounding = 20 * memory_constants::kMiB;
-  std::size_t large_segment_size = 20 * memory_constants::kMiB;
-  double garbage_collection_threshold = 0.0;  // 0: off
+  template <class T>
+  using Field = detail::Relaxed<T>;
+  Field<bool> caching = true;  // fixed for an allocator's life
+  Field<std::size_t> max_split_size = std::numeric_limits<std::size_t>::max();
+  Field<std::size_t> max_non_split_rounding = 20 * memory_constants::kMiB;
+  Field<std::size_t> large_segment_size = 20 * memory_constants::kMiB;
+  Field<double> garbage_collection_threshold = 0.0;  // 0: off
   // Divisions per power-of-two interval; entry i covers sizes in
   // [2^i MiB, 2^(i+1) MiB), the first also smaller sizes, the last also larger.
-  std::array<std::size_t, memory_constants::kRoundupIntervals> roundup_power2_divisions{};
-  double memory_fraction = 1.0;
+  std::array<Field<std::size_t>, memory_constants::kRoundupIntervals> roundup_power2_divisions{};
+  Field<double> memory_fraction = 1.0;
+  // Large requests come from segments that grow in place (Note [Expandable
+  // segments]); an allocator whose runtime has no virtual-memory members
+  // refuses it.
+  Field<bool> expandable_segments = false;
 
   // Reads <NAME>_ALLOC_CONF and <NAME>_NO_MEMORY_CACHING from `env`.
   static AllocatorConfig from_environment(std::string_view backend, const Environment& env);
@@ -209,7 +246,9 @@ inline AllocatorConfig AllocatorConfig::parse(std::string_view backend, std::str
       c.garbage_collection_threshold = real(key, v, 0.0, Bound::open, 1.0, Bound::open);
     } else if (key == "per_process_memory_fraction") {
       c.memory_fraction = real(key, v, 0.0, Bound::open, 1.0, Bound::closed);
-    } else if (key == "expandable_segments" || key == "pinned_use_background_threads") {
+    } else if (key == "expandable_segments") {
+      c.expandable_segments = boolean(key, v);
+    } else if (key == "pinned_use_background_threads") {
       if (boolean(key, v))
         throw NotSupportedError(backend, fmt::format("{}='{}': {}:True is not supported by "
                                                      "accelkit's memory pool",
