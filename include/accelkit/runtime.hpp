@@ -226,6 +226,42 @@
 //   void graph_destroy(device_index device, GraphHandle graph)
 //       Releases the graph; execs instantiated from it, and their queued
 //       launches, are not affected. Absent: as stream_begin_capture.
+//   std::size_t vm_granularity(device_index device)
+//       The page size of virtual memory on `device`: a power of two, a multiple
+//       of properties().memory_alignment; every size and address of the other
+//       vm members is a multiple of it. The seven vm members go together
+//       (Note [Virtual memory]). Absent: the caching allocator refuses
+//       expandable_segments with NotSupportedError naming the backend and the
+//       missing members.
+//   void* vm_reserve(device_index device, std::size_t bytes)
+//       A range of `bytes` device addresses, aligned to the granularity, with
+//       no memory behind it (an access faults); nullptr where no such range is
+//       left. Absent: as vm_granularity.
+//   void vm_release(device_index device, void* base, std::size_t bytes)
+//       Gives back a whole range from vm_reserve (the same base and bytes).
+//       Every page of it must be unmapped first (DriverError otherwise, the
+//       range unchanged). Absent: as vm_granularity.
+//   PhysicalHandle vm_create(device_index device, std::size_t bytes)
+//       `bytes` of physical memory, not mapped anywhere, counted against the
+//       device's capacity as malloc's memory is; a null handle (!h) where the
+//       device has no room. Absent: as vm_granularity.
+//   void vm_destroy(device_index device, PhysicalHandle memory)
+//       Frees physical memory from vm_create that is mapped nowhere
+//       (DriverError otherwise). Absent: as vm_granularity.
+//   void vm_map(device_index device, void* at, std::size_t bytes,
+//               PhysicalHandle memory)
+//       Maps all of `memory` (`bytes` long, its size at vm_create) at `at`,
+//       inside one reserved range, on pages not mapped yet (DriverError
+//       otherwise, nothing mapped). The pages are then device memory as
+//       malloc's is: work of every stream may read and write them, and the host
+//       too where the device's memory is host-visible. Absent: as
+//       vm_granularity.
+//   void vm_unmap(device_index device, void* at, std::size_t bytes)
+//       Unmaps whole mapped pieces: [at, at + bytes) is one range given to
+//       vm_map or a run of adjacent ones. Refused (DriverError, nothing
+//       unmapped) while work queued on any stream still uses the range, as free
+//       is (the SDK waits first: Note [Ordered release]); work queued later
+//       naming it fails as for freed memory. Absent: as vm_granularity.
 //   static constexpr bool host_kernels
 //       Whether PyTorch's CPU kernels of the hottest operators run in place on
 //       device memory the host can reach (host_access mapped or direct); false

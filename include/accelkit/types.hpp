@@ -39,10 +39,14 @@ constexpr std::string_view to_string(CopyKind kind) noexcept {
 namespace detail {
 // An opaque driver handle: wide enough for a pointer (CUDA-style
 // `cudaStream_t`) or an integer id. Tagged so a stream cannot be passed where
-// an event is expected.
+// an event is expected. Value 0 is the null handle (`!h`), which a member
+// returns where it has none to give (vm_create out of memory); a stream's 0
+// is the default stream.
 template <class Tag>
 struct handle {
   std::uintptr_t value = 0;
+
+  constexpr explicit operator bool() const noexcept { return value != 0; }
 
   template <class T>
   static constexpr handle from_pointer(T* p) noexcept {
@@ -60,6 +64,7 @@ struct event_tag;
 struct signal_tag;
 struct graph_tag;
 struct graph_exec_tag;
+struct physical_tag;
 }  // namespace detail
 
 using StreamHandle = detail::handle<detail::stream_tag>;
@@ -71,6 +76,10 @@ using SignalHandle = detail::handle<detail::signal_tag>;
 // and its executable form (graph_instantiate), which graph_launch queues.
 using GraphHandle = detail::handle<detail::graph_tag>;
 using GraphExecHandle = detail::handle<detail::graph_exec_tag>;
+// Physical device memory not bound to an address (vm_create), which vm_map
+// maps into a range of addresses reserved by vm_reserve (Note [Virtual
+// memory] in device/backend.hpp).
+using PhysicalHandle = detail::handle<detail::physical_tag>;
 
 // What a capture refuses on other threads while it is underway (CUDA's
 // cudaStreamCaptureMode; PyTorch's capture_error_mode). The SDK enforces it

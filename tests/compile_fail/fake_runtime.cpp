@@ -9,6 +9,7 @@
 #include <accelkit/device/backend.hpp>
 
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 
 using namespace accelkit;
@@ -19,7 +20,8 @@ enum class Mode { present, omitted, mistyped };
 // The host signal members go together (Note [Host signals]): naming one of
 // them present or mistyped makes the others present, so that only the
 // diagnostic of that member fires; PARTIAL_SIGNALS declares one alone. The
-// graph members too (Note [Capture rules]); PARTIAL_GRAPHS declares one alone.
+// graph members too (Note [Capture rules]); PARTIAL_GRAPHS declares one alone;
+// and the virtual memory members (Note [Virtual memory]), PARTIAL_VIRTUAL_MEMORY.
 constexpr bool is_signal_member(std::string_view member) {
   return member == "signal_create" || member == "stream_wait_signal" ||
          member == "signal_complete" || member == "signal_destroy";
@@ -30,6 +32,11 @@ constexpr bool is_graph_member(std::string_view member) {
          member == "graph_launch" || member == "graph_exec_destroy" ||
          member == "graph_destroy";
 }
+constexpr bool is_vm_member(std::string_view member) {
+  return member == "vm_granularity" || member == "vm_reserve" || member == "vm_release" ||
+         member == "vm_create" || member == "vm_destroy" || member == "vm_map" ||
+         member == "vm_unmap";
+}
 
 constexpr Mode mode_of(std::string_view member, bool required) {
 #ifdef OMIT
@@ -39,17 +46,22 @@ constexpr Mode mode_of(std::string_view member, bool required) {
   if (member == MISTYPE) return Mode::mistyped;
   if (is_signal_member(member) && is_signal_member(MISTYPE)) return Mode::present;
   if (is_graph_member(member) && is_graph_member(MISTYPE)) return Mode::present;
+  if (is_vm_member(member) && is_vm_member(MISTYPE)) return Mode::present;
 #endif
 #ifdef PRESENT
   if (member == PRESENT) return Mode::present;
   if (is_signal_member(member) && is_signal_member(PRESENT)) return Mode::present;
   if (is_graph_member(member) && is_graph_member(PRESENT)) return Mode::present;
+  if (is_vm_member(member) && is_vm_member(PRESENT)) return Mode::present;
 #endif
 #ifdef PARTIAL_SIGNALS
   if (member == "signal_create") return Mode::present;
 #endif
 #ifdef PARTIAL_GRAPHS
   if (member == "stream_begin_capture") return Mode::present;
+#endif
+#ifdef PARTIAL_VIRTUAL_MEMORY
+  if (member == "vm_map" || member == "vm_unmap") return Mode::present;
 #endif
   return required ? Mode::present : Mode::omitted;
 }
@@ -119,5 +131,13 @@ struct Fake
 
 int main() {
   Backend<Fake> backend(Environment::fixed({}));
+  if constexpr (Backend<Fake>::has_virtual_memory()) {
+    // The wrappers compile for a runtime with the members.
+    [[maybe_unused]] auto wrappers =
+        std::make_tuple(&Backend<Fake>::vm_granularity, &Backend<Fake>::vm_reserve,
+                        &Backend<Fake>::vm_release, &Backend<Fake>::vm_create,
+                        &Backend<Fake>::vm_destroy, &Backend<Fake>::vm_map,
+                        &Backend<Fake>::vm_unmap);
+  }
   return backend.device_count();
 }

@@ -248,7 +248,41 @@ namespace detail {
     (device, exec))                                                                            \
   /* Releases the graph; execs instantiated from it, and their queued launches, are not        \
      affected. Absent: as stream_begin_capture. */                                             \
-  X(graph_destroy, void, (device_index device, GraphHandle graph), sdk, (device, graph))
+  X(graph_destroy, void, (device_index device, GraphHandle graph), sdk, (device, graph))       \
+  /* The page size of virtual memory on `device`: a power of two, a multiple of                \
+     properties().memory_alignment; every size and address of the other vm members is a        \
+     multiple of it. The seven vm members go together (Note [Virtual memory]). Absent: the     \
+     caching allocator refuses expandable_segments with NotSupportedError naming the           \
+     backend and the missing members. */                                                       \
+  X(vm_granularity, std::size_t, (device_index device), sdk, (device))                         \
+  /* A range of `bytes` device addresses, aligned to the granularity, with no memory behind    \
+     it (an access faults); nullptr where no such range is left. Absent: as                    \
+     vm_granularity. */                                                                        \
+  X(vm_reserve, void*, (device_index device, std::size_t bytes), sdk, (device, bytes))         \
+  /* Gives back a whole range from vm_reserve (the same base and bytes). Every page of it      \
+     must be unmapped first (DriverError otherwise, the range unchanged). Absent: as           \
+     vm_granularity. */                                                                        \
+  X(vm_release, void, (device_index device, void* base, std::size_t bytes), sdk,               \
+    (device, base, bytes))                                                                     \
+  /* `bytes` of physical memory, not mapped anywhere, counted against the device's             \
+     capacity as malloc's memory is; a null handle (!h) where the device has no room. Absent:  \
+     as vm_granularity. */                                                                     \
+  X(vm_create, PhysicalHandle, (device_index device, std::size_t bytes), sdk, (device, bytes)) \
+  /* Frees physical memory from vm_create that is mapped nowhere (DriverError otherwise).     \
+     Absent: as vm_granularity. */                                                             \
+  X(vm_destroy, void, (device_index device, PhysicalHandle memory), sdk, (device, memory))     \
+  /* Maps all of `memory` (`bytes` long, its size at vm_create) at `at`, inside one reserved   \
+     range, on pages not mapped yet (DriverError otherwise, nothing mapped). The pages are     \
+     then device memory as malloc's is: work of every stream may read and write them, and      \
+     the host too where the device's memory is host-visible. Absent: as vm_granularity. */     \
+  X(vm_map, void, (device_index device, void* at, std::size_t bytes, PhysicalHandle memory),   \
+    sdk, (device, at, bytes, memory))                                                          \
+  /* Unmaps whole mapped pieces: [at, at + bytes) is one range given to vm_map or a run of     \
+     adjacent ones. Refused (DriverError, nothing unmapped) while work queued on any stream    \
+     still uses the range, as free is (the SDK waits first: Note [Ordered release]); work      \
+     queued later naming it fails as for freed memory. Absent: as vm_granularity. */           \
+  X(vm_unmap, void, (device_index device, void* at, std::size_t bytes), sdk,                   \
+    (device, at, bytes))
 
 // Constants: C(member, type, default). `static constexpr type member`; a
 // required one has no default.
@@ -436,6 +470,18 @@ inline constexpr bool has_graphs =
     has_graph_instantiate<R> && has_graph_launch<R> && has_graph_exec_destroy<R> &&
     has_graph_destroy<R>;
 
+// The virtual-memory members go together (Note [Virtual memory] in
+// device/backend.hpp): how many of them R declares, and whether it has all.
+template <class R>
+inline constexpr int virtual_memory_members_named =
+    int{names_vm_granularity<R>} + int{names_vm_reserve<R>} + int{names_vm_release<R>} +
+    int{names_vm_create<R>} + int{names_vm_destroy<R>} + int{names_vm_map<R>} +
+    int{names_vm_unmap<R>};
+template <class R>
+inline constexpr bool has_virtual_memory =
+    has_vm_granularity<R> && has_vm_reserve<R> && has_vm_release<R> && has_vm_create<R> &&
+    has_vm_destroy<R> && has_vm_map<R> && has_vm_unmap<R>;
+
 #define ACCELKIT_DETAIL_AND_HAS_(member, ...) &&has_##member<R>
 template <class R>
 inline constexpr bool satisfies_contract =
@@ -481,6 +527,10 @@ struct check_contract {
                 "stream_begin_capture, stream_end_capture, stream_is_capturing, "
                 "graph_instantiate, graph_launch, graph_exec_destroy and graph_destroy go "
                 "together (Note [Capture rules])");
+  static_assert(virtual_memory_members_named<R> == 0 || virtual_memory_members_named<R> == 7,
+                "accelkit: Runtime has some of the virtual memory members but not all: "
+                "vm_granularity, vm_reserve, vm_release, vm_create, vm_destroy, vm_map and "
+                "vm_unmap go together (Note [Virtual memory])");
 #undef ACCELKIT_DETAIL_ASSERT_
 #undef ACCELKIT_DETAIL_ASSERT_OPTIONAL_
 #undef ACCELKIT_DETAIL_ASSERT_CONSTANT_

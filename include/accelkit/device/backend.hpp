@@ -35,6 +35,7 @@
 #include <tuple>
 #include <unistd.h>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -386,7 +387,8 @@ class Backend {
     held_bytes_[static_cast<std::size_t>(device)].fetch_sub(bytes);
   }
 
-  // Bytes currently held from the driver through raw_malloc on a device.
+  // Bytes currently held from the driver through raw_malloc and vm_create on
+  // a device.
   std::uint64_t raw_bytes_held(device_index device) {
     check_device(device);
     return held_bytes_[static_cast<std::size_t>(device)].load();
@@ -703,6 +705,140 @@ class Backend {
     captures_.refuse(device, stream, what);
   }
 
+  // ------------------------------------------------------- virtual memory
+
+  // Note [Virtual memory]
+  // Problem: a pool that grows by whole allocations fragments: a request
+  // larger than each free block of every segment needs a new segment, even
+  // with enough memory free in all of them together. CUDA
+  // (cuMemAddressReserve, cuMemCreate, cuMemMap) and Level Zero
+  // (zeVirtualMemReserve, zePhysicalMemCreate, zeVirtualMemMap) let a pool
+  // reserve addresses first and map memory into them page by page, so a
+  // segment grows in place and gives whole pages back.
+  // Decision: seven optional members, all or none (a runtime with some
+  // but not all fails to compile): vm_granularity (the page size),
+  // vm_reserve / vm_release (addresses only), vm_create / vm_destroy
+  // (physical memory, counted in the device's capacity; a null handle
+  // when there is no room, as malloc's nullptr), vm_map / vm_unmap (whole
+  // pieces, inside a reservation; unmapping is refused while queued work
+  // uses the range, as free is). These wrappers check what needs no
+  // record of the driver's: the device index (IndexError), sizes and
+  // addresses (nonzero, multiples of the granularity: ValueError naming
+  // the backend and the value), that a handle is live physical memory this
+  // backend created on that device and that vm_map maps all of it
+  // (ValueError). They count created bytes with raw_malloc's (memory_info's
+  // default, raw_bytes_held). Reservations, mapped pages and queued work
+  // are the runtime's to check (DriverError).
+  // Limits: the SDK waits for queued work before unmapping only in the
+  // caching allocator (Note [Ordered release]); a caller of these wrappers
+  // does its own waiting. Physical memory made by calling the runtime
+  // directly is unknown here. has_virtual_memory() false: every wrapper
+  // raises NotSupportedError naming the backend and the members.
+  static constexpr bool has_virtual_memory() noexcept { return detail::has_virtual_memory<R>; }
+
+  // The granularity of `device`'s virtual memory, queried once: RuntimeError
+  // when the runtime's is not a power of two that is a multiple of the
+  // device's memory_alignment.
+  std::size_t vm_granularity(device_index device) {
+    return vm_state(device, "vm_granularity").granularity;
+  }
+
+  // A range of `bytes` (a nonzero multiple of the granularity) of addresses
+  // with no memory behind them; nullptr when the runtime has none left.
+  void* vm_reserve(device_index device, std::size_t bytes) {
+    VmState& vm = vm_state(device, "vm_reserve");
+    check_vm_size(device, vm, bytes, "vm_reserve");
+    if constexpr (has_virtual_memory()) {
+      void* base = runtime_.vm_reserve(physical(device), bytes);
+      if (base != nullptr && reinterpret_cast<std::uintptr_t>(base) % vm.granularity != 0) {
+        try {
+          runtime_.vm_release(physical(device), base, bytes);
+        } catch (...) {
+          // The range is reported below either way.
+        }
+        throw RuntimeError(name, fmt::format("vm_reserve({}, {}) returned {}, which is not "
+                                             "aligned to {}:{}'s granularity ({} bytes)",
+                                             physical(device), bytes, base, name, device,
+                                             vm.granularity));
+      }
+      return base;
+    } else {
+      return nullptr;
+    }
+  }
+
+  // Gives back a whole range from vm_reserve, every page unmapped.
+  void vm_release(device_index device, void* base, std::size_t bytes) {
+    VmState& vm = vm_state(device, "vm_release");
+    check_vm_address(device, vm, base, "vm_release");
+    check_vm_size(device, vm, bytes, "vm_release");
+    if constexpr (has_virtual_memory()) runtime_.vm_release(physical(device), base, bytes);
+  }
+
+  // `bytes` (a nonzero multiple of the granularity) of physical memory; a
+  // null handle when the device has no room.
+  PhysicalHandle vm_create(device_index device, std::size_t bytes) {
+    VmState& vm = vm_state(device, "vm_create");
+    check_vm_size(device, vm, bytes, "vm_create");
+    if constexpr (has_virtual_memory()) {
+      PhysicalHandle memory = runtime_.vm_create(physical(device), bytes);
+      if (!memory) return memory;
+      bool fresh;
+      {
+        std::lock_guard<std::mutex> lock(vm.mutex);
+        fresh = vm.sizes.emplace(memory.value, bytes).second;
+      }
+      if (!fresh)
+        throw RuntimeError(name, fmt::format("vm_create({}, {}) returned handle {:#x}, which is "
+                                             "live physical memory of {}:{} already",
+                                             physical(device), bytes, memory.value, name,
+                                             device));
+      held_bytes_[static_cast<std::size_t>(device)].fetch_add(bytes);
+      return memory;
+    } else {
+      return PhysicalHandle{};
+    }
+  }
+
+  // Frees physical memory from vm_create(device, ·) that is mapped nowhere;
+  // ValueError for a handle that is not live physical memory of `device`.
+  void vm_destroy(device_index device, PhysicalHandle memory) {
+    VmState& vm = vm_state(device, "vm_destroy");
+    std::size_t bytes = take_physical(device, vm, memory, "vm_destroy");
+    if constexpr (has_virtual_memory()) {
+      try {
+        runtime_.vm_destroy(physical(device), memory);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(vm.mutex);
+        vm.sizes.emplace(memory.value, bytes);
+        throw;
+      }
+    }
+    held_bytes_[static_cast<std::size_t>(device)].fetch_sub(bytes);
+  }
+
+  // Maps all of `memory` (`bytes`, its size at vm_create) at `at`, inside a
+  // reserved range, on pages not mapped yet.
+  void vm_map(device_index device, void* at, std::size_t bytes, PhysicalHandle memory) {
+    VmState& vm = vm_state(device, "vm_map");
+    check_vm_address(device, vm, at, "vm_map");
+    check_vm_size(device, vm, bytes, "vm_map");
+    std::size_t size = physical_size(device, vm, memory, "vm_map");
+    if (size != bytes)
+      throw ValueError(name, fmt::format("vm_map: {} bytes at {} on {}:{}, but physical memory "
+                                         "{:#x} is {} bytes long (vm_map maps all of it)",
+                                         bytes, at, name, device, memory.value, size));
+    if constexpr (has_virtual_memory()) runtime_.vm_map(physical(device), at, bytes, memory);
+  }
+
+  // Unmaps whole mapped pieces; refused while queued work uses them.
+  void vm_unmap(device_index device, void* at, std::size_t bytes) {
+    VmState& vm = vm_state(device, "vm_unmap");
+    check_vm_address(device, vm, at, "vm_unmap");
+    check_vm_size(device, vm, bytes, "vm_unmap");
+    if constexpr (has_virtual_memory()) runtime_.vm_unmap(physical(device), at, bytes);
+  }
+
   // The pass-throughs, generated from the contract table (Note [The
   // contract table]): one function per member marked `forward`, with the
   // member's own signature, calling the runtime with the device's physical
@@ -820,6 +956,84 @@ class Backend {
       captures_.check_blocking(device, Caller::name);
     }
     static_cast<void>(args);
+  }
+
+  // A device's virtual memory: its granularity and the sizes of its live
+  // physical memory (Note [Virtual memory]).
+  struct VmState {
+    std::size_t granularity = 0;
+    std::mutex mutex;
+    std::unordered_map<std::uintptr_t, std::size_t> sizes;  // handle value -> bytes
+  };
+
+  // Device `device`'s VmState (validating the index); NotSupportedError
+  // without the members.
+  VmState& vm_state(device_index device, std::string_view call) {
+    int phys = physical(device);
+    if constexpr (!has_virtual_memory()) {
+      static_cast<void>(phys);
+      throw NotSupportedError(
+          name, fmt::format("{} on device {}: its runtime has no virtual memory (vm_granularity, "
+                            "vm_reserve, vm_release, vm_create, vm_destroy, vm_map and "
+                            "vm_unmap)",
+                            call, device));
+    } else {
+      return vm_.get(device, device_count(), [&] {
+        auto vm = std::make_unique<VmState>();
+        std::size_t g = runtime_.vm_granularity(phys);
+        std::size_t alignment = properties(device).memory_alignment;
+        if (g == 0 || (g & (g - 1)) != 0 || g % alignment != 0)
+          throw RuntimeError(name, fmt::format("vm_granularity({}) returned {}, which is not a "
+                                               "power of two that is a multiple of {}:{}'s "
+                                               "memory_alignment ({} B)",
+                                               phys, g, name, device, alignment));
+        vm->granularity = g;
+        return vm;
+      });
+    }
+  }
+
+  void check_vm_size(device_index device, const VmState& vm, std::size_t bytes,
+                     std::string_view call) const {
+    if (bytes != 0 && bytes % vm.granularity == 0) return;
+    throw ValueError(name, fmt::format("{}: {} bytes is not a positive multiple of {}:{}'s "
+                                       "virtual memory granularity ({} bytes)",
+                                       call, bytes, name, device, vm.granularity));
+  }
+
+  void check_vm_address(device_index device, const VmState& vm, const void* at,
+                        std::string_view call) const {
+    if (at != nullptr && reinterpret_cast<std::uintptr_t>(at) % vm.granularity == 0) return;
+    throw ValueError(name, fmt::format("{}: address {} is not {} to {}:{}'s virtual memory "
+                                       "granularity ({} bytes)",
+                                       call, at, at == nullptr ? "null, nor aligned" : "aligned",
+                                       name, device, vm.granularity));
+  }
+
+  [[noreturn]] void throw_unknown_physical(device_index device, PhysicalHandle memory,
+                                           std::string_view call) const {
+    throw ValueError(name, fmt::format("{}: handle {:#x} is not live physical memory of {}:{} "
+                                       "(not from vm_create on this device, or destroyed)",
+                                       call, memory.value, name, device));
+  }
+
+  std::size_t physical_size(device_index device, VmState& vm, PhysicalHandle memory,
+                            std::string_view call) const {
+    std::lock_guard<std::mutex> lock(vm.mutex);
+    auto it = vm.sizes.find(memory.value);
+    if (it == vm.sizes.end()) throw_unknown_physical(device, memory, call);
+    return it->second;
+  }
+
+  // Removes `memory` from the live physical memory, returning its size.
+  std::size_t take_physical(device_index device, VmState& vm, PhysicalHandle memory,
+                            std::string_view call) const {
+    std::lock_guard<std::mutex> lock(vm.mutex);
+    auto it = vm.sizes.find(memory.value);
+    if (it == vm.sizes.end()) throw_unknown_physical(device, memory, call);
+    std::size_t bytes = it->second;
+    vm.sizes.erase(it);
+    return bytes;
   }
 
   [[noreturn]] void throw_no_graphs(std::string_view call, device_index device) const {
@@ -944,7 +1158,8 @@ class Backend {
   support::HostSignalTable<> host_signals_{R::name};
   detail::FailedWaits failed_waits_{R::name};  // Note [Failed waits]
   detail::Captures captures_{R::name};  // Note [Capture rules]
-  std::unique_ptr<std::atomic<std::uint64_t>[]> held_bytes_;
+  std::unique_ptr<std::atomic<std::uint64_t>[]> held_bytes_;  // raw_malloc's and vm_create's
+  detail::PerDevice<VmState> vm_;  // Note [Virtual memory]
 
   unsigned discovery_generation_ = 0;  // (fork_safe_discovery false) at discovery
   pid_t discovery_pid_ = 0;
