@@ -69,6 +69,7 @@ def install(name: str, library=None):
     torch._register_device_module(name, device)
     for sub in ("amp", "graphs", "random", "memory", "streams"):
         sys.modules[f"torch.{name}.{sub}"] = getattr(device, sub)
+    device.memory._install_accelerator_snapshot()  # Note [torch.accelerator.memory._snapshot]
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
     _sharing.register()

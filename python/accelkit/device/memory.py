@@ -3,8 +3,13 @@ torch.cuda.memory (the figures come from the SDK's allocator, through
 torch.accelerator and the backend's operators)."""
 import collections
 import contextlib
+import ctypes
+import functools
+import inspect
 import json
 import os
+import pickle
+import sys
 import warnings
 
 import torch
@@ -20,6 +25,9 @@ __all__ = ["memory_allocated", "max_memory_allocated", "memory_reserved", "max_m
            "list_gpu_processes", "host_memory_stats", "host_memory_stats_as_nested_dict",
            "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats", "MemPool",
            "use_mem_pool"]
+# As torch.cuda.memory's, the history and snapshot functions (_record_memory_history,
+# _snapshot, _dump_snapshot, _set_allocator_settings) and _attach_out_of_memory_observer
+# are private names of this module: torch.<name>.memory._snapshot(), not torch.<name>._snapshot().
 
 
 def _index(device) -> int:
@@ -185,8 +193,11 @@ def memory_snapshot(mempool_id=None, include_traces=True) -> list:
     """The allocator's segments on every device, each with its blocks, in
     torch.cuda.memory_snapshot's form (a list of dicts with "device",
     "address", "total_size", "segment_type", "segment_pool_id", "blocks",
-    ...); with `mempool_id` (a graph's pool(), a MemPool's id, a
-    graph_pool_handle()), that pool's segments only."""
+    ...; a block's "frames" are where it was allocated while
+    _record_memory_history records them); with `mempool_id` (a graph's
+    pool(), a MemPool's id, a graph_pool_handle()), that pool's segments
+    only. `include_traces` is accepted as torch.cuda's: the history is in
+    _snapshot()'s "device_traces"."""
     wanted = None
     if mempool_id is not None:
         try:
@@ -198,10 +209,271 @@ def memory_snapshot(mempool_id=None, include_traces=True) -> list:
                              f"got mempool_id={mempool_id!r}")
     segments = []
     for i in range(_backend.ops.device_count()):
-        segments += json.loads(_backend.ops.memory_snapshot_json(i))["segments"]
+        segments += [_segment(s) for s in json.loads(_backend.ops.memory_snapshot_json(i))["segments"]]
     if wanted is not None:
-        segments = [s for s in segments if tuple(s.get("segment_pool_id", (0, 0))) == wanted]
+        segments = [s for s in segments if s["segment_pool_id"] == wanted]
     return segments
+
+
+# ------------------------------------------------------- history and snapshots
+# torch.cuda.memory's _record_memory_history, _snapshot and _dump_snapshot over
+# the backend's operators record_memory_history and memory_snapshot_json (the
+# SDK's JSON, turned here into the dicts and tuples CUDA's snapshot holds, so
+# that torch/cuda/_memory_viz.py and pytorch.org/memory_viz read it unchanged).
+
+_ENABLED = (None, "state", "all")
+_CONTEXTS = (None, "state", "alloc", "all")
+_STACKS = ("python", "all")
+_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+            "segment_map", "segment_unmap", "oom", "snapshot")
+
+
+def _choice(function: str, argument: str, value, choices) -> None:
+    if (value is not None and not isinstance(value, str)) or value not in choices:
+        shown = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{_backend.name}: {function}: {argument} must be one of {shown}, "
+                         f"got {argument}={value!r}")
+
+
+def _entries(function: str, argument: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{_backend.name}: {function}: {argument} must be an int >= 0, "
+                         f"got {argument}={value!r}")
+    return min(value, sys.maxsize)
+
+
+def _skips(function: str, skip_actions) -> list:
+    if skip_actions is None:
+        return []
+    if isinstance(skip_actions, str) or not isinstance(skip_actions, (list, tuple, set, frozenset)):
+        raise ValueError(f"{_backend.name}: {function}: skip_actions must be a list of action "
+                         f"names, got skip_actions={skip_actions!r}")
+    for action in skip_actions:
+        if not isinstance(action, str) or action not in _ACTIONS:
+            raise ValueError(f"{_backend.name}: {function}: skip_actions names an unknown action "
+                             f"{action!r} (the actions: {', '.join(_ACTIONS)})")
+    return list(skip_actions)
+
+
+def _cuda_only(function: str, **options) -> None:
+    for option, value in options.items():
+        if value:
+            raise ValueError(f"{_backend.name}: {function}: {option}={value!r} is not supported "
+                             f"(it records CUDA's torch.compile and profiler annotations, which "
+                             f"{_backend.name}'s allocator does not see)")
+
+
+def _record_memory_history_legacy(enabled: bool, record_context=True, trace_alloc_max_entries=1,
+                                  trace_alloc_record_context=False, device=None,
+                                  record_context_cpp=False, clear_history=False,
+                                  compile_context=False, global_record_annotations=False,
+                                  skip_actions=None) -> None:
+    function = "_record_memory_history"
+    entries = _entries(function, "trace_alloc_max_entries", trace_alloc_max_entries)
+    skips = _skips(function, skip_actions)
+    _cuda_only(function, compile_context=compile_context,
+               global_record_annotations=global_record_annotations)
+    if device is not None:
+        _index(device)
+    context = "alloc" if trace_alloc_record_context else ("state" if record_context else None)
+    _backend.ops.record_memory_history(-1, "all" if enabled else None, context,
+                                       "all" if record_context_cpp else "python", entries,
+                                       bool(clear_history), skips)
+
+
+def _record_memory_history_impl(enabled="all", context="all", stacks="all",
+                                max_entries=sys.maxsize, device=None, clear_history=False,
+                                compile_context=False, global_record_annotations=False,
+                                skip_actions=None) -> None:
+    function = "_record_memory_history"
+    _choice(function, "enabled", enabled, _ENABLED)
+    _choice(function, "context", context, _CONTEXTS)
+    _choice(function, "stacks", stacks, _STACKS)
+    entries = _entries(function, "max_entries", max_entries)
+    skips = _skips(function, skip_actions)
+    _cuda_only(function, compile_context=compile_context,
+               global_record_annotations=global_record_annotations)
+    if device is not None:
+        _index(device)
+    _backend.ops.record_memory_history(-1, enabled, context, stacks, entries,
+                                       bool(clear_history), skips)
+
+
+def _record_memory_history(enabled="all", *args, **kwargs) -> None:
+    """Starts (or stops, with enabled=None) recording the allocator's
+    history on every device, as torch.cuda.memory._record_memory_history:
+
+    - enabled: None (off), "state" (where each block now allocated was
+      allocated) or "all" (also a history of alloc, free_requested,
+      free_completed, segment_alloc, segment_free, segment_map,
+      segment_unmap, oom and snapshot events; the last `max_entries`);
+    - context: None, "state" (frames of the allocated blocks), "alloc"
+      (also of alloc events) or "all" (also of frees);
+    - stacks: "python" (Python and TorchScript frames) or "all" (also C++);
+    - clear_history drops what was recorded; skip_actions names actions
+      not to record.
+
+    `device` is checked but, as on CUDA, every device records. The legacy
+    form (enabled a bool: record_context, trace_alloc_max_entries,
+    trace_alloc_record_context, record_context_cpp, ...) is CUDA's too.
+    ValueError names a bad argument; compile_context and
+    global_record_annotations (torch.compile's and the profiler's
+    annotations, CUDA's) are refused when true."""
+    if isinstance(enabled, bool):
+        return _record_memory_history_legacy(enabled, *args, **kwargs)
+    return _record_memory_history_impl(enabled, *args, **kwargs)
+
+
+_record_memory_history.__signature__ = inspect.signature(_record_memory_history_impl)
+
+
+def _frames(raw) -> list:
+    return [{"filename": f["filename"], "line": f["line"], "name": f["name"]} for f in raw]
+
+
+def _segment(raw: dict) -> dict:
+    # CUDA's keys: "is_expandable" (the SDK's JSON says "expandable"), the
+    # pool id a tuple, "frames" on the segment and on each block.
+    return {
+        "device": raw["device"], "address": raw["address"], "total_size": raw["total_size"],
+        "allocated_size": raw["allocated_size"], "active_size": raw["active_size"],
+        "requested_size": raw["requested_size"], "stream": raw["stream"],
+        "segment_type": raw["segment_type"],
+        "segment_pool_id": tuple(raw.get("segment_pool_id", (0, 0))),
+        "is_expandable": bool(raw.get("expandable", False)),
+        "frames": _frames(raw.get("frames", [])),
+        "blocks": [{"address": b["address"], "size": b["size"],
+                    "requested_size": b["requested_size"], "state": b["state"],
+                    "frames": _frames(b.get("frames", []))} for b in raw["blocks"]],
+    }
+
+
+def _trace_entry(raw: dict) -> dict:
+    # As CUDA's: an oom entry has "device_free" where the others have "addr".
+    entry = {"action": raw["action"]}
+    if raw["action"] == "oom":
+        entry["device_free"] = raw.get("device_free", 0)
+    else:
+        entry["addr"] = raw["addr"]
+    entry.update(size=raw["size"], stream=raw["stream"], time_us=raw.get("time_us", 0),
+                 pool_id=tuple(raw.get("pool_id", (0, 0))), frames=_frames(raw.get("frames", [])))
+    return entry
+
+
+def _allocator_settings() -> dict:
+    # CUDA's snapshot keeps the settings string last applied under the name
+    # of its variable; here c10's, which PYTORCH_ALLOC_CONF and
+    # torch._C._accelerator_setAllocatorSettings set, and the backend's own
+    # variable as the environment has it.
+    env = f"{_backend.name.upper()}_ALLOC_CONF"
+    return {"PYTORCH_ALLOC_CONF": torch._C._accelerator_getAllocatorSettings(),
+            env: os.environ.get(env, "")}
+
+
+def _snapshot(device=None, augment_with_fx_traces=False) -> dict:
+    """The allocator's state as torch.cuda.memory._snapshot() gives it:
+    {"segments": every device's segments (memory_snapshot()),
+    "device_traces": [device 0's recorded history, device 1's, ...] (each
+    a list of {"action", "addr" (or "device_free" for "oom"), "size",
+    "stream", "time_us", "pool_id", "frames"}, oldest first),
+    "allocator_settings": {...}}. Frames (innermost first) are recorded
+    while _record_memory_history is on. `device` is checked but, as on
+    CUDA, every device is in the snapshot. torch/cuda/_memory_viz.py
+    renders it (segsum, trace, segments, memory, compare, trace_plot,
+    segment_plot); augment_with_fx_traces adds FX nodes to the frames of
+    generated code, as on CUDA."""
+    if device is not None:
+        _index(device)
+    segments, traces = [], []
+    for i in range(_backend.ops.device_count()):
+        raw = json.loads(_backend.ops.memory_snapshot_json(i))
+        segments += [_segment(s) for s in raw["segments"]]
+        traces.append([_trace_entry(e) for e in raw.get("trace", [])])
+    snapshot = {"segments": segments, "device_traces": traces,
+                "allocator_settings": _allocator_settings()}
+    if augment_with_fx_traces:
+        from torch._utils import _augment_memory_snapshot_stack_traces
+        snapshot = _augment_memory_snapshot_stack_traces(snapshot)
+    return snapshot
+
+
+def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False) -> None:
+    """Pickles _snapshot() into `filename`, which pytorch.org/memory_viz and
+    `python -m torch.cuda._memory_viz` open, as torch.cuda.memory's."""
+    snapshot = _snapshot(augment_with_fx_traces=augment_with_fx_traces)
+    with open(filename, "wb") as f:
+        pickle.dump(snapshot, f)
+
+
+def _set_allocator_settings(env: str) -> None:
+    """Deprecated, as torch.cuda.memory's: applies the allocator settings
+    `env` ("max_split_size_mb:64,...") over the current ones of every
+    device, as torch._C._accelerator_setAllocatorSettings(env) does."""
+    warnings.warn(f"torch.{_backend.name}.memory._set_allocator_settings is deprecated: use "
+                  "torch._C._accelerator_setAllocatorSettings", FutureWarning, stacklevel=2)
+    if not isinstance(env, str):
+        raise TypeError(f"{_backend.name}: _set_allocator_settings takes a string such as "
+                        f"'max_split_size_mb:64', got {env!r}")
+    torch._C._accelerator_setAllocatorSettings(env)
+
+
+# Note [Out-of-memory observers]: an observer is a Python callable the
+# allocator calls as CUDA's (torch._C._cuda_attach_out_of_memory_observer):
+# observer(device, alloc, device_allocated, device_free) when a request
+# fails, before the OutOfMemoryError is raised. The backend's operator takes
+# the address of a C function, so each observer is wrapped in a ctypes
+# CFUNCTYPE that ctypes enters with the GIL, from whichever thread
+# allocates; the allocator holds none of its locks then. The wrappers live
+# in _OOM_OBSERVERS for the rest of the process: an observer cannot be
+# detached (nor on CUDA). Limits: an exception the observer raises cannot
+# cross the C call; ctypes reports it through sys.unraisablehook and the
+# OutOfMemoryError is raised as usual.
+_OOM_OBSERVER = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                 ctypes.c_int64)
+_OOM_OBSERVERS: list = []
+
+
+def _attach_out_of_memory_observer(observer) -> None:
+    """Calls observer(device, alloc, device_allocated, device_free) (ints:
+    the device index, the bytes requested, the allocator's figure as the
+    out-of-memory message gives it, the device's free bytes) each time an
+    allocation on any device of the backend runs out of memory, before the
+    OutOfMemoryError is raised (Note [Out-of-memory observers])."""
+    if not callable(observer):
+        raise TypeError(f"{_backend.name}: _attach_out_of_memory_observer takes a callable, "
+                        f"got {observer!r}")
+    wrapper = _OOM_OBSERVER(lambda device, alloc, allocated, free:
+                            observer(int(device), int(alloc), int(allocated), int(free)))
+    _OOM_OBSERVERS.append(wrapper)
+    _backend.ops.attach_oom_observer(ctypes.cast(wrapper, ctypes.c_void_p).value)
+
+
+# Note [torch.accelerator.memory._snapshot]: PyTorch's
+# torch.accelerator.memory._snapshot() sends the current accelerator to
+# torch.xpu.memory._snapshot when it is XPU and to torch.cuda's otherwise,
+# which fails for a PrivateUse1 device (torch._C has no _cuda_memorySnapshot
+# in a build without CUDA, and would describe CUDA's allocator in one with
+# it). accelkit.install replaces that function in torch.accelerator.memory
+# with one that calls this module's _snapshot when the current accelerator
+# is this backend's device type and PyTorch's own function otherwise.
+# Limits: code that imported the function by name (`from
+# torch.accelerator.memory import _snapshot`) before install keeps
+# PyTorch's; one backend per process, as PrivateUse1.
+def _install_accelerator_snapshot() -> None:
+    import torch.accelerator.memory as accelerator_memory
+    original = accelerator_memory._snapshot
+    if getattr(original, "_accelkit_backend", None) is not None:
+        return
+
+    @functools.wraps(original)
+    def _accelerator_snapshot(device=None, augment_with_fx_traces: bool = False):
+        current = torch.accelerator.current_accelerator()
+        if current is not None and current.type == _backend.name:
+            return _snapshot(device, augment_with_fx_traces=augment_with_fx_traces)
+        return original(device, augment_with_fx_traces=augment_with_fx_traces)
+
+    _accelerator_snapshot._accelkit_backend = _backend.name
+    accelerator_memory._snapshot = _accelerator_snapshot
 
 
 class MemPool:
