@@ -80,6 +80,7 @@
 #include <accelkit/memory/detail/small_index.hpp>
 #include <accelkit/memory/detail/stream_uses.hpp>
 #include <accelkit/memory/detail/trace_ring.hpp>
+#include <accelkit/memory/history.hpp>
 #include <accelkit/memory/snapshot.hpp>
 #include <accelkit/memory/stats.hpp>
 #include <accelkit/stream/event_pool.hpp>
@@ -172,8 +173,23 @@ class DeviceCachingAllocator {
   // nullptr.
   enum class NoRoom : bool { return_null, release_then_throw };
 
+  // While history is recorded, allocate_recorded: gathers the context
+  // before any lock (Note [History contexts]).
   ACCELKIT_ALWAYS_INLINE void* allocate_or(std::size_t bytes, StreamHandle stream,
                                            NoRoom no_room) {
+    if (trace_.on()) return allocate_recorded(bytes, stream, no_room);
+    return allocate_core<false>(bytes, stream, no_room);
+  }
+  ACCELKIT_NOINLINE void* allocate_recorded(std::size_t bytes, StreamHandle stream,
+                                            NoRoom no_room) {
+    if (bytes == 0) return nullptr;
+    std::shared_ptr<HistoryContext> context = trace_.gather(HistoryContexts::state);
+    detail::HistoryScope scope(context);
+    return allocate_core<true>(bytes, stream, no_room);
+  }
+  template <bool kRecord>
+  ACCELKIT_ALWAYS_INLINE void* allocate_core(std::size_t bytes, StreamHandle stream,
+                                             NoRoom no_room) {
     if (bytes == 0) return nullptr;
     if (bytes > max_allocation_) {
       if (no_room == NoRoom::return_null) return nullptr;
@@ -203,8 +219,7 @@ class DeviceCachingAllocator {
     // Small blocks are found through their segment (Note [Small arena]).
     if (t.unmapped) map_block(pool, t.block);
     if (!t.block) tls_last_small_ = {t.ptr, t.index};
-    if (trace_.on())
-      trace_.record(TraceEntry::Action::alloc, t.ptr, t.size, stream);
+    if constexpr (kRecord) record_trace(pool, TraceEntry::Action::alloc, t.ptr, bytes);
     return t.ptr;
   }
 
@@ -216,6 +231,22 @@ class DeviceCachingAllocator {
   // falls back to synchronizing those streams).
   void deallocate(void* ptr) {
     if (!ptr) return;
+    if (trace_.on()) {
+      deallocate_recorded(ptr);
+      return;
+    }
+    deallocate_core(ptr);
+  }
+
+ private:
+  // deallocate() while history is recorded: the free's context first,
+  // before any lock (Note [History contexts]).
+  ACCELKIT_NOINLINE void deallocate_recorded(void* ptr) {
+    std::shared_ptr<HistoryContext> context = trace_.gather(HistoryContexts::all);
+    detail::HistoryScope scope(context);
+    deallocate_core(ptr);
+  }
+  ACCELKIT_ALWAYS_INLINE void deallocate_core(void* ptr) {
     std::size_t hint = ptr == tls_last_small_.ptr ? tls_last_small_.index : kNoHint;
     if (SmallHold h = small_index_.hold(ptr, hint); h.seg) {
       free_small(h, static_cast<char*>(ptr));
@@ -224,6 +255,7 @@ class DeviceCachingAllocator {
     free_large(ptr);
   }
 
+ public:
   // Whether `ptr` is the start of a live allocation of this allocator.
   bool owns(const void* ptr) {
     if (SmallHold h = small_index_.hold(ptr); h.seg) return h.allocated();
@@ -247,6 +279,9 @@ class DeviceCachingAllocator {
   // but for private pools in use (Note [Private pools]) and, while a stream
   // captures, that stream's pool (Note [Frees during capture]).
   void empty_cache() {
+    std::shared_ptr<HistoryContext> context;
+    if (trace_.on()) context = trace_.gather(HistoryContexts::all);
+    detail::HistoryScope scope(context);
     release_all(detail::Drain::wait_for_all);
     forget_idle_pools();
   }
@@ -327,9 +362,19 @@ class DeviceCachingAllocator {
     if (fraction_changed) set_memory_fraction(fraction);
   }
 
-  // Keeps the last `max_entries` allocation events for snapshot(); 0 stops.
-  void record_history(std::size_t max_entries) { trace_.start(max_entries); }
+  // Records the allocation history as `options` say (memory/history.hpp,
+  // Note [History contexts]); HistoryRecord::off stops and drops it.
+  // Thread-safe; the gatherer is called only outside the allocator's locks.
+  void record_history(const HistoryOptions& options) { trace_.configure(options); }
 
+  // Adds an observer of out-of-memory errors (OomObserver).
+  void attach_oom_observer(OomObserver observer) {
+    std::lock_guard<std::mutex> lock(oom_mutex_);
+    oom_observers_.push_back(std::move(observer));
+  }
+
+  // Segments with their blocks, and the history recorded (whose newest
+  // entry, while it is recorded, is this snapshot's).
   MemorySnapshot snapshot();
 
  private:
@@ -659,9 +704,7 @@ class DeviceCachingAllocator {
       detail::SpinGuard lock(pool.lock);
       ++pool.stats.num_ooms;
     }
-    if (trace_.on())
-      trace_.record(TraceEntry::Action::oom, nullptr, size, pool.stream);
-    throw out_of_memory(requested, size);
+    throw out_of_memory(pool, requested, size);
   }
 
   // The mechanisms, each in its file.
@@ -686,7 +729,12 @@ class DeviceCachingAllocator {
   ACCELKIT_ALWAYS_INLINE void count_inactive(Pool& pool, std::size_t size, BlockKind kind,
                                              Span span, Count count);
   ACCELKIT_ALWAYS_INLINE void count_released(Pool& pool, char* ptr, std::size_t size,
-                                             BlockKind kind);
+                                             std::size_t requested, BlockKind kind);
+  // History (memory/detail/statistics.hpp): an entry for `pool` with the
+  // calling thread's context (Note [History contexts]). Under the pool's
+  // lock or not; never throws.
+  void record_trace(const Pool& pool, TraceEntry::Action action, const void* ptr,
+                    std::size_t size, std::size_t device_free = 0) noexcept;
 
   // Large blocks: records in the large set and the parking slots
   // (memory/detail/large_blocks.hpp).
@@ -764,7 +812,9 @@ class DeviceCachingAllocator {
 
   // Error messages (memory/detail/errors.hpp).
   OutOfMemoryError too_large(std::size_t bytes) const;
-  OutOfMemoryError out_of_memory(std::size_t bytes, std::size_t rounded);
+  // Records the oom entry and calls the observers (no lock held).
+  OutOfMemoryError out_of_memory(const Pool& pool, std::size_t bytes, std::size_t rounded);
+  std::size_t largest_free_block();
   RuntimeError not_live(const void* ptr) const;
 
   Backend<R>& backend_;
@@ -804,6 +854,8 @@ class DeviceCachingAllocator {
   Released limbo_;            // under release_mutex_ (Note [Ordered release])
 
   detail::TraceRing trace_;  // the allocation history
+  std::mutex oom_mutex_;
+  std::vector<OomObserver> oom_observers_;  // under oom_mutex_
 };
 
 ACCELKIT_END_NAMESPACE

@@ -116,8 +116,7 @@ inline void DeviceCachingAllocator<R>::free_segments(Released& r,
       detail::SpinGuard lock(d.pool->lock);
       count_segment(*d.pool, d.size, d.kind, d.oversize, Count::out);
     }
-    if (trace_.on())
-      trace_.record(TraceEntry::Action::segment_free, d.ptr, d.size, d.pool->stream);
+    if (trace_.on()) record_trace(*d.pool, TraceEntry::Action::segment_free, d.ptr, d.size);
     delete d.record;
   }
   r.clear();

@@ -221,8 +221,7 @@ ACCELKIT_NOINLINE void DeviceCachingAllocator<R>::free_large(void* ptr) {
     detail::SpinGuard lock(pool.lock);
     // A second free (the block may be parked) or a stale map read.
     if (!b->allocated || b->ptr != ptr) throw not_live(ptr);
-    if (trace_.on())
-      trace_.record(TraceEntry::Action::free_requested, b->ptr, b->size, pool.stream);
+    if (trace_.on()) record_trace(pool, TraceEntry::Action::free_requested, b->ptr, b->requested);
     if (b->has_uses) {
       uses = take_uses(pool, b->ptr);
       b->has_uses = false;
@@ -267,7 +266,7 @@ ACCELKIT_ALWAYS_INLINE void DeviceCachingAllocator<R>::free_block(Pool& pool, Bl
   std::size_t size = b->size;
   BlockKind kind = kind_of(b);
   Span span = span_of(b);
-  count_released(pool, b->ptr, size, kind);
+  count_released(pool, b->ptr, size, b->requested, kind);
   ++pool.frees_counted;
   if (!pool.parking) {  // straight into the large set (Note [Parking pays for itself])
     cache_block(pool, b);

@@ -73,8 +73,7 @@ inline auto DeviceCachingAllocator<R>::add_segment(Pool& pool, char* ptr, std::s
   seg->head = b;
   pool.segments.push_back(seg);
   count_segment(pool, seg, Count::in);
-  if (trace_.on())
-    trace_.record(TraceEntry::Action::segment_alloc, ptr, size, pool.stream);
+  if (trace_.on()) record_trace(pool, TraceEntry::Action::segment_alloc, ptr, size);
   return b;
 }
 
@@ -106,8 +105,7 @@ inline auto DeviceCachingAllocator<R>::add_small_segment(Pool& pool, char* ptr, 
     throw;
   }
   count_segment(pool, n, BlockKind::small, n >= config_.max_split_size, Count::in);
-  if (trace_.on())
-    trace_.record(TraceEntry::Action::segment_alloc, ptr, n, pool.stream);
+  if (trace_.on()) record_trace(pool, TraceEntry::Action::segment_alloc, ptr, n);
   return {nullptr, p, size};
 }
 
@@ -124,7 +122,7 @@ inline auto DeviceCachingAllocator<R>::allocate_uncached(Pool& pool, std::size_t
       detail::SpinGuard lock(pool.lock);
       ++pool.stats.num_ooms;
     }
-    throw out_of_memory(bytes, size);
+    throw out_of_memory(pool, bytes, size);
   }
   // Each allocation is its own segment, so that the block knows its pool.
   auto* seg = new Segment();

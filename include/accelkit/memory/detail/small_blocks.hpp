@@ -187,7 +187,7 @@ ACCELKIT_ALWAYS_INLINE void DeviceCachingAllocator<R>::free_small(SmallHold& h, 
   using namespace detail::small_block;
   Desc d = seg.blocks[i];
   std::size_t size = bytes(d), requested = static_cast<std::size_t>(payload(d));
-  if (trace_.on()) trace_.record(TraceEntry::Action::free_requested, ptr, size, pool.stream);
+  if (trace_.on()) record_trace(pool, TraceEntry::Action::free_requested, ptr, requested);
   if (has_uses(d)) {
     free_small_used(lock, pool, seg, i, ptr, d);
     return;
@@ -238,7 +238,7 @@ ACCELKIT_ALWAYS_INLINE void DeviceCachingAllocator<R>::release_small(Pool& pool,
                                                                      std::size_t i, char* ptr) {
   using namespace detail::small_block;
   Desc d = seg.blocks[i];
-  std::size_t size = bytes(d);
+  std::size_t size = bytes(d), requested = static_cast<std::size_t>(payload(d));
   if (pool.parked_small.may_park(granules(d), parking_room(pool, size))) {
     seg.blocks[i] = with_payload(with_state(d, parked), 0);
     pool.parked_small.park(granules(d), {&seg, ptr, i});
@@ -246,7 +246,7 @@ ACCELKIT_ALWAYS_INLINE void DeviceCachingAllocator<R>::release_small(Pool& pool,
   } else {
     cache_small(pool, seg, i);  // may throw first
   }
-  count_released(pool, ptr, size, BlockKind::small);
+  count_released(pool, ptr, size, requested, BlockKind::small);
 }
 
 // What the parked small blocks of `pool` may hold as a block of `size`

@@ -25,6 +25,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 ACCELKIT_BEGIN_NAMESPACE
@@ -149,10 +150,20 @@ ACCELKIT_ALWAYS_INLINE void DeviceCachingAllocator<R>::count_inactive(Pool& pool
 template <class R>
 ACCELKIT_ALWAYS_INLINE void DeviceCachingAllocator<R>::count_released(Pool& pool, char* ptr,
                                                                       std::size_t size,
+                                                                      std::size_t requested,
                                                                       BlockKind kind) {
   count_down(pool.stats.active, kind, 1);
   count_down(pool.stats.active_bytes, kind, static_cast<std::int64_t>(size));
-  if (trace_.on()) trace_.record(TraceEntry::Action::free_completed, ptr, size, pool.stream);
+  if (trace_.on()) record_trace(pool, TraceEntry::Action::free_completed, ptr, requested);
+}
+
+template <class R>
+inline void DeviceCachingAllocator<R>::record_trace(const Pool& pool, TraceEntry::Action action,
+                                                   const void* ptr, std::size_t size,
+                                                   std::size_t device_free) noexcept {
+  static const std::shared_ptr<HistoryContext> none;
+  const std::shared_ptr<HistoryContext>* context = detail::tls_history_context;
+  trace_.record(action, ptr, size, pool.stream, pool.id, context ? *context : none, device_free);
 }
 
 template <class R>
@@ -196,9 +207,19 @@ inline void DeviceCachingAllocator<R>::reset_accumulated_stats() {
   }
 }
 
+// Block states as PyTorch names them: allocated; freed but awaiting its
+// uses on other streams (a pending free); free in the cache.
 template <class R>
 inline MemorySnapshot DeviceCachingAllocator<R>::snapshot() {
   MemorySnapshot out;
+  bool recording = trace_.on();
+  detail::ContextTable blocks, segments;  // Note [History contexts]
+  if (recording) std::tie(blocks, segments) = trace_.contexts();
+  auto context_in = [](const detail::ContextTable& t, const void* p) {
+    auto it = t.find(reinterpret_cast<std::uintptr_t>(p));
+    return it == t.end() ? nullptr : it->second;
+  };
+  std::size_t total_active = 0;
   for (detail::Pool* pool : pools_snapshot()) {
     detail::SpinGuard lock(pool->lock);
     std::vector<const detail::Block*> pending;
@@ -207,46 +228,55 @@ inline MemorySnapshot DeviceCachingAllocator<R>::snapshot() {
     for (const detail::Segment* s : pool->segments) {
       SegmentSnapshot seg{device_, reinterpret_cast<std::uintptr_t>(s->ptr), s->size, 0, 0, 0,
                           pool->stream, s->small ? "small" : "large", {}, pool->id};
+      seg.context = context_in(segments, s->ptr);
       for (const detail::Block* b = s->head; b; b = b->next) {
         bool is_pending = std::find(pending.begin(), pending.end(), b) != pending.end();
+        bool active = b->allocated || is_pending;
         std::string_view state = b->allocated ? "active_allocated"
-                                 : is_pending ? "active_pending_free"
+                                 : is_pending ? "active_awaiting_free"
                                               : "inactive";
-        seg.blocks.push_back(
-            {reinterpret_cast<std::uintptr_t>(b->ptr), b->size, b->allocated ? b->requested : 0,
-             state});
-        if (b->allocated) {
-          seg.allocated_size += b->size;
+        seg.blocks.push_back({reinterpret_cast<std::uintptr_t>(b->ptr), b->size,
+                              active ? b->requested : 0, state,
+                              active ? context_in(blocks, b->ptr) : nullptr});
+        if (b->allocated) seg.allocated_size += b->size;
+        if (active) {
+          seg.active_size += b->size;
           seg.requested_size += b->requested;
         }
-        if (b->allocated || is_pending) seg.active_size += b->size;
       }
+      total_active += seg.active_size;
       out.segments.push_back(std::move(seg));
     }
     pool->arena.for_each_segment([&](const detail::SmallSegment& s) {
       using namespace detail::small_block;
       SegmentSnapshot seg{device_, reinterpret_cast<std::uintptr_t>(s.ptr), s.size(), 0, 0, 0,
                           pool->stream, "small", {}, pool->id};
+      seg.context = context_in(segments, s.ptr);
       for (std::size_t i = 0; i < s.blocks.size(); ++i) {
         Desc d = s.blocks[i];
         bool allocated = state(d) == detail::small_block::allocated;
         bool is_pending = state(d) == detail::small_block::pending;
-        std::size_t requested = allocated ? static_cast<std::size_t>(payload(d)) : 0;
+        bool active = allocated || is_pending;
+        std::size_t requested = active ? static_cast<std::size_t>(payload(d)) : 0;
         seg.blocks.push_back({reinterpret_cast<std::uintptr_t>(s.address(i)), bytes(d), requested,
                               allocated    ? "active_allocated"
-                              : is_pending ? "active_pending_free"
-                                           : "inactive"});
-        if (allocated) {
-          seg.allocated_size += bytes(d);
+                              : is_pending ? "active_awaiting_free"
+                                           : "inactive",
+                              active ? context_in(blocks, s.address(i)) : nullptr});
+        if (allocated) seg.allocated_size += bytes(d);
+        if (active) {
+          seg.active_size += bytes(d);
           seg.requested_size += requested;
         }
-        if (allocated || is_pending) seg.active_size += bytes(d);
       }
+      total_active += seg.active_size;
       out.segments.push_back(std::move(seg));
     });
   }
   std::sort(out.segments.begin(), out.segments.end(),
             [](const SegmentSnapshot& a, const SegmentSnapshot& b) { return a.address < b.address; });
+  // As CUDA: the snapshot is an entry of the history it returns.
+  if (recording) trace_.record(TraceEntry::Action::snapshot, nullptr, total_active, {}, {}, nullptr);
   out.trace = trace_.entries();
   return out;
 }

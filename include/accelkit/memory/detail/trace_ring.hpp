@@ -1,68 +1,192 @@
-// accelkit: the device pool's allocation history, a ring of its last
-// entries (torch.<name>.memory._record_memory_history).
+// accelkit: the device pool's allocation history: a ring of its last
+// entries, and the contexts of its live blocks and segments
+// (torch.<name>.memory._record_memory_history).
+//
+// Note [History contexts]
+// CUDA keeps an allocation's context (its stack frames) in the block's
+// record. Small blocks here have no record (Note [Small arena]), so every
+// context lives in a side table keyed by address, one for blocks and one
+// for segments, kept under the ring's mutex and touched only while history
+// is recorded: an alloc entry adds its block's context, a free_completed
+// entry drops it; segment_alloc and segment_free do the same for segments.
+// The gatherer (which may take the GIL) runs before the allocator takes any
+// lock: the allocator's recording paths gather first and leave the context
+// in a thread-local slot (HistoryScope) that the entries recorded deeper
+// in the same call read. Limits: a block whose free never completes (its
+// stream uses could not be ordered) keeps its context until recording
+// stops; a block allocated before recording began has none.
 #pragma once
 
 #include <accelkit/config.hpp>
+#include <accelkit/memory/history.hpp>
 #include <accelkit/memory/snapshot.hpp>
 #include <accelkit/types.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 ACCELKIT_BEGIN_NAMESPACE
 namespace detail {
 
+// The context gathered for the allocator call under way on this thread
+// (Note [History contexts]); null outside one.
+inline thread_local const std::shared_ptr<HistoryContext>* tls_history_context = nullptr;
+
+// Sets the calling thread's context for the scope of one allocator call.
+class HistoryScope {
+ public:
+  explicit HistoryScope(const std::shared_ptr<HistoryContext>& context) noexcept
+      : saved_(tls_history_context) {
+    tls_history_context = &context;
+  }
+  ~HistoryScope() { tls_history_context = saved_; }
+  HistoryScope(const HistoryScope&) = delete;
+  HistoryScope& operator=(const HistoryScope&) = delete;
+
+ private:
+  const std::shared_ptr<HistoryContext>* saved_;
+};
+
+// The contexts of live blocks and segments, by address.
+using ContextTable = std::unordered_map<std::uintptr_t, std::shared_ptr<HistoryContext>>;
+
 class TraceRing {
  public:
-  // Keeps the last `capacity` entries from now on; 0 stops recording.
-  void start(std::size_t capacity) {
+  // Applies record_history's options; HistoryRecord::off stops recording,
+  // drops the entries and the contexts.
+  void configure(const HistoryOptions& o) {
+    auto gather = o.gather ? std::make_shared<const ContextGatherer>(o.gather) : nullptr;
     std::lock_guard<std::mutex> lock(mutex_);
-    entries_.clear();
-    entries_.reserve(capacity);
-    capacity_ = capacity;
+    bool on = o.enabled != HistoryRecord::off;
+    std::vector<TraceEntry> kept;
+    if (on && !o.clear_history) kept = linear();
+    std::size_t capacity = o.enabled == HistoryRecord::all ? o.max_entries : 0;
+    if (kept.size() > capacity)
+      kept.erase(kept.begin(), kept.end() - static_cast<std::ptrdiff_t>(capacity));
+    entries_ = std::move(kept);
     next_ = 0;
-    on_.store(capacity > 0, std::memory_order_relaxed);
+    capacity_ = capacity;
+    skip_ = 0;
+    for (TraceEntry::Action a : o.skip_actions) skip_ |= bit(a);
+    gather_ = on ? std::move(gather) : nullptr;
+    HistoryContexts level = on && gather_ ? o.context : HistoryContexts::none;
+    level_.store(level, std::memory_order_relaxed);
+    if (!on || level == HistoryContexts::none) {
+      blocks_.clear();
+      segments_.clear();
+    }
+    on_.store(on, std::memory_order_relaxed);
   }
 
-  // Whether entries are being recorded (the pool's hot paths ask first).
+  // Whether history is recorded (the pool's hot paths ask first: one
+  // relaxed load).
   bool on() const noexcept { return on_.load(std::memory_order_relaxed); }
 
-  void record(TraceEntry::Action action, const void* ptr, std::size_t size, StreamHandle stream) {
+  // The calling thread's context where the recording keeps contexts at
+  // `level` or above; null otherwise. Call with no allocator lock held.
+  std::shared_ptr<HistoryContext> gather(HistoryContexts level) const {
+    if (level_.load(std::memory_order_relaxed) < level) return nullptr;
+    std::shared_ptr<const ContextGatherer> g;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      g = gather_;
+    }
+    return g ? (*g)() : nullptr;
+  }
+
+  // Records an entry, and keeps or drops the context of the block or
+  // segment at `ptr` (Note [History contexts]). `context` is the one
+  // gathered for the call under way (null if none). Never throws: an entry
+  // that finds no memory is lost.
+  void record(TraceEntry::Action action, const void* ptr, std::size_t size, StreamHandle stream,
+              MempoolId pool, const std::shared_ptr<HistoryContext>& context,
+              std::size_t device_free = 0) noexcept {
+    using A = TraceEntry::Action;
     auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                   std::chrono::steady_clock::now().time_since_epoch())
+                   std::chrono::system_clock::now().time_since_epoch())
                    .count();
+    auto addr = reinterpret_cast<std::uintptr_t>(ptr);
     std::lock_guard<std::mutex> lock(mutex_);
-    if (capacity_ == 0) return;
-    TraceEntry e{action, reinterpret_cast<std::uintptr_t>(ptr), size, stream, now};
-    if (entries_.size() < capacity_) {
-      entries_.push_back(e);
-    } else {
-      entries_[next_] = e;
-      next_ = (next_ + 1) % capacity_;
+    if (!on_.load(std::memory_order_relaxed)) return;
+    HistoryContexts level = level_.load(std::memory_order_relaxed);
+    std::shared_ptr<HistoryContext> c = context;
+    try {
+      switch (action) {
+        case A::alloc:
+          if (context) blocks_[addr] = context;
+          break;
+        case A::segment_alloc:
+          if (context) segments_[addr] = context;
+          break;
+        case A::free_requested:
+        case A::free_completed:
+        case A::segment_free: {
+          ContextTable& table = action == A::segment_free ? segments_ : blocks_;
+          auto it = table.find(addr);
+          if (it != table.end()) {
+            if (!c) c = it->second;
+            if (action != A::free_requested) table.erase(it);
+          }
+          break;
+        }
+        default: break;
+      }
+      if (capacity_ == 0 || (skip_ & bit(action))) return;
+      if (level < HistoryContexts::alloc || action == A::snapshot) c = nullptr;
+      TraceEntry e{action, addr, size, stream, now, pool, std::move(c), device_free};
+      if (entries_.size() < capacity_) {
+        entries_.push_back(std::move(e));
+      } else {
+        entries_[next_] = std::move(e);
+        next_ = (next_ + 1) % capacity_;
+      }
+    } catch (...) {
     }
   }
 
   // The entries, oldest first.
   std::vector<TraceEntry> entries() const {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (entries_.size() < capacity_) return entries_;
-    std::vector<TraceEntry> out(entries_.begin() + static_cast<std::ptrdiff_t>(next_),
-                                entries_.end());
-    out.insert(out.end(), entries_.begin(),
-               entries_.begin() + static_cast<std::ptrdiff_t>(next_));
-    return out;
+    return linear();
+  }
+
+  // The contexts of live blocks and of segments (empty unless recording
+  // with contexts).
+  std::pair<ContextTable, ContextTable> contexts() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {blocks_, segments_};
   }
 
  private:
+  static std::uint32_t bit(TraceEntry::Action a) noexcept {
+    return std::uint32_t{1} << static_cast<unsigned>(a);
+  }
+  std::vector<TraceEntry> linear() const {
+    if (next_ == 0) return entries_;
+    std::vector<TraceEntry> out(entries_.begin() + static_cast<std::ptrdiff_t>(next_),
+                                entries_.end());
+    out.insert(out.end(), entries_.begin(), entries_.begin() + static_cast<std::ptrdiff_t>(next_));
+    return out;
+  }
+
   std::atomic<bool> on_{false};
+  std::atomic<HistoryContexts> level_{HistoryContexts::none};
   mutable std::mutex mutex_;
   std::vector<TraceEntry> entries_;
   std::size_t capacity_ = 0;
   std::size_t next_ = 0;  // the oldest entry once the ring is full
+  std::uint32_t skip_ = 0;
+  std::shared_ptr<const ContextGatherer> gather_;
+  ContextTable blocks_;
+  ContextTable segments_;
 };
 
 }  // namespace detail
