@@ -7,6 +7,7 @@
 
 #include <accelkit/torch/adapter.hpp>
 #include <accelkit/torch/compat.hpp>
+#include <accelkit/torch/empty.hpp>
 #include <accelkit/torch/host_access.hpp>
 
 #include <cstring>
@@ -17,6 +18,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <utility>
 
@@ -55,6 +57,8 @@ struct StorageOps : HostAccess {
                                   std::optional<c10::MemoryFormat> memory_format) {
     return translated([&]() -> const at::Tensor& {
       auto* impl = self.unsafeGetTensorImpl();
+      std::int64_t old_nbytes =
+          impl->unsafe_storage() ? static_cast<std::int64_t>(impl->unsafe_storage().nbytes()) : 0;
       at::native::resize_impl_cpu_(impl, C10_AS_INTARRAYREF_SLOW(size), std::nullopt,
                                    /*resize_storage=*/false);
       if (impl->numel() > 0) {
@@ -63,6 +67,9 @@ struct StorageOps : HostAccess {
         grow_storage(impl->storage(), needed);
       }
       if (memory_format) impl->empty_tensor_restride(*memory_format);
+      // The elements the growth added (Note [Deterministic fill of new memory]).
+      if (C10_UNLIKELY(fill_uninitialized_memory()))
+        at::native::fill_resize_deterministic_(self, old_nbytes);
       return self;
     });
   }
