@@ -14,6 +14,16 @@
 // device's stream used
 // (record_stream) is reused only after an event recorded on that stream at
 // free time completes; the events come from per-device EventPools.
+// PyTorch's pinned keys (Note [Allocator configuration]) apply as in its
+// CachingHostAllocator: requests above pinned_max_round_threshold_mb or
+// pinned_max_cached_size_mb get a block of their own size (a 512 B
+// multiple, in the class of its power of two), freed blocks above
+// pinned_max_cached_size_mb go back to the driver once their copies have
+// landed, and with pinned_use_background_threads a thread of the allocator
+// returns freed blocks whose copies landed to the cache every 100 us, so
+// allocations do not look at them. The settings follow
+// AllocatorSettings::process() while the allocator lives (Note [Run-time
+// allocator settings]).
 #pragma once
 
 #include <accelkit/config.hpp>
@@ -33,12 +43,17 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -92,13 +107,23 @@ class HostAllocator {
       : HostAllocator(backend,
                       AllocatorConfig::from_environment(Backend<R>::name, backend.environment())) {}
   HostAllocator(Backend<R>& backend, AllocatorConfig config)
-      : backend_(backend), config_(config) {}
+      : backend_(backend), config_(config) {
+    settings_ = AllocatorSettings::process().listen(
+        Backend<R>::name, config_, [this](std::string_view text) -> std::function<void()> {
+          AllocatorConfig next =
+              AllocatorConfig::parse(Backend<R>::name, "allocator settings", text, config_);
+          return [this, next] { set_config(next); };
+        });
+    if (config_.pinned_use_background_threads) start_worker();
+  }
   HostAllocator(const HostAllocator&) = delete;
   HostAllocator& operator=(const HostAllocator&) = delete;
 
   // Returns every block to the driver, those still allocated and those
   // kept out of the cache included, as the device allocator does.
   ~HostAllocator() {
+    settings_.reset();
+    stop_worker();
     for_each_bucket([&](Bucket& bucket) {
       for (Pending& p : bucket.pending) {
         release_events(p);
@@ -128,10 +153,10 @@ class HostAllocator {
     Block* b = nullptr;
     if (config_.caching) {
       detail::SpinGuard lock(bucket.lock);
-      if (!bucket.pending.empty()) process_pending(bucket, detail::Drain::completed);
-      if (!bucket.free.empty()) {
-        b = bucket.free.back();
-        bucket.free.pop_back();
+      if (!bucket.pending.empty() && !worker_on_.load(std::memory_order_relaxed))
+        process_pending(bucket, detail::Drain::completed);
+      b = take_free(bucket, bytes);
+      if (b) {
         b->allocated = true;
         bucket.stats.allocation.increase(1);
         bucket.stats.allocated_bytes.increase(static_cast<std::int64_t>(b->size));
@@ -174,9 +199,11 @@ class HostAllocator {
       return;
     }
     if (!pending.events.empty())
-      bucket.pending.push_back(std::move(pending));
-    else
+      bucket.pending.push_back(std::move(pending));  // cached or freed once they land
+    else if (cacheable(b))
       bucket.free.push_back(b);
+    else
+      free_to_driver(bucket, b);  // above pinned_max_cached_size_mb
   }
 
   // Marks `ptr` as used by work on `stream` of `device`: once freed, it is
@@ -251,6 +278,32 @@ class HostAllocator {
     });
   }
 
+  // The settings (Note [Allocator configuration]); set_config applies the
+  // pinned keys of `config` from now on (cached blocks keep their sizes).
+  // ValueError where `config` turns caching on or off.
+  const AllocatorConfig& config() const noexcept { return config_; }
+  void set_config(const AllocatorConfig& config) {
+    std::lock_guard<std::mutex> lock(worker_mutex_);
+    if (config.caching != config_.caching)
+      throw ValueError(Backend<R>::name,
+                       fmt::format("the pinned host allocator cannot turn caching {} while it "
+                                   "lives",
+                                   config.caching ? "on" : "off"));
+    config_ = config;
+    if (config.pinned_use_background_threads) start_worker_locked();
+    else stop_worker_locked();
+  }
+
+  // Freed blocks whose stream uses were not yet seen complete.
+  std::size_t pending_frees() {
+    std::size_t n = 0;
+    for_each_bucket([&](Bucket& bucket) {
+      detail::SpinGuard lock(bucket.lock);
+      n += bucket.pending.size();
+    });
+    return n;
+  }
+
  private:
   static constexpr std::size_t kMinClass = 9;   // 512 B
   static constexpr std::size_t kClasses = 48;   // up to 2^47 B
@@ -299,9 +352,31 @@ class HostAllocator {
     return static_cast<std::size_t>(64 - __builtin_clzll(bytes - 1));
   }
 
+  // Whether a request of `bytes` is rounded up to its power of two (PyTorch's
+  // pinned_max_round_threshold_mb and pinned_max_cached_size_mb).
+  bool rounded(std::size_t bytes) const noexcept {
+    return config_.caching && bytes <= config_.pinned_max_round_threshold &&
+           bytes <= config_.pinned_max_cached_size;
+  }
+  // Whether a freed block returns to the cache rather than to the driver.
+  bool cacheable(const Block* b) const noexcept {
+    return config_.caching && b->size <= config_.pinned_max_cached_size;
+  }
+
+  // Under the bucket lock: the free block freed last that holds `bytes`
+  // (blocks of a class differ in size only where requests were not rounded).
+  static Block* take_free(Bucket& bucket, std::size_t bytes) noexcept {
+    for (std::size_t i = bucket.free.size(); i-- > 0;) {
+      Block* b = bucket.free[i];
+      if (b->size < bytes) continue;
+      bucket.free.erase(bucket.free.begin() + static_cast<std::ptrdiff_t>(i));
+      return b;
+    }
+    return nullptr;
+  }
+
   Block* allocate_new(Bucket& bucket, device_index device, std::size_t cls, std::size_t bytes) {
-    std::size_t size = config_.caching ? std::size_t{1} << cls
-                                       : (bytes + 511) / 512 * 512;
+    std::size_t size = rounded(bytes) ? std::size_t{1} << cls : (bytes + 511) / 512 * 512;
     void* p = nullptr;
     for (int attempt = 0; attempt < 2 && !p; ++attempt) {
       try {
@@ -424,8 +499,59 @@ class HostAllocator {
         },
         [&](Pending& p) {
           release_events(p, /*completed=*/true);
-          bucket.free.push_back(p.block);
+          if (cacheable(p.block)) bucket.free.push_back(p.block);
+          else free_to_driver(bucket, p.block);
         });
+  }
+
+  // Note [Pinned background thread]: with pinned_use_background_threads,
+  // as PyTorch's CachingHostAllocator, a thread returns the freed blocks
+  // whose copies have landed to the cache every 100 us, and allocations leave
+  // them to it. It runs while the key is True; a driver error it meets is
+  // reported once (Note [Diagnostics]) and the entry stays queued.
+  void start_worker() {
+    std::lock_guard<std::mutex> lock(worker_mutex_);
+    start_worker_locked();
+  }
+  void stop_worker() {
+    std::lock_guard<std::mutex> lock(worker_mutex_);
+    stop_worker_locked();
+  }
+  void start_worker_locked() {
+    if (worker_.joinable()) return;
+    worker_on_.store(true);
+    worker_ = std::thread([this] {
+      bool reported = false;
+      std::unique_lock<std::mutex> lock(worker_wait_mutex_);
+      while (worker_on_.load()) {
+        lock.unlock();
+        try {
+          for_each_bucket([&](Bucket& bucket) {
+            detail::SpinGuard guard(bucket.lock);
+            if (!bucket.pending.empty()) process_pending(bucket, detail::Drain::completed);
+          });
+        } catch (const std::exception& e) {
+          if (!reported)
+            report(Severity::warning, Backend<R>::name,
+                   fmt::format("the pinned memory's background thread could not query a freed "
+                               "block's events; it keeps trying: {}",
+                               e.what()));
+          reported = true;
+        }
+        lock.lock();
+        worker_wake_.wait_for(lock, std::chrono::microseconds(100),
+                              [this] { return !worker_on_.load(); });
+      }
+    });
+  }
+  void stop_worker_locked() {
+    if (!worker_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(worker_wait_mutex_);
+      worker_on_.store(false);
+    }
+    worker_wake_.notify_all();
+    worker_.join();
   }
 
   Backend<R>& backend_;
@@ -433,6 +559,12 @@ class HostAllocator {
   detail::PerDevice<DevicePool> pools_;
   detail::PointerMap<Block*> live_;
   detail::PerDevice<EventPool<R>> event_pools_;
+  std::mutex worker_mutex_;  // starts and stops the worker; serializes set_config
+  std::thread worker_;       // Note [Pinned background thread]
+  std::atomic<bool> worker_on_{false};
+  std::mutex worker_wait_mutex_;
+  std::condition_variable worker_wake_;
+  AllocatorSettings::Subscription settings_;  // last: stops listening first
 };
 
 ACCELKIT_END_NAMESPACE
