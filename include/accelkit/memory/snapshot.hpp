@@ -68,7 +68,11 @@ struct BlockSnapshot {
   std::uintptr_t address;
   std::size_t size;
   std::size_t requested_size;
-  std::string_view state;  // "active_allocated", "active_awaiting_free", "inactive"
+  // "active_allocated"; "active_pending_free" (freed, its stream uses not
+  // yet past: the name CUDA's snapshot gives and the visualizer reads;
+  // torch/cuda/memory.py's docstring calls it "active_awaiting_free");
+  // "inactive".
+  std::string_view state;
   // The allocation's context while history is recorded with a context
   // level other than none (null for free blocks and when none was gathered).
   std::shared_ptr<HistoryContext> context = nullptr;

@@ -62,7 +62,7 @@ inline std::size_t DeviceCachingAllocator<R>::largest_free_block() {
 // largest free cached block: a large remainder in small pieces is
 // fragmentation), how to record the history that shows where memory went,
 // and the setting that reduces fragmentation: expandable segments where the
-// runtime has the virtual-memory members (Note [Virtual memory]), else
+// runtime has the virtual-memory members (Note [Virtual memory]), and
 // max_split_size_mb. The
 // observers (attach_oom_observer) are called first, with no lock held.
 template <class R>
@@ -99,9 +99,12 @@ inline OutOfMemoryError DeviceCachingAllocator<R>::out_of_memory(const Pool& poo
           ? fmt::format("; the memory fraction caps this process at {}", detail::format_bytes(limit))
           : std::string();
   std::string conf = detail::upper(Backend<R>::name) + "_ALLOC_CONF";
-  std::string hint = detail::has_virtual_memory<R>
-                         ? fmt::format("set {}=expandable_segments:True to avoid fragmentation", conf)
-                         : fmt::format("set {}=max_split_size_mb:<n> to limit fragmentation", conf);
+  std::string hint =
+      detail::has_virtual_memory<R>
+          ? fmt::format("set {0}=expandable_segments:True to avoid fragmentation, or "
+                        "{0}=max_split_size_mb:<n> to limit it",
+                        conf)
+          : fmt::format("set {}=max_split_size_mb:<n> to limit fragmentation", conf);
   return OutOfMemoryError(
       Backend<R>::name,
       fmt::format("out of memory on {}:{}: tried to allocate {} ({} bytes, {} after rounding). "

@@ -207,8 +207,8 @@ inline void DeviceCachingAllocator<R>::reset_accumulated_stats() {
   }
 }
 
-// Block states as PyTorch names them: allocated; freed but awaiting its
-// uses on other streams (a pending free); free in the cache.
+// Block states as CUDA's snapshot names them: allocated; freed but waiting
+// for its uses on other streams (a pending free); free in the cache.
 template <class R>
 inline MemorySnapshot DeviceCachingAllocator<R>::snapshot() {
   MemorySnapshot out;
@@ -233,7 +233,7 @@ inline MemorySnapshot DeviceCachingAllocator<R>::snapshot() {
         bool is_pending = std::find(pending.begin(), pending.end(), b) != pending.end();
         bool active = b->allocated || is_pending;
         std::string_view state = b->allocated ? "active_allocated"
-                                 : is_pending ? "active_awaiting_free"
+                                 : is_pending ? "active_pending_free"
                                               : "inactive";
         seg.blocks.push_back({reinterpret_cast<std::uintptr_t>(b->ptr), b->size,
                               active ? b->requested : 0, state,
@@ -260,7 +260,7 @@ inline MemorySnapshot DeviceCachingAllocator<R>::snapshot() {
         std::size_t requested = active ? static_cast<std::size_t>(payload(d)) : 0;
         seg.blocks.push_back({reinterpret_cast<std::uintptr_t>(s.address(i)), bytes(d), requested,
                               allocated    ? "active_allocated"
-                              : is_pending ? "active_awaiting_free"
+                              : is_pending ? "active_pending_free"
                                            : "inactive",
                               active ? context_in(blocks, s.address(i)) : nullptr});
         if (allocated) seg.allocated_size += bytes(d);
