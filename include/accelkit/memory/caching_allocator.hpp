@@ -58,6 +58,7 @@
 //   small_blocks.hpp  descriptors: parking by size, split and merge, lookup
 //   stream_order.hpp  record_stream, pending frees, frees during capture
 //   segments.hpp      memory from the driver, detaching free segments
+//   expandable.hpp    segments that grow and shrink in place by pages
 //   collection.hpp    memory back to the driver in order, garbage collection
 //   errors.hpp        the messages of out-of-memory and invalid frees
 // Their data structures: pool.hpp (records, a stream's pool), small_arena.hpp,
@@ -93,6 +94,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -121,6 +123,7 @@ class DeviceCachingAllocator {
     max_allocation_ = p.max_allocation;
     limit_ = fraction_limit(config.memory_fraction);
     fraction_ = config.memory_fraction;
+    check_expandable(config);
   }
   // The same, taking the events that order stream uses from a shared pool
   // (the device's pool in Streams<R>, so the stream layer and the allocator
@@ -142,6 +145,7 @@ class DeviceCachingAllocator {
     max_allocation_ = p.max_allocation;
     limit_ = fraction_limit(config.memory_fraction);
     fraction_ = config.memory_fraction;
+    check_expandable(config);
   }
   DeviceCachingAllocator(const DeviceCachingAllocator&) = delete;
   DeviceCachingAllocator& operator=(const DeviceCachingAllocator&) = delete;
@@ -352,6 +356,7 @@ class DeviceCachingAllocator {
       throw ValueError(Backend<R>::name,
                        fmt::format("the allocator of {}:{} cannot turn caching {} while it lives",
                                    Backend<R>::name, device_, config.caching ? "on" : "off"));
+    check_expandable(config);
     double fraction = config.memory_fraction;
     bool fraction_changed = fraction != config_.memory_fraction;
     if (fraction_changed && !(fraction > 0.0 && fraction <= 1.0))
@@ -400,6 +405,11 @@ class DeviceCachingAllocator {
     BlockKind kind;
     bool oversize;
     Segment* record;  // a large segment's record, deleted once freed
+    // Expandable memory (Note [Expandable segments]): pages [first_page,
+    // first_page + page_count) of `range`, unmapped once ordered.
+    std::shared_ptr<detail::VmRange> range = nullptr;
+    std::size_t first_page = 0;
+    std::size_t page_count = 0;
   };
   using Released = std::vector<Detached>;
 
@@ -674,17 +684,22 @@ class DeviceCachingAllocator {
   // has no room, the cache returned to it and tried again, or {} (NoRoom).
   Allocation allocate_slow(Pool& pool, std::size_t size, std::size_t requested, NoRoom no_room) {
     bool small = size <= memory_constants::kSmallSize;
-    std::size_t seg_size = segment_size(size);
+    // Large requests grow the pool's expandable segment (Note [Expandable
+    // segments]).
+    bool expandable = !small && config_.expandable_segments;
+    std::size_t seg_size = expandable ? size : segment_size(size);
     for (int attempt = 0;; ++attempt) {
       if (config_.garbage_collection_threshold > 0) collect_garbage(seg_size);
-      if (char* p = driver_alloc(seg_size)) {
+      if (expandable) {
+        if (Allocation t = allocate_expandable(pool, size, requested); t.ptr) return t;
+      } else if (char* p = driver_alloc(seg_size)) {
         detail::SpinGuard lock(pool.lock);
         if (small) return add_small_segment(pool, p, size, requested);
         return allocation_of(carve(pool, add_segment(pool, p, seg_size, small), size, requested));
       }
       // A 1-10 MiB request normally takes a large_segment_size segment to
       // share; when that does not fit, a segment of its own still may.
-      if (!small && seg_size > size) {
+      if (!small && !expandable && seg_size > size) {
         if (char* p = driver_alloc(size)) {
           detail::SpinGuard lock(pool.lock);
           return allocation_of(carve(pool, add_segment(pool, p, size, small), size, requested));
@@ -803,6 +818,17 @@ class DeviceCachingAllocator {
   Detached detach_small(Pool& pool, detail::SmallSegment* seg);
   static bool wholly_free(const Segment* seg) noexcept;
 
+  // Expandable segments (memory/detail/expandable.hpp).
+  void check_expandable(const AllocatorConfig& config) const;
+  static Block* last_block(const Segment* seg) noexcept;
+  Allocation allocate_expandable(Pool& pool, std::size_t size, std::size_t requested);
+  void shrink_tail(Pool& pool, Segment* seg, Released& freed);
+  void unmap_pages(detail::VmRange& range, std::size_t first, std::size_t count,
+                   std::size_t& freed, std::size_t& lowest);
+  void release_range(detail::VmRange& range);
+  bool free_expandable(Detached& d, std::exception_ptr& first);
+  void release_ranges_at_exit() noexcept;
+
   // Collection: memory back to the driver, in order (memory/detail/collection.hpp).
   void free_segments(Released& r, const std::vector<StreamHandle>& also = {});
   void release_all(detail::Drain drain);
@@ -868,5 +894,6 @@ ACCELKIT_END_NAMESPACE
 #include <accelkit/memory/detail/stream_order.hpp>
 #include <accelkit/memory/detail/segments.hpp>
 #include <accelkit/memory/detail/collection.hpp>
+#include <accelkit/memory/detail/expandable.hpp>
 #include <accelkit/memory/detail/private_pools.hpp>
 #include <accelkit/memory/detail/errors.hpp>

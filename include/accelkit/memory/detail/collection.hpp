@@ -36,9 +36,10 @@ ACCELKIT_BEGIN_NAMESPACE
 
 template <class R>
 inline DeviceCachingAllocator<R>::~DeviceCachingAllocator() {
+  release_ranges_at_exit();  // Note [Expandable segments]
   for (const Detached& d : limbo_) {
     try {
-      backend_.raw_free(device_, d.ptr, d.size);
+      if (!d.range) backend_.raw_free(device_, d.ptr, d.size);
     } catch (...) {
       // As below.
     }
@@ -50,7 +51,7 @@ inline DeviceCachingAllocator<R>::~DeviceCachingAllocator() {
       for (auto [device, e] : p.events) events_.release(e);
     for (detail::Segment* s : pool.segments) {
       try {
-        backend_.raw_free(device_, s->ptr, s->size);
+        if (!s->expandable) backend_.raw_free(device_, s->ptr, s->size);
       } catch (...) {
         // The driver refused at teardown; the process is exiting or the
         // device is gone, and a destructor cannot report it.
@@ -97,8 +98,12 @@ inline void DeviceCachingAllocator<R>::free_segments(Released& r,
   bool also_failed = std::any_of(also.begin(), also.end(), did_fail);
   // Room first, so that keeping a segment cannot fail.
   limbo_.reserve(limbo_.size() + r.size());
-  for (const Detached& d : r) {
+  for (Detached& d : r) {
     bool ordered = !also_failed && !did_fail(d.pool->stream);
+    if (d.range) {  // expandable pages (Note [Expandable segments])
+      if (!ordered || !free_expandable(d, first)) limbo_.push_back(d);
+      continue;
+    }
     if (ordered) {
       try {
         backend_.raw_free(device_, d.ptr, d.size);
@@ -172,8 +177,8 @@ inline void DeviceCachingAllocator<R>::detach_free(Pool& pool, Released& freed,
   unpark_all(pool);
   for (std::size_t i = pool.segments.size(); i-- > 0;) {
     Segment* s = pool.segments[i];
-    if (!wholly_free(s)) continue;
-    freed.push_back(detach_segment(pool, s));
+    if (wholly_free(s)) freed.push_back(detach_segment(pool, s));
+    else if (s->expandable) shrink_tail(pool, s, freed);  // Note [Expandable segments]
   }
   std::vector<detail::SmallSegment*> empty;
   pool.arena.for_each_segment([&](detail::SmallSegment& s) {
@@ -189,9 +194,11 @@ inline void DeviceCachingAllocator<R>::detach_free(Pool& pool, Released& freed,
 // retry) on the first request that needs a new segment. With
 // garbage_collection_threshold set, a pool about to grow past that fraction
 // of the limit first returns wholly free segments, least recently freed
-// first, until the new segment fits under it. Limits: only wholly free
-// segments go back, so a fragmented cache may stay above the threshold; a
-// release the driver refuses is reported, not thrown (Note [Ordered release]).
+// first, then the free pages at the end of expandable segments (Note
+// [Expandable segments]), until the new segment fits under it. Limits: only
+// wholly free segments and free end pages go back, so a fragmented cache may
+// stay above the threshold; a release the driver refuses is reported, not
+// thrown (Note [Ordered release]).
 template <class R>
 inline void DeviceCachingAllocator<R>::collect_garbage(std::size_t incoming) {
   auto threshold = static_cast<std::size_t>(config_.garbage_collection_threshold *
@@ -203,16 +210,20 @@ inline void DeviceCachingAllocator<R>::collect_garbage(std::size_t incoming) {
     Pool* pool;
     Segment* seg;    // a record's segment, or
     SmallRef small;  // a small segment
+    bool tail;       // seg's free end pages only (expandable)
   };
   std::vector<Candidate> candidates;
   for (Pool* pool : pools_snapshot()) {
     detail::SpinGuard lock(pool->lock);
     if (kept_from_release(*pool)) continue;
     unpark_all(*pool);
-    for (Segment* s : pool->segments)
-      if (wholly_free(s)) candidates.push_back({s->free_tick, pool, s, {}});
+    for (Segment* s : pool->segments) {
+      if (wholly_free(s)) candidates.push_back({s->free_tick, pool, s, {}, false});
+      else if (s->expandable) candidates.push_back({~std::uint64_t{0}, pool, s, {}, true});
+    }
     pool->arena.for_each_segment([&](detail::SmallSegment& s) {
-      if (s.wholly_free()) candidates.push_back({s.free_tick, pool, nullptr, {pool, s.ptr, s.id}});
+      if (s.wholly_free())
+        candidates.push_back({s.free_tick, pool, nullptr, {pool, s.ptr, s.id}, false});
     });
   }
   std::sort(candidates.begin(), candidates.end(),
@@ -223,7 +234,11 @@ inline void DeviceCachingAllocator<R>::collect_garbage(std::size_t incoming) {
     if (reserved_.load() - releasing + incoming <= threshold) break;
     detail::SpinGuard lock(c.pool->lock);
     if (kept_from_release(*c.pool)) continue;  // a route took it since, say
-    if (c.seg) {
+    if (c.tail) {
+      std::size_t n = freed.size();
+      shrink_tail(*c.pool, c.seg, freed);
+      if (freed.size() > n) releasing += freed.back().size;
+    } else if (c.seg) {
       // Segments are deleted only under release_mutex_, so c.seg is valid.
       if (!wholly_free(c.seg)) continue;
       releasing += c.seg->size;

@@ -62,7 +62,8 @@ template <class R>
 inline auto DeviceCachingAllocator<R>::carve(Pool& pool, Block* b, std::size_t size,
                                              std::size_t requested) -> Block* {
   std::size_t remaining = b->size - size;
-  bool split = b->segment->small
+  // Expandable segments split as small ones (Note [Expandable segments]).
+  bool split = b->segment->small || b->segment->expandable
                    ? remaining >= memory_constants::kMinBlockSize
                    : remaining > memory_constants::kSmallSize && b->size < config_.max_split_size;
   if (split) {

@@ -55,15 +55,35 @@ struct alignas(64) Block {
 };
 static_assert(sizeof(Block) == 64, "Note [Block records]");
 
+// The addresses of an expandable segment and the physical pages mapped into
+// them (Note [Expandable segments]). Read and written under the device
+// pool's release_mutex_ only.
+struct VmRange {
+  // One page of the range: its physical memory, and whether it is mapped.
+  struct Page {
+    PhysicalHandle memory;  // null: none (the page may be mapped again)
+    bool mapped = false;
+  };
+  char* base = nullptr;
+  std::size_t bytes = 0;        // reserved
+  std::size_t page = 0;         // the device's granularity
+  std::vector<Page> pages;      // by index from base
+  std::size_t held = 0;         // pages with physical memory
+  bool orphaned = false;        // its segment is gone: released once held is 0
+  bool released = false;
+};
+
 struct Segment {
   Pool* pool = nullptr;
   char* ptr = nullptr;
-  std::size_t size = 0;
+  std::size_t size = 0;        // an expandable segment's: its usable pages
   bool small = false;
   bool oversize = false;
+  bool expandable = false;     // Note [Expandable segments]
   Block* head = nullptr;       // the block at ptr; never merged away
   std::size_t index = 0;          // position in its pool's segment list
   std::uint64_t free_tick = 0;    // when it last became wholly free
+  std::shared_ptr<VmRange> range;  // an expandable segment's addresses and pages
 };
 
 // Whether `b` spans its segment: no neighbour on either side. One test of
@@ -240,6 +260,9 @@ struct alignas(64) Pool {
   // members, off their cache lines.
   Keep keep = Keep::cache;  // what its wholly free segments do
   MempoolId id{};           // {0, 0} for a stream's pool
+  // The expandable segment that grows next (Note [Expandable segments]);
+  // written under the device pool's release_mutex_ and this lock.
+  Segment* growing = nullptr;
   // Note [Recently freed blocks]
   // A training loop frees a block and soon asks for one of the same size
   // again; merging the freed block and splitting it again pays for a merge

@@ -169,7 +169,13 @@ inline auto DeviceCachingAllocator<R>::detach_segment(Pool& pool, Segment* seg) 
   last->index = seg->index;
   pool.segments.pop_back();
   pool.recycle(seg->head);
-  return Detached{&pool, seg->ptr, seg->size, kind_of(seg), seg->oversize, seg};
+  Detached d{&pool, seg->ptr, seg->size, kind_of(seg), seg->oversize, seg};
+  if (seg->expandable) {  // its pages, then its range (Note [Expandable segments])
+    if (pool.growing == seg) pool.growing = nullptr;
+    d.range = seg->range;
+    d.page_count = seg->size / seg->range->page;
+  }
+  return d;
 }
 
 template <class R>

@@ -1,0 +1,383 @@
+// accelkit: the caching allocator's expandable segments.
+//
+// Note [Expandable segments]
+// Problem: a pool that grows by whole segments fragments. Eight 16 MiB
+// blocks freed leave eight 16 MiB segments; four 32 MiB requests then fit
+// in none of them and need 128 MiB more, though 128 MiB lies free: peak
+// reserved is twice peak requested. Variable-length work (serving, packed
+// batches) meets this on every new longest request.
+// Decision (CUDA's expandable_segments, on the runtime's virtual-memory
+// members, Note [Virtual memory] in device/backend.hpp): with
+// AllocatorConfig::expandable_segments, each pool (a stream's or a private
+// pool's) serves its requests above kSmallSize from one expandable segment:
+// a range of addresses about the device's total memory (rounded to the
+// granularity) reserved with vm_reserve, of which only a prefix is mapped,
+// one vm_create'd page of the granularity per vm_map, so any whole page can
+// go back alone. The segment's size is that prefix, tiled by blocks as any
+// segment's; blocks split at 512 B (remainders of any size, as CUDA splits
+// inside its expandable segments) and merge as in other segments. A request
+// the cached blocks cannot serve maps just the pages it lacks beyond the
+// free block at the mapped end (allocate_expandable), under release_mutex_
+// so that no release changes that end meanwhile; the segment then grows by
+// those pages and the request is carved from its last block. A range whose
+// next pages are taken (full, or pages still waiting in limbo) gives way to
+// a new range and segment (Pool::growing). The release paths (empty_cache,
+// the out-of-memory retry, garbage collection, a released private pool)
+// take back whole free pages at the mapped end (shrink_tail): under the
+// pool lock the free last block is cut at its first page boundary and the
+// pages beyond leave the segment, so nothing can allocate from them; then,
+// as for any segment (Note [Ordered release]), the pool's stream is
+// synchronized (blocks used on other streams reached the cache only after
+// their events completed) before each page is unmapped and destroyed, and
+// a segment wholly free goes whole, its range released once no page holds
+// memory. Reserved bytes count mapped pages: in when mapped, out when
+// destroyed. A growth the driver refuses undoes itself: vm_create's null
+// handle (no room) unmaps and destroys the pages this request made and is
+// treated as a full device (the cache goes back to the driver, one retry,
+// then OutOfMemoryError); a throwing vm_create or vm_map does the same
+// undoing and its DriverError reaches the caller.
+// Limits: small requests keep their 2 MiB segments (Note [Small arena]);
+// only the pages at the mapped end go back, so a segment whose last block
+// is allocated keeps its free interior pages until that block is freed;
+// growing and shrinking walk the segment's block list (the free end has no
+// index), linear in its blocks; growth maps a page a call, so a 1 GiB
+// request is 512 driver calls on a 2 MiB granularity; a runtime without the
+// seven members refuses the setting (check_expandable); with caching off
+// the setting has no effect. Evidence: bench/memory_bench.cpp, fragmentation.
+//
+// Part of DeviceCachingAllocator: the class, its public API and its policy are
+// in memory/caching_allocator.hpp, which includes this file at its end (this
+// file includes it first, so that it compiles alone).
+#pragma once
+
+#include <accelkit/memory/caching_allocator.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+ACCELKIT_BEGIN_NAMESPACE
+
+template <class R>
+inline void DeviceCachingAllocator<R>::check_expandable(const AllocatorConfig& config) const {
+  if (!config.expandable_segments || Backend<R>::has_virtual_memory()) return;
+  throw NotSupportedError(
+      Backend<R>::name,
+      fmt::format("expandable_segments:True is not supported on {}:{}: its runtime lacks the "
+                  "virtual-memory members vm_granularity, vm_reserve, vm_release, vm_create, "
+                  "vm_destroy, vm_map and vm_unmap",
+                  Backend<R>::name, device_));
+}
+
+// Under the pool lock: the last block of `seg` (Note [Expandable segments]).
+template <class R>
+inline auto DeviceCachingAllocator<R>::last_block(const Segment* seg) noexcept -> Block* {
+  Block* b = seg->head;
+  while (b->next) b = b->next;
+  return b;
+}
+
+// Under release_mutex_: unmaps and destroys pages [first, first + count) of
+// `range` that hold memory, from the last down, adding the bytes destroyed
+// to `freed` and lowering `lowest` to the lowest page destroyed; stops at
+// the first error (thrown), leaving the pages below as they are.
+template <class R>
+inline void DeviceCachingAllocator<R>::unmap_pages(detail::VmRange& range, std::size_t first,
+                                                   std::size_t count, std::size_t& freed,
+                                                   std::size_t& lowest) {
+  for (std::size_t k = first + count; k-- > first;) {
+    detail::VmRange::Page& pg = range.pages[k];
+    if (pg.mapped) {
+      backend_.vm_unmap(device_, range.base + k * range.page, range.page);
+      pg.mapped = false;
+    }
+    if (pg.memory) {
+      backend_.vm_destroy(device_, pg.memory);
+      pg.memory = PhysicalHandle{};
+      --range.held;
+      freed += range.page;
+      lowest = k;
+    }
+  }
+}
+
+// Under release_mutex_: releases `range` once its segment is gone and no
+// page holds memory.
+template <class R>
+inline void DeviceCachingAllocator<R>::release_range(detail::VmRange& range) {
+  if (!range.orphaned || range.held != 0 || range.released) return;
+  backend_.vm_release(device_, range.base, range.bytes);
+  range.released = true;
+}
+
+// Under release_mutex_, after the streams that order `d` are synchronized
+// (free_segments): gives the pages of detached expandable memory back;
+// false (the error in `first`) when the driver refused, `d` then waiting
+// in limbo for the rest. Reserved bytes drop page by page as each is
+// destroyed.
+template <class R>
+inline bool DeviceCachingAllocator<R>::free_expandable(Detached& d, std::exception_ptr& first) {
+  detail::VmRange& range = *d.range;
+  std::size_t freed = 0, lowest = 0;
+  bool done = true;
+  try {
+    unmap_pages(range, d.first_page, d.page_count, freed, lowest);
+  } catch (...) {
+    if (!first) first = std::current_exception();
+    done = false;
+  }
+  if (freed) {
+    reserved_.fetch_sub(freed);
+    {
+      detail::SpinGuard lock(d.pool->lock);
+      count_down(d.pool->stats.reserved_bytes, BlockKind::large, static_cast<std::int64_t>(freed));
+      ++d.pool->stats.num_device_free;
+    }
+    if (trace_.on())
+      record_trace(*d.pool, TraceEntry::Action::segment_unmap, range.base + lowest * range.page,
+                   freed);
+  }
+  if (!done) return false;
+  if (d.record) {  // the whole segment: its range goes once no page holds memory
+    {
+      detail::SpinGuard lock(d.pool->lock);
+      count_down(d.pool->stats.segment, BlockKind::large, 1);
+    }
+    delete d.record;
+    d.record = nullptr;
+    range.orphaned = true;
+  }
+  try {
+    release_range(range);
+  } catch (...) {
+    if (!first) first = std::current_exception();
+    return false;
+  }
+  return true;
+}
+
+// Under the pool lock and release_mutex_: detaches the whole free pages at
+// the mapped end of expandable segment `seg` (not wholly free) into `freed`.
+template <class R>
+inline void DeviceCachingAllocator<R>::shrink_tail(Pool& pool, Segment* seg, Released& freed) {
+  Block* last = last_block(seg);
+  if (!last->cached || last == seg->head) return;
+  std::size_t page = seg->range->page;
+  auto at = reinterpret_cast<std::uintptr_t>(last->ptr);
+  char* cut = last->ptr + ((page - at % page) % page);
+  char* end = seg->ptr + seg->size;
+  if (cut >= end) return;
+  freed.reserve(freed.size() + 1);
+  prepare_evict(pool);  // so that putting back what stays cannot fail
+  unlink_free(pool, last);
+  if (cut > last->ptr) {
+    last->size = static_cast<std::size_t>(cut - last->ptr);
+    insert_free(pool, last);
+  } else {
+    last->prev->next = nullptr;
+    pool.recycle(last);
+  }
+  auto bytes = static_cast<std::size_t>(end - cut);
+  seg->size -= bytes;
+  Detached d{&pool, cut, bytes, BlockKind::large, false, nullptr};
+  d.range = seg->range;
+  d.first_page = static_cast<std::size_t>(cut - seg->ptr) / page;
+  d.page_count = bytes / page;
+  freed.push_back(std::move(d));
+}
+
+// allocate_slow's expandable path: a request above kSmallSize the cache
+// could not serve, from the pool's expandable segment grown by the pages
+// it lacks (Note [Expandable segments]); {} where the device (or the memory
+// fraction) has no room; DriverError where the driver fails, the pages this
+// call mapped given back first.
+template <class R>
+inline auto DeviceCachingAllocator<R>::allocate_expandable(Pool& pool, std::size_t size,
+                                                           std::size_t requested) -> Allocation {
+  std::lock_guard<std::mutex> serial(release_mutex_);
+  const std::size_t page = backend_.vm_granularity(device_);
+  for (;;) {
+    std::shared_ptr<detail::VmRange> range;
+    std::size_t first = 0, count = 0;
+    {
+      detail::SpinGuard lock(pool.lock);
+      // Freed since the cache was asked (a thread freeing on this pool).
+      if (Allocation t = take_cached(pool, size, requested); t.ptr) return t;
+      if (Segment* seg = pool.growing) {
+        Block* last = last_block(seg);
+        std::size_t tail = last->cached ? last->size : 0;
+        if (tail >= size) {  // refused by max_split_size's rule, but the end grows
+          unlink_free(pool, last);
+          return allocation_of(carve(pool, last, size, requested));
+        }
+        first = seg->size / page;
+        count = (size - tail + page - 1) / page;
+        range = seg->range;
+        bool room = first + count <= range->pages.size();
+        for (std::size_t k = first; room && k < first + count; ++k)
+          room = !range->pages[k].memory;
+        if (!room) range = nullptr;  // full, or pages in limbo: a new range
+      }
+    }
+    bool fresh = !range;
+    if (fresh) {
+      first = 0;
+      count = (size + page - 1) / page;
+      std::size_t bytes = (std::max<std::size_t>(total_memory_, count * page) + page - 1) / page * page;
+      void* base = backend_.vm_reserve(device_, bytes);
+      if (!base) return {};
+      range = std::make_shared<detail::VmRange>();
+      range->base = static_cast<char*>(base);
+      range->bytes = bytes;
+      range->page = page;
+      range->orphaned = true;  // until a segment takes it
+      try {
+        range->pages.resize(bytes / page);
+      } catch (...) {
+        backend_.vm_release(device_, base, bytes);
+        throw;
+      }
+    }
+    // Undoes this call's pages and, if fresh, its range; never throws.
+    std::size_t made = 0;
+    auto undo = [&]() noexcept {
+      try {
+        std::size_t ignored = 0, lowest = 0;
+        unmap_pages(*range, first, made, ignored, lowest);
+        if (fresh) release_range(*range);
+      } catch (...) {
+        // Pages no work ever used; a driver refusing them is gone or broken.
+      }
+    };
+    std::size_t grow_bytes = count * page;
+    std::size_t cur = reserved_.load();
+    do {
+      if (cur + grow_bytes > limit_.load()) {
+        undo();
+        return {};
+      }
+    } while (!reserved_.compare_exchange_weak(cur, cur + grow_bytes));
+    try {
+      for (; made < count; ++made) {
+        PhysicalHandle memory;
+        try {
+          memory = backend_.vm_create(device_, page);
+        } catch (const OutOfMemoryError&) {
+        }
+        if (!memory) break;  // no room
+        detail::VmRange::Page& pg = range->pages[first + made];
+        pg.memory = memory;
+        ++range->held;
+        backend_.vm_map(device_, range->base + (first + made) * page, page, memory);
+        pg.mapped = true;
+      }
+    } catch (...) {
+      ++made;  // the page whose vm_map threw holds memory: undone too
+      undo();
+      reserved_.fetch_sub(grow_bytes);
+      throw;
+    }
+    if (made < count) {
+      undo();
+      reserved_.fetch_sub(grow_bytes);
+      return {};
+    }
+    char* at = range->base + first * page;
+    detail::SpinGuard lock(pool.lock);
+    Block* fresh_block = nullptr;
+    Segment* seg = nullptr;
+    try {
+      prepare_evict(pool);
+      fresh_block = pool.new_block();
+      if (fresh) {
+        seg = new Segment();
+        pool.segments.reserve(pool.segments.size() + 1);
+      }
+    } catch (...) {
+      if (fresh_block) pool.recycle(fresh_block);
+      delete seg;
+      lock.unlock();
+      undo();
+      reserved_.fetch_sub(grow_bytes);
+      throw;
+    }
+    PoolStats& s = pool.stats;
+    count_up(s.reserved_bytes, BlockKind::large, static_cast<std::int64_t>(grow_bytes));
+    ++s.num_device_alloc;
+    Block* tail;
+    if (fresh) {
+      range->orphaned = false;
+      seg->pool = &pool;
+      seg->ptr = range->base;
+      seg->size = grow_bytes;
+      seg->expandable = true;
+      seg->range = range;
+      seg->index = pool.segments.size();
+      fresh_block->ptr = seg->ptr;
+      fresh_block->size = grow_bytes;
+      fresh_block->segment = seg;
+      seg->head = fresh_block;
+      pool.segments.push_back(seg);
+      count_up(s.segment, BlockKind::large, 1);
+      pool.growing = seg;
+      tail = fresh_block;
+    } else {
+      seg = pool.growing;
+      Block* last = last_block(seg);
+      seg->size += grow_bytes;
+      if (last->cached) {
+        pool.recycle(fresh_block);
+        unlink_free(pool, last);
+        last->size += grow_bytes;
+        tail = last;
+      } else {
+        fresh_block->ptr = at;
+        fresh_block->size = grow_bytes;
+        fresh_block->segment = seg;
+        fresh_block->prev = last;
+        last->next = fresh_block;
+        tail = fresh_block;
+      }
+    }
+    if (trace_.on())
+      record_trace(pool, TraceEntry::Action::segment_map, at, grow_bytes);
+    if (tail->size >= size) return allocation_of(carve(pool, tail, size, requested));
+    // Its free end was taken meanwhile: cache what was mapped, and grow again.
+    insert_free(pool, tail);
+  }
+}
+
+// The destructor's part: every page unmapped and destroyed, every range
+// released; the driver's refusals ignored (as the destructor's raw_free's).
+template <class R>
+inline void DeviceCachingAllocator<R>::release_ranges_at_exit() noexcept {
+  std::vector<std::shared_ptr<detail::VmRange>> ranges;
+  for (const Detached& d : limbo_)
+    if (d.range) ranges.push_back(d.range);
+  for (Pool* pool : pools_)
+    for (Segment* s : pool->segments)
+      if (s->expandable) ranges.push_back(s->range);
+  std::sort(ranges.begin(), ranges.end());
+  ranges.erase(std::unique(ranges.begin(), ranges.end()), ranges.end());
+  for (const auto& range : ranges) {
+    for (std::size_t k = range->pages.size(); k-- > 0;) {
+      detail::VmRange::Page& pg = range->pages[k];
+      try {
+        if (pg.mapped) backend_.vm_unmap(device_, range->base + k * range->page, range->page);
+        pg.mapped = false;
+        if (pg.memory) backend_.vm_destroy(device_, pg.memory);
+      } catch (...) {
+        // The driver refused at teardown (as in the destructor).
+      }
+    }
+    try {
+      if (!range->released) backend_.vm_release(device_, range->base, range->bytes);
+    } catch (...) {
+    }
+  }
+}
+
+ACCELKIT_END_NAMESPACE
