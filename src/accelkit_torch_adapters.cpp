@@ -20,6 +20,7 @@
 #include <accelkit/torch/autocast.hpp>
 #include <accelkit/torch/fallback.hpp>
 #include <accelkit/torch/graph.hpp>
+#include <accelkit/torch/history.hpp>
 #include <accelkit/torch/host_access.hpp>
 #include <accelkit/torch/host_kernels.hpp>
 #include <accelkit/torch/host_results.hpp>
@@ -32,6 +33,7 @@
 
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -198,9 +200,43 @@ bool register_library() {
   lib.def("report_text() -> str", [] { return backend().report_text(); });
   lib.def("fallback_report() -> str", [] { return Fallback::get().report(); });
   lib.def("reset_fallback_report() -> ()", [] { Fallback::get().reset(); });
+  // The pool's snapshot with its history, frames symbolized (Note [History
+  // frames]).
   lib.def("memory_snapshot_json(int device) -> str", [](int64_t d) {
     return translated([&] {
-      return to_json(backend().device_snapshot(device_arg(d)));
+      MemorySnapshot snapshot = backend().device_snapshot(device_arg(d));
+      SnapshotFrames frames(snapshot);
+      return to_json(snapshot, frames.writer());
+    });
+  });
+  // torch.<name>.memory._record_memory_history, on device `device` or (-1)
+  // every device, as CUDA's (which initializes the device too): the
+  // arguments' strings are checked before anything changes.
+  lib.def("record_memory_history(int device, str? enabled, str? context, str stacks, "
+          "int max_entries, bool clear_history, str[] skip_actions) -> ()",
+          [](int64_t d, std::optional<std::string> enabled, std::optional<std::string> context,
+             std::string stacks, int64_t max_entries, bool clear_history,
+             std::vector<std::string> skip_actions) {
+            HistoryOptions options = HistoryArguments::parse(enabled, context, stacks, max_entries,
+                                                             clear_history, skip_actions);
+            translated([&] {
+              BackendInterface& b = backend();
+              if (d != -1) return b.device_record_history(device_arg(d), options);
+              b.lazy_init();
+              for (int i = 0, n = b.device_count(); i < n; ++i) b.device_record_history(i, options);
+            });
+          });
+  // torch.<name>.memory._attach_out_of_memory_observer: `callback` is the
+  // address of a C function void(int64 device, int64 requested, int64
+  // allocated, int64 device_free) that lives as long as the process (a
+  // ctypes callback Python keeps), attached to every device's pool (all
+  // made now).
+  lib.def("attach_oom_observer(int callback) -> ()", [](int64_t callback) {
+    OomObserver observer = oom_observer_at(callback);
+    translated([&] {
+      BackendInterface& b = backend();
+      b.lazy_init();
+      for (int i = 0, n = b.device_count(); i < n; ++i) b.device_attach_oom_observer(i, observer);
     });
   });
   lib.def("memory_stats_json(int device) -> str", [](int64_t d) {

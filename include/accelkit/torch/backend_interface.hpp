@@ -134,6 +134,11 @@
   X(bool, device_contains, contains, (device_index d, const void* ptr), (ptr), held)          \
   X(DeviceStats, device_stats, stats, (device_index d), (), held)                             \
   X(MemorySnapshot, device_snapshot, snapshot, (device_index d), (), held)                    \
+  /* history and out-of-memory observers (memory/history.hpp, Note [History frames]) */      \
+  X(void, device_record_history, record_history, (device_index d, const HistoryOptions& o),   \
+    (o), held)                                                                                 \
+  X(void, device_attach_oom_observer, attach_oom_observer, (device_index d, OomObserver o),   \
+    (std::move(o)), held)                                                                      \
   X(double, memory_fraction, memory_fraction, (device_index d), (), held)                     \
   X(void, set_memory_fraction, set_memory_fraction, (device_index d, double f), (f), held)    \
   X(void, device_reset_peak_stats, reset_peak_stats, (device_index d), (), held)              \

@@ -9,6 +9,7 @@
 
 #include <accelkit/torch/adapter.hpp>
 #include <accelkit/torch/host_access.hpp>
+#include <accelkit/torch/python_lock.hpp>
 #include <accelkit/torch/sparse.hpp>
 #include <accelkit/torch/storage.hpp>
 
@@ -635,6 +636,7 @@ class Fallback {
       impl_ = dynamic_cast<DeviceGenerator*>(device_gen_.unsafeGetGeneratorImpl());
       TORCH_CHECK(impl_, backend_name(), ": the generator of ", device_gen_.device(),
                   " was not made by this backend");
+      frames_off_.emplace();  // Note [History frames]: no GIL under the generator's mutex
       lock_ = std::unique_lock<std::mutex>(device_gen_.mutex());
       cpu_gen_ = at::make_generator<at::CPUGeneratorImpl>();
       impl_->copy_state_to(*cpu_gen_.get<at::CPUGeneratorImpl>());
@@ -649,6 +651,7 @@ class Fallback {
    private:
     at::Generator device_gen_, cpu_gen_;
     DeviceGenerator* impl_ = nullptr;
+    std::optional<PythonFramesOff> frames_off_;  // while the mutex is held
     std::unique_lock<std::mutex> lock_;  // released after the state went back
   };
 

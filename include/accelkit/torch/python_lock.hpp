@@ -1,5 +1,6 @@
-// accelkit: the SDK's blocking waits release Python's GIL. Includes no
-// PyTorch or Python header.
+// accelkit: the SDK's blocking waits release Python's GIL, and history
+// contexts gathered without Python frames. Includes no PyTorch or Python
+// header.
 //
 // Note [Blocking waits release the GIL]
 // Problem: a thread may block in the SDK, waiting for a stream, an event or
@@ -71,6 +72,20 @@ class PythonLockRelease {
     return api;
   }
   void* state_ = nullptr;
+};
+
+inline thread_local int python_frames_off = 0;
+
+// While one lives, the history contexts the calling thread gathers have no
+// Python frames (gathering them takes the GIL): hold one across an
+// allocation or free made under a lock that a thread holding the GIL may
+// wait for (Note [History frames] in torch/history.hpp).
+class PythonFramesOff {
+ public:
+  PythonFramesOff() noexcept { ++python_frames_off; }
+  ~PythonFramesOff() { --python_frames_off; }
+  PythonFramesOff(const PythonFramesOff&) = delete;
+  PythonFramesOff& operator=(const PythonFramesOff&) = delete;
 };
 
 }  // namespace torch_adapter
