@@ -17,6 +17,7 @@
 // fallthroughs, autocast and the sparse layouts' refusal, and the order of
 // the ATen kernels' registration.
 #include <accelkit/torch/adapter.hpp>
+#include <accelkit/torch/allocator_settings.hpp>
 #include <accelkit/torch/autocast.hpp>
 #include <accelkit/torch/fallback.hpp>
 #include <accelkit/torch/graph.hpp>
@@ -57,6 +58,7 @@ bool register_backend() {
   HostResults::install();  // Note [CPU results in device memory]
   at::RegisterPrivateUse1HooksInterface(new Hooks());
   register_profilers();  // Note [Profiler device times], [Kineto device activities]
+  register_allocator_settings();  // Note [Allocator settings hook]
   return true;
 }
 
