@@ -36,6 +36,8 @@
 //    small memory (Note [Parked small blocks]). Parked blocks merge into the
 //    bins when evicted, when a request finds nothing else (before the pool
 //    grows), and before any memory goes back to the driver.
+// With expandable_segments, a pool's large blocks come from a segment that
+// grows and shrinks in place by pages (Note [Expandable segments]).
 // Blocks that were used on other streams (record_stream) are returned to the
 // cache only after events recorded on those streams at free time complete;
 // the events come from a pool (EventPool). Limits: a segment serves only the
