@@ -259,8 +259,9 @@ def _cuda_only(function: str, **options) -> None:
     for option, value in options.items():
         if value:
             raise ValueError(f"{_backend.name}: {function}: {option}={value!r} is not supported "
-                             f"(it records CUDA's torch.compile and profiler annotations, which "
-                             f"{_backend.name}'s allocator does not see)")
+                             "(CUDA's allocator records torch.compile's context and "
+                             f"record_function annotations with its history; {_backend.name}'s "
+                             "does not)")
 
 
 def _record_memory_history_legacy(enabled: bool, record_context=True, trace_alloc_max_entries=1,
@@ -435,8 +436,8 @@ _OOM_OBSERVERS: list = []
 
 def _attach_out_of_memory_observer(observer) -> None:
     """Calls observer(device, alloc, device_allocated, device_free) (ints:
-    the device index, the bytes requested, the allocator's figure as the
-    out-of-memory message gives it, the device's free bytes) each time an
+    the device index, the bytes requested, the bytes this process has
+    allocated on the device, the device's free bytes) each time an
     allocation on any device of the backend runs out of memory, before the
     OutOfMemoryError is raised (Note [Out-of-memory observers])."""
     if not callable(observer):
