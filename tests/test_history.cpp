@@ -531,3 +531,32 @@ TEST_CASE("history: JSON has PyTorch's fields, frames from the caller's writer")
   CHECK(null_contexts > 0);  // free blocks and the snapshot entry
   a.deallocate(p);
 }
+
+TEST_CASE("history: an expandable segment shows as one, its pages as segment_map/segment_unmap") {
+  if (!detail::has_virtual_memory<simdev::SimRuntime>) {
+    WARN("simdev has no virtual-memory members: nothing to check");
+    return;
+  }
+  SimBackend b(Environment::fixed({}), sim(1, 64));
+  Allocator a(b, 0, AllocatorConfig::parse("simdev", "SIMDEV_ALLOC_CONF", "expandable_segments:True"));
+  StreamHandle s = b.stream_create(0, 0);
+  a.record_history(HistoryOptions{});
+  void* p = a.allocate(6 * kMiB, s);
+  MemorySnapshot snap = a.snapshot();
+  const SegmentSnapshot* seg = nullptr;
+  for (const SegmentSnapshot& g : snap.segments)
+    if (g.segment_type == "large") seg = &g;
+  REQUIRE(seg);
+  CHECK(seg->expandable);
+  CHECK(contains(to_json(snap), "\"expandable\": true"));
+  auto mapped = std::find_if(snap.trace.begin(), snap.trace.end(),
+                             [](const TraceEntry& e) { return e.action == A::segment_map; });
+  REQUIRE(mapped != snap.trace.end());
+  CHECK(mapped->size >= 6 * kMiB);
+  CHECK(mapped->stream == s);
+  a.deallocate(p);
+  a.empty_cache();
+  snap = a.snapshot();
+  CHECK(std::any_of(snap.trace.begin(), snap.trace.end(),
+                    [](const TraceEntry& e) { return e.action == A::segment_unmap; }));
+}

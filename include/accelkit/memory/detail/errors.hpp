@@ -63,8 +63,8 @@ inline std::size_t DeviceCachingAllocator<R>::largest_free_block() {
 // fragmentation), how to record the history that shows where memory went,
 // and the setting that reduces fragmentation: expandable segments where the
 // runtime has the virtual-memory members (Note [Virtual memory]), and
-// max_split_size_mb. The
-// observers (attach_oom_observer) are called first, with no lock held.
+// max_split_size_mb. The observers (attach_oom_observer) are called first,
+// with no lock held.
 template <class R>
 inline OutOfMemoryError DeviceCachingAllocator<R>::out_of_memory(const Pool& pool,
                                                                  std::size_t bytes,

@@ -228,6 +228,7 @@ inline MemorySnapshot DeviceCachingAllocator<R>::snapshot() {
     for (const detail::Segment* s : pool->segments) {
       SegmentSnapshot seg{device_, reinterpret_cast<std::uintptr_t>(s->ptr), s->size, 0, 0, 0,
                           pool->stream, s->small ? "small" : "large", {}, pool->id};
+      seg.expandable = s->expandable;
       seg.context = context_in(segments, s->ptr);
       for (const detail::Block* b = s->head; b; b = b->next) {
         bool is_pending = std::find(pending.begin(), pending.end(), b) != pending.end();
