@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.cuda import _memory_viz
 
-from backend import DEV, MOD, renamed, simdev_only
+from backend import DEV, MOD, renamed, simdev_capacity, simdev_only
 
 MiB = 1 << 20
 THIS_FILE = __file__.rsplit("/", 1)[-1]
@@ -270,6 +270,7 @@ def test_snapshot_keys_are_cudas():
 
 # ------------------------------------------------------------------ out of memory
 
+@simdev_capacity  # fills the device
 def test_the_out_of_memory_observer_sees_the_figures_and_the_error_says_how_to_record():
     seen = []
     MOD.memory._attach_out_of_memory_observer(lambda *args: seen.append(args))
@@ -296,6 +297,7 @@ def test_the_out_of_memory_observer_sees_the_figures_and_the_error_says_how_to_r
     del held
 
 
+@simdev_capacity
 def test_an_observer_that_raises_does_not_lose_the_out_of_memory_error(monkeypatch):
     reported = []
     monkeypatch.setattr(sys, "unraisablehook", lambda args: reported.append(args.exc_value))
