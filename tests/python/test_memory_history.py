@@ -210,6 +210,53 @@ def test_the_legacy_bool_form_records_as_on_cuda():
     MOD.memory._record_memory_history(None, clear_history=True)
 
 
+def _allocate_small():
+    return torch.empty(1000, device=DEV)
+
+
+def test_stacks_all_adds_cpp_frames_innermost_first_and_python_keeps_python_frames():
+    with _recording(context="all", stacks="all"):
+        x = _allocate_small()
+        every = _block(MOD.memory._snapshot(), x.data_ptr())[1]["frames"]
+    with _recording(context="all", stacks="python"):
+        y = _allocate_small()
+        python = _block(MOD.memory._snapshot(), y.data_ptr())[1]["frames"]
+    cpp = [i for i, f in enumerate(every) if "empty_memory_format" in f["name"]]
+    mine = [i for i, f in enumerate(every)
+            if f["name"] == "_allocate_small" and f["filename"].endswith(THIS_FILE)]
+    assert cpp and mine and cpp[0] < mine[0], every  # innermost first: C++ under the caller
+    assert _names_this_test(python, "_allocate_small")
+    assert not any("::" in f["name"] for f in python), python
+
+
+def test_recording_frames_does_not_deadlock_a_fallback_holding_the_generator():
+    # A CPU-fallback random operator holds the device generator's mutex while it copies its
+    # result to the device (an allocation, whose frames need the GIL) while another thread
+    # holds the GIL and waits for that mutex (Generator.manual_seed).
+    code = renamed("""
+        import threading, time
+        torch.simdev.memory._record_memory_history(stacks="python")
+        g = torch.Generator(device="simdev")
+        p = torch.rand(1000, device="simdev")
+        stop = time.monotonic() + 3
+        def sample():
+            while time.monotonic() < stop:
+                torch.poisson(p, generator=g)
+        t = threading.Thread(target=sample, daemon=True)
+        t.start()
+        n = 0
+        while time.monotonic() < stop:
+            g.manual_seed(n)
+            n += 1
+        t.join(10)
+        assert not t.is_alive()
+        print("ok", n)
+    """)
+    out = subprocess.run([sys.executable, "-c", renamed("import torch, torch_simdev\n")
+                          + textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
 def test_every_device_records_and_every_device_is_in_the_snapshot():
     count = MOD.device_count()
     with _recording(device=0):  # as on CUDA, the device argument does not limit recording
