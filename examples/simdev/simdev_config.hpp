@@ -20,8 +20,9 @@
 //                         member throws a driver error on its n-th call
 //                         (default 1), once; with :async its queued work
 //                         fails instead (Note [simdev strictness]); with
-//                         :refuse (malloc only) it returns nullptr with memory
-//                         free, as a driver refusing an alignment or size
+//                         :refuse (malloc, vm_create) it returns nullptr (a
+//                         null handle) with memory free, as a driver refusing
+//                         an alignment or size
 //   SIMDEV_EVENT_CREATE_NS what creating an event costs (default 2000 ns, as
 //                         real drivers' event creation does; busy-waited)
 //   SIMDEV_UNKNOWN_PROPERTIES 1 or 0 (default): properties() leaves the UUID,
@@ -88,7 +89,7 @@ struct Config {
   struct Fault {
     int nth = 1;          // the call that fails
     bool async = false;   // its queued work fails instead of the call
-    bool refuse = false;  // (malloc) nullptr with memory free instead
+    bool refuse = false;  // (malloc, vm_create) nullptr / a null handle with memory free
   };
   std::map<std::string, Fault> faults;  // member -> the fault to inject
   long event_create_ns = 2000;
@@ -194,9 +195,11 @@ struct Config {
         if (member.empty() || !accelkit::detail::is_identifier_part(member))
           throw bad("SIMDEV_INJECT_FAULT", *v,
                     fmt::format("entry '{}' is not member[@n][:async|:refuse]", entry));
-        if (refuse && member != "malloc")
+        if (refuse && member != "malloc" && member != "vm_create")
           throw bad("SIMDEV_INJECT_FAULT", *v,
-                    fmt::format("entry '{}': only malloc can refuse", entry));
+                    fmt::format("entry '{}': only malloc can refuse (and vm_create, "
+                                "giving a null handle)",
+                                entry));
         if (async && !queues_work(member))
           throw bad("SIMDEV_INJECT_FAULT", *v,
                     fmt::format("entry '{}': {} queues no work, so it cannot fail "

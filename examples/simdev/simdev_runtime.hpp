@@ -19,8 +19,9 @@
 // stale handle names a recycled object; a failure of queued work surfaces at
 // a later, unrelated call. On a CPU without such a driver, tests of the SDK
 // would pass all of these.
-// Decision: simdev turns each into an error at once, every time. free and
-// host_free of memory that queued work on any stream still uses are refused;
+// Decision: simdev turns each into an error at once, every time. free,
+// host_free and vm_unmap of memory that queued work on any stream still uses
+// are refused (Note [simdev virtual memory]);
 // freed memory is made inaccessible and its addresses stay reserved for a
 // while (retire), so a use after free faults; queued work whose memory is no
 // longer allocated fails (kIllegalAddress); a copy that claims pinned host
@@ -65,6 +66,7 @@
 #include <deque>
 #include <functional>
 #include <initializer_list>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -102,6 +104,17 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       }
       discovery_cv_.notify_all();
       discovery_worker_.join();
+    }
+    // Ranges still reserved (Note [simdev virtual memory]): unmapped once
+    // their devices' queued work is done.
+    for (int dev = 0; devices_ && dev < config_.device_count; ++dev) {
+      Device& d = devices_[static_cast<std::size_t>(dev)];
+      if (!d.exists.load() || d.reservations.empty()) continue;
+      for (auto& st : d.streams.objects()) st->synchronize();
+      d.reservations.for_each([](std::uintptr_t b, std::size_t n, const Reservation& r) {
+        ::munmap(reinterpret_cast<void*>(b), n);
+        if (r.shadow) ::munmap(r.shadow, n);
+      });
     }
     std::lock_guard<std::mutex> lock(retired_mutex_);
     for (auto& [p, n] : retired_) ::munmap(p, n);
@@ -729,6 +742,223 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     graphs_.remove(graph, "graph_destroy");
   }
 
+  // Note [simdev virtual memory]
+  // Problem: the virtual-memory members (Note [Virtual memory] in accelkit's
+  // backend.hpp) let a pool map memory into reserved addresses and unmap it
+  // again; an SDK that unmaps pages its queued work still uses, maps over
+  // mapped pages, or touches a page after unmapping it works on a lenient
+  // driver until the pages are used again.
+  // Decision: a reservation is an mmap of PROT_NONE pages aligned to the
+  // 2 MiB granularity (a device has kVmAddressFactor times its capacity of
+  // addresses to reserve; vm_reserve answers nullptr beyond). Physical
+  // memory is a memfd, counted in the device's capacity as malloc's memory
+  // is (a null handle when there is no room, or with vm_create:refuse).
+  // vm_map maps the memfd over the reservation's pages (MAP_FIXED |
+  // MAP_SHARED); it refuses a range outside one reservation or over mapped
+  // pages, and memory of another size or device. vm_unmap takes whole
+  // mapped pieces only, is refused while queued work on any stream uses the
+  // range or the host holds it mapped (host_map), and puts PROT_NONE pages
+  // back: a host access faults, and work naming the range fails
+  // kIllegalAddress at the call or, queued, when it runs, as for freed
+  // memory. Mapped pieces count as allocated memory for every check: a
+  // range is live when pieces of one reservation cover it, and a graph
+  // keeps their serials, so a replay after an unmap and a new map is
+  // refused. vm_release refuses a range with pages still mapped, vm_destroy
+  // memory still mapped. SIMDEV_HOST_VISIBLE: with 1 and 0 the pages are
+  // mapped read-write (with 0, as for malloc's memory, a host access is not
+  // caught); with mapped they stay PROT_NONE for the host after vm_map
+  // (host_map opens them page by page) and simdev's work goes through a
+  // second reservation, the device's view, where the same memfds are mapped
+  // read-write at the same offsets. Handles are minted (Note [Minted
+  // handles]); every member takes SIMDEV_INJECT_FAULT.
+  // Limits: pieces of two reservations never join into one live range, even
+  // when the addresses are adjacent; a released range's addresses are
+  // retired as freed memory's are; one file descriptor per physical memory
+  // while it lives; a runtime destroyed with ranges still reserved waits for
+  // their devices' queued work, then unmaps them.
+  std::size_t vm_granularity(int device) {
+    check(device, "vm_granularity");
+    fault("vm_granularity");
+    return kVmGranularity;
+  }
+
+  void* vm_reserve(int device, std::size_t bytes) {
+    check(device, "vm_reserve");
+    fault("vm_reserve");
+    check_vm_size(bytes, "vm_reserve");
+    Device& d = context(device);
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (d.reserved_bytes + bytes > kVmAddressFactor * config_.capacity(device)) return nullptr;
+    char* base = reserve_pages(bytes, kVmGranularity);
+    if (base == nullptr) return nullptr;
+    char* shadow = nullptr;
+    if (mapped_mode() && (shadow = reserve_pages(bytes, kPage)) == nullptr) {
+      ::munmap(base, bytes);
+      return nullptr;
+    }
+    d.reservations.insert(base, bytes, Reservation{shadow, 0, {}});
+    d.reserved_bytes += bytes;
+    return base;
+  }
+
+  void vm_release(int device, void* base, std::size_t bytes) {
+    check(device, "vm_release");
+    fault("vm_release");
+    Device& d = context(device);
+    char* shadow = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      auto hit = d.reservations.at(base);
+      if (!hit)
+        driver_error(kInvalidValue, "vm_release",
+                     fmt::format("{} is not the start of a range reserved on device {}", base,
+                                 device));
+      if (hit.bytes != bytes)
+        driver_error(kInvalidValue, "vm_release",
+                     fmt::format("the range reserved at {} is {} bytes, released as {}", base,
+                                 hit.bytes, bytes));
+      if (hit.value->pieces != 0)
+        driver_error(kInvalidValue, "vm_release",
+                     fmt::format("the range reserved at {} has {} mapped piece(s): vm_unmap "
+                                 "them first",
+                                 base, hit.value->pieces));
+      shadow = hit.value->shadow;
+      d.reservations.erase(base);
+      d.reserved_bytes -= bytes;
+    }
+    if (shadow) ::munmap(shadow, bytes);
+    retire(base, bytes);
+  }
+
+  accelkit::PhysicalHandle vm_create(int device, std::size_t bytes) {
+    check(device, "vm_create");
+    bool refuse = fault("vm_create");  // vm_create:refuse: no room, with memory free
+    check_vm_size(bytes, "vm_create");
+    Device& d = context(device);
+    if (refuse) return {};
+    std::uint64_t used = d.used.fetch_add(bytes);
+    if (used + bytes > config_.capacity(device)) {
+      d.used.fetch_sub(bytes);
+      return {};
+    }
+    int fd = static_cast<int>(::syscall(SYS_memfd_create, "simdev-vm", 1u /* MFD_CLOEXEC */));
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      int error = errno;
+      if (fd >= 0) ::close(fd);
+      d.used.fetch_sub(bytes);
+      driver_error(kInvalidValue, "vm_create",
+                   fmt::format("memfd for {} bytes failed: {}", bytes, std::strerror(error)));
+    }
+    auto m = std::make_shared<Physical>();
+    m->device = device;
+    m->fd = fd;
+    m->bytes = bytes;
+    return physicals_.add(std::move(m));
+  }
+
+  void vm_destroy(int device, accelkit::PhysicalHandle memory) {
+    check(device, "vm_destroy");
+    fault("vm_destroy");
+    Device& d = context(device);
+    std::shared_ptr<Physical> m;
+    {
+      std::lock_guard<std::mutex> lock(d.mutex);  // maps change under it
+      m = physicals_.remove(memory, "vm_destroy", device, [&](const Physical& p) {
+        check_physical_device(p, memory, device, "vm_destroy");
+        if (p.maps != 0)
+          driver_error(kInvalidValue, "vm_destroy",
+                       fmt::format("physical memory {:#x} is still mapped ({} mapping(s)): "
+                                   "vm_unmap it first",
+                                   memory.value, p.maps));
+      });
+    }
+    d.used.fetch_sub(m->bytes);
+  }
+
+  void vm_map(int device, void* at, std::size_t bytes, accelkit::PhysicalHandle memory) {
+    check(device, "vm_map");
+    fault("vm_map");
+    check_vm_size(bytes, "vm_map");
+    check_vm_address(at, "vm_map");
+    Device& d = context(device);
+    char* c = static_cast<char*>(at);
+    std::lock_guard<std::mutex> lock(d.mutex);
+    std::shared_ptr<Physical> m = physicals_.get(memory, "vm_map", device);
+    check_physical_device(*m, memory, device, "vm_map");
+    if (m->bytes != bytes)
+      driver_error(kInvalidValue, "vm_map",
+                   fmt::format("physical memory {:#x} is {} bytes, mapped as {} (vm_map maps "
+                               "all of it)",
+                               memory.value, m->bytes, bytes));
+    auto r = d.reservations.find(c, bytes);
+    if (!r)
+      driver_error(kInvalidValue, "vm_map",
+                   fmt::format("{} bytes at {} are not inside one range reserved on device {}",
+                               bytes, at, device));
+    if (!d.pieces.insert(c, bytes, Piece{m, next_serial_.fetch_add(1)}))
+      driver_error(kInvalidValue, "vm_map",
+                   fmt::format("{} bytes at {} overlap pages mapped already", bytes, at));
+    char* shadow = r.value->shadow ? r.value->shadow + r.offset : nullptr;
+    bool mapped = ::mmap(c, bytes, shadow ? PROT_NONE : PROT_READ | PROT_WRITE,
+                         MAP_FIXED | MAP_SHARED, m->fd, 0) != MAP_FAILED;
+    if (mapped && shadow &&
+        ::mmap(shadow, bytes, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_SHARED, m->fd, 0) ==
+            MAP_FAILED) {
+      unmap_pages(c, bytes);
+      mapped = false;
+    }
+    if (!mapped) {
+      int error = errno;
+      d.pieces.erase(c);
+      driver_error(kInvalidValue, "vm_map",
+                   fmt::format("mmap of {} bytes at {} failed: {}", bytes, at,
+                               std::strerror(error)));
+    }
+    ++r.value->pieces;
+    ++m->maps;
+  }
+
+  void vm_unmap(int device, void* at, std::size_t bytes) {
+    check(device, "vm_unmap");
+    fault("vm_unmap");
+    check_vm_size(bytes, "vm_unmap");
+    check_vm_address(at, "vm_unmap");
+    Device& d = context(device);
+    char* c = static_cast<char*>(at);
+    std::lock_guard<std::mutex> lock(d.mutex);  // no map or check of the range meanwhile
+    auto r = d.reservations.find(c, bytes);
+    if (!r)
+      driver_error(kInvalidValue, "vm_unmap",
+                   fmt::format("{} bytes at {} are not inside one range reserved on device {}",
+                               bytes, at, device));
+    std::vector<char*> starts;
+    for (char* p = c; p < c + bytes;) {
+      auto hit = d.pieces.at(p);
+      if (!hit || hit.bytes > static_cast<std::size_t>(c + bytes - p))
+        driver_error(kInvalidValue, "vm_unmap",
+                     fmt::format("{} bytes at {} are not whole mapped pieces ({} at {})", bytes,
+                                 at, hit ? "a piece reaching past the end" : "no piece starts",
+                                 static_cast<void*>(p)));
+      starts.push_back(p);
+      p += hit.bytes;
+    }
+    std::size_t first = static_cast<std::size_t>(r.offset) / kPage;
+    auto held = r.value->holds.lower_bound(first);
+    if (held != r.value->holds.end() && held->first < first + bytes / kPage)
+      driver_error(kInvalidValue, "vm_unmap",
+                   fmt::format("memory at {} is still mapped for the host (host_map without "
+                               "host_unmap)",
+                               static_cast<void*>(r.pointer() + held->first * kPage)));
+    refuse_if_queued("vm_unmap", c, bytes);
+    unmap_pages(c, bytes);
+    if (r.value->shadow) unmap_pages(r.value->shadow + r.offset, bytes);
+    for (char* p : starts) {
+      std::optional<Piece> piece = d.pieces.erase(p);
+      --piece->physical->maps;
+      --r.value->pieces;
+    }
+  }
+
   // Blocks `stream` at this point of its queue until the returned gate opens
   // (tests use it to hold work back and observe ordering).
   class Gate {
@@ -823,8 +1053,26 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     char* c = reinterpret_cast<char*>(const_cast<std::remove_const_t<T>*>(p));
     std::lock_guard<std::mutex> lock(d.mutex);
     auto hit = d.allocations.find(c);
-    if (!hit || hit.value->view == nullptr) return p;
+    if (!hit) {  // mapped virtual memory: the device's view of its reservation
+      auto r = d.reservations.find(c);
+      if (!r || r.value->shadow == nullptr) return p;
+      return reinterpret_cast<T*>(r.value->shadow + r.offset);
+    }
+    if (hit.value->view == nullptr) return p;
     return reinterpret_cast<T*>(hit.value->view + hit.value->offset + hit.offset);
+  }
+  // Virtual memory (Note [simdev virtual memory]): physical memory alive
+  // (all devices), and a device's reserved ranges and mapped pieces.
+  long live_physical() const { return static_cast<long>(physicals_.size()); }
+  long vm_reservations(int device) {
+    Device& d = context(device);
+    std::lock_guard<std::mutex> lock(d.mutex);
+    return static_cast<long>(d.reservations.size());
+  }
+  long vm_pieces(int device) {
+    Device& d = context(device);
+    std::lock_guard<std::mutex> lock(d.mutex);
+    return static_cast<long>(d.pieces.size());
   }
   bool initialized() const { return initialized_; }
   std::uint64_t bytes_in_use(int device) { return context(device).used.load(); }
@@ -847,12 +1095,16 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::lock_guard<std::mutex> lock(fault_mutex_);
     config_.faults[member] = Config::Fault{nth + calls_[member], async};
   }
-  // Makes malloc return nullptr once, on its n-th call from now on, while
-  // memory is free: a driver's refusal (Note [Refusal and exhaustion]).
-  void inject_refusal(int nth = 1) {
+  // Makes malloc (or vm_create) return nullptr (a null handle) once, on its
+  // n-th call from now on, while memory is free: a driver's refusal (Note
+  // [Refusal and exhaustion]).
+  void inject_refusal(int nth = 1, const std::string& member = "malloc") {
+    if (member != "malloc" && member != "vm_create")
+      throw accelkit::ValueError(
+          name, fmt::format("inject_refusal: {} cannot refuse (malloc and vm_create can)", member));
     configure();
     std::lock_guard<std::mutex> lock(fault_mutex_);
-    config_.faults["malloc"] = Config::Fault{nth + calls_["malloc"], false, true};
+    config_.faults[member] = Config::Fault{nth + calls_[member], false, true};
   }
   // Whether a fault injected for `member` has not fired yet.
   bool fault_pending(const std::string& member) {
@@ -890,6 +1142,11 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   // unmapped then. Bounded so that the process's mappings stay few.
   static constexpr std::size_t kRetiredBytes = std::size_t{256} << 20;
   static constexpr std::size_t kRetiredRanges = 1024;
+
+  // The page size of mapping, and how many times its capacity a device may
+  // reserve in addresses (Note [simdev virtual memory]).
+  static constexpr std::size_t kVmGranularity = std::size_t{2} << 20;
+  static constexpr std::uint64_t kVmAddressFactor = 64;
 
   static constexpr std::size_t kMaxTouches = 3;  // memory ranges one piece of work uses
   struct Range {
@@ -1126,12 +1383,39 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::vector<std::uint32_t> holds;  // mapped mode: open host maps per page
     std::uint64_t serial = 0;          // which allocation: never the same twice
   };
+  // Physical memory from vm_create (Note [simdev virtual memory]).
+  struct Physical {
+    int device = 0;
+    int fd = -1;
+    std::size_t bytes = 0;
+    long maps = 0;  // live mappings, under the device's mutex
+    Physical() = default;
+    Physical(const Physical&) = delete;
+    Physical& operator=(const Physical&) = delete;
+    ~Physical() {
+      if (fd >= 0) ::close(fd);
+    }
+  };
+  // A range from vm_reserve, and a piece of it vm_map mapped.
+  struct Reservation {
+    char* shadow = nullptr;  // mapped mode: the device's view of the range
+    long pieces = 0;         // mapped pieces inside
+    std::map<std::size_t, std::uint32_t> holds;  // mapped mode: open host maps per kPage
+  };
+  struct Piece {
+    std::shared_ptr<Physical> physical;
+    std::uint64_t serial = 0;  // as Allocation::serial
+  };
   struct Device {
     std::once_flag created;
     std::atomic<bool> exists{false};
     std::atomic<std::uint64_t> used{0};
     std::mutex mutex;
     accelkit::support::RangeMap<Allocation> allocations;  // under `mutex`
+    // Virtual memory, under `mutex` (Note [simdev virtual memory]).
+    accelkit::support::RangeMap<Reservation> reservations;
+    accelkit::support::RangeMap<Piece> pieces;  // of every reservation
+    std::uint64_t reserved_bytes = 0;
     accelkit::support::HandleTable<accelkit::StreamHandle, Stream> streams{name, "stream",
                                                                           kInvalidHandle};
     std::optional<std::pair<int, std::string>> async_error;  // code, message
@@ -1222,6 +1506,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     char* c = static_cast<char*>(ptr);
     std::lock_guard<std::mutex> lock(d.mutex);
     auto hit = d.allocations.find(c, bytes);
+    if (!hit && bytes != 0 && vm_serial(d, c, bytes) != 0) return protect_vm(d, c, bytes, open);
     if (!hit || bytes == 0)
       driver_error(kInvalidValue, call,
                    fmt::format("{} bytes at {} are not inside one allocation of device {}", bytes,
@@ -1244,6 +1529,46 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::size_t run = first;
     for (std::size_t i = first; i <= last; ++i) {
       bool flips = open ? a.holds[i]++ == 0 : --a.holds[i] == 0;
+      if (!flips) {
+        change(run, i);
+        run = i + 1;
+      }
+    }
+    change(run, last + 1);
+  }
+
+  // protect() for mapped virtual memory, under d.mutex: the open host maps
+  // are counted per page of the reservation.
+  void protect_vm(Device& d, char* c, std::size_t bytes, bool open) {
+    const char* call = open ? "host_map" : "host_unmap";
+    auto r = d.reservations.find(c, bytes);
+    char* base = r.pointer();
+    std::map<std::size_t, std::uint32_t>& holds = r.value->holds;
+    std::size_t first = static_cast<std::size_t>(c - base) / kPage;
+    std::size_t last = static_cast<std::size_t>(c + bytes - 1 - base) / kPage;
+    if (!open)
+      for (std::size_t i = first; i <= last; ++i)
+        if (holds.count(i) == 0)
+          driver_error(kInvalidValue, call,
+                       fmt::format("{} bytes at {} were not mapped for the host", bytes,
+                                   static_cast<void*>(c)));
+    auto change = [&](std::size_t from, std::size_t to) {  // pages [from, to)
+      if (from < to &&
+          ::mprotect(base + from * kPage, (to - from) * kPage,
+                     open ? PROT_READ | PROT_WRITE : PROT_NONE) != 0)
+        driver_error(kInvalidValue, call,
+                     fmt::format("mprotect failed for {}", static_cast<void*>(c)));
+    };
+    std::size_t run = first;
+    for (std::size_t i = first; i <= last; ++i) {
+      bool flips;
+      if (open) {
+        flips = holds[i]++ == 0;
+      } else {
+        auto it = holds.find(i);
+        flips = --it->second == 0;
+        if (flips) holds.erase(it);
+      }
       if (!flips) {
         change(run, i);
         run = i + 1;
@@ -1280,7 +1605,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     if (r.device < 0) return is_pinned(r.ptr, r.bytes);
     Device& d = context(r.device);
     std::lock_guard<std::mutex> lock(d.mutex);
-    return static_cast<bool>(d.allocations.find(r.ptr, r.bytes));
+    return d.allocations.find(r.ptr, r.bytes) || vm_serial(d, r.ptr, r.bytes) != 0;
   }
   // The serial of the allocation [r.ptr, r.ptr + r.bytes) lies in; for
   // pinned memory 1 while it is host_malloc's; 0 when not allocated.
@@ -1290,7 +1615,63 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     Device& d = context(r.device);
     std::lock_guard<std::mutex> lock(d.mutex);
     auto hit = d.allocations.find(r.ptr, r.bytes);
-    return hit ? hit.value->serial : 0;
+    return hit ? hit.value->serial : vm_serial(d, r.ptr, r.bytes);
+  }
+  // Under d.mutex: 0 unless mapped pieces of one reservation cover [p, p +
+  // n); then a mix of their serials, which an unmap and a new map change.
+  static std::uint64_t vm_serial(Device& d, const char* p, std::size_t n) {
+    if (d.pieces.empty() || !d.reservations.find(p, n)) return 0;
+    std::uint64_t h = 0x9e3779b97f4a7c15ull;
+    const char* c = p;
+    do {
+      auto hit = d.pieces.find(c);
+      if (!hit) return 0;
+      h = (h ^ hit.value->serial) * 0xff51afd7ed558ccdull;
+      h ^= h >> 33;
+      c = hit.pointer() + hit.bytes;
+    } while (c < p + n);
+    return h | 1;
+  }
+
+  void check_vm_size(std::size_t bytes, const char* call) {
+    if (bytes == 0 || bytes % kVmGranularity != 0)
+      driver_error(kInvalidValue, call,
+                   fmt::format("{} bytes is not a positive multiple of the granularity ({} "
+                               "bytes)",
+                               bytes, kVmGranularity));
+  }
+  void check_vm_address(const void* at, const char* call) {
+    if (at == nullptr || reinterpret_cast<std::uintptr_t>(at) % kVmGranularity != 0)
+      driver_error(kInvalidValue, call,
+                   fmt::format("address {} is not aligned to the granularity ({} bytes)", at,
+                               kVmGranularity));
+  }
+  void check_physical_device(const Physical& m, accelkit::PhysicalHandle memory, int device,
+                             const char* call) {
+    if (m.device != device)
+      driver_error(kInvalidValue, call,
+                   fmt::format("physical memory {:#x} is device {}'s, used as device {}'s",
+                               memory.value, m.device, device));
+  }
+  // `bytes` of PROT_NONE addresses aligned to `alignment`, or nullptr.
+  static char* reserve_pages(std::size_t bytes, std::size_t alignment) {
+    std::size_t extra = alignment > kPage ? alignment : 0;
+    void* raw = ::mmap(nullptr, bytes + extra, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED) return nullptr;
+    auto a = reinterpret_cast<std::uintptr_t>(raw);
+    std::uintptr_t aligned = (a + alignment - 1) / alignment * alignment;
+    if (aligned > a) ::munmap(raw, aligned - a);
+    if (std::size_t tail = a + extra - aligned) ::munmap(reinterpret_cast<char*>(aligned) + bytes, tail);
+    return reinterpret_cast<char*>(aligned);
+  }
+  // Back to reserved addresses with nothing behind them (PROT_NONE).
+  void unmap_pages(char* p, std::size_t bytes) {
+    if (::mmap(p, bytes, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+               0) == MAP_FAILED)
+      driver_error(kInvalidValue, "vm_unmap",
+                   fmt::format("mmap of PROT_NONE pages at {} failed: {}",
+                               static_cast<void*>(p), std::strerror(errno)));
   }
 
   // `call` on a capturing stream: the capture invalidated, a driver error
@@ -1439,6 +1820,8 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   std::atomic<long> graph_launches_{0};
   std::atomic<int> captures_underway_{0};  // streams capturing, all devices
   std::atomic<std::uint64_t> next_serial_{1};  // Allocation::serial
+  accelkit::support::HandleTable<accelkit::PhysicalHandle, Physical> physicals_{
+      name, "physical memory", kInvalidHandle};
   accelkit::support::HandleTable<accelkit::GraphHandle, Graph> graphs_{name, "graph",
                                                                        kInvalidHandle};
   accelkit::support::HandleTable<accelkit::GraphExecHandle, Exec> execs_{name, "graph exec",

@@ -89,8 +89,9 @@
 //   void memset_async(device_index device, void* ptr, int value,
 //                     std::size_t bytes, StreamHandle stream)
 //       Enqueues on `stream` the fill of `bytes` (> 0) bytes of device memory
-//       at `ptr` (anywhere inside an allocation from malloc(device, ·)) with
-//       the low byte of `value`, as std::memset does.
+//       at `ptr` (anywhere inside an allocation from malloc(device, ·), or
+//       inside pages vm_map mapped) with the low byte of `value`, as
+//       std::memset does.
 //   StreamHandle stream_create(device_index device, int priority)
 //       A new stream; `priority` in the driver's numbering, within
 //       properties().stream_priorities (with
@@ -160,15 +161,16 @@
 //       (Note [Cross-device waits]). Absent: the SDK waits on the host, in
 //       event_synchronize(event_device, event), before the call returns.
 //   void host_map(device_index device, void* ptr, std::size_t bytes)
-//       Makes [ptr, ptr + bytes), inside one allocation from malloc(device, ·),
-//       readable and writable by the host until the matching host_unmap. Called
-//       only for a device whose host_access is mapped, from any thread, after
-//       the SDK waited for the device's work on the range; work another thread
-//       queued on the range since (a read) may still be pending, and the map
-//       coexists with it, neither refusing nor waiting for it. The SDK never
-//       maps a range twice at once and writes nothing to it on the device until
-//       it unmaps (Note [Map scopes]). Absent: a device reporting host_access
-//       mapped without both members is refused at its first properties query.
+//       Makes [ptr, ptr + bytes), inside one allocation from malloc(device, ·)
+//       (or mapped pages of one vm_reserve range), readable and writable by the
+//       host until the matching host_unmap. Called only for a device whose
+//       host_access is mapped, from any thread, after the SDK waited for the
+//       device's work on the range; work another thread queued on the range
+//       since (a read) may still be pending, and the map coexists with it,
+//       neither refusing nor waiting for it. The SDK never maps a range twice
+//       at once and writes nothing to it on the device until it unmaps
+//       (Note [Map scopes]). Absent: a device reporting host_access mapped
+//       without both members is refused at its first properties query.
 //   void host_unmap(device_index device, void* ptr, std::size_t bytes)
 //       Ends the host's access to a range given to host_map with the same
 //       arguments: what the host wrote is the device's when it returns; a host

@@ -107,8 +107,8 @@ namespace detail {
      StreamHandle stream, bool host_pinned),                                                   \
     forward_nonempty, (device, dst, src, bytes, kind, stream, host_pinned))                    \
   /* Enqueues on `stream` the fill of `bytes` (> 0) bytes of device memory at `ptr`            \
-     (anywhere inside an allocation from malloc(device, ·)) with the low byte of `value`,      \
-     as std::memset does. */                                                                   \
+     (anywhere inside an allocation from malloc(device, ·), or inside pages vm_map mapped)     \
+     with the low byte of `value`, as std::memset does. */                                     \
   X(memset_async, void,                                                                        \
     (device_index device, void* ptr, int value, std::size_t bytes, StreamHandle stream),       \
     forward_nonempty, (device, ptr, value, bytes, stream))                                     \
@@ -179,8 +179,9 @@ namespace detail {
   X(stream_wait_peer_event, void,                                                              \
     (device_index device, StreamHandle stream, device_index event_device, EventHandle event),  \
     sdk, (device, stream, event_device, event))                                                \
-  /* Makes [ptr, ptr + bytes), inside one allocation from malloc(device, ·), readable and      \
-     writable by the host until the matching host_unmap. Called only for a device whose        \
+  /* Makes [ptr, ptr + bytes), inside one allocation from malloc(device, ·) (or mapped         \
+     pages of one vm_reserve range), readable and writable by the host until the matching      \
+     host_unmap. Called only for a device whose                                                \
      host_access is mapped, from any thread, after the SDK waited for the device's work on     \
      the range; work another thread queued on the range since (a read) may still be            \
      pending, and the map coexists with it, neither refusing nor waiting for it. The SDK       \

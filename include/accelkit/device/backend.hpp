@@ -366,14 +366,16 @@ class Backend {
                             bytes, name, device, p.total_memory, held.load(), info.free));
     }
     if (reinterpret_cast<std::uintptr_t>(ptr) % p.memory_alignment != 0) {
+      // The message first: the pointer is not used after it is freed.
+      std::string message = fmt::format("malloc({}, {}) returned {}, which is not aligned to the "
+                                        "{} B that {}:{} declares (memory_alignment)",
+                                        phys, bytes, ptr, p.memory_alignment, name, device);
       try {
         runtime_.free(phys, ptr);
       } catch (...) {
         // The pointer is reported below either way.
       }
-      throw RuntimeError(name, fmt::format("malloc({}, {}) returned {}, which is not aligned to "
-                                           "the {} B that {}:{} declares (memory_alignment)",
-                                           phys, bytes, ptr, p.memory_alignment, name, device));
+      throw RuntimeError(name, message);
     }
     held.fetch_add(bytes);
     return ptr;
@@ -751,15 +753,16 @@ class Backend {
     if constexpr (has_virtual_memory()) {
       void* base = runtime_.vm_reserve(physical(device), bytes);
       if (base != nullptr && reinterpret_cast<std::uintptr_t>(base) % vm.granularity != 0) {
+        std::string message = fmt::format("vm_reserve({}, {}) returned {}, which is not "
+                                          "aligned to {}:{}'s granularity ({} bytes)",
+                                          physical(device), bytes, base, name, device,
+                                          vm.granularity);
         try {
           runtime_.vm_release(physical(device), base, bytes);
         } catch (...) {
           // The range is reported below either way.
         }
-        throw RuntimeError(name, fmt::format("vm_reserve({}, {}) returned {}, which is not "
-                                             "aligned to {}:{}'s granularity ({} bytes)",
-                                             physical(device), bytes, base, name, device,
-                                             vm.granularity));
+        throw RuntimeError(name, message);
       }
       return base;
     } else {
@@ -1004,9 +1007,10 @@ class Backend {
   void check_vm_address(device_index device, const VmState& vm, const void* at,
                         std::string_view call) const {
     if (at != nullptr && reinterpret_cast<std::uintptr_t>(at) % vm.granularity == 0) return;
-    throw ValueError(name, fmt::format("{}: address {} is not {} to {}:{}'s virtual memory "
-                                       "granularity ({} bytes)",
-                                       call, at, at == nullptr ? "null, nor aligned" : "aligned",
+    throw ValueError(name, fmt::format("{}: address {} is {} {}:{}'s virtual memory granularity "
+                                       "({} bytes)",
+                                       call, at, at == nullptr ? "null, not a multiple of" :
+                                                                 "not aligned to",
                                        name, device, vm.granularity));
   }
 
