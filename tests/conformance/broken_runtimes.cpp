@@ -337,6 +337,43 @@ struct StaleReplay : Wrap<StaleReplay, SimRuntime> {
   }
 };
 
+// vm_unmap returns without unmapping: the pages stay usable after it (and
+// their memory stays mapped, so the runtime's later destroy is refused).
+struct UnmapKeepsPages : Wrap<UnmapKeepsPages, SimRuntime> {
+  void vm_unmap(device_index, void*, std::size_t) {}
+};
+
+// vm_map over mapped pages replaces the old mapping instead of refusing.
+struct MapReplaces : Wrap<MapReplaces, SimRuntime> {
+  std::mutex m;
+  std::map<std::pair<device_index, char*>, std::size_t> pieces;  // (device, at) -> bytes
+  void vm_map(device_index d, void* at, std::size_t n, accelkit::PhysicalHandle h) {
+    char* c = static_cast<char*>(at);
+    {
+      std::lock_guard<std::mutex> lock(m);
+      for (auto it = pieces.begin(); it != pieces.end();) {
+        auto [dev, p] = it->first;
+        if (dev == d && p < c + n && c < p + it->second) {
+          inner().vm_unmap(d, p, it->second);
+          it = pieces.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    inner().vm_map(d, at, n, h);
+    std::lock_guard<std::mutex> lock(m);
+    pieces[{d, c}] = n;
+  }
+  void vm_unmap(device_index d, void* at, std::size_t n) {
+    inner().vm_unmap(d, at, n);
+    std::lock_guard<std::mutex> lock(m);
+    for (auto it = pieces.lower_bound({d, static_cast<char*>(at)});
+         it != pieces.end() && it->first.first == d && it->first.second < static_cast<char*>(at) + n;)
+      it = pieces.erase(it);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("conformance kit: graph checks fail a runtime that runs captured work, and one that "
@@ -409,4 +446,21 @@ TEST_CASE("conformance kit: a throwing host_map fails the check and leaks nothin
   CHECK(r.status == CheckStatus::fail);
   CHECK(contains(r.message, "refused (test)"));
   CHECK(FailingHostMap::live.load() == 0);
+}
+
+TEST_CASE("conformance kit: virtual memory checks fail a runtime whose unmap leaves the pages "
+          "usable, and one that maps over mapped pages") {
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(UnmapKeepsPages, virtual_memory,
+                                              unmap_then_use_faults),
+                "ran without an error");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(MapReplaces, virtual_memory,
+                                              map_refused_outside_or_over),
+                "over a page mapped already was not refused");
+  // Each breaks one rule: the other checks pass on it.
+  CHECK(ACCELKIT_CONFORMANCE_EVALUATE(MapReplaces, virtual_memory, unmap_then_use_faults)
+            .status == CheckStatus::pass);
+  CHECK(ACCELKIT_CONFORMANCE_EVALUATE(MapReplaces, virtual_memory, round_trip).status ==
+        CheckStatus::pass);
+  CHECK(ACCELKIT_CONFORMANCE_EVALUATE(UnmapKeepsPages, virtual_memory, capacity_counted)
+            .status == CheckStatus::pass);
 }

@@ -38,7 +38,7 @@
 // report (Conformance<R>, Verdict, CheckTools<R>); each group's checks and
 // their rules are in testing/conformance/<group>.hpp, in the order they run:
 // discovery, properties, memory, copies, streams, events, device, threads,
-// errors, ordering, graphs.
+// errors, ordering, graphs, virtual_memory.
 #pragma once
 
 #include <accelkit/testing/conformance/discovery.hpp>
@@ -52,6 +52,7 @@
 #include <accelkit/testing/conformance/errors.hpp>
 #include <accelkit/testing/conformance/ordering.hpp>
 #include <accelkit/testing/conformance/graphs.hpp>
+#include <accelkit/testing/conformance/virtual_memory.hpp>
 #include <accelkit/testing/conformance/kit.hpp>
 
 #include <memory>
@@ -72,7 +73,8 @@ struct Checks : DiscoveryChecks<R>,
                 ThreadChecks<R>,
                 ErrorChecks<R>,
                 OrderingChecks<R>,
-                GraphChecks<R> {};
+                GraphChecks<R>,
+                VirtualMemoryChecks<R> {};
 
 }  // namespace testing
 ACCELKIT_END_NAMESPACE
@@ -89,7 +91,8 @@ ACCELKIT_END_NAMESPACE
   ACCELKIT_CONFORMANCE_THREADS_CHECKS(X)          \
   ACCELKIT_CONFORMANCE_ERRORS_CHECKS(X)           \
   ACCELKIT_CONFORMANCE_ORDERING_CHECKS(X)         \
-  ACCELKIT_CONFORMANCE_GRAPHS_CHECKS(X)
+  ACCELKIT_CONFORMANCE_GRAPHS_CHECKS(X)           \
+  ACCELKIT_CONFORMANCE_VIRTUAL_MEMORY_CHECKS(X)
 
 // Runs check `check` of the kit for runtime R outside the suite (not in the
 // report): for tests of the kit itself.
