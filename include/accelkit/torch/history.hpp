@@ -31,9 +31,9 @@
 // thread may wait for with the GIL held must do the same (PythonFramesOff).
 // Frames of a thread Python does not know (a C++ worker) are C++ ones only,
 // as on CUDA. An out-of-memory observer is a C function (Python passes a
-// ctypes callback, which takes the GIL itself): it is called under a
-// PythonFramesOff too, so an out-of-memory inside such a lock with a
-// Python observer attached has the hazard this Note avoids for frames.
+// ctypes callback, which takes the GIL itself); an out-of-memory inside a
+// PythonFramesOff still calls it, so the hazard above remains there for a
+// Python observer.
 #pragma once
 
 #include <accelkit/torch/common.hpp>
