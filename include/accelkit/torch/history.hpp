@@ -29,7 +29,7 @@
 // TorchScript frames only.
 // Limits: vendor code that allocates while holding a lock that a Python
 // thread may wait for with the GIL held must do the same (PythonFramesOff).
-// Frames of a thread Python does not know (a C++ worker) are C++ ones only,
+// A thread Python does not know (a C++ worker) records no Python frames,
 // as on CUDA. An out-of-memory observer is a C function (Python passes a
 // ctypes callback, which takes the GIL itself); an out-of-memory inside a
 // PythonFramesOff still calls it, so the hazard above remains there for a
