@@ -6,7 +6,7 @@ a hang, and the same process must then compute correct results with the
 allocator's statistics and the driver's memory back at their baseline.
 
     python fault_sweep.py [--calls N] [--jobs J] [--timeout S]
-                          [--memory both|visible|hidden|mapped|all]
+                          [--memory both|visible|hidden|mapped|expandable|all]
 
 Each case is a process of its own (a crash or a hang is that case's
 failure, not the sweep's), with SIMDEV_INJECT_FAULT=member@n[:async] from
@@ -254,7 +254,14 @@ ASYNC = {"memcpy_async", "memset_async", "memcpy_peer_async", "event_record", "s
 # alone, since every other member is swept by the visible and hidden modes
 # (the default, both, leaves the mapped mode out: it keeps CTest's run short).
 MAPPED_ONLY = {"host_map", "host_unmap"}
-MODE_NAMES = {"1": "visible", "0": "hidden", "mapped": "mapped"}
+# Called only by the caching allocator's expandable segments (Note [Virtual
+# memory]): swept in the expandable mode alone (SIMDEV_HOST_VISIBLE=1 and
+# SIMDEV_ALLOC_CONF=expandable_segments:True), which the default, both,
+# includes for these members only; its large tensor (`big`) grows a segment
+# and empty_cache unmaps it.
+EXPANDABLE_ONLY = {"vm_granularity", "vm_reserve", "vm_release", "vm_create", "vm_destroy",
+                   "vm_map", "vm_unmap"}
+MODE_NAMES = {"1": "visible", "0": "hidden", "mapped": "mapped", "expandable": "expand"}
 # Discovery runs once per process (as CUDA's): after device_count failed the
 # process has no devices, by design; the case must end with a clear error.
 NO_RECOVERY = {"device_count"}
@@ -292,7 +299,11 @@ class Case:
             try:
                 os.dup2(fd, 1)
                 os.dup2(fd, 2)
-                os.environ["SIMDEV_HOST_VISIBLE"] = visible
+                if visible == "expandable":
+                    os.environ["SIMDEV_HOST_VISIBLE"] = "1"
+                    os.environ["SIMDEV_ALLOC_CONF"] = "expandable_segments:True"
+                else:
+                    os.environ["SIMDEV_HOST_VISIBLE"] = visible
                 if fault:
                     os.environ["SIMDEV_INJECT_FAULT"] = fault
                 import warnings
@@ -353,27 +364,32 @@ def main():
     ap.add_argument("--calls", type=int, default=3, help="faults at calls 1..N of each member")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--timeout", type=float, default=120)
-    ap.add_argument("--memory", choices=["both", "visible", "hidden", "mapped", "all"],
+    ap.add_argument("--memory",
+                    choices=["both", "visible", "hidden", "mapped", "expandable", "all"],
                     default="both",
                     help="device memory the host may touch (host kernels, zero-copy fallback), "
                          "or not (copying paths), or only between host_map and host_unmap "
-                         "(mapped: the map members only); both = visible and hidden")
+                         "(mapped: the map members only), or visible memory in expandable "
+                         "segments (the vm members only); both = visible, hidden and "
+                         "expandable")
     args = ap.parse_args()
     env = {**os.environ, **CASE_ENV}
     for k in CASE_UNSET:
         env.pop(k, None)
     every = members(env)
-    names = [m for m in every if m not in MAPPED_ONLY]
+    names = [m for m in every if m not in MAPPED_ONLY | EXPANDABLE_ONLY]
     mapped_names = [m for m in every if m in MAPPED_ONLY]
+    expandable_names = [m for m in every if m in EXPANDABLE_ONLY]
     os.environ.update(CASE_ENV)
     for k in CASE_UNSET:
         os.environ.pop(k, None)
     import torch  # noqa: F401  (for the cases: see run_cases)
-    modes = {"both": ["1", "0"], "visible": ["1"], "hidden": ["0"], "mapped": ["mapped"],
-             "all": ["1", "0", "mapped"]}[args.memory]
+    modes = {"both": ["1", "0", "expandable"], "visible": ["1"], "hidden": ["0"],
+             "mapped": ["mapped"], "expandable": ["expandable"],
+             "all": ["1", "0", "mapped", "expandable"]}[args.memory]
 
     def kinds_of(v):
-        ms = mapped_names if v == "mapped" else names
+        ms = {"mapped": mapped_names, "expandable": expandable_names}.get(v, names)
         return [(m, False) for m in ms] + [(m, True) for m in ms if m in ASYNC]
     cases = [(("reference", v), "", None, v) for v in modes]
     for v in modes:
