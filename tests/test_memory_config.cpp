@@ -147,8 +147,11 @@ TEST_CASE("alloc conf: PYTORCH_ALLOC_CONF, or else PYTORCH_CUDA_ALLOC_CONF, then
   CHECK(all.max_split_size == 128 * kMiB);           // the backend's over PyTorch's
   CHECK(all.garbage_collection_threshold == Approx(0.5));  // PyTorch's, not named later
   CHECK(all.roundup_power2_divisions[0] == 0);        // the older name: unread
-  AllocatorConfig old = from({{"PYTORCH_CUDA_ALLOC_CONF", "roundup_power2_divisions:4"}});
+  AllocatorConfig old = from({{"PYTORCH_CUDA_ALLOC_CONF", "roundup_power2_divisions:4"},
+                              {"PYTORCH_HIP_ALLOC_CONF", "roundup_power2_divisions:8"}});
   CHECK(old.roundup_power2_divisions[0] == 4);
+  CHECK(from({{"PYTORCH_HIP_ALLOC_CONF", "roundup_power2_divisions:8"}})
+            .roundup_power2_divisions[0] == 8);
   AllocatorConfig empty_new = from({{"PYTORCH_ALLOC_CONF", ""},
                                     {"PYTORCH_CUDA_ALLOC_CONF", "roundup_power2_divisions:4"}});
   CHECK(empty_new.roundup_power2_divisions[0] == 0);  // set, though empty
@@ -314,6 +317,26 @@ TEST_CASE("alloc conf effect: expandable_segments reaches the allocator") {
   AllocatorConfig on = sim_conf("expandable_segments:True");
   CHECK_THROWS_AS(pools.set_config(on), NotSupportedError);
   CHECK_FALSE(pools.config().expandable_segments);  // nothing changed
+  // A runtime with them grows expandable segments, from the start or once
+  // set at run time.
+  if constexpr (Backend<simdev::SimRuntime>::has_virtual_memory()) {
+    SimBackend b(Environment::fixed({}), sim(1, 128));
+    StreamHandle s = b.stream_create(0, 0);
+    auto expandable = [&](Allocator& a) {
+      void* p = a.allocate(12 * kMiB, s);
+      bool any = false;
+      for (const SegmentSnapshot& seg : a.snapshot().segments) any = any || seg.expandable;
+      a.deallocate(p);
+      a.empty_cache();
+      return any;
+    };
+    Allocator from_start(b, 0, on);
+    CHECK(expandable(from_start));
+    Allocator later(b, 0, AllocatorConfig{});
+    CHECK_FALSE(expandable(later));
+    later.set_config(on);
+    CHECK(expandable(later));
+  }
 }
 
 TEST_CASE("alloc conf effect: set_config changes a live allocator") {

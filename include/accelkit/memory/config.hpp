@@ -8,8 +8,9 @@
 // Sources, each applied over the one before, key by key (a key a later source
 // does not name keeps its value):
 //   1. PYTORCH_ALLOC_CONF, or, only where it is unset, its older name
-//      PYTORCH_CUDA_ALLOC_CONF (c10 2.13 itself reads the older name first
-//      when both are set; PyTorch documents the new one as preferred);
+//      PYTORCH_CUDA_ALLOC_CONF (or, where that is unset too, ROCm's
+//      PYTORCH_HIP_ALLOC_CONF). c10 2.13 itself reads the older names first
+//      when several are set; PyTorch documents the new one as preferred;
 //   2. <NAME>_ALLOC_CONF (e.g. SIMDEV_ALLOC_CONF), for this backend only;
 //   3. at run time, torch._C._accelerator_setAllocatorSettings(s) (and
 //      torch.<name>.memory._set_allocator_settings(s)): `s` over the current
@@ -68,7 +69,9 @@
 // twice in one string is refused too. Every field is a relaxed atomic
 // (detail::Relaxed), so a live allocator's settings can change while other
 // threads allocate without a lock on the hot path; a request running
-// meanwhile sees each field old or new.
+// meanwhile sees each field old or new. Limits: caching is fixed for an
+// allocator's life; a later source can change a key but not unset it.
+// Evidence: bench/memory_bench.cpp's hit path, unchanged by the relaxed fields.
 #pragma once
 
 #include <accelkit/config.hpp>
@@ -424,11 +427,13 @@ inline AllocatorConfig AllocatorConfig::from_environment(std::string_view backen
     else if (!(s == "0" || s == "false" || s == "False" || s.empty()))
       throw ValueError(backend, fmt::format("{}='{}': expected 1 or 0", no_caching, *v));
   }
-  // PyTorch's variable, or where unset its older name; then the backend's.
+  // PyTorch's variable, or where unset its older names; then the backend's.
   if (auto v = env.get("PYTORCH_ALLOC_CONF"))
     c = parse(backend, "PYTORCH_ALLOC_CONF", *v, c);
   else if (auto old = env.get("PYTORCH_CUDA_ALLOC_CONF"))
     c = parse(backend, "PYTORCH_CUDA_ALLOC_CONF", *old, c);
+  else if (auto hip = env.get("PYTORCH_HIP_ALLOC_CONF"))
+    c = parse(backend, "PYTORCH_HIP_ALLOC_CONF", *hip, c);
   std::string variable = prefix + "_ALLOC_CONF";
   if (auto v = env.get(variable)) c = parse(backend, variable, *v, c);
   return c;
