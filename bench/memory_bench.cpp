@@ -4,6 +4,7 @@
 //
 //   memory_bench            the full run (a minute or two)
 //   memory_bench --quick    tiny sizes and counts, to check that it runs
+//   memory_bench --expandable  only the expandable segments' figures
 //   memory_bench --pairs ...  one window of random allocations, for
 //                           bench/alloc_counts.py (see pairs_main)
 //
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -107,7 +109,7 @@ struct Naive {
 struct Accelkit {
   static constexpr const char* name = "accelkit";
   DeviceCachingAllocator<simdev::SimRuntime> a;
-  explicit Accelkit(SimBackend& b) : a(b, 0, AllocatorConfig{}) {}
+  explicit Accelkit(SimBackend& b, AllocatorConfig c = {}) : a(b, 0, c) {}
   void* allocate(std::size_t n, StreamHandle s) { return a.allocate(n, s); }
   void deallocate(void* p, std::size_t) { a.deallocate(p); }
   std::size_t peak_reserved() {
@@ -445,6 +447,107 @@ double random_replay(A& alloc, StreamHandle s, std::size_t live, std::size_t ops
   return static_cast<double>(alloc.peak_reserved()) / static_cast<double>(r.peak_requested);
 }
 
+// A serving-like workload: 2,000 requests, each holding a buffer (a
+// sequence's cache) whose size is drawn from a lognormal distribution
+// (fixed seed 2024; median 4 MiB, sigma 1.0, clamped to [1 MiB, 64 MiB],
+// rounded up to 64 KiB), so that most are a few MiB and a few are tens of
+// MiB. Requests arrive one per tick and finish out of order: each lives
+// for a number of ticks proportional to its size (a longer sequence takes
+// longer to generate) times a uniform factor in [0.5, 1.5], about 24 ticks
+// for the median; before each arrival the requests finished by then are
+// freed, so about two dozen are live at once, more when long ones cluster.
+template <class A>
+double serving_replay(A& alloc, StreamHandle s, int requests) {
+  Replay r;
+  std::mt19937_64 rng(2024);
+  std::lognormal_distribution<double> length(std::log(4.0 * kMiB), 1.0);
+  std::uniform_real_distribution<double> jitter(0.5, 1.5);
+  struct Live {
+    double finish;
+    void* p;
+    std::size_t n;
+  };
+  std::vector<Live> live;
+  for (int tick = 0; tick < requests; ++tick) {
+    for (std::size_t k = 0; k < live.size();) {
+      if (live[k].finish <= tick) {
+        give(alloc, r, live[k].p, live[k].n);
+        live[k] = live.back();
+        live.pop_back();
+      } else {
+        ++k;
+      }
+    }
+    double len = std::min(std::max(length(rng), 1.0 * kMiB), 64.0 * kMiB);
+    std::size_t n = (static_cast<std::size_t>(len) + 65535) / 65536 * 65536;
+    double ticks = 24.0 * len / (4.0 * kMiB) * jitter(rng);
+    live.push_back({tick + std::max(1.0, ticks), take(alloc, r, n, s), n});
+  }
+  for (Live& l : live) give(alloc, r, l.p, l.n);
+  return static_cast<double>(alloc.peak_reserved()) / static_cast<double>(r.peak_requested);
+}
+
+// accelkit without and with expandable segments (Note [Expandable
+// segments]): peak reserved / peak requested, the workloads of the issue's
+// targets side by side.
+void bench_expandable() {
+  std::puts("\n== expandable segments: peak reserved / peak requested (1.0 ideal) ==");
+  std::printf("%-40s %12s %12s %8s\n", "workload", "segments", "expandable", "target");
+  std::size_t unit = quick ? kMiB : 16 * kMiB;
+  auto run = [&](const char* label, const char* target, auto&& workload) {
+    double v[2];
+    for (int e = 0; e < 2; ++e) {
+      auto backend = make_backend();
+      StreamHandle s = backend->stream_create(0, 0);
+      AllocatorConfig c;
+      c.expandable_segments = e == 1;
+      Accelkit a(*backend, c);
+      v[e] = workload(a, s);
+    }
+    std::printf("%-40s %12.3f %12.3f %8s\n", label, v[0], v[1], target);
+  };
+  run("8 x 16 MiB freed, then 4 x 32 MiB", "<= 1.25",
+      [&](auto& a, StreamHandle s) { return phases(a, s, unit, 8, 2 * unit, 4); });
+  run("serving: 2,000 lognormal lengths", "<= 1.10",
+      [&](auto& a, StreamHandle s) { return serving_replay(a, s, quick ? 200 : 2000); });
+  run("training-step replay (MLP, 5 steps)", "<= 1.10",
+      [&](auto& a, StreamHandle s) { return training_replay(a, s, quick ? 2 : 5); });
+}
+
+// The hit path (one size allocated and freed, warm) with expandable
+// segments off and on, in alternating rounds (Note [Rounds and spread]).
+void bench_expandable_hit_path() {
+  const int rounds = quick ? 2 : 15, samples = quick ? 20 : 300, batch = quick ? 4 : 64;
+  std::printf("\n== hit path with expandable segments off / on (ns per pair; median [25%%-75%%] "
+              "of %d rounds) ==\n",
+              rounds);
+  std::printf("%-10s %22s %22s %14s\n", "size", "off", "on", "on/off");
+  std::vector<std::size_t> sizes = {4096, 16 * kMiB};
+  if (quick) sizes = {4096, 4 * kMiB};
+  for (std::size_t size : sizes) {
+    auto backend = make_backend();
+    StreamHandle s = backend->stream_create(0, 0);
+    AllocatorConfig on;
+    on.expandable_segments = true;
+    Accelkit off_a(*backend), on_a(*backend, on);
+    std::vector<double> off, onv, ratio;
+    for (int r = 0; r < rounds; ++r) {
+      Latency a, b;
+      if (r % 2 == 0) {
+        a = hit_path(off_a, size, s, samples, batch);
+        b = hit_path(on_a, size, s, samples, batch);
+      } else {
+        b = hit_path(on_a, size, s, samples, batch);
+        a = hit_path(off_a, size, s, samples, batch);
+      }
+      off.push_back(a.p50), onv.push_back(b.p50), ratio.push_back(b.p50 / a.p50);
+    }
+    std::printf("%-10s %22s %22s %13sx\n", human(size).c_str(),
+                bench::format(bench::spread(off)).c_str(), bench::format(bench::spread(onv)).c_str(),
+                bench::format(bench::spread(ratio), 2).c_str());
+  }
+}
+
 void bench_fragmentation() {
   std::puts("\n== fragmentation: peak reserved / peak requested (lower is better, 1.0 ideal) ==");
   std::printf("%-36s %10s %11s %11s\n", "workload", "accelkit", "naive pool", "raw driver");
@@ -564,6 +667,12 @@ void bench_driver_cost() {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--pairs") == 0) return pairs_main(argc, argv);
+  if (argc > 1 && std::strcmp(argv[1], "--expandable") == 0) {  // those figures alone
+    bench::print_machine();
+    bench_expandable();
+    bench_expandable_hit_path();
+    return 0;
+  }
   quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   bench::print_machine();
   std::printf("accelkit memory benchmark%s: caching allocator vs baselines on simdev\n",
@@ -572,6 +681,8 @@ int main(int argc, char** argv) {
   bench_hit_path();
   bench_random();
   bench_fragmentation();
+  bench_expandable();
+  bench_expandable_hit_path();
   bench_threads();
   return 0;
 }

@@ -152,6 +152,68 @@ TEST_CASE("expandable segments: empty_cache unmaps the free end only after the w
   check_held(b, a);
 }
 
+TEST_CASE("expandable segments: free interior pages move to the growing end while the stream is idle") {
+  SimBackend b(Environment::fixed({}), sized(256));
+  Allocator a(b, 0, expandable());
+  StreamHandle s = b.stream_create(0, 0);
+  char* x = static_cast<char*>(a.allocate(4 * kMiB, s));
+  char* hole = static_cast<char*>(a.allocate(4 * kMiB, s));
+  char* z = static_cast<char*>(a.allocate(4 * kMiB, s));
+  REQUIRE(z == x + 8 * kMiB);
+  a.deallocate(hole);
+  // 6 MiB fit in no free block: the free block's two pages move to the end
+  // and one page is new.
+  char* d = static_cast<char*>(a.allocate(6 * kMiB, s));
+  CHECK(d == z + 4 * kMiB);
+  CHECK(a.reserved_bytes() == 14 * kMiB);
+  CHECK(a.stats().allocated_bytes[all].current == 14 * static_cast<std::int64_t>(kMiB));
+  check_held(b, a);
+  std::memset(d, 3, 6 * kMiB);  // mapped
+  // The hole's addresses are not handed out again.
+  void* e = a.allocate(2 * kMiB, s);
+  CHECK((static_cast<char*>(e) < hole || static_cast<char*>(e) >= hole + 4 * kMiB));
+  a.deallocate(e);
+  a.deallocate(d);
+  a.deallocate(x);
+  a.deallocate(z);
+  a.empty_cache();
+  CHECK(a.reserved_bytes() == 0);
+  CHECK(b.raw_bytes_held(0) == 0);
+  check_held(b, a);
+}
+
+TEST_CASE("expandable segments: free pages that queued work may use do not move") {
+  SimBackend b(Environment::fixed({}), sized(256));
+  Allocator a(b, 0, expandable());
+  StreamHandle s = b.stream_create(0, 0);
+  char* x = static_cast<char*>(a.allocate(4 * kMiB, s));
+  char* used = static_cast<char*>(a.allocate(4 * kMiB, s));
+  char* z = static_cast<char*>(a.allocate(4 * kMiB, s));
+  REQUIRE(z == x + 8 * kMiB);
+  auto gate = b.runtime().hold(0, s);
+  std::atomic<bool> ran{false};
+  b.runtime().launch(
+      0, s, "fill",
+      [&] {
+        std::memset(used, 5, 4 * kMiB);
+        ran = true;
+      },
+      {{used, 4 * kMiB}});
+  a.deallocate(used);  // stream-ordered: the fill is still queued
+  char* d = static_cast<char*>(a.allocate(6 * kMiB, s));
+  CHECK(d == z + 4 * kMiB);
+  CHECK(a.reserved_bytes() == 18 * kMiB);  // three new pages: none moved
+  gate->open();
+  b.stream_synchronize(0, s);
+  CHECK(ran);
+  check_held(b, a);
+  a.deallocate(d);
+  a.deallocate(x);
+  a.deallocate(z);
+  a.empty_cache();
+  CHECK(b.raw_bytes_held(0) == 0);
+}
+
 TEST_CASE("expandable segments: a block used on another stream is unmapped after that stream's work") {
   SimBackend b(Environment::fixed({}), sized(256));
   Allocator a(b, 0, expandable());

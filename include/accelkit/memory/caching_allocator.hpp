@@ -825,9 +825,12 @@ class DeviceCachingAllocator {
   static Block* last_block(const Segment* seg) noexcept;
   Allocation allocate_expandable(Pool& pool, std::size_t size, std::size_t requested);
   void shrink_tail(Pool& pool, Segment* seg, Released& freed);
+  std::vector<Block*> make_holes(Pool& pool, std::size_t pages);
+  std::vector<PhysicalHandle> move_free_pages(Pool& pool, std::size_t pages);
   void unmap_pages(detail::VmRange& range, std::size_t first, std::size_t count,
                    std::size_t& freed, std::size_t& lowest);
   void release_range(detail::VmRange& range);
+  PhysicalHandle create_page(std::size_t page);
   bool free_expandable(Detached& d, std::exception_ptr& first);
   void release_ranges_at_exit() noexcept;
 

@@ -19,7 +19,15 @@
 // the cached blocks cannot serve maps just the pages it lacks beyond the
 // free block at the mapped end (allocate_expandable), under release_mutex_
 // so that no release changes that end meanwhile; the segment then grows by
-// those pages and the request is carved from its last block. A range whose
+// those pages and the request is carved from its last block. Before new
+// pages are made, whole free pages inside the pool's expandable segments
+// move to the end (move_free_pages): they become holes (Block::hole: never
+// allocated, never merged) under the pool lock, then, if the pool's stream
+// is idle (stream_query; never while a capture is underway), so that no
+// queued work can use them, they are unmapped and their physical memory is
+// mapped at the end; with work queued they become free blocks again and
+// new pages are made. So reserved memory follows what is allocated rather
+// than the highest address ever used. A range whose
 // next pages are taken (full, or pages still waiting in limbo) gives way to
 // a new range and segment (Pool::growing). The release paths (empty_cache,
 // the out-of-memory retry, garbage collection, a released private pool)
@@ -37,8 +45,11 @@
 // then OutOfMemoryError); a throwing vm_create or vm_map does the same
 // undoing and its DriverError reaches the caller.
 // Limits: small requests keep their 2 MiB segments (Note [Small arena]);
-// only the pages at the mapped end go back, so a segment whose last block
-// is allocated keeps its free interior pages until that block is freed;
+// the release paths give back only the pages at the mapped end, and pages
+// move only while their stream is idle, so a segment whose last block is
+// allocated may keep free interior pages mapped; a hole's addresses are
+// not used again until its segment goes (the range has the device's size
+// in addresses, and a new range follows a full one);
 // growing and shrinking walk the segment's block list (the free end has no
 // index), linear in its blocks; growth maps a page a call, so a 1 GiB
 // request is 512 driver calls on a 2 MiB granularity; a runtime without the
@@ -101,6 +112,16 @@ inline void DeviceCachingAllocator<R>::unmap_pages(detail::VmRange& range, std::
       freed += range.page;
       lowest = k;
     }
+  }
+}
+
+// A page of physical memory; null where the device has no room.
+template <class R>
+inline PhysicalHandle DeviceCachingAllocator<R>::create_page(std::size_t page) {
+  try {
+    return backend_.vm_create(device_, page);
+  } catch (const OutOfMemoryError&) {
+    return PhysicalHandle{};
   }
 }
 
@@ -189,6 +210,155 @@ inline void DeviceCachingAllocator<R>::shrink_tail(Pool& pool, Segment* seg, Rel
   freed.push_back(std::move(d));
 }
 
+// Under the pool lock and release_mutex_: turns the whole pages inside free
+// blocks of `pool`'s expandable segments (none at a segment's end, which
+// shrink_tail takes) into holes, until `pages` pages are found or none is
+// left; the rest of each block stays free on either side. Returns the
+// holes (Note [Expandable segments]).
+template <class R>
+inline auto DeviceCachingAllocator<R>::make_holes(Pool& pool, std::size_t pages)
+    -> std::vector<Block*> {
+  std::vector<Block*> holes;
+  std::size_t found = 0;
+  for (Segment* seg : pool.segments) {
+    if (!seg->expandable) continue;
+    std::size_t page = seg->range->page;
+    for (Block* b = seg->head; b && found < pages; b = b->next) {
+      if (!b->cached || !b->next) continue;
+      auto lo = reinterpret_cast<std::uintptr_t>(b->ptr);
+      std::uintptr_t a = (lo + page - 1) / page * page, z = (lo + b->size) / page * page;
+      if (z <= a) continue;
+      z = std::min<std::uintptr_t>(z, a + (pages - found) * page);
+      Block* before = nullptr;
+      Block* after = nullptr;
+      try {  // room first: out of memory here ends the search, nothing changed
+        holes.reserve(holes.size() + 1);
+        prepare_evict(pool);
+        if (a > lo) before = pool.new_block();
+        if (z < lo + b->size) after = pool.new_block();
+      } catch (...) {
+        if (before) pool.recycle(before);
+        return holes;
+      }
+      unlink_free(pool, b);
+      char* end = b->ptr + b->size;
+      if (before) {  // the free part below the hole
+        before->ptr = b->ptr;
+        before->size = a - lo;
+        before->segment = seg;
+        before->prev = b->prev;
+        before->next = b;
+        if (b->prev) b->prev->next = before;
+        else seg->head = before;
+        b->prev = before;
+      }
+      b->ptr = reinterpret_cast<char*>(a);
+      b->size = z - a;
+      b->hole = true;
+      if (after) {  // the free part above it
+        after->ptr = reinterpret_cast<char*>(z);
+        after->size = static_cast<std::size_t>(end - after->ptr);
+        after->segment = seg;
+        after->prev = b;
+        after->next = b->next;
+        b->next->prev = after;
+        b->next = after;
+      }
+      // The spare node serves the first insert; should the second not find
+      // room, that part stays a hole too.
+      if (before) insert_free(pool, before);
+      if (after) {
+        try {
+          insert_free(pool, after);
+        } catch (...) {
+          b->size += after->size;
+          b->next = after->next;
+          after->next->prev = b;
+          pool.recycle(after);
+        }
+      }
+      holes.push_back(b);
+      found += b->size / page;
+    }
+    if (found >= pages) break;
+  }
+  return holes;
+}
+
+// Under release_mutex_: up to `pages` whole free pages of `pool`'s
+// expandable segments unmapped, their physical memory returned to be mapped
+// at the growing end, if the pool's stream is idle once they are holes (no
+// queued work can use them, Note [Expandable segments]); none otherwise.
+template <class R>
+inline std::vector<PhysicalHandle> DeviceCachingAllocator<R>::move_free_pages(Pool& pool,
+                                                                              std::size_t pages) {
+  std::vector<PhysicalHandle> moved;
+  auto idle = [&] {
+    if (backend_.capture_underway(device_)) return false;
+    try {
+      return backend_.stream_query(device_, pool.stream);
+    } catch (...) {
+      return false;  // an error of earlier work: the next synchronization reports it
+    }
+  };
+  if (!idle()) return moved;
+  std::vector<Block*> holes;
+  {
+    detail::SpinGuard lock(pool.lock);
+    holes = make_holes(pool, pages);
+  }
+  if (holes.empty()) return moved;
+  std::size_t total = 0;
+  for (const Block* h : holes) total += h->size / h->segment->range->page;
+  bool ok = idle();
+  if (ok) {
+    try {
+      moved.reserve(total);
+    } catch (...) {
+      ok = false;
+    }
+  }
+  if (!ok) {  // work queued meanwhile may use them: free blocks again
+    detail::SpinGuard lock(pool.lock);
+    for (Block* h : holes) {
+      try {
+        prepare_evict(pool);
+      } catch (...) {
+        continue;  // stays a hole, its pages mapped: given back with its segment
+      }
+      h->hole = false;
+      cache_block(pool, h);
+    }
+    return moved;
+  }
+  for (const Block* h : holes) {
+    detail::VmRange& range = *h->segment->range;
+    std::size_t first = static_cast<std::size_t>(h->ptr - range.base) / range.page;
+    std::size_t n = h->size / range.page, done = 0;
+    for (; done < n; ++done) {
+      detail::VmRange::Page& pg = range.pages[first + done];
+      try {
+        backend_.vm_unmap(device_, range.base + (first + done) * range.page, range.page);
+      } catch (const std::exception& e) {
+        // The rest stay mapped inside the hole, given back with the segment.
+        report(Severity::warning, Backend<R>::name,
+               fmt::format("device {}: free pages could not move to the end of an expandable "
+                           "segment: {}",
+                           device_, e.what()));
+        break;
+      }
+      pg.mapped = false;
+      moved.push_back(pg.memory);
+      pg.memory = PhysicalHandle{};
+      --range.held;
+    }
+    if (done && trace_.on())
+      record_trace(pool, TraceEntry::Action::segment_unmap, h->ptr, done * range.page);
+    if (done < n) break;
+  }
+  return moved;
+}
+
 // allocate_slow's expandable path: a request above kSmallSize the cache
 // could not serve, from the pool's expandable segment grown by the pages
 // it lacks (Note [Expandable segments]); {} where the device (or the memory
@@ -223,6 +393,11 @@ inline auto DeviceCachingAllocator<R>::allocate_expandable(Pool& pool, std::size
       }
     }
     bool fresh = !range;
+    // Whole free pages inside the pool's segments move to the end instead
+    // of new ones, when no queued work can use them: holes are made first
+    // (nothing allocates from them since), then the stream must be idle.
+    std::vector<PhysicalHandle> moved;
+    if (!fresh) moved = move_free_pages(pool, count);
     if (fresh) {
       first = 0;
       count = (size + page - 1) / page;
@@ -241,18 +416,28 @@ inline auto DeviceCachingAllocator<R>::allocate_expandable(Pool& pool, std::size
         throw;
       }
     }
-    // Undoes this call's pages and, if fresh, its range; never throws.
+    // Undoes this call's pages (moved ones destroyed too: they leave the
+    // pool's reserved memory) and, if fresh, its range; never throws.
     std::size_t made = 0;
     auto undo = [&]() noexcept {
       try {
         std::size_t ignored = 0, lowest = 0;
         unmap_pages(*range, first, made, ignored, lowest);
+        for (std::size_t k = made; k < moved.size(); ++k) backend_.vm_destroy(device_, moved[k]);
         if (fresh) release_range(*range);
       } catch (...) {
         // Pages no work ever used; a driver refusing them is gone or broken.
       }
+      if (!moved.empty()) {
+        auto n = moved.size() * page;
+        reserved_.fetch_sub(n);
+        detail::SpinGuard lock(pool.lock);
+        count_down(pool.stats.reserved_bytes, BlockKind::large, static_cast<std::int64_t>(n));
+        moved.clear();
+      }
     };
-    std::size_t grow_bytes = count * page;
+    // Moved pages are reserved already; new ones count in.
+    std::size_t grow_bytes = (count - moved.size()) * page;
     std::size_t cur = reserved_.load();
     do {
       if (cur + grow_bytes > limit_.load()) {
@@ -262,11 +447,7 @@ inline auto DeviceCachingAllocator<R>::allocate_expandable(Pool& pool, std::size
     } while (!reserved_.compare_exchange_weak(cur, cur + grow_bytes));
     try {
       for (; made < count; ++made) {
-        PhysicalHandle memory;
-        try {
-          memory = backend_.vm_create(device_, page);
-        } catch (const OutOfMemoryError&) {
-        }
+        PhysicalHandle memory = made < moved.size() ? moved[made] : create_page(page);
         if (!memory) break;  // no room
         detail::VmRange::Page& pg = range->pages[first + made];
         pg.memory = memory;
@@ -286,6 +467,7 @@ inline auto DeviceCachingAllocator<R>::allocate_expandable(Pool& pool, std::size
       return {};
     }
     char* at = range->base + first * page;
+    std::size_t mapped_bytes = count * page;
     detail::SpinGuard lock(pool.lock);
     Block* fresh_block = nullptr;
     Segment* seg = nullptr;
@@ -312,12 +494,12 @@ inline auto DeviceCachingAllocator<R>::allocate_expandable(Pool& pool, std::size
       range->orphaned = false;
       seg->pool = &pool;
       seg->ptr = range->base;
-      seg->size = grow_bytes;
+      seg->size = mapped_bytes;
       seg->expandable = true;
       seg->range = range;
       seg->index = pool.segments.size();
       fresh_block->ptr = seg->ptr;
-      fresh_block->size = grow_bytes;
+      fresh_block->size = mapped_bytes;
       fresh_block->segment = seg;
       seg->head = fresh_block;
       pool.segments.push_back(seg);
@@ -327,15 +509,15 @@ inline auto DeviceCachingAllocator<R>::allocate_expandable(Pool& pool, std::size
     } else {
       seg = pool.growing;
       Block* last = last_block(seg);
-      seg->size += grow_bytes;
+      seg->size += mapped_bytes;
       if (last->cached) {
         pool.recycle(fresh_block);
         unlink_free(pool, last);
-        last->size += grow_bytes;
+        last->size += mapped_bytes;
         tail = last;
       } else {
         fresh_block->ptr = at;
-        fresh_block->size = grow_bytes;
+        fresh_block->size = mapped_bytes;
         fresh_block->segment = seg;
         fresh_block->prev = last;
         last->next = fresh_block;
@@ -343,7 +525,7 @@ inline auto DeviceCachingAllocator<R>::allocate_expandable(Pool& pool, std::size
       }
     }
     if (trace_.on())
-      record_trace(pool, TraceEntry::Action::segment_map, at, grow_bytes);
+      record_trace(pool, TraceEntry::Action::segment_map, at, mapped_bytes);
     if (tail->size >= size) return allocation_of(carve(pool, tail, size, requested));
     // Its free end was taken meanwhile: cache what was mapped, and grow again.
     insert_free(pool, tail);

@@ -52,6 +52,7 @@ struct alignas(64) Block {
   bool cached = false;    // in the pool's bins or large set (mergeable)
   bool has_uses = false;  // used on other streams (Pool::uses), or its private pool released
   bool mapped = false;    // in the device pool's pointer map (Note [Mapped blocks])
+  bool hole = false;      // unmapped pages inside an expandable segment (Note [Expandable segments])
 };
 static_assert(sizeof(Block) == 64, "Note [Block records]");
 

@@ -163,12 +163,18 @@ inline auto DeviceCachingAllocator<R>::detach_small(Pool& pool,
 // memory is the caller's to return (Note [Ordered release]).
 template <class R>
 inline auto DeviceCachingAllocator<R>::detach_segment(Pool& pool, Segment* seg) -> Detached {
-  unlink_free(pool, seg->head);
+  // An expandable segment's free blocks may lie between holes (Note
+  // [Expandable segments]); other segments are one free block.
+  for (Block* b = seg->head; b;) {
+    Block* next = b->next;
+    if (b->cached) unlink_free(pool, b);
+    pool.recycle(b);
+    b = next;
+  }
   Segment* last = pool.segments.back();
   pool.segments[seg->index] = last;
   last->index = seg->index;
   pool.segments.pop_back();
-  pool.recycle(seg->head);
   Detached d{&pool, seg->ptr, seg->size, kind_of(seg), seg->oversize, seg};
   if (seg->expandable) {  // its pages, then its range (Note [Expandable segments])
     if (pool.growing == seg) pool.growing = nullptr;
@@ -180,7 +186,12 @@ inline auto DeviceCachingAllocator<R>::detach_segment(Pool& pool, Segment* seg) 
 
 template <class R>
 inline bool DeviceCachingAllocator<R>::wholly_free(const Segment* seg) noexcept {
-  return seg->head->cached && detail::whole_segment(seg->head);
+  if (seg->head->cached && detail::whole_segment(seg->head)) return true;
+  if (!seg->expandable) return false;
+  // Free blocks and holes only (Note [Expandable segments]).
+  for (const Block* b = seg->head; b; b = b->next)
+    if (!b->cached && !b->hole) return false;
+  return true;
 }
 
 ACCELKIT_END_NAMESPACE
