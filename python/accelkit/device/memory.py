@@ -72,7 +72,10 @@ def memory_stats(device=None) -> dict:
     """The allocator's statistics, keyed as torch.cuda.memory_stats
     ("allocated_bytes.all.current", "num_ooms", ...), with the reserved bytes
     of each private pool that holds memory (a graph's or a MemPool's) as
-    "reserved_bytes_by_private_pools.<a>_<b>.<all|large_pool|small_pool>.<...>"."""
+    "reserved_bytes_by_private_pools.<a>_<b>.<all|large_pool|small_pool>.<...>".
+    It takes a snapshot to find those pools: while _record_memory_history
+    records "all", each call adds a "snapshot" event (unless skip_actions
+    names it)."""
     index = _index(device)
     stats = json.loads(_backend.ops.memory_stats_json(index))
     pools = {tuple(s.get("segment_pool_id", (0, 0)))
