@@ -80,6 +80,7 @@ def test_max_split_size_mb_keeps_big_blocks_whole():
     assert _run(code, PYTORCH_ALLOC_CONF="max_split_size_mb:32") == "False"
 
 
+@simdev_only  # sized with SIMDEV_MEMORY_MB
 def test_garbage_collection_threshold_frees_old_cache_before_growing():
     code = """
 x = torch.empty(12 << 20, dtype=torch.uint8, device='simdev')
@@ -92,6 +93,7 @@ print(M.memory_reserved() >> 20)
                 PYTORCH_ALLOC_CONF="garbage_collection_threshold:0.5") == "22"
 
 
+@simdev_only  # sized with SIMDEV_MEMORY_MB
 def test_per_process_memory_fraction_caps_the_device():
     out = _run("""
 print(M.get_per_process_memory_fraction(0), end=' ')
