@@ -16,9 +16,11 @@
 // AllocatorConfig parses that c10 does not know yet are registered
 // (per_process_memory_fraction, the pinned size keys, CUDA's other keys,
 // which the parser accepts at their defaults or refuses saying why).
-// Limits: c10 parses s first, so a malformed value of a key c10 knows gets
-// c10's message (e.g. "stoull"), and c10 keeps its own copy of what it
-// parsed. The environment is read by the allocators themselves
+// c10 parses PYTORCH_ALLOC_CONF itself at its first use, after this
+// registration where the backend loads first: an unknown key there is its
+// ValueError too. Limits: c10 parses s first, so a malformed value of a key
+// c10 knows gets c10's message (e.g. "stoull"), and c10 keeps its own copy
+// of what it parsed. The environment is read by the allocators themselves
 // (AllocatorConfig::from_environment), not through c10.
 #pragma once
 
@@ -29,7 +31,6 @@
 #include <c10/core/AllocatorConfig.h>
 
 #include <functional>
-#include <mutex>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -39,8 +40,9 @@ ACCELKIT_TORCH_NAMESPACE {
 
 // Installs the hook of Note [Allocator settings hook], once per process.
 inline void register_allocator_settings() {
-  static std::once_flag once;
-  std::call_once(once, [] {
+  // A function-local static, not std::call_once: a std template instantiated
+  // on a lambda would be a symbol the module exports.
+  static const bool registered = [] {
     using c10::CachingAllocator::AcceleratorAllocatorConfig;
     std::function<void(const std::string&)> previous =
         AcceleratorAllocatorConfig::getConfigParserHook();
@@ -57,7 +59,9 @@ inline void register_allocator_settings() {
           });
         },
         keys);
-  });
+    return true;
+  }();
+  static_cast<void>(registered);
 }
 
 }  // namespace torch_adapter
