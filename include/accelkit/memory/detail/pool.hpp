@@ -261,9 +261,6 @@ struct alignas(64) Pool {
   // members, off their cache lines.
   Keep keep = Keep::cache;  // what its wholly free segments do
   MempoolId id{};           // {0, 0} for a stream's pool
-  // The expandable segment that grows next (Note [Expandable segments]);
-  // written under the device pool's release_mutex_ and this lock.
-  Segment* growing = nullptr;
   // Note [Recently freed blocks]
   // A training loop frees a block and soon asks for one of the same size
   // again; merging the freed block and splitting it again pays for a merge
@@ -285,6 +282,10 @@ struct alignas(64) Pool {
   bool parking = true;
   std::uint64_t frees_counted = 0;  // since parking was last turned on or off
   std::uint64_t parked_hits = 0;    // requests that took a parked block of their size
+  // The expandable segment that grows next (Note [Expandable segments]);
+  // written under the device pool's release_mutex_ and this lock. Last, off
+  // the hot members' lines.
+  Segment* growing = nullptr;
   void park(std::size_t i, Block* b, std::size_t size) noexcept {
     parked[i] = b;
     parked_size[i] = size;
