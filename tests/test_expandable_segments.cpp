@@ -169,6 +169,8 @@ TEST_CASE("expandable segments: free interior pages move to the growing end whil
   CHECK(a.stats().allocated_bytes[all].current == 14 * static_cast<std::int64_t>(kMiB));
   check_held(b, a);
   std::memset(d, 3, 6 * kMiB);  // mapped
+  CHECK_FALSE(a.contains(hole));  // unmapped: not memory the allocator holds
+  CHECK(a.contains(x + 4 * kMiB - 1));
   // The hole's addresses are not handed out again.
   void* e = a.allocate(2 * kMiB, s);
   CHECK((static_cast<char*>(e) < hole || static_cast<char*>(e) >= hole + 4 * kMiB));

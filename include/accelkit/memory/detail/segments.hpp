@@ -28,8 +28,12 @@ inline bool DeviceCachingAllocator<R>::contains(const void* ptr) {
   };
   for (detail::Pool* pool : pools_snapshot()) {
     detail::SpinGuard lock(pool->lock);
-    for (const detail::Segment* s : pool->segments)
-      if (inside(s->ptr, s->size)) return true;
+    for (const detail::Segment* s : pool->segments) {
+      if (!inside(s->ptr, s->size)) continue;
+      if (!s->expandable) return true;
+      for (const detail::Block* b = s->head; b; b = b->next)  // holes are not memory
+        if (inside(b->ptr, b->size)) return !b->hole;
+    }
     bool found = false;
     pool->arena.for_each_segment(
         [&](const detail::SmallSegment& s) { found = found || inside(s.ptr, s.size()); });
