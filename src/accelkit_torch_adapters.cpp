@@ -290,6 +290,17 @@ bool register_library() {
             translated(
                 [&] { backend().device_end_allocate_to_pool(device_arg(d), mempool_arg(id)); });
           });
+  // The private pools device `device` knows, as pairs flattened: [a0, b0, a1, b1, ...].
+  lib.def("mempool_ids(int device) -> int[]", [](int64_t d) {
+    return translated([&] {
+      std::vector<int64_t> out;
+      for (MempoolId id : backend().device_pool_ids(device_arg(d))) {
+        out.push_back(static_cast<int64_t>(id.first));
+        out.push_back(static_cast<int64_t>(id.second));
+      }
+      return out;
+    });
+  });
   lib.def("pool_stats_json(int device, int[] id) -> str", [](int64_t d, c10::IntArrayRef id) {
     return translated([&] {
       return to_json(backend().device_pool_stats(device_arg(d), mempool_arg(id)));

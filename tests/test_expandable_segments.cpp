@@ -171,6 +171,29 @@ TEST_CASE("expandable segments: free interior pages move to the growing end whil
   std::memset(d, 3, 6 * kMiB);  // mapped
   CHECK_FALSE(a.contains(hole));  // unmapped: not memory the allocator holds
   CHECK(a.contains(x + 4 * kMiB - 1));
+  // The snapshot shows a segment per run of mapped pages, as CUDA's: the
+  // hole's bytes are in none of them.
+  {
+    MemorySnapshot snap = a.snapshot();
+    std::vector<std::pair<std::uintptr_t, std::size_t>> runs;
+    std::size_t total = 0;
+    for (const SegmentSnapshot& seg : snap.segments) {
+      CHECK(seg.expandable);
+      std::size_t blocks = 0;
+      for (const BlockSnapshot& blk : seg.blocks) {
+        CHECK((blk.address + blk.size <= reinterpret_cast<std::uintptr_t>(hole) ||
+               blk.address >= reinterpret_cast<std::uintptr_t>(hole + 4 * kMiB)));
+        blocks += blk.size;
+      }
+      CHECK(blocks == seg.total_size);
+      runs.emplace_back(seg.address, seg.total_size);
+      total += seg.total_size;
+    }
+    CHECK(total == a.reserved_bytes());
+    CHECK(runs == std::vector<std::pair<std::uintptr_t, std::size_t>>{
+                      {reinterpret_cast<std::uintptr_t>(x), 4 * kMiB},
+                      {reinterpret_cast<std::uintptr_t>(z), 10 * kMiB}});
+  }
   // The hole's addresses are not handed out again.
   void* e = a.allocate(2 * kMiB, s);
   CHECK((static_cast<char*>(e) < hole || static_cast<char*>(e) >= hole + 4 * kMiB));

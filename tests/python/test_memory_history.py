@@ -154,6 +154,21 @@ def test_history_keeps_the_last_max_entries_events():
     assert [e["size"] for e in trace] == [512 * 19] * 3 + [512 * 20] * 3
 
 
+def test_memory_stats_adds_no_snapshot_event_and_still_names_private_pools():
+    MOD.synchronize()
+    pool = MOD.MemPool()
+    with MOD.use_mem_pool(pool):
+        held = torch.empty(3 * MiB, dtype=torch.uint8, device=DEV)
+    with _recording():
+        stats = MOD.memory_stats()
+        trace = MOD.memory._snapshot()["device_traces"][0]
+    # Only _snapshot's own event: memory_stats took none.
+    assert [e["action"] for e in trace] == ["snapshot"]
+    a, b = pool.id
+    assert stats[f"reserved_bytes_by_private_pools.{a}_{b}.all.current"] >= 3 * MiB
+    del held
+
+
 def test_state_keeps_frames_of_live_blocks_and_all_keeps_the_history():
     MOD.synchronize()
     with _recording("state"):

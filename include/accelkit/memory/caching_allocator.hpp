@@ -302,6 +302,9 @@ class DeviceCachingAllocator {
   void release_pool(MempoolId id);
   // The uses of pool `id`; 0 if unknown.
   int pool_use_count(MempoolId id);
+  // The ids of the private pools this allocator knows: in use, or holding
+  // memory until their blocks are freed.
+  std::vector<MempoolId> pool_ids();
   // From now until end_allocate_to_pool(id), an allocation on a stream for
   // which `filter` returns true comes from pool `id` (the route begun last
   // is asked first). Adds a use, as create_pool. `filter` is called under

@@ -105,6 +105,7 @@ class CachingAllocator {
   void create_pool(device_index d, MempoolId id) { device(d).create_pool(id); }
   void release_pool(device_index d, MempoolId id) { device(d).release_pool(id); }
   int pool_use_count(device_index d, MempoolId id) { return device(d).pool_use_count(id); }
+  std::vector<MempoolId> pool_ids(device_index d) { return device(d).pool_ids(); }
   void begin_allocate_to_pool(device_index d, MempoolId id,
                               std::function<bool(StreamHandle)> filter) {
     device(d).begin_allocate_to_pool(id, std::move(filter));

@@ -148,6 +148,7 @@
   /* the last use's release waits for the pool's stream */                                    \
   X(void, device_release_pool, release_pool, (device_index d, MempoolId id), (id), released)  \
   X(int, device_pool_use_count, pool_use_count, (device_index d, MempoolId id), (id), held)   \
+  X(std::vector<MempoolId>, device_pool_ids, pool_ids, (device_index d), (), held)             \
   X(void, device_begin_allocate_to_pool, begin_allocate_to_pool,                              \
     (device_index d, MempoolId id, std::function<bool(StreamHandle)> filter),                 \
     (id, std::move(filter)), held)                                                             \

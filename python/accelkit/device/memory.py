@@ -72,16 +72,15 @@ def memory_stats(device=None) -> dict:
     """The allocator's statistics, keyed as torch.cuda.memory_stats
     ("allocated_bytes.all.current", "num_ooms", ...), with the reserved bytes
     of each private pool that holds memory (a graph's or a MemPool's) as
-    "reserved_bytes_by_private_pools.<a>_<b>.<all|large_pool|small_pool>.<...>".
-    It takes a snapshot to find those pools: while _record_memory_history
-    records "all", each call adds a "snapshot" event (unless skip_actions
-    names it)."""
+    "reserved_bytes_by_private_pools.<a>_<b>.<all|large_pool|small_pool>.<...>"."""
     index = _index(device)
     stats = json.loads(_backend.ops.memory_stats_json(index))
-    pools = {tuple(s.get("segment_pool_id", (0, 0)))
-             for s in json.loads(_backend.ops.memory_snapshot_json(index))["segments"]}
-    for a, b in sorted(pools - {(0, 0)}):
-        for key, value in json.loads(_backend.ops.pool_stats_json(index, [a, b])).items():
+    flat = _backend.ops.mempool_ids(index)
+    for a, b in sorted(zip(flat[0::2], flat[1::2])):
+        pool = json.loads(_backend.ops.pool_stats_json(index, [a, b]))
+        if not pool.get("reserved_bytes.all.current"):
+            continue  # holds no memory
+        for key, value in pool.items():
             if key.startswith("reserved_bytes."):
                 stats[f"reserved_bytes_by_private_pools.{a}_{b}.{key[len('reserved_bytes.'):]}"] = value
     return stats

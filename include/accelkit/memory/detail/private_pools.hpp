@@ -123,6 +123,15 @@ inline int DeviceCachingAllocator<R>::pool_use_count(MempoolId id) {
 }
 
 template <class R>
+inline std::vector<MempoolId> DeviceCachingAllocator<R>::pool_ids() {
+  std::lock_guard<std::mutex> guard(private_mutex_);
+  std::vector<MempoolId> out;
+  out.reserve(private_pools_.size());
+  for (const PrivateEntry& e : private_pools_) out.push_back(e.id);
+  return out;
+}
+
+template <class R>
 inline void DeviceCachingAllocator<R>::release_pool(MempoolId id) {
   std::vector<Pool*> pools;
   {

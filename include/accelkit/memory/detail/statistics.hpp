@@ -226,11 +226,30 @@ inline MemorySnapshot DeviceCachingAllocator<R>::snapshot() {
     for (const detail::PendingFree& p : pool->pending)
       if (p.block) pending.push_back(p.block);
     for (const detail::Segment* s : pool->segments) {
-      SegmentSnapshot seg{device_, reinterpret_cast<std::uintptr_t>(s->ptr), s->size, 0, 0, 0,
-                          pool->stream, s->small ? "small" : "large", {}, pool->id};
-      seg.expandable = s->expandable;
-      seg.context = context_in(segments, s->ptr);
+      // An expandable segment shows as one segment per run of mapped
+      // blocks, as CUDA's snapshot gives it: a hole (unmapped pages, Note
+      // [Expandable segments]) ends a run, and its bytes are in none.
+      auto start = [&](const detail::Block* first) {
+        SegmentSnapshot seg{device_, reinterpret_cast<std::uintptr_t>(first->ptr), 0, 0, 0, 0,
+                            pool->stream, s->small ? "small" : "large", {}, pool->id};
+        seg.expandable = s->expandable;
+        seg.context = context_in(segments, first->ptr);
+        return seg;
+      };
+      auto finish = [&](SegmentSnapshot& seg) {
+        if (seg.blocks.empty()) return;
+        total_active += seg.active_size;
+        out.segments.push_back(std::move(seg));
+      };
+      SegmentSnapshot seg = start(s->head);
       for (const detail::Block* b = s->head; b; b = b->next) {
+        if (b->hole) {
+          finish(seg);
+          if (b->next) seg = start(b->next);
+          else seg.blocks.clear();
+          continue;
+        }
+        seg.total_size += b->size;
         bool is_pending = std::find(pending.begin(), pending.end(), b) != pending.end();
         bool active = b->allocated || is_pending;
         std::string_view state = b->allocated ? "active_allocated"
@@ -245,8 +264,7 @@ inline MemorySnapshot DeviceCachingAllocator<R>::snapshot() {
           seg.requested_size += b->requested;
         }
       }
-      total_active += seg.active_size;
-      out.segments.push_back(std::move(seg));
+      finish(seg);
     }
     pool->arena.for_each_segment([&](const detail::SmallSegment& s) {
       using namespace detail::small_block;
