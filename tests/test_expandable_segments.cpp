@@ -207,6 +207,38 @@ TEST_CASE("expandable segments: free interior pages move to the growing end whil
   check_held(b, a);
 }
 
+TEST_CASE("expandable segments: growth starts a request on a page boundary when that maps no more pages") {
+  SimBackend b(Environment::fixed({}), sized(256));
+  Allocator a(b, 0, expandable());
+  StreamHandle s = b.stream_create(0, 0);
+  char* x = static_cast<char*>(a.allocate(3 * kMiB, s));  // two pages, 1 MiB free at the end
+  // Two pages either way: the free MiB stays free below the boundary.
+  char* y = static_cast<char*>(a.allocate(4 * kMiB, s));
+  CHECK(y == x + 4 * kMiB);
+  CHECK(a.reserved_bytes() == 8 * kMiB);
+  char* z = static_cast<char*>(a.allocate(4 * kMiB, s));
+  CHECK(z == x + 8 * kMiB);
+  CHECK(a.reserved_bytes() == 12 * kMiB);
+  a.deallocate(y);
+  // y's two whole pages move to the end, one page is new (were y at x +
+  // 3 MiB, only one of its pages would be whole: two new).
+  char* w = static_cast<char*>(a.allocate(6 * kMiB, s));
+  CHECK(w == x + 12 * kMiB);
+  CHECK(a.reserved_bytes() == 14 * kMiB);
+  check_held(b, a);
+  std::memset(w, 1, 6 * kMiB);  // mapped
+  // The MiB below the boundary serves a smaller request.
+  void* v = a.allocate(kMiB, s);
+  CHECK(v == x + 3 * kMiB);
+  a.deallocate(v);
+  a.deallocate(w);
+  a.deallocate(z);
+  a.deallocate(x);
+  a.empty_cache();
+  CHECK(a.reserved_bytes() == 0);
+  check_held(b, a);
+}
+
 TEST_CASE("expandable segments: free pages that queued work may use do not move") {
   SimBackend b(Environment::fixed({}), sized(256));
   Allocator a(b, 0, expandable());

@@ -826,6 +826,7 @@ class DeviceCachingAllocator {
   // Expandable segments (memory/detail/expandable.hpp).
   void check_expandable(const AllocatorConfig& config) const;
   static Block* last_block(const Segment* seg) noexcept;
+  static std::size_t aligned_skip(const Block* last, std::size_t size, std::size_t page) noexcept;
   Allocation allocate_expandable(Pool& pool, std::size_t size, std::size_t requested);
   void shrink_tail(Pool& pool, Segment* seg, Released& freed);
   std::vector<Block*> make_holes(Pool& pool, std::size_t pages);

@@ -19,10 +19,16 @@
 // the cached blocks cannot serve maps just the pages it lacks beyond the
 // free block at the mapped end (allocate_expandable), under release_mutex_
 // so that no release changes that end meanwhile; the segment then grows by
-// those pages and the request is carved from its last block. Before new
-// pages are made, whole free pages inside the pool's expandable segments
-// move to the end (move_free_pages): they become holes (Block::hole: never
-// allocated, never merged) under the pool lock, then, if the pool's stream
+// those pages and the request is carved from its last block. A request of a
+// page or more starts at the free end's first page boundary when that maps
+// no more pages than starting at the free end itself (aligned_skip): the
+// bytes below the boundary stay free for smaller requests, and the
+// request's pages, once freed, are whole pages that can move; otherwise a
+// block a page long that started mid-page would straddle two pages and
+// leave neither whole when freed. Before new pages are made, whole free
+// pages inside the pool's expandable segments move to the end
+// (move_free_pages): they become holes (Block::hole: never allocated, never
+// merged) under the pool lock, then, if the pool's stream
 // is idle (stream_query; never while a capture is underway), so that no
 // queued work can use them, they are unmapped and their physical memory is
 // mapped at the end; with work queued they become free blocks again and
@@ -359,6 +365,21 @@ inline std::vector<PhysicalHandle> DeviceCachingAllocator<R>::move_free_pages(Po
   return moved;
 }
 
+// Under the pool lock: where a request of `size` grows an expandable
+// segment whose last block is `last`, the bytes of a free `last` below its
+// first page boundary, which stay free, so that the request starts on a
+// page boundary; 0 where that would map more pages than starting at `last`,
+// for a request under a page, and for an allocated `last` (Note
+// [Expandable segments]).
+template <class R>
+inline std::size_t DeviceCachingAllocator<R>::aligned_skip(const Block* last, std::size_t size,
+                                                           std::size_t page) noexcept {
+  if (!last->cached || size < page || last->size >= size) return 0;
+  std::size_t skip = (page - reinterpret_cast<std::uintptr_t>(last->ptr) % page) % page;
+  auto pages = [&](std::size_t tail) { return (size - tail + page - 1) / page; };
+  return pages(last->size - skip) == pages(last->size) ? skip : 0;
+}
+
 // allocate_slow's expandable path: a request above kSmallSize the cache
 // could not serve, from the pool's expandable segment grown by the pages
 // it lacks (Note [Expandable segments]); {} where the device (or the memory
@@ -384,7 +405,7 @@ inline auto DeviceCachingAllocator<R>::allocate_expandable(Pool& pool, std::size
           return allocation_of(carve(pool, last, size, requested));
         }
         first = seg->size / page;
-        count = (size - tail + page - 1) / page;
+        count = (size - (tail - aligned_skip(last, size, page)) + page - 1) / page;
         range = seg->range;
         bool room = first + count <= range->pages.size();
         for (std::size_t k = first; room && k < first + count; ++k)
@@ -510,7 +531,23 @@ inline auto DeviceCachingAllocator<R>::allocate_expandable(Pool& pool, std::size
       seg = pool.growing;
       Block* last = last_block(seg);
       seg->size += mapped_bytes;
-      if (last->cached) {
+      if (std::size_t skip = aligned_skip(last, size, page)) {
+        // The free end's part below its first page boundary stays free, the
+        // rest (with the new pages) serves the request. The free end's own
+        // set node goes back in with it: nothing to allocate.
+        auto node = pool.large.extract(last);
+        count_inactive(pool, last, Count::out);
+        fresh_block->ptr = last->ptr + skip;
+        fresh_block->size = last->size - skip + mapped_bytes;
+        fresh_block->segment = seg;
+        fresh_block->prev = last;
+        last->next = fresh_block;
+        last->size = skip;
+        node.value() = last;
+        pool.large.insert(std::move(node));
+        count_inactive(pool, last, Count::in);
+        tail = fresh_block;
+      } else if (last->cached) {
         pool.recycle(fresh_block);
         unlink_free(pool, last);
         last->size += mapped_bytes;
