@@ -62,8 +62,8 @@ inline std::size_t DeviceCachingAllocator<R>::largest_free_block() {
 // largest free cached block: a large remainder in small pieces is
 // fragmentation), how to record the history that shows where memory went,
 // and the setting that reduces fragmentation: expandable segments where the
-// runtime has the virtual-memory members (Note [Virtual memory]), and
-// max_split_size_mb. The observers (attach_oom_observer) are called first,
+// runtime has the virtual-memory members (Note [Virtual memory]) and they
+// are off, and max_split_size_mb. The observers (attach_oom_observer) are called first,
 // with no lock held.
 template <class R>
 inline OutOfMemoryError DeviceCachingAllocator<R>::out_of_memory(const Pool& pool,
@@ -100,7 +100,7 @@ inline OutOfMemoryError DeviceCachingAllocator<R>::out_of_memory(const Pool& poo
           : std::string();
   std::string conf = detail::upper(Backend<R>::name) + "_ALLOC_CONF";
   std::string hint =
-      detail::has_virtual_memory<R>
+      detail::has_virtual_memory<R> && !config_.expandable_segments
           ? fmt::format("set {0}=expandable_segments:True to avoid fragmentation, or "
                         "{0}=max_split_size_mb:<n> to limit it",
                         conf)
