@@ -21,6 +21,7 @@ struct GraphChecks : CheckTools<R> {
   using typename Tools::Busy;
   using Tools::no_device;
   using Tools::pattern;
+  using Tools::read;
   using Tools::make_busy;
   using Tools::queue_busy;
   using Tools::free_busy;
@@ -90,11 +91,6 @@ struct GraphChecks : CheckTools<R> {
         value < 0 ? pattern(bytes, seed) : std::vector<unsigned char>(bytes, static_cast<unsigned char>(value));
     b.memcpy(0, p, h.data(), bytes, CopyKind::host_to_device);
     return p;
-  }
-  static std::vector<unsigned char> read(Kit& kit, const void* p, std::size_t bytes) {
-    std::vector<unsigned char> h(bytes);
-    kit.backend().memcpy(0, h.data(), p, bytes, CopyKind::device_to_host);
-    return h;
   }
 
   // Work queued on a capturing stream is recorded, not run: after the

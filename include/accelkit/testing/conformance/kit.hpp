@@ -200,6 +200,12 @@ struct CheckTools {
     for (auto& c : p) c = static_cast<unsigned char>(rng());
     return p;
   }
+  // `bytes` of device 0's memory at `p`, copied to the host.
+  static std::vector<unsigned char> read(Kit& kit, const void* p, std::size_t bytes) {
+    std::vector<unsigned char> h(bytes);
+    kit.backend().memcpy(0, h.data(), p, bytes, CopyKind::device_to_host);
+    return h;
+  }
   // Queued work long enough to still run when the host asks about it:
   // copies through a 64 MiB buffer, `rounds` times, on `s`.
   struct Busy {

@@ -25,6 +25,7 @@ struct VirtualMemoryChecks : CheckTools<R> {
   using typename Tools::Busy;
   using Tools::no_device;
   using Tools::pattern;
+  using Tools::read;
   using Tools::make_busy;
   using Tools::queue_busy;
   using Tools::free_busy;
@@ -104,11 +105,6 @@ struct VirtualMemoryChecks : CheckTools<R> {
     }
   };
 
-  static std::vector<unsigned char> read(Kit& kit, const void* p, std::size_t bytes) {
-    std::vector<unsigned char> h(bytes);
-    kit.backend().memcpy(0, h.data(), p, bytes, CopyKind::device_to_host);
-    return h;
-  }
 
   // Mapped pages are device memory: copies and fills of every kind work on
   // them, across the boundary of two pieces mapped side by side, and a run
