@@ -112,7 +112,9 @@
 //       the event was never recorded.
 //   EventHandle event_create(device_index device, EventFlags flags)
 //       A new event; EventFlags::timing asks for timestamps,
-//       EventFlags::blocking_sync lets event_synchronize yield the CPU.
+//       EventFlags::blocking_sync lets event_synchronize yield the CPU,
+//       EventFlags::interprocess (never with timing) lets ipc_event_export name
+//       it to another process.
 //   void event_destroy(device_index device, EventHandle event)
 //       Releases the event; pending records may still complete.
 //   void event_record(device_index device, EventHandle event,
@@ -264,6 +266,37 @@
 //       unmapped) while work queued on any stream still uses the range, as free
 //       is (the SDK waits first: Note [Ordered release]); work queued later
 //       naming it fails as for freed memory. Absent: as vm_granularity.
+//   IpcMemHandle ipc_mem_export(device_index device, void* ptr)
+//       A handle naming the whole allocation that starts at `ptr` (from
+//       malloc(device, ·), never vm memory) to another process, valid while the
+//       allocation lives; the same memory may be exported again. The three
+//       memory members go together (Note [Inter-process memory]). Absent:
+//       sharing a tensor with another process raises RuntimeError naming the
+//       backend.
+//   void* ipc_mem_open(device_index device, const IpcMemHandle& handle)
+//       In another process: maps the whole allocation the handle names and
+//       returns its base here, device memory of `device` for every stream and
+//       copy of this process until ipc_mem_close; it stays valid after the
+//       exporter frees it or exits. DriverError for a handle of this process,
+//       one open here already, of memory freed, of a process that has exited,
+//       or not a handle. Absent: as ipc_mem_export.
+//   void ipc_mem_close(device_index device, void* ptr)
+//       Unmaps what ipc_mem_open returned (DriverError for any other pointer);
+//       the exporter's memory is not affected. Refused while queued work uses
+//       it, as free is. Absent: as ipc_mem_export.
+//   IpcEventHandle ipc_event_export(device_index device, EventHandle event)
+//       A handle naming `event` (made with EventFlags::interprocess) to another
+//       process; the two event members go together and need the memory members.
+//       Absent: the SDK synchronizes the producer's stream before a handle is
+//       sent.
+//   EventHandle ipc_event_open(device_index device,
+//                              const IpcEventHandle& handle)
+//       In another process: an event of `device` standing for the exporter's,
+//       which stream_wait_event, event_query and event_synchronize follow (its
+//       last record as of the call; none: no wait) and event_destroy releases;
+//       never recorded here. An exporter that exits with that record incomplete
+//       makes them fail with DriverError, never hang. Absent: as
+//       ipc_event_export.
 //   static constexpr bool host_kernels
 //       Whether PyTorch's CPU kernels of the hottest operators run in place on
 //       device memory the host can reach (host_access mapped or direct); false

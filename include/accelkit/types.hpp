@@ -3,6 +3,7 @@
 
 #include <accelkit/config.hpp>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -118,6 +119,7 @@ enum class EventFlags : unsigned {
   none = 0,
   timing = 1u << 0,         // the event records a timestamp (elapsed_time)
   blocking_sync = 1u << 1,  // event_synchronize may yield the CPU instead of spinning
+  interprocess = 1u << 2,   // the event may be exported (ipc_event_export); never with timing
 };
 constexpr EventFlags operator|(EventFlags a, EventFlags b) noexcept {
   return static_cast<EventFlags>(static_cast<unsigned>(a) | static_cast<unsigned>(b));
@@ -128,6 +130,31 @@ constexpr EventFlags operator&(EventFlags a, EventFlags b) noexcept {
 constexpr bool has_flag(EventFlags set, EventFlags flag) noexcept {
   return (static_cast<unsigned>(set) & static_cast<unsigned>(flag)) != 0;
 }
+
+// 64 opaque bytes naming device memory to another process (ipc_mem_export,
+// Note [Inter-process memory] in device/backend.hpp), as CUDA's
+// cudaIpcMemHandle_t and Level Zero's ze_ipc_mem_handle_t are: the runtime
+// fills them, the SDK only carries them.
+struct IpcMemHandle {
+  std::array<std::uint8_t, 64> bytes{};
+  friend bool operator==(const IpcMemHandle& a, const IpcMemHandle& b) noexcept {
+    return a.bytes == b.bytes;
+  }
+  friend bool operator!=(const IpcMemHandle& a, const IpcMemHandle& b) noexcept {
+    return !(a == b);
+  }
+};
+// The same for an event made with EventFlags::interprocess (ipc_event_export),
+// as CUDA's cudaIpcEventHandle_t.
+struct IpcEventHandle {
+  std::array<std::uint8_t, 64> bytes{};
+  friend bool operator==(const IpcEventHandle& a, const IpcEventHandle& b) noexcept {
+    return a.bytes == b.bytes;
+  }
+  friend bool operator!=(const IpcEventHandle& a, const IpcEventHandle& b) noexcept {
+    return !(a == b);
+  }
+};
 
 // Live memory figures of one device, in bytes.
 struct MemoryInfo {

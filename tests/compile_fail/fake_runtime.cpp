@@ -38,6 +38,23 @@ constexpr bool is_vm_member(std::string_view member) {
          member == "vm_unmap";
 }
 
+// The inter-process members (Note [Inter-process memory]): two groups, the
+// events needing the memory members, so that naming an event member present
+// or mistyped makes the memory members present too; PARTIAL_IPC_MEMORY,
+// PARTIAL_IPC_EVENTS (with the memory members) and IPC_EVENTS_ALONE break
+// the three rules.
+constexpr bool is_ipc_memory_member(std::string_view member) {
+  return member == "ipc_mem_export" || member == "ipc_mem_open" || member == "ipc_mem_close";
+}
+constexpr bool is_ipc_event_member(std::string_view member) {
+  return member == "ipc_event_export" || member == "ipc_event_open";
+}
+constexpr bool ipc_present_with(std::string_view member, std::string_view named) {
+  return (is_ipc_memory_member(member) && is_ipc_memory_member(named)) ||
+         (is_ipc_event_member(member) && is_ipc_event_member(named)) ||
+         (is_ipc_memory_member(member) && is_ipc_event_member(named));
+}
+
 constexpr Mode mode_of(std::string_view member, bool required) {
 #ifdef OMIT
   if (member == OMIT) return Mode::omitted;
@@ -47,12 +64,14 @@ constexpr Mode mode_of(std::string_view member, bool required) {
   if (is_signal_member(member) && is_signal_member(MISTYPE)) return Mode::present;
   if (is_graph_member(member) && is_graph_member(MISTYPE)) return Mode::present;
   if (is_vm_member(member) && is_vm_member(MISTYPE)) return Mode::present;
+  if (ipc_present_with(member, MISTYPE)) return Mode::present;
 #endif
 #ifdef PRESENT
   if (member == PRESENT) return Mode::present;
   if (is_signal_member(member) && is_signal_member(PRESENT)) return Mode::present;
   if (is_graph_member(member) && is_graph_member(PRESENT)) return Mode::present;
   if (is_vm_member(member) && is_vm_member(PRESENT)) return Mode::present;
+  if (ipc_present_with(member, PRESENT)) return Mode::present;
 #endif
 #ifdef PARTIAL_SIGNALS
   if (member == "signal_create") return Mode::present;
@@ -62,6 +81,15 @@ constexpr Mode mode_of(std::string_view member, bool required) {
 #endif
 #ifdef PARTIAL_VIRTUAL_MEMORY
   if (member == "vm_map" || member == "vm_unmap") return Mode::present;
+#endif
+#ifdef PARTIAL_IPC_MEMORY
+  if (member == "ipc_mem_export" || member == "ipc_mem_open") return Mode::present;
+#endif
+#ifdef PARTIAL_IPC_EVENTS
+  if (is_ipc_memory_member(member) || member == "ipc_event_open") return Mode::present;
+#endif
+#ifdef IPC_EVENTS_ALONE
+  if (is_ipc_event_member(member)) return Mode::present;
 #endif
   return required ? Mode::present : Mode::omitted;
 }
@@ -138,6 +166,16 @@ int main() {
                         &Backend<Fake>::vm_release, &Backend<Fake>::vm_create,
                         &Backend<Fake>::vm_destroy, &Backend<Fake>::vm_map,
                         &Backend<Fake>::vm_unmap);
+  }
+  if constexpr (Backend<Fake>::has_ipc_events) {
+    [[maybe_unused]] auto wrappers =
+        std::make_tuple(&Backend<Fake>::ipc_mem_export, &Backend<Fake>::ipc_mem_open,
+                        &Backend<Fake>::ipc_mem_close, &Backend<Fake>::ipc_event_export,
+                        &Backend<Fake>::ipc_event_open);
+  } else if constexpr (Backend<Fake>::has_ipc_memory) {
+    [[maybe_unused]] auto wrappers =
+        std::make_tuple(&Backend<Fake>::ipc_mem_export, &Backend<Fake>::ipc_mem_open,
+                        &Backend<Fake>::ipc_mem_close);
   }
   return backend.device_count();
 }

@@ -131,7 +131,8 @@ namespace detail {
   X(stream_wait_event, void, (device_index device, StreamHandle stream, EventHandle event),    \
     forward, (device, stream, event))                                                          \
   /* A new event; EventFlags::timing asks for timestamps, EventFlags::blocking_sync lets       \
-     event_synchronize yield the CPU. */                                                       \
+     event_synchronize yield the CPU, EventFlags::interprocess (never with timing) lets        \
+     ipc_event_export name it to another process. */                                           \
   X(event_create, EventHandle, (device_index device, EventFlags flags), forward,               \
     (device, flags))                                                                           \
   /* Releases the event; pending records may still complete. */                                \
@@ -283,7 +284,36 @@ namespace detail {
      still uses the range, as free is (the SDK waits first: Note [Ordered release]); work      \
      queued later naming it fails as for freed memory. Absent: as vm_granularity. */           \
   X(vm_unmap, void, (device_index device, void* at, std::size_t bytes), sdk,                   \
-    (device, at, bytes))
+    (device, at, bytes))                                                                       \
+  /* A handle naming the whole allocation that starts at `ptr` (from malloc(device, ·),        \
+     never vm memory) to another process, valid while the allocation lives; the same memory    \
+     may be exported again. The three memory members go together                               \
+     (Note [Inter-process memory]). Absent: sharing a tensor with another process raises       \
+     RuntimeError naming the backend. */                                                       \
+  X(ipc_mem_export, IpcMemHandle, (device_index device, void* ptr), sdk, (device, ptr))        \
+  /* In another process: maps the whole allocation the handle names and returns its base       \
+     here, device memory of `device` for every stream and copy of this process until           \
+     ipc_mem_close; it stays valid after the exporter frees it or exits. DriverError for a     \
+     handle of this process, one open here already, of memory freed, of a process that has     \
+     exited, or not a handle. Absent: as ipc_mem_export. */                                    \
+  X(ipc_mem_open, void*, (device_index device, const IpcMemHandle& handle), sdk,                \
+    (device, handle))                                                                          \
+  /* Unmaps what ipc_mem_open returned (DriverError for any other pointer); the exporter's     \
+     memory is not affected. Refused while queued work uses it, as free is. Absent: as         \
+     ipc_mem_export. */                                                                        \
+  X(ipc_mem_close, void, (device_index device, void* ptr), sdk, (device, ptr))                 \
+  /* A handle naming `event` (made with EventFlags::interprocess) to another process; the      \
+     two event members go together and need the memory members. Absent: the SDK                \
+     synchronizes the producer's stream before a handle is sent. */                            \
+  X(ipc_event_export, IpcEventHandle, (device_index device, EventHandle event), sdk,           \
+    (device, event))                                                                           \
+  /* In another process: an event of `device` standing for the exporter's, which               \
+     stream_wait_event, event_query and event_synchronize follow (its last record as of the    \
+     call; none: no wait) and event_destroy releases; never recorded here. An exporter that    \
+     exits with that record incomplete makes them fail with DriverError, never hang.           \
+     Absent: as ipc_event_export. */                                                           \
+  X(ipc_event_open, EventHandle, (device_index device, const IpcEventHandle& handle), sdk,      \
+    (device, handle))
 
 // Constants: C(member, type, default). `static constexpr type member`; a
 // required one has no default.
@@ -483,6 +513,22 @@ inline constexpr bool has_virtual_memory =
     has_vm_granularity<R> && has_vm_reserve<R> && has_vm_release<R> && has_vm_create<R> &&
     has_vm_destroy<R> && has_vm_map<R> && has_vm_unmap<R>;
 
+// The inter-process members go together in two groups (Note [Inter-process
+// memory] in device/backend.hpp): memory (export, open, close) and events
+// (export, open), the events needing the memory group.
+template <class R>
+inline constexpr int ipc_memory_members_named =
+    int{names_ipc_mem_export<R>} + int{names_ipc_mem_open<R>} + int{names_ipc_mem_close<R>};
+template <class R>
+inline constexpr bool has_ipc_memory =
+    has_ipc_mem_export<R> && has_ipc_mem_open<R> && has_ipc_mem_close<R>;
+template <class R>
+inline constexpr int ipc_event_members_named =
+    int{names_ipc_event_export<R>} + int{names_ipc_event_open<R>};
+template <class R>
+inline constexpr bool has_ipc_events =
+    has_ipc_memory<R> && has_ipc_event_export<R> && has_ipc_event_open<R>;
+
 #define ACCELKIT_DETAIL_AND_HAS_(member, ...) &&has_##member<R>
 template <class R>
 inline constexpr bool satisfies_contract =
@@ -532,6 +578,17 @@ struct check_contract {
                 "accelkit: Runtime has some of the virtual memory members but not all: "
                 "vm_granularity, vm_reserve, vm_release, vm_create, vm_destroy, vm_map and "
                 "vm_unmap go together (Note [Virtual memory])");
+  static_assert(ipc_memory_members_named<R> == 0 || ipc_memory_members_named<R> == 3,
+                "accelkit: Runtime has some of the inter-process memory members but not all: "
+                "ipc_mem_export, ipc_mem_open and ipc_mem_close go together "
+                "(Note [Inter-process memory])");
+  static_assert(ipc_event_members_named<R> == 0 || ipc_event_members_named<R> == 2,
+                "accelkit: Runtime has some of the inter-process event members but not all: "
+                "ipc_event_export and ipc_event_open go together (Note [Inter-process memory])");
+  static_assert(ipc_event_members_named<R> == 0 || ipc_memory_members_named<R> != 0,
+                "accelkit: Runtime has the inter-process event members without the memory "
+                "members: ipc_event_export and ipc_event_open need ipc_mem_export, ipc_mem_open "
+                "and ipc_mem_close (Note [Inter-process memory])");
 #undef ACCELKIT_DETAIL_ASSERT_
 #undef ACCELKIT_DETAIL_ASSERT_OPTIONAL_
 #undef ACCELKIT_DETAIL_ASSERT_CONSTANT_

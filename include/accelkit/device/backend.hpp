@@ -842,6 +842,132 @@ class Backend {
     if constexpr (has_virtual_memory()) runtime_.vm_unmap(physical(device), at, bytes);
   }
 
+  // ------------------------------------------------- inter-process memory
+
+  // Note [Inter-process memory]
+  // Problem: processes hand tensors to each other (torch.multiprocessing
+  // queues, a trainer's weights to a rollout engine) and must not copy them
+  // through the host: CUDA (cudaIpcGetMemHandle, cudaIpcOpenMemHandle,
+  // cudaIpcCloseMemHandle, cudaIpcGetEventHandle, cudaIpcOpenEventHandle)
+  // and Level Zero (zeMemGetIpcHandle, zeMemOpenIpcHandle) name an
+  // allocation, or an event, to another process in a few opaque bytes.
+  // Decision: two optional groups, each all or none (some but not all fails
+  // to compile). Memory: ipc_mem_export names the whole allocation starting
+  // at a malloc pointer in an IpcMemHandle (64 bytes, the runtime's to
+  // fill); ipc_mem_open, in another process, maps it and returns its base
+  // there; ipc_mem_close unmaps it, the exporter's memory untouched; memory
+  // opened stays valid after the exporter frees it or exits, until closed.
+  // Events, which need the memory group: ipc_event_export names an event
+  // created with EventFlags::interprocess; ipc_event_open gives an event of
+  // this process standing for it, which stream_wait_event, event_query and
+  // event_synchronize follow (the exporter's last record as of the call),
+  // never recorded here; an exporter that exits with that record
+  // incomplete makes them fail with DriverError, never hang. These wrappers
+  // check the device index (IndexError), null pointers and events given
+  // (ValueError), and what the runtime returns (RuntimeError for a null or
+  // misaligned base, a null event); what a handle names, whether it is
+  // open, and an event's flags are the runtime's to check (DriverError,
+  // passed on). Without a group each of its wrappers raises
+  // NotSupportedError naming the backend and the missing members.
+  // Limits: a handle is opened at most once per process at a time (the
+  // layer above keeps one mapping per handle); the wrappers keep no record
+  // of what was exported or opened, nor count opened memory in
+  // raw_bytes_held (it is the exporter's). Without the event group the
+  // producer's stream is synchronized before a handle is sent.
+  static constexpr bool has_ipc_memory = detail::has_ipc_memory<R>;
+  static constexpr bool has_ipc_events = detail::has_ipc_events<R>;
+
+  // A handle naming the whole allocation that starts at `base`, from
+  // raw_malloc(device, ·).
+  IpcMemHandle ipc_mem_export(device_index device, void* base) {
+    int phys = physical(device);
+    if constexpr (has_ipc_memory) {
+      if (base == nullptr)
+        throw ValueError(name, fmt::format("ipc_mem_export: a null pointer on {}:{} names no "
+                                           "allocation",
+                                           name, device));
+      return runtime_.ipc_mem_export(phys, base);
+    } else {
+      static_cast<void>(phys), static_cast<void>(base);
+      throw_no_ipc_memory("ipc_mem_export", device);
+    }
+  }
+
+  // Maps the allocation `handle` names, exported by another process, and
+  // returns its base in this process.
+  void* ipc_mem_open(device_index device, const IpcMemHandle& handle) {
+    int phys = physical(device);
+    if constexpr (has_ipc_memory) {
+      void* base = runtime_.ipc_mem_open(phys, handle);
+      std::size_t alignment = properties(device).memory_alignment;
+      if (base == nullptr || reinterpret_cast<std::uintptr_t>(base) % alignment != 0) {
+        std::string message = fmt::format("ipc_mem_open({}, ·) returned {}, which is {} the {} B "
+                                          "that {}:{} declares (memory_alignment)",
+                                          phys, base, base ? "not aligned to" : "null, not",
+                                          alignment, name, device);
+        if (base != nullptr) {
+          try {
+            runtime_.ipc_mem_close(phys, base);
+          } catch (...) {
+            // The pointer is reported below either way.
+          }
+        }
+        throw RuntimeError(name, message);
+      }
+      return base;
+    } else {
+      static_cast<void>(phys), static_cast<void>(handle);
+      throw_no_ipc_memory("ipc_mem_open", device);
+    }
+  }
+
+  // Unmaps what ipc_mem_open(device, ·) returned.
+  void ipc_mem_close(device_index device, void* base) {
+    int phys = physical(device);
+    if constexpr (has_ipc_memory) {
+      if (base == nullptr)
+        throw ValueError(name, fmt::format("ipc_mem_close: a null pointer on {}:{} was not "
+                                           "opened by ipc_mem_open",
+                                           name, device));
+      runtime_.ipc_mem_close(phys, base);
+    } else {
+      static_cast<void>(phys), static_cast<void>(base);
+      throw_no_ipc_memory("ipc_mem_close", device);
+    }
+  }
+
+  // A handle naming `event`, created with EventFlags::interprocess.
+  IpcEventHandle ipc_event_export(device_index device, EventHandle event) {
+    int phys = physical(device);
+    if constexpr (has_ipc_events) {
+      if (!event)
+        throw ValueError(name, fmt::format("ipc_event_export: the null event handle on {}:{} "
+                                           "names no event",
+                                           name, device));
+      return runtime_.ipc_event_export(phys, event);
+    } else {
+      static_cast<void>(phys), static_cast<void>(event);
+      throw_no_ipc_events("ipc_event_export", device);
+    }
+  }
+
+  // An event of this process standing for the exporter's (released by
+  // event_destroy; never recorded).
+  EventHandle ipc_event_open(device_index device, const IpcEventHandle& handle) {
+    int phys = physical(device);
+    if constexpr (has_ipc_events) {
+      EventHandle event = runtime_.ipc_event_open(phys, handle);
+      if (!event)
+        throw RuntimeError(name, fmt::format("ipc_event_open({}, ·) returned the null event "
+                                             "handle",
+                                             phys));
+      return event;
+    } else {
+      static_cast<void>(phys), static_cast<void>(handle);
+      throw_no_ipc_events("ipc_event_open", device);
+    }
+  }
+
   // The pass-throughs, generated from the contract table (Note [The
   // contract table]): one function per member marked `forward`, with the
   // member's own signature, calling the runtime with the device's physical
@@ -1038,6 +1164,20 @@ class Backend {
     std::size_t bytes = it->second;
     vm.sizes.erase(it);
     return bytes;
+  }
+
+  [[noreturn]] void throw_no_ipc_memory(std::string_view call, device_index device) const {
+    throw NotSupportedError(
+        name, fmt::format("cannot share device memory with other processes: its runtime has no "
+                          "ipc_mem_export, ipc_mem_open and ipc_mem_close ({} on device {})",
+                          call, device));
+  }
+  [[noreturn]] void throw_no_ipc_events(std::string_view call, device_index device) const {
+    throw NotSupportedError(
+        name, fmt::format("cannot share events with other processes: its runtime has no {}"
+                          "ipc_event_export and ipc_event_open ({} on device {})",
+                          has_ipc_memory ? "" : "ipc_mem_export, ipc_mem_open, ipc_mem_close, ",
+                          call, device));
   }
 
   [[noreturn]] void throw_no_graphs(std::string_view call, device_index device) const {
