@@ -41,6 +41,17 @@
 //                   kernels, copies and fills on a capturing stream are
 //                   CUDA's to record, and CUDA refuses (and invalidates the
 //                   capture for) what the SDK would refuse too
+//   inter-process   cudaIpcGetMemHandle, cudaIpcOpenMemHandle
+//                   (cudaIpcMemLazyEnablePeerAccess), cudaIpcCloseMemHandle;
+//                   events made with cudaEventInterprocess |
+//                   cudaEventDisableTiming (EventFlags::interprocess),
+//                   cudaIpcGetEventHandle, cudaIpcOpenEventHandle. CUDA's
+//                   handles are 64 bytes, as the contract's. CUDA refuses a
+//                   handle opened in the process that exported it ("invalid
+//                   device context"), counts a second open of one handle in
+//                   a process, and leaves memory used after its exporter
+//                   freed it undefined (the SDK keeps it until every
+//                   consumer has released it)
 //
 // Note [cudart discovery]
 // Problem: discovery must not create a context (a context takes device
@@ -102,6 +113,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -278,6 +290,9 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
     unsigned f = cudaEventDefault;
     if (!accelkit::has_flag(flags, accelkit::EventFlags::timing)) f |= cudaEventDisableTiming;
     if (accelkit::has_flag(flags, accelkit::EventFlags::blocking_sync)) f |= cudaEventBlockingSync;
+    // CUDA requires cudaEventDisableTiming with it (the SDK never asks both).
+    if (accelkit::has_flag(flags, accelkit::EventFlags::interprocess))
+      f |= cudaEventInterprocess | cudaEventDisableTiming;
     cudaEvent_t e = nullptr;
     check(cudaEventCreateWithFlags(&e, f), "event_create", "cudaEventCreateWithFlags");
     return accelkit::EventHandle::from_pointer(e);
@@ -420,6 +435,47 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
     check(cudaGraphDestroy(cuda(graph)), "graph_destroy", "cudaGraphDestroy");
   }
 
+  // ------------------------------------------------- inter-process memory
+  // CUDA's legacy IPC, member for member (Note [Inter-process memory] in
+  // accelkit's backend.hpp). cudaMalloc's memory only: the SDK exports the
+  // base of a segment it got from malloc.
+
+  accelkit::IpcMemHandle ipc_mem_export(int device, void* ptr) {
+    Guard g(device, "ipc_mem_export");
+    cudaIpcMemHandle_t h{};
+    check(cudaIpcGetMemHandle(&h, ptr), "ipc_mem_export", "cudaIpcGetMemHandle");
+    return bytes_of<accelkit::IpcMemHandle>(h);
+  }
+  // Peer access to another device's memory is enabled as needed
+  // (cudaIpcMemLazyEnablePeerAccess).
+  void* ipc_mem_open(int device, const accelkit::IpcMemHandle& handle) {
+    Guard g(device, "ipc_mem_open");
+    void* p = nullptr;
+    check(cudaIpcOpenMemHandle(&p, cuda_of<cudaIpcMemHandle_t>(handle),
+                               cudaIpcMemLazyEnablePeerAccess),
+          "ipc_mem_open", "cudaIpcOpenMemHandle");
+    return p;
+  }
+  void ipc_mem_close(int device, void* ptr) {
+    Guard g(device, "ipc_mem_close");
+    check(cudaIpcCloseMemHandle(ptr), "ipc_mem_close", "cudaIpcCloseMemHandle");
+  }
+  accelkit::IpcEventHandle ipc_event_export(int device, accelkit::EventHandle event) {
+    Guard g(device, "ipc_event_export");
+    cudaIpcEventHandle_t h{};
+    check(cudaIpcGetEventHandle(&h, cuda(event)), "ipc_event_export", "cudaIpcGetEventHandle");
+    return bytes_of<accelkit::IpcEventHandle>(h);
+  }
+  // An event of this process that CUDA keeps following the exporter's;
+  // event_destroy (cudaEventDestroy) releases it.
+  accelkit::EventHandle ipc_event_open(int device, const accelkit::IpcEventHandle& handle) {
+    Guard g(device, "ipc_event_open");
+    cudaEvent_t e = nullptr;
+    check(cudaIpcOpenEventHandle(&e, cuda_of<cudaIpcEventHandle_t>(handle)), "ipc_event_open",
+          "cudaIpcOpenEventHandle");
+    return accelkit::EventHandle::from_pointer(e);
+  }
+
   // CUDA's capture mode for the contract's.
   static cudaStreamCaptureMode capture_mode(accelkit::CaptureMode mode) noexcept {
     switch (mode) {
@@ -470,6 +526,22 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
     if (e == cudaErrorNotReady) return false;
     check(e, call, fn);
     return true;
+  }
+
+  // CUDA's IPC handles as the contract's 64 bytes, and back.
+  template <class Handle, class Cuda>
+  static Handle bytes_of(const Cuda& h) noexcept {
+    static_assert(sizeof(Cuda) == sizeof(Handle{}.bytes), "CUDA's IPC handles are 64 bytes");
+    Handle out;
+    std::memcpy(out.bytes.data(), &h, sizeof h);
+    return out;
+  }
+  template <class Cuda, class Handle>
+  static Cuda cuda_of(const Handle& h) noexcept {
+    static_assert(sizeof(Cuda) == sizeof(h.bytes), "CUDA's IPC handles are 64 bytes");
+    Cuda out;
+    std::memcpy(&out, h.bytes.data(), sizeof out);
+    return out;
   }
 
   static cudaMemcpyKind kind_of(accelkit::CopyKind k) noexcept {

@@ -196,3 +196,57 @@ TEST_CASE("cudart: graphs are CUDA's stream capture, the mode mapped to CUDA's")
   rt.stream_destroy(0, s);
   rt.stream_destroy(0, other);
 }
+
+TEST_CASE("cudart: inter-process memory and events are CUDA's IPC, each failure CUDA's") {
+  STATIC_REQUIRE(accelkit::Backend<Rt>::has_ipc_memory);
+  STATIC_REQUIRE(accelkit::Backend<Rt>::has_ipc_events);
+  // The member's DriverError ("" when it did not throw one): its call, and
+  // CUDA's error in the message.
+  auto refusal = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const accelkit::DriverError& e) {
+      return std::string(e.call()) + ": " + e.driver_message();
+    }
+    return "";
+  };
+  auto names = [](const std::string& s, const std::string& part) {
+    return s.find(part) != std::string::npos;
+  };
+  Rt rt;
+  int count = 0;
+  cudaError_t direct = cudaGetDeviceCount(&count);
+  if (direct != cudaSuccess || count == 0) {
+    // No GPU: each member fails with CUDA's error, never crashes.
+    int x = 0;
+    CHECK(names(refusal([&] { rt.ipc_mem_export(0, &x); }), "ipc_mem_export: "));
+    CHECK(names(refusal([&] { rt.ipc_mem_open(0, accelkit::IpcMemHandle{}); }), "ipc_mem_open: "));
+    CHECK(names(refusal([&] { rt.ipc_mem_close(0, &x); }), "ipc_mem_close: "));
+    CHECK(names(refusal([&] { rt.ipc_event_export(0, accelkit::EventHandle{}); }),
+                "ipc_event_export: "));
+    CHECK(names(refusal([&] { rt.ipc_event_open(0, accelkit::IpcEventHandle{}); }),
+                "ipc_event_open: "));
+    CHECK(names(refusal([&] { rt.ipc_mem_open(0, accelkit::IpcMemHandle{}); }), " failed: cudaError"));
+    return;
+  }
+  // A GPU: a handle names the allocation; CUDA refuses to open it in the
+  // process that exported it (the conformance kit's interprocess group runs
+  // the rest in two processes).
+  rt.set_device(0);
+  void* p = rt.malloc(0, 1 << 20);
+  REQUIRE(p != nullptr);
+  accelkit::IpcMemHandle h = rt.ipc_mem_export(0, p);
+  CHECK(h != accelkit::IpcMemHandle{});
+  CHECK(names(refusal([&] { rt.ipc_mem_open(0, h); }), "ipc_mem_open: cudaIpcOpenMemHandle failed"));
+  // An interprocess event has no timing (cudaEventInterprocess needs
+  // cudaEventDisableTiming) and exports.
+  accelkit::EventHandle e = rt.event_create(0, accelkit::EventFlags::interprocess);
+  accelkit::StreamHandle s = rt.stream_create(0, 0);
+  rt.event_record(0, e, s);
+  rt.stream_synchronize(0, s);
+  CHECK(rt.ipc_event_export(0, e) != accelkit::IpcEventHandle{});
+  CHECK(names(refusal([&] { rt.event_elapsed_time(0, e, e); }), "cudaEventElapsedTime failed"));
+  rt.event_destroy(0, e);
+  rt.stream_destroy(0, s);
+  rt.free(0, p);
+}
