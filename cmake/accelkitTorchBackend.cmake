@@ -28,7 +28,10 @@
 #   wheel with scikit-build-core from this project's sources (Note [The
 #   wheel's build]); the wheel declares an entry point in PyTorch's
 #   `torch.backends` group, so that `import torch` loads the backend
-#   (TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns that off).
+#   (TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns that off), and one in
+#   `accelkit.backends`, so that with several accelkit backends installed
+#   `import torch` loads one, the first or the one ACCELKIT_BACKEND names
+#   (Note [Two backends in one environment] in python/accelkit/__init__.py).
 #
 # Note [The SDK's Python package in each wheel]
 # The device module torch.<name> (python/accelkit) calls operators that
@@ -38,7 +41,7 @@
 # separately installed `accelkit` distribution: nothing to publish beside
 # the wheel, no version to keep in step, and two backends' wheels never
 # overwrite each other's files (only one can be loaded in a process, as
-# PyTorch has one PrivateUse1 slot; the second to load raises, naming both).
+# PyTorch has one PrivateUse1 slot: Note [Two backends in one environment]).
 #
 # Note [The wheel's build]
 # The generated pyproject.toml points scikit-build-core at this project's
@@ -270,9 +273,14 @@ requires-python = '>=3.9'
 dependencies = [${torch_requirement}]
 
 # `import torch` calls ${package}._autoload (TORCH_DEVICE_BACKEND_AUTOLOAD=0
-# turns it off).
+# turns it off); accelkit.backends lists it among the accelkit backends,
+# of which one is loaded (ACCELKIT_BACKEND chooses: Note [Two backends in
+# one environment] in the SDK's python/accelkit/__init__.py).
 [project.entry-points.'torch.backends']
 ${name} = '${package}:_autoload'
+
+[project.entry-points.'accelkit.backends']
+${name} = '${package}'
 
 [tool.scikit-build]
 cmake.source-dir = '${CMAKE_SOURCE_DIR}'
