@@ -249,8 +249,8 @@ def test_a_slot_held_by_another_kind_of_backend(two):
 
 
 def test_the_package_imported_before_torch_goes_first(two):
-    # Note [Importing the package before torch]: minimal's package is being
-    # imported when torch's import runs simdev's entry point (first).
+    # Minimal's package is being imported when torch's import runs simdev's
+    # entry point, the first (Note [Importing the package before torch]).
     got, rest = _import_torch(two, ("simdev", "minimal"), before="import torch_minimal", after="""
         print(torch.ones(2, device="minimal").device.type)
         """)
