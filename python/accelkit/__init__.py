@@ -54,12 +54,14 @@ __all__ = ["install", "autoload"]
 # holder is the slot's name (torch._C._get_privateuse1_backend_name(), so a
 # slot taken by another kind of backend, one that renames PrivateUse1, is
 # treated the same), and a package being imported before torch is marked
-# by its module's `_accelkit_requested`. Limits: an explicit import or
-# install() of a second backend still raises (RuntimeError naming both); a
-# backend that fails for another reason (its library does not load) still
-# fails torch's import, as PyTorch intends, with its hint
-# TORCH_DEVICE_BACKEND_AUTOLOAD=0; wheels built with an SDK older than this
-# install() from their entry point and raise as before.
+# by its module's `_accelkit_requested`. A backend left unloaded loses its
+# package's entry in sys.modules (torch's import imported it to reach the
+# entry point), so that importing it later runs it again. Limits: an
+# explicit import or install() of a second backend still raises
+# (RuntimeError naming both); a backend that fails for another reason (its
+# library does not load) still fails torch's import, as PyTorch intends,
+# with its hint TORCH_DEVICE_BACKEND_AUTOLOAD=0; a wheel whose copy of this
+# package has no autoload() installs from its entry point and so raises.
 CHOICE = "ACCELKIT_BACKEND"
 _warned = set()  # the autoload warnings given in this process, by name
 
@@ -70,7 +72,7 @@ def _warn_once(key: str, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=4)  # the package's _autoload
 
 
-def installed_backends() -> dict:
+def _installed_backends() -> dict:
     """The accelkit backends installed in this environment, {name: package}
     in entry point order (the group `accelkit.backends` of their wheels)."""
     from importlib.metadata import entry_points
@@ -135,7 +137,7 @@ def _autoload(name, library):
     current = torch._C._get_privateuse1_backend_name()
     if current == name:
         return install(name, library)  # installed already (or the slot named so)
-    names = installed_backends()
+    names = _installed_backends()
     first = next(iter(names), name) == name  # Warns about the variable.
     choice = os.environ.get(CHOICE, "").strip()
     if choice:
