@@ -9,14 +9,14 @@ REQUIRED = [
     "runtime_version", "total_memory", "free_memory", "max_allocation", "memory_alignment",
     "compute_units", "subgroup_size", "clock_rate_khz", "l2_cache_bytes", "dtypes",
     "unified_memory", "host_access", "host_visible_memory", "stream_priorities", "event_timing",
-    "async_copy_engines", "extras",
+    "async_copy_engines", "dlpack_device_type", "dlpack_pinned_device_type", "extras",
 ]
 
 env = {"PATH": "/usr/bin:/bin", "SIMDEV_VISIBLE_DEVICES": "1,0"}
 out = subprocess.run([sys.argv[1], "--json"], check=True, capture_output=True, text=True,
                      env=env).stdout
 report = json.loads(out)
-assert report["schema_version"] == 3, report["schema_version"]
+assert report["schema_version"] == 4, report["schema_version"]
 assert report["backend"] == "simdev"
 assert report["device_count"] == 2 and report["init_error"] is None, report
 devices = report["devices"]

@@ -136,6 +136,39 @@ TEST_CASE("properties: each inconsistency is reported in a clear sentence") {
   CHECK(only_problem(p) == "extra key 'acme.tensor_cores' appears twice");
 }
 
+TEST_CASE("properties: DLPack device types default to kDLExtDev and kDLCPU and are validated") {
+  auto p = sound();
+  CHECK(p.dlpack_device_type == DLPackDeviceType::ext_dev);
+  CHECK(p.dlpack_pinned_device_type == DLPackDeviceType::cpu);
+  CHECK(static_cast<int>(DLPackDeviceType::ext_dev) == 12);
+  CHECK(static_cast<int>(DLPackDeviceType::opencl) == 4);
+  CHECK(to_string(DLPackDeviceType::cuda_host) == "kDLCUDAHost");
+  // A vendor's own type, and CUDA's pinned memory.
+  p.dlpack_device_type = DLPackDeviceType::opencl;
+  CHECK(property_problems(p, "acme").empty());
+  p.dlpack_device_type = DLPackDeviceType::cuda;
+  p.dlpack_pinned_device_type = DLPackDeviceType::cuda_host;
+  CHECK(property_problems(p, "acme").empty());
+
+  // Numbers DLPack does not define.
+  p = sound();
+  p.dlpack_device_type = static_cast<DLPackDeviceType>(5);
+  CHECK(only_problem(p) == "dlpack_device_type is 5 (not a DLPack device type)");
+  p = sound();
+  p.dlpack_pinned_device_type = static_cast<DLPackDeviceType>(0);
+  CHECK(only_problem(p) == "dlpack_pinned_device_type is 0 (not a DLPack device type)");
+  // Device memory as a host kind, pinned memory as a device kind.
+  p = sound();
+  p.dlpack_device_type = DLPackDeviceType::cpu;
+  CHECK(only_problem(p) == "dlpack_device_type is 1 (kDLCPU), a host memory type (device memory "
+                           "needs a device's: kDLExtDev or the vendor's own)");
+  p = sound();
+  p.dlpack_pinned_device_type = DLPackDeviceType::ext_dev;
+  CHECK(only_problem(p) == "dlpack_pinned_device_type is 12 (kDLExtDev), not a host memory type "
+                           "(kDLCPU, kDLCUDAHost or kDLROCMHost)");
+  CHECK_THROWS_AS(validate_properties(p, "acme", 0), ValueError);
+}
+
 TEST_CASE("properties: validate_properties lists every problem with backend and device") {
   DeviceProperties empty;
   auto problems = property_problems(empty, "acme");

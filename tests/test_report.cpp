@@ -25,7 +25,9 @@ simdev::Config two_devices() {
 TEST_CASE("report: JSON carries every schema field of every device") {
   SimBackend b(Environment::fixed({{"SIMDEV_VISIBLE_DEVICES", "1,0"}}), two_devices());
   std::string j = report_json(b);
-  CHECK(contains(j, "\"schema_version\": 3"));
+  CHECK(contains(j, "\"schema_version\": 4"));
+  CHECK(contains(j, "\"dlpack_device_type\": 12"));
+  CHECK(contains(j, "\"dlpack_pinned_device_type\": 1"));
   CHECK(contains(j, "\"host_access\": \"direct\""));
   CHECK(contains(j, "\"backend\": \"simdev\""));
   CHECK(contains(j, "\"visible_devices_variable\": \"SIMDEV_VISIBLE_DEVICES\""));
@@ -65,6 +67,7 @@ TEST_CASE("report: text summary names each device and its capabilities") {
   CHECK(contains(t, "memory 32 MiB total, 32 MiB free"));
   CHECK(contains(t, "simdev:1  SimDev S1"));
   CHECK(contains(t, "stream priorities 0..-2 (3 levels), event timing yes"));
+  CHECK(contains(t, "DLPack device type kDLExtDev (12), pinned host memory kDLCPU (1)"));
   CHECK(contains(t, "peer access (row can access column):"));
 }
 

@@ -32,7 +32,7 @@
 
 ACCELKIT_BEGIN_NAMESPACE
 
-inline constexpr int properties_schema_version = 3;
+inline constexpr int properties_schema_version = 4;
 
 // Element types, named as in `torch.<name>`.
 enum class DType : std::uint8_t {
@@ -172,6 +172,72 @@ constexpr std::string_view to_string(HostAccessLevel a) noexcept {
   }
 }
 
+// Note [DLPack device types]
+// DLPack names where a tensor's memory is by a device type of its own list
+// (DLDeviceType in dlpack.h), which consumers (NumPy, JAX, CuPy, a vendor's
+// kernel library) compare to decide whether they can read the memory.
+// PyTorch gives every PrivateUse1 device kDLExtDev and every pinned CPU
+// tensor kDLCUDAHost, which is true of neither an OpenCL device nor memory
+// a non-CUDA driver pinned. So the schema carries both: the device type of
+// the device's memory (DeviceProperties::dlpack_device_type, kDLExtDev
+// unless DLPack has the vendor's own: kDLOpenCL for OpenCL, kDLCUDA for
+// CUDA) and of the host memory the backend pins
+// (dlpack_pinned_device_type, kDLCPU unless the driver's pinned memory is
+// a kind of its own, as CUDA's kDLCUDAHost). The torch layer exports and
+// imports tensors with these (Note [DLPack through the schema] in
+// torch/dlpack.hpp). Numbered as in dlpack.h, which core headers do not
+// include. Limits: device memory must name a device kind, pinned memory a
+// host kind (kDLCPU, kDLCUDAHost or kDLROCMHost); the pinned type read is
+// the first visible device's.
+enum class DLPackDeviceType : std::int32_t {
+  cpu = 1,
+  cuda = 2,
+  cuda_host = 3,
+  opencl = 4,
+  vulkan = 7,
+  metal = 8,
+  vpi = 9,
+  rocm = 10,
+  rocm_host = 11,
+  ext_dev = 12,
+  cuda_managed = 13,
+  oneapi = 14,
+  webgpu = 15,
+  hexagon = 16,
+  maia = 17,
+  trn = 18,
+};
+
+// DLPack's own name of a device type ("kDLExtDev"); empty for a number
+// DLPack does not define.
+constexpr std::string_view to_string(DLPackDeviceType t) noexcept {
+  switch (t) {
+    case DLPackDeviceType::cpu: return "kDLCPU";
+    case DLPackDeviceType::cuda: return "kDLCUDA";
+    case DLPackDeviceType::cuda_host: return "kDLCUDAHost";
+    case DLPackDeviceType::opencl: return "kDLOpenCL";
+    case DLPackDeviceType::vulkan: return "kDLVulkan";
+    case DLPackDeviceType::metal: return "kDLMetal";
+    case DLPackDeviceType::vpi: return "kDLVPI";
+    case DLPackDeviceType::rocm: return "kDLROCM";
+    case DLPackDeviceType::rocm_host: return "kDLROCMHost";
+    case DLPackDeviceType::ext_dev: return "kDLExtDev";
+    case DLPackDeviceType::cuda_managed: return "kDLCUDAManaged";
+    case DLPackDeviceType::oneapi: return "kDLOneAPI";
+    case DLPackDeviceType::webgpu: return "kDLWebGPU";
+    case DLPackDeviceType::hexagon: return "kDLHexagon";
+    case DLPackDeviceType::maia: return "kDLMAIA";
+    case DLPackDeviceType::trn: return "kDLTrn";
+  }
+  return {};
+}
+
+// Host memory: what a CPU consumer may read in place.
+constexpr bool is_host_kind(DLPackDeviceType t) noexcept {
+  return t == DLPackDeviceType::cpu || t == DLPackDeviceType::cuda_host ||
+         t == DLPackDeviceType::rocm_host;
+}
+
 // A vendor-specific value, under a key namespaced by the backend's name:
 // "acme.tensor_cores", "simdev.fault_injection".
 using ExtraValue = std::variant<bool, std::int64_t, double, std::string>;
@@ -218,6 +284,10 @@ struct DeviceProperties {
   StreamPriorityRange stream_priorities;
   bool event_timing = false;          // (SDK) false unless the runtime has event_elapsed_time
   std::optional<int> async_copy_engines;  // copies that can overlap compute; may be unknown
+  // DLPack's device type of the device's memory and of the host memory the
+  // backend pins (Note [DLPack device types]). Schema version 4.
+  DLPackDeviceType dlpack_device_type = DLPackDeviceType::ext_dev;
+  DLPackDeviceType dlpack_pinned_device_type = DLPackDeviceType::cpu;
   std::vector<Extra> extras;
 
   // Typed lookup of a vendor extra: nullopt when absent; ValueError when the
@@ -346,6 +416,21 @@ inline std::vector<std::string> property_problems(const DeviceProperties& p,
     problem("host_access is {} (not none, mapped or direct)", static_cast<unsigned>(p.host_access));
   if (p.unified_memory && p.host_access != HostAccessLevel::direct)
     problem("unified_memory is true but host_access is {}, not direct", to_string(p.host_access));
+  auto dlpack_value = [](DLPackDeviceType t) {
+    return fmt::format("{}{}", static_cast<std::int32_t>(t),
+                       to_string(t).empty() ? "" : fmt::format(" ({})", to_string(t)));
+  };
+  if (to_string(p.dlpack_device_type).empty())
+    problem("dlpack_device_type is {} (not a DLPack device type)", dlpack_value(p.dlpack_device_type));
+  else if (is_host_kind(p.dlpack_device_type))
+    problem("dlpack_device_type is {}, a host memory type (device memory needs a device's: "
+            "kDLExtDev or the vendor's own)", dlpack_value(p.dlpack_device_type));
+  if (to_string(p.dlpack_pinned_device_type).empty())
+    problem("dlpack_pinned_device_type is {} (not a DLPack device type)",
+            dlpack_value(p.dlpack_pinned_device_type));
+  else if (!is_host_kind(p.dlpack_pinned_device_type))
+    problem("dlpack_pinned_device_type is {}, not a host memory type (kDLCPU, kDLCUDAHost or "
+            "kDLROCMHost)", dlpack_value(p.dlpack_pinned_device_type));
   if (p.async_copy_engines && *p.async_copy_engines < 0)
     problem("async_copy_engines is {} (must not be negative)", *p.async_copy_engines);
   for (std::size_t i = 0; i < p.extras.size(); ++i) {

@@ -50,6 +50,9 @@ inline void write_properties(JsonWriter& w, const DeviceProperties& p) {
       .end_object();
   w.field("event_timing", p.event_timing).key("async_copy_engines");
   if (p.async_copy_engines) w.value(*p.async_copy_engines); else w.null();
+  // DLPack's numbers, as consumers compare them (Note [DLPack device types]).
+  w.field("dlpack_device_type", static_cast<std::int32_t>(p.dlpack_device_type))
+      .field("dlpack_pinned_device_type", static_cast<std::int32_t>(p.dlpack_pinned_device_type));
   w.key("extras").begin_object();
   for (const Extra& e : p.extras) {
     w.key(e.key);
@@ -151,6 +154,10 @@ std::string report_text(Backend<R>& backend) {
            p.driver_version.to_string(), p.runtime_version.to_string(),
            p.stream_priorities.lowest, p.stream_priorities.highest, p.stream_priorities.levels(),
            p.event_timing ? "yes" : "no");
+      line("      DLPack device type {} ({}), pinned host memory {} ({})",
+           to_string(p.dlpack_device_type), static_cast<std::int32_t>(p.dlpack_device_type),
+           to_string(p.dlpack_pinned_device_type),
+           static_cast<std::int32_t>(p.dlpack_pinned_device_type));
       std::string dtypes;
       for (DType t : p.dtypes.to_vector()) {
         if (!dtypes.empty()) dtypes += ' ';
