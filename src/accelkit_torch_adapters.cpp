@@ -19,6 +19,7 @@
 #include <accelkit/torch/adapter.hpp>
 #include <accelkit/torch/allocator_settings.hpp>
 #include <accelkit/torch/autocast.hpp>
+#include <accelkit/torch/dlpack.hpp>
 #include <accelkit/torch/fallback.hpp>
 #include <accelkit/torch/graph.hpp>
 #include <accelkit/torch/history.hpp>
@@ -198,6 +199,7 @@ bool register_library() {
   // (Note [Host allocator]).
   lib.def("host_empty_cache() -> ()", [] { registered_host_allocator().empty_cache(); });
   register_signal_ops(lib);  // Note [Host signals]
+  register_dlpack_ops(lib);  // Note [DLPack through the schema]
   lib.def("report_json() -> str", [] { return backend().report_json(); });
   lib.def("report_text() -> str", [] { return backend().report_text(); });
   lib.def("fallback_report() -> str", [] { return Fallback::get().report(); });
