@@ -217,12 +217,13 @@ def install(name: str, library=None):
                            f"name is {name!r})") from None
     _backend.name, _backend.ops = name, ops
 
-    from . import _sharing, device
+    from . import _dlpack, _sharing, device
     torch.utils.rename_privateuse1_backend(name)  # also names the profiler's activity
     torch._register_device_module(name, device)
     for sub in ("amp", "graphs", "random", "memory", "streams"):
         sys.modules[f"torch.{name}.{sub}"] = getattr(device, sub)
     device.memory._install_accelerator_snapshot()  # Note [torch.accelerator.memory._snapshot]
+    _dlpack.install()  # Note [DLPack by tensor]
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
     _sharing.register()
