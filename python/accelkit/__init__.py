@@ -137,10 +137,10 @@ def _autoload(name, library):
     current = torch._C._get_privateuse1_backend_name()
     if current == name:
         return install(name, library)  # installed already (or the slot named so)
-    names = _installed_backends()
-    first = next(iter(names), name) == name  # Warns about the variable.
     choice = os.environ.get(CHOICE, "").strip()
-    if choice:
+    if choice and choice != name:
+        names = _installed_backends()  # read only where needed: it takes milliseconds
+        first = next(iter(names), name) == name  # Warns about the variable.
         listed = ", ".join(sorted(names)) or "none"
         if not choice.isidentifier() or choice != choice.lower():
             if first:
@@ -149,23 +149,22 @@ def _autoload(name, library):
                            f"as the device type); no accelkit backend was loaded by `import "
                            f"torch` (installed: {listed})")
             return None
-        if choice != name:
-            if choice not in names and first:
-                _warn_once(f"{CHOICE}:unknown",
-                           f"{CHOICE}={choice!r} names no installed accelkit backend; none was "
-                           f"loaded by `import torch` (installed: {listed})")
-            return None
-    else:
+        if choice not in names and first:
+            _warn_once(f"{CHOICE}:unknown",
+                       f"{CHOICE}={choice!r} names no installed accelkit backend; none was "
+                       f"loaded by `import torch` (installed: {listed})")
+        return None
+    if not choice:
         requested = _being_imported()
         if requested not in (None, name):
             _warn_once(name, f"{name}: not loaded by `import torch`: PyTorch's one PrivateUse1 "
                              f"slot goes to {requested!r}, whose package is being imported; "
-                             + _how_to_choose(name, names))
+                             + _how_to_choose(name, _installed_backends()))
             return None
     if current != "privateuseone":
         chosen = f" although {CHOICE}={name}" if choice else ""
         how = ("set TORCH_DEVICE_BACKEND_AUTOLOAD=0 and import the package of the one to use"
-               if choice else _how_to_choose(name, names))
+               if choice else _how_to_choose(name, _installed_backends()))
         _warn_once(name, f"{name}: not loaded by `import torch`{chosen}: PyTorch's one "
                          f"PrivateUse1 slot is held by {current!r}, loaded first; " + how)
         return None
