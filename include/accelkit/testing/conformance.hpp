@@ -38,7 +38,9 @@
 // report (Conformance<R>, Verdict, CheckTools<R>); each group's checks and
 // their rules are in testing/conformance/<group>.hpp, in the order they run:
 // discovery, properties, memory, copies, streams, events, device, threads,
-// errors, ordering, graphs, virtual_memory.
+// errors, ordering, graphs, virtual_memory, interprocess (whose checks
+// start the program again as a second process: Note [The kit's second
+// process] in testing/conformance/peer.hpp).
 #pragma once
 
 #include <accelkit/testing/conformance/discovery.hpp>
@@ -53,6 +55,7 @@
 #include <accelkit/testing/conformance/ordering.hpp>
 #include <accelkit/testing/conformance/graphs.hpp>
 #include <accelkit/testing/conformance/virtual_memory.hpp>
+#include <accelkit/testing/conformance/ipc.hpp>
 #include <accelkit/testing/conformance/kit.hpp>
 
 #include <memory>
@@ -74,7 +77,8 @@ struct Checks : DiscoveryChecks<R>,
                 ErrorChecks<R>,
                 OrderingChecks<R>,
                 GraphChecks<R>,
-                VirtualMemoryChecks<R> {};
+                VirtualMemoryChecks<R>,
+                InterprocessChecks<R> {};
 
 }  // namespace testing
 ACCELKIT_END_NAMESPACE
@@ -92,7 +96,8 @@ ACCELKIT_END_NAMESPACE
   ACCELKIT_CONFORMANCE_ERRORS_CHECKS(X)           \
   ACCELKIT_CONFORMANCE_ORDERING_CHECKS(X)         \
   ACCELKIT_CONFORMANCE_GRAPHS_CHECKS(X)           \
-  ACCELKIT_CONFORMANCE_VIRTUAL_MEMORY_CHECKS(X)
+  ACCELKIT_CONFORMANCE_VIRTUAL_MEMORY_CHECKS(X)   \
+  ACCELKIT_CONFORMANCE_INTERPROCESS_CHECKS(X)
 
 // Runs check `check` of the kit for runtime R outside the suite (not in the
 // report): for tests of the kit itself.

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <accelkit/accelkit.hpp>
+#include <accelkit/testing/conformance/peer.hpp>
 #include <accelkit/testing/observed.hpp>
 #include <accelkit/testing/report.hpp>
 
@@ -27,6 +28,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -77,6 +79,10 @@ class Conformance {
   // Runs one check and returns its result.
   CheckResult evaluate(const char* group, const char* name, const char* rule,
                        void (*check)(Conformance&, Verdict&)) {
+    if (const auto& role = PeerRole::requested()) {
+      serve(*role, group, name, check);
+      return {group, name, rule, CheckStatus::skip, "passed over by the kit's second process", 0};
+    }
     Verdict v;
     auto start = std::chrono::steady_clock::now();
     if (skipped(group)) {
@@ -95,6 +101,7 @@ class Conformance {
   // failing the Catch2 test case if the check failed.
   void run(const char* group, const char* name, const char* rule,
            void (*check)(Conformance&, Verdict&)) {
+    if (const auto& role = PeerRole::requested()) return serve(*role, group, name, check);
     if (!write_report_) require_writable_report();
     CheckResult r = evaluate(group, name, rule, check);
     write_report_ = true;
@@ -112,6 +119,13 @@ class Conformance {
   // A new backend over a new runtime (for checks of discovery).
   std::unique_ptr<SdkBackend> fresh_backend() { return factory_(); }
   int devices() { return backend().device_count(); }
+
+  // In the process started as a check's peer (Note [The kit's second
+  // process]), its channel to the process that started it, while the check
+  // runs; nullptr everywhere else.
+  PeerChannel* peer() noexcept { return peer_; }
+  // What names R to a peer process (the same program: the same name).
+  static std::string runtime_type() { return typeid(R).name(); }
 
   ~Conformance() {
     if (!write_report_) return;
@@ -154,6 +168,31 @@ class Conformance {
     std::fflush(nullptr);
     std::exit(2);
   }
+  // In a process started as a peer: the check the role names runs as the
+  // peer, and the process ends; every other check is passed over.
+  void serve(const PeerRole& role, const char* group, const char* name,
+             void (*check)(Conformance&, Verdict&)) {
+    if (!role.names(group, name, runtime_type())) return;
+    PeerChannel channel(role.fd, "first process");
+    peer_ = &channel;
+    int status = 0;
+    try {
+      Verdict v;
+      check(*this, v);
+      channel.send("done");
+    } catch (const std::exception& e) {
+      status = 1;
+      std::string what = e.what();
+      std::replace(what.begin(), what.end(), '\n', ' ');
+      try {
+        channel.send("error: " + what);
+      } catch (...) {
+        // The first process is gone: nobody to tell.
+      }
+    }
+    std::fflush(nullptr);
+    std::_Exit(status);
+  }
   static bool skipped(std::string_view group) {
     const char* s = std::getenv("ACCELKIT_CONFORMANCE_SKIP");
     if (!s) return false;
@@ -171,6 +210,7 @@ class Conformance {
   std::unique_ptr<SdkBackend> backend_;
   ConformanceReport report_;
   bool write_report_ = false;
+  PeerChannel* peer_ = nullptr;
 };
 
 // What the checks of every group share. Each check takes the kit and a
