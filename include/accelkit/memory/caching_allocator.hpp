@@ -109,6 +109,16 @@
 
 ACCELKIT_BEGIN_NAMESPACE
 
+// The segment of the caching allocator that holds a pointer
+// (DeviceCachingAllocator::segment_of): memory from one driver allocation,
+// which inter-process sharing exports whole (Note [Sharing device memory
+// between processes] in torch/ipc.hpp).
+struct SegmentSpan {
+  char* base = nullptr;     // the start of the driver's allocation; null: no segment holds it
+  std::size_t size = 0;     // its bytes
+  bool expandable = false;  // pages mapped into a reserved range (Note [Expandable segments])
+};
+
 template <class R>
 class DeviceCachingAllocator {
  public:
@@ -275,6 +285,9 @@ class DeviceCachingAllocator {
   // driver (a segment), allocated or not. Walks every segment: for the
   // rare questions (which device is this pointer on?), not for hot paths.
   bool contains(const void* ptr);
+  // The segment whose memory holds `ptr` (a live allocation's start or any
+  // byte inside it), {} where none does. Walks every segment, as contains().
+  SegmentSpan segment_of(const void* ptr);
 
   // Marks `ptr` as used on `stream` too: when freed it is not reused before
   // `stream` has passed the point of the free.
@@ -381,6 +394,17 @@ class DeviceCachingAllocator {
   void attach_oom_observer(OomObserver observer) {
     std::lock_guard<std::mutex> lock(oom_mutex_);
     oom_observers_.push_back(std::move(observer));
+  }
+
+  // Adds a reclaimer: where the device has no room, before the cache goes
+  // back to the driver and the request is tried again, each reclaimer frees
+  // what it can (memory that other processes have stopped using: Note
+  // [Sharing device memory between processes] in torch/ipc.hpp). Called
+  // with no lock of the allocator held; it may free memory of this
+  // allocator, and what it throws is dropped.
+  void attach_reclaimer(std::function<void()> reclaimer) {
+    std::lock_guard<std::mutex> lock(oom_mutex_);
+    reclaimers_.push_back(std::move(reclaimer));
   }
 
   // Segments with their blocks, and the history recorded (whose newest
@@ -716,6 +740,7 @@ class DeviceCachingAllocator {
         detail::SpinGuard lock(pool.lock);
         ++pool.stats.num_alloc_retries;
       }
+      reclaim();
       release_all(detail::Drain::wait_for_all);
       detail::SpinGuard lock(pool.lock);
       if (Allocation t = take_cached(pool, size, requested); t.ptr) return t;
@@ -725,6 +750,25 @@ class DeviceCachingAllocator {
       ++pool.stats.num_ooms;
     }
     throw out_of_memory(pool, requested, size);
+  }
+
+  // Runs the reclaimers (attach_reclaimer), no lock held.
+  void reclaim() noexcept {
+    try {
+      std::vector<std::function<void()>> all;
+      {
+        std::lock_guard<std::mutex> lock(oom_mutex_);
+        if (reclaimers_.empty()) return;
+        all = reclaimers_;
+      }
+      for (auto& r : all) {
+        try {
+          r();
+        } catch (...) {
+        }
+      }
+    } catch (...) {  // the copy's allocation: nothing reclaimed
+    }
   }
 
   // The mechanisms, each in its file.
@@ -891,6 +935,7 @@ class DeviceCachingAllocator {
   detail::TraceRing trace_;  // the allocation history
   std::mutex oom_mutex_;
   std::vector<OomObserver> oom_observers_;  // under oom_mutex_
+  std::vector<std::function<void()>> reclaimers_;  // under oom_mutex_
 };
 
 ACCELKIT_END_NAMESPACE

@@ -100,7 +100,26 @@
     (d, e, s), held)                                                                           \
   X(void, graph_exec_destroy, graph_exec_destroy, (device_index d, GraphExecHandle e), (d, e),\
     held)                                                                                      \
-  X(void, graph_destroy, graph_destroy, (device_index d, GraphHandle g), (d, g), held)
+  X(void, graph_destroy, graph_destroy, (device_index d, GraphHandle g), (d, g), held)        \
+  /* Note [Sharing device memory between processes] (torch/ipc.hpp) */                        \
+  X(IpcMemHandle, ipc_mem_export, ipc_mem_export, (device_index d, void* base), (d, base),    \
+    held)                                                                                      \
+  X(void*, ipc_mem_open, ipc_mem_open, (device_index d, const IpcMemHandle& h), (d, h), held) \
+  X(void, ipc_mem_close, ipc_mem_close, (device_index d, void* base), (d, base), held)        \
+  X(IpcEventHandle, ipc_event_export, ipc_event_export, (device_index d, EventHandle e),      \
+    (d, e), held)                                                                              \
+  X(EventHandle, ipc_event_open, ipc_event_open, (device_index d, const IpcEventHandle& h),   \
+    (d, h), held)                                                                              \
+  /* driver events themselves, for the inter-process ones (not pooled) */                     \
+  X(EventHandle, raw_event_create, event_create, (device_index d, EventFlags f), (d, f), held) \
+  X(void, raw_event_destroy, event_destroy, (device_index d, EventHandle e), (d, e), held)     \
+  X(void, raw_event_record, event_record, (device_index d, EventHandle e, StreamHandle s),    \
+    (d, e, s), held)                                                                           \
+  X(bool, raw_event_query, event_query, (device_index d, EventHandle e), (d, e), held)        \
+  X(void, raw_event_synchronize, event_synchronize, (device_index d, EventHandle e), (d, e),  \
+    released)                                                                                  \
+  X(void, raw_stream_wait_event, stream_wait_event,                                           \
+    (device_index d, StreamHandle s, EventHandle e), (d, s, e), held)
 
 // Streams<R> (BoundBackend's streams_).
 #define ACCELKIT_TORCH_STREAMS_MEMBERS(X)                                                      \
@@ -139,6 +158,10 @@
     (o), held)                                                                                 \
   X(void, device_attach_oom_observer, attach_oom_observer, (device_index d, OomObserver o),   \
     (std::move(o)), held)                                                                      \
+  /* Note [Sharing device memory between processes] (torch/ipc.hpp) */                        \
+  X(SegmentSpan, device_segment_of, segment_of, (device_index d, const void* p), (p), held)    \
+  X(void, device_attach_reclaimer, attach_reclaimer,                                          \
+    (device_index d, std::function<void()> f), (std::move(f)), held)                           \
   X(double, memory_fraction, memory_fraction, (device_index d), (), held)                     \
   X(void, set_memory_fraction, set_memory_fraction, (device_index d, double f), (f), held)    \
   X(void, device_reset_peak_stats, reset_peak_stats, (device_index d), (), held)              \
@@ -207,6 +230,8 @@ class BackendInterface {
                             CopyKind kind, StreamHandle stream, bool host_pinned) = 0;
   virtual bool has_stream_signals() = 0;  // Backend<R>::has_stream_signals
   virtual bool has_graphs() = 0;          // Backend<R>::has_graphs
+  virtual bool has_ipc_memory() = 0;      // Backend<R>::has_ipc_memory
+  virtual bool has_ipc_events() = 0;      // Backend<R>::has_ipc_events
   // Backend<R>::capture_refuse: invalidates the capture of stream s, if it
   // is capturing, and throws RuntimeError "<what> cannot be captured ...".
   [[noreturn]] virtual void capture_refuse(device_index d, StreamHandle s,

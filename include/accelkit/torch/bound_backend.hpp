@@ -75,6 +75,8 @@ class BoundBackend final : public BackendInterface {
   }
   bool has_stream_signals() override { return Backend<R>::has_stream_signals; }
   bool has_graphs() override { return Backend<R>::has_graphs; }
+  bool has_ipc_memory() override { return Backend<R>::has_ipc_memory; }
+  bool has_ipc_events() override { return Backend<R>::has_ipc_events; }
   [[noreturn]] void capture_refuse(device_index d, StreamHandle s,
                                    std::string_view what) override {
     backend_.capture_refuse(d, s, what);

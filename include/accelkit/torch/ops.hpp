@@ -12,6 +12,7 @@
 #include <accelkit/torch/empty.hpp>
 #include <accelkit/torch/fallback.hpp>
 #include <accelkit/torch/fill.hpp>
+#include <accelkit/torch/ipc.hpp>
 #include <accelkit/torch/kernel_table.hpp>
 #include <accelkit/torch/storage.hpp>
 #include <accelkit/torch/views.hpp>

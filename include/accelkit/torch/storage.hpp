@@ -9,6 +9,7 @@
 #include <accelkit/torch/compat.hpp>
 #include <accelkit/torch/empty.hpp>
 #include <accelkit/torch/host_access.hpp>
+#include <accelkit/torch/ipc.hpp>
 
 #include <cstring>
 
@@ -33,6 +34,12 @@ struct StorageOps : HostAccess {
   // prefix (device to device, on the current stream), as the CPU does.
   static void reallocate_storage(const c10::Storage& storage, std::size_t n) {
     device_index d = storage.device().index();
+    // As the CPU's: memory this process does not own, such as memory
+    // received from another process (a view of part of its segment: Note
+    // [Sharing device memory between processes]), keeps its size.
+    TORCH_CHECK(storage.resizable(), backend_name(), ": trying to resize storage that is not "
+                "resizable (", storage.nbytes(), " bytes on ", storage.device(), ") to ", n,
+                " bytes");
     c10::DeviceGuard guard(storage.device());
     c10::DataPtr fresh = device_allocator().allocate(n);
     std::size_t keep = std::min(n, storage.nbytes());
@@ -112,6 +119,10 @@ struct StorageOps : HostAccess {
   static void record_stream(at::Tensor& self, c10::Stream s) {
     TORCH_CHECK(s.device() == self.device(), backend_name(), ": record_stream: the stream is on ",
                 s.device(), " but the tensor is on ", self.device());
+    // Memory received from another process is not the allocator's; its
+    // release waits for the whole device (Note [Sharing device memory
+    // between processes]).
+    if (is_received(self.storage().data_ptr())) return;
     device_allocator().recordStream(self.storage().data_ptr(), s);
   }
 };

@@ -42,6 +42,26 @@ inline bool DeviceCachingAllocator<R>::contains(const void* ptr) {
   return false;
 }
 
+template <class R>
+inline SegmentSpan DeviceCachingAllocator<R>::segment_of(const void* ptr) {
+  auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  auto inside = [p](const void* base, std::size_t size) {
+    auto b = reinterpret_cast<std::uintptr_t>(base);
+    return p >= b && p - b < size;
+  };
+  for (detail::Pool* pool : pools_snapshot()) {
+    detail::SpinGuard lock(pool->lock);
+    for (const detail::Segment* s : pool->segments)
+      if (inside(s->ptr, s->size)) return SegmentSpan{s->ptr, s->size, s->expandable};
+    SegmentSpan found;
+    pool->arena.for_each_segment([&](const detail::SmallSegment& s) {
+      if (!found.base && inside(s.ptr, s.size())) found = SegmentSpan{s.ptr, s.size(), false};
+    });
+    if (found.base) return found;
+  }
+  return {};
+}
+
 // Memory from the driver within the limit, or nullptr when either says no.
 template <class R>
 inline char* DeviceCachingAllocator<R>::driver_alloc(std::size_t n) {
