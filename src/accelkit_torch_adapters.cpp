@@ -199,6 +199,7 @@ bool register_library() {
   // (Note [Host allocator]).
   lib.def("host_empty_cache() -> ()", [] { registered_host_allocator().empty_cache(); });
   register_signal_ops(lib);  // Note [Host signals]
+  register_ipc_ops(lib);     // Note [Sharing device memory between processes]
   register_dlpack_ops(lib);  // Note [DLPack through the schema]
   lib.def("report_json() -> str", [] { return backend().report_json(); });
   lib.def("report_text() -> str", [] { return backend().report_text(); });
