@@ -94,8 +94,23 @@ def test_device_of_default_stream_and_stream_context():
     e.record(s)
     e.synchronize()
     assert e.query()
-    with pytest.raises(ValueError, match=f"{DEV}.*interprocess=True"):
-        MOD.Event(interprocess=True)
+    with pytest.raises(ValueError, match=f"{DEV}.*interprocess=True with enable_timing=True"):
+        MOD.Event(interprocess=True, enable_timing=True)
+    if getattr(torch.ops, DEV).ipc_has_events():
+        # An event another process can wait for (tests/python/test_ipc.py).
+        p = MOD.Event(interprocess=True)  # of the current device
+        with pytest.raises(ValueError, match=f"{DEV}.*{DEV}:0.*{DEV}:1"):
+            p.record(s)
+        p.record(MOD.Stream(0))
+        p.synchronize()
+        assert p.query() and p.device == torch.device(f"{DEV}:0")
+        handle = p.ipc_handle()
+        assert isinstance(handle, bytes) and len(handle) == 64
+        with pytest.raises(RuntimeError, match=f"{DEV}.*interprocess=True"):
+            e.ipc_handle()  # not made for it
+    else:
+        with pytest.raises(RuntimeError, match=f"{DEV}.*no inter-process event.*interprocess=True"):
+            MOD.Event(interprocess=True)
 
 
 def test_memory_functions_of_torch_cuda():

@@ -168,6 +168,13 @@ def get_amp_supported_dtype() -> list:
     return [d for d in (torch.float16, torch.bfloat16) if str(d).split(".")[1] in dtypes]
 
 
+def ipc_collect() -> None:
+    """Frees the device memory this process sent to other processes that
+    every receiver has released, as torch.cuda.ipc_collect (it is also
+    freed at each send and before the allocator reports out of memory)."""
+    _backend.ops.ipc_collect()
+
+
 def report() -> str:
     """The device and capability report (text)."""
     return _backend.ops.report_text()

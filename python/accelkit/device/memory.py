@@ -610,3 +610,14 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
         rows.append(f" {title:<21} | " + " | ".join(_count(v) for v in values) + " ")
     rows.append("=" * width)
     return "|" + "|\n|".join(rows) + "|\n"
+
+
+def _ipc_state() -> dict:
+    """What this process holds for sharing device memory with others (a
+    test hook, Note [Sharing device memory between processes]): "sent",
+    storages sent and not yet released by every receiver, nor freed here;
+    "opened", segments of other processes open here; "ref_files", reference
+    files open here (this process's own and those of the senders whose
+    memory it holds)."""
+    sent, opened, ref_files = _backend.ops.ipc_state()
+    return {"sent": sent, "opened": opened, "ref_files": ref_files}
