@@ -30,7 +30,6 @@ CUDA_ONLY = {
     "is_tf32_supported": "TF32, an NVIDIA format",
     "ExternalStream": "a cudaStream_t from other code",
     "get_stream_from_external": "a cudaStream_t from other code",
-    "ipc_collect": "CUDA IPC memory handles",
     "set_sync_debug_mode": "CUDA's synchronizing-call detector",
     "get_sync_debug_mode": "CUDA's synchronizing-call detector",
     "GreenContext": "CUDA green contexts",
