@@ -257,6 +257,9 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     p.stream_priorities = accelkit::StreamPriorityRange::from_levels(d.priority_hints ? 2 : 1);
     p.memory_alignment = kSvmAlign;
     p.event_timing = true;
+    // DLPack's OpenCL type; the data of its tensors are SVM pointers, where
+    // DLPack's text has cl_mem handles in mind (docs/dlpack.md).
+    p.dlpack_device_type = accelkit::DLPackDeviceType::opencl;
     // OpenCL does not say how many copy engines a device has: unknown.
     p.extras.push_back({"ocl.svm", std::string(svm_ == Svm::fine ? "fine" : "coarse")});
     p.extras.push_back({"ocl.platform", platform_string(d.platform, CL_PLATFORM_NAME)});
