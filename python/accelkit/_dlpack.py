@@ -51,7 +51,7 @@ _USED_NAMES = {False: ctypes.create_string_buffer(b"used_dltensor"),
 
 # The capsule functions of the C API, as function objects of this module's
 # own (ctypes.pythonapi's are shared with whoever sets their argtypes).
-_capi = ctypes.PyDLL(None)
+_capi = ctypes.PyDLL(ctypes.pythonapi._name)
 _capsule_is_valid = _capi.PyCapsule_IsValid
 _capsule_is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _capsule_is_valid.restype = ctypes.c_int
