@@ -172,6 +172,8 @@ class CudaRuntime : public accelkit::Runtime<CudaRuntime> {
     p.dtypes = dtypes_of(cp.major, cp.minor);
     p.unified_memory = false;  // cudaMalloc's memory is not the host's
     p.host_access = accelkit::HostAccessLevel::none;  // the SDK copies around host code
+    p.dlpack_device_type = accelkit::DLPackDeviceType::cuda;            // kDLCUDA
+    p.dlpack_pinned_device_type = accelkit::DLPackDeviceType::cuda_host;  // cudaHostAlloc's: kDLCUDAHost
     bool queried = false;
     p.stream_priorities = priority_range(device, queried);
     p.async_copy_engines = cp.asyncEngineCount;
