@@ -8,7 +8,9 @@
 #                    expecttest (PyTorch's operator database needs it),
 #                    scikit-build-core (builds backends' wheels); for the test
 #                    command also mkdocs (and Debian's doxygen): the docs site
-#   build/:          configured with Ninja and ccache, then built
+#   build/:          configured with Ninja and ccache, then built; on a fresh
+#                    clone the test command builds the targets that need no
+#                    PyTorch while pip installs the venv (build_without_torch)
 #   simdev:          its pip package (build/packages/torch_simdev, built in
 #                    build.wheel.torch_simdev) installed into .venv, so that
 #                    `import torch` there loads it (autoload)
@@ -64,12 +66,10 @@ install_debian_packages() {
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-install_venv() {
+# The venv's packages the set-up needs that are missing or of another
+# version, one pip requirement a line (none: the venv is complete).
+missing_venv_packages() {
   local py="$ACCELKIT_VENV/bin/python"
-  if [ ! -x "$py" ]; then
-    log "creating $ACCELKIT_VENV"
-    python3 -m venv "$ACCELKIT_VENV"
-  fi
   if ! "$py" - "$TORCH_VERSION" <<'PY' 2>/dev/null
 import sys, importlib.metadata as m
 assert m.version("torch").split("+")[0] == sys.argv[1]
@@ -79,29 +79,78 @@ PY
   then
     # Pinned: this version is the CPU wheel on this machine's disk; any other
     # pulls a CUDA build of several GB.
-    log "installing torch==$TORCH_VERSION, pytest, numpy, expecttest and scikit-build-core into $ACCELKIT_VENV"
-    "$ACCELKIT_VENV/bin/pip" install -q --disable-pip-version-check \
-      "torch==$TORCH_VERSION" pytest numpy expecttest scikit-build-core
+    printf '%s\n' "torch==$TORCH_VERSION" pytest numpy expecttest scikit-build-core
   fi
   # The documentation site's generator, for the test command's docs.site.
   if [ "${ACCELKIT_SETUP:-test}" != demo ] && ! "$py" -c \
        'import importlib.metadata as m; assert m.version("mkdocs") == "1.6.1"' 2>/dev/null; then
-    log "installing mkdocs==1.6.1 into $ACCELKIT_VENV"
-    "$ACCELKIT_VENV/bin/pip" install -q --disable-pip-version-check "mkdocs==1.6.1"
+    echo "mkdocs==1.6.1"
   fi
 }
 
+create_venv() {
+  if [ ! -x "$ACCELKIT_VENV/bin/python" ]; then
+    log "creating $ACCELKIT_VENV"
+    python3 -m venv "$ACCELKIT_VENV"
+  fi
+}
+
+# Installs what missing_venv_packages lists, in one pip run.
+install_venv() {
+  create_venv
+  local missing=()
+  mapfile -t missing < <(missing_venv_packages)
+  [ ${#missing[@]} -eq 0 ] && return
+  log "installing ${missing[*]} into $ACCELKIT_VENV"
+  "$ACCELKIT_VENV/bin/pip" install -q --disable-pip-version-check "${missing[@]}"
+}
+
+# Configures the build folder where it has no build.ninja yet, or where
+# the set-up configured it without PyTorch (build_without_torch, below).
 configure() {
-  if [ ! -f "$ACCELKIT_BUILD/build.ninja" ]; then
+  local pending="$ACCELKIT_BUILD/accelkit-setup-torch-pending"
+  if [ ! -f "$ACCELKIT_BUILD/build.ninja" ] || [ -f "$pending" ]; then
     log "configuring $ACCELKIT_BUILD"
     local torch_prefix
     torch_prefix="$("$ACCELKIT_VENV/bin/python" -c \
       'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
     cmake -S "$ACCELKIT_ROOT" -B "$ACCELKIT_BUILD" -G Ninja \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo -DACCELKIT_WERROR=ON \
-      -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+      -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DACCELKIT_WITH_TORCH=ON \
       -DCMAKE_PREFIX_PATH="$torch_prefix" \
       -DPython3_EXECUTABLE="$ACCELKIT_VENV/bin/python" >/dev/null
+    rm -f "$pending"
+  fi
+}
+
+# A fresh clone's test command: pip spends minutes installing PyTorch on
+# one CPU (most of it waiting on downloads and the disk), and nothing of the
+# build needs PyTorch but its adapters and the backends' modules. So pip runs
+# in the background while the build folder, configured without PyTorch
+# (ACCELKIT_WITH_TORCH=OFF, so that no half-installed torch is looked for),
+# builds every other target; configure, after pip, adds the PyTorch targets
+# to the same folder, whose other objects stay as they are. A stamp marks
+# the folder until then, so that an interrupted set-up configures it again.
+build_without_torch() {
+  mkdir -p "$ACCELKIT_BUILD"
+  local pip_log="$ACCELKIT_BUILD/accelkit-setup-pip.log"
+  install_venv >"$pip_log" 2>&1 &
+  local pip_pid=$!
+  touch "$ACCELKIT_BUILD/accelkit-setup-torch-pending"
+  log "building the targets without PyTorch while pip installs into $ACCELKIT_VENV (log: $pip_log)"
+  if ! { cmake -S "$ACCELKIT_ROOT" -B "$ACCELKIT_BUILD" -G Ninja \
+           -DCMAKE_BUILD_TYPE=RelWithDebInfo -DACCELKIT_WERROR=ON \
+           -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DACCELKIT_WITH_TORCH=OFF \
+           -DPython3_EXECUTABLE="$ACCELKIT_VENV/bin/python" >/dev/null &&
+         cmake --build "$ACCELKIT_BUILD"; }; then
+    kill "$pip_pid" 2>/dev/null || true
+    wait "$pip_pid" 2>/dev/null || true
+    return 1
+  fi
+  if ! wait "$pip_pid"; then
+    cat "$pip_log" >&2
+    log "pip failed (above)"
+    return 1
   fi
 }
 
@@ -134,6 +183,11 @@ install_simdev() {
 }
 
 install_debian_packages
+create_venv
+if [ "${ACCELKIT_SETUP:-test}" != demo ] && [ ! -f "$ACCELKIT_BUILD/build.ninja" ] \
+   && [ -n "$(missing_venv_packages)" ]; then
+  build_without_torch
+fi
 install_venv
 configure  # also writes simdev's package (build/packages/torch_simdev)
 if [ "${ACCELKIT_SETUP:-test}" != demo ]; then
