@@ -26,7 +26,8 @@
 // end is quoted when the peer fails; a peer that does not answer within
 // ACCELKIT_CONFORMANCE_PEER_TIMEOUT seconds (default 60) is killed and the
 // check fails, naming what it waited for.
-// Limits: Linux (/proc/self/exe; elsewhere the checks skip, saying so).
+// Limits: Linux (/proc/self/exe, SOCK_CLOEXEC, MSG_NOSIGNAL, mkostemp);
+// where /proc/self/exe cannot be run the checks skip, saying so.
 // The program must run its test cases without arguments in declaration
 // order (Catch2's default, which the kit relies on already); a main that
 // needs arguments, or that filters the kit's test cases out by default,
