@@ -97,7 +97,7 @@ TEST_CASE("contract: the table lists each member once, with its signature") {
   std::sort(sorted.begin(), sorted.end());
   CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
   CHECK(required == 23);  // name and 22 functions
-  CHECK(names.size() == 51);  // and 26 optional functions, 2 optional constants
+  CHECK(names.size() == 56);  // and 31 optional functions, 2 optional constants
   CHECK(detail::contract_members[1].signature == "int device_count()");
   CHECK(detail::contract_members[9].signature ==
         "void memcpy(device_index device, void* dst, const void* src, std::size_t bytes, "

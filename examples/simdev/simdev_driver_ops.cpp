@@ -37,6 +37,8 @@ std::shared_ptr<Sim::Gate> take_gate(int64_t id, const char* op) {
 //   at a later call (Note [simdev strictness]); clear_faults() drops those
 //   not yet fired;
 // - bytes_in_use(device) and pinned_blocks() say what the driver holds;
+//   ipc_open_count(), ipc_exported(), ipc_deferred_releases() and
+//   ipc_events_open() what it shares with other processes;
 // - torch.ops.simdev_driver.copies() counts the driver's memcpy and
 //   memcpy_async calls so far, launches() its kernel launches
 //   (simdev_kernels.cpp), host_maps() its host_map calls (SIMDEV_HOST_VISIBLE=mapped);
@@ -96,6 +98,22 @@ TORCH_LIBRARY(simdev_driver, m) {
       auto& b = accelkit::Backend<Sim>::instance();
       return static_cast<int64_t>(b.runtime().bytes_in_use(b.physical(static_cast<int>(d))));
     });
+  });
+  // Inter-process memory and events in this process (Note [simdev
+  // inter-process memory]): memory of other processes open here, allocations
+  // exported, freed allocations another process still holds, events opened.
+  m.def("ipc_open_count() -> int", [] {
+    return static_cast<int64_t>(accelkit::Backend<Sim>::instance().runtime().ipc_open_count());
+  });
+  m.def("ipc_exported() -> int", [] {
+    return static_cast<int64_t>(accelkit::Backend<Sim>::instance().runtime().ipc_exported());
+  });
+  m.def("ipc_deferred_releases() -> int", [] {
+    return static_cast<int64_t>(
+        accelkit::Backend<Sim>::instance().runtime().ipc_deferred_releases());
+  });
+  m.def("ipc_events_open() -> int", [] {
+    return static_cast<int64_t>(accelkit::Backend<Sim>::instance().runtime().ipc_events_open());
   });
   m.def("pinned_blocks() -> int", [] {
     return static_cast<int64_t>(accelkit::Backend<Sim>::instance().runtime().pinned_blocks());

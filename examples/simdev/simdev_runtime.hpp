@@ -74,14 +74,17 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -195,16 +198,23 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     }
     std::size_t offset = config_.alignment < kPage ? config_.alignment : 0;  // 0 when unset
     std::size_t mapped = rounded + (offset ? kPage : 0);
+    // The pages come from the device's heap (Note [simdev inter-process memory]).
+    std::shared_ptr<Heap> heap = heap_of(d, device);
+    if (heap && ipc_deferred_.load(std::memory_order_relaxed) != 0) retry_deferred(*heap);
+    std::uint64_t at = heap ? take_offsets(*heap, mapped) : kNoOffset;
     char* view = nullptr;
-    void* p = mapped_mode() ? map_twice(mapped, view)
-                            : ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
-                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* p = at == kNoOffset ? MAP_FAILED : map_heap(heap->fd, at, mapped, view);
     if (p == MAP_FAILED) {
       d.used.fetch_sub(rounded);
       return nullptr;
     }
     char* ptr = static_cast<char*>(p) + offset;
-    Allocation a{offset, view, {}, next_serial_.fetch_add(1, std::memory_order_relaxed)};
+    Allocation a;
+    a.offset = offset;
+    a.view = view;
+    a.serial = next_serial_.fetch_add(1, std::memory_order_relaxed);
+    a.heap = std::move(heap);
+    a.file_offset = at;
     if (view) a.holds.assign(mapped / kPage, 0);
     std::lock_guard<std::mutex> lock(d.mutex);
     d.allocations.insert(ptr, rounded, std::move(a));
@@ -226,6 +236,11 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
                      fmt::format("pointer {} was not allocated on device {}", ptr, device));
       a = *hit.value;
       bytes = hit.bytes;
+      if (a.opened)
+        driver_error(kInvalidValue, "free",
+                     fmt::format("memory at {} was opened from process {} (ipc_mem_open): "
+                                 "release it with ipc_mem_close",
+                                 ptr, a.opened->pid));
       if (std::any_of(a.holds.begin(), a.holds.end(), [](std::uint32_t h) { return h > 0; }))
         driver_error(kInvalidValue, "free",
                      fmt::format("memory at {} is still mapped for the host (host_map without "
@@ -237,11 +252,10 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       std::lock_guard<std::mutex> lock(d.mutex);
       d.allocations.erase(ptr);
     }
-    retire(static_cast<char*>(ptr) - a.offset, bytes + (a.offset ? kPage : 0));
-    if (a.view) {  // mapped mode: the pages go with the device's view
-      ::madvise(a.view, bytes + (a.offset ? kPage : 0), MADV_REMOVE);
-      ::munmap(a.view, bytes + (a.offset ? kPage : 0));
-    }
+    std::size_t length = bytes + (a.offset ? kPage : 0);
+    retire(static_cast<char*>(ptr) - a.offset, length);
+    if (a.view) ::munmap(a.view, length);  // mapped mode: the device's view
+    release_pages(a, length);
     d.used.fetch_sub(bytes);
   }
 
@@ -350,7 +364,8 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   // Problem: an SDK that touches device memory on the host outside
   // host_map/host_unmap works where memory is unified and reads stale data
   // on a device with memory of its own.
-  // Decision: with SIMDEV_HOST_VISIBLE=mapped each allocation is one memfd
+  // Decision: with SIMDEV_HOST_VISIBLE=mapped each allocation's pages (a
+  // range of its device's heap file, Note [simdev inter-process memory]) are
   // mapped twice: the pointer malloc returns is a view the host may not touch
   // (PROT_NONE), and simdev's streams, copies and kernels work through a
   // second, device-only view of the same pages. host_map opens the host's
@@ -360,8 +375,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   // for its streams first; work another thread queues in between runs on the
   // device's view), and free refuses memory still mapped.
   // Limits: pages, not bytes: an access outside a map but on a page another
-  // map holds open is not caught; two mappings and a file descriptor's
-  // creation per allocation.
+  // map holds open is not caught; two mappings per allocation.
   void host_map(int device, void* ptr, std::size_t bytes) {
     check(device, "host_map");
     fault("host_map");
@@ -459,6 +473,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
                    fmt::format("event of device {} waited for on a stream of device {} (a wait "
                                "across devices is stream_wait_peer_event)",
                                e->device, device));
+    if (e->remote) return enqueue_remote_wait(*s, device, e->remote, async_fault, "stream_wait_event");
     enqueue_wait(*s, device, e->last(), async_fault, "stream_wait_event");
   }
 
@@ -478,6 +493,8 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
                    fmt::format("event of device {} named as an event of device {}, waited for "
                                "on a stream of device {} (a peer event is of another device)",
                                e->device, event_device, device));
+    if (e->remote)
+      return enqueue_remote_wait(*s, device, e->remote, async_fault, "stream_wait_peer_event");
     enqueue_wait(*s, device, e->last(), async_fault, "stream_wait_peer_event");
   }
 
@@ -485,6 +502,12 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     check(device, "event_create");
     fault("event_create");
     context(device);
+    bool interprocess = accelkit::has_flag(flags, accelkit::EventFlags::interprocess);
+    if (interprocess && accelkit::has_flag(flags, accelkit::EventFlags::timing))
+      driver_error(kInvalidValue, "event_create",
+                   fmt::format("flags {:#x}: an interprocess event cannot be a timing event "
+                               "(EventFlags::interprocess with EventFlags::timing)",
+                               static_cast<unsigned>(flags)));
     ++events_created_;
     if (config_.event_create_ns > 0) {  // the driver's cost of a new event
       auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(config_.event_create_ns);
@@ -494,14 +517,21 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     auto e = std::make_shared<Event>();
     e->device = device;
     e->timing = accelkit::has_flag(flags, accelkit::EventFlags::timing);
+    if (interprocess) share_slot(*e, device);
     return events_.add(std::move(e));
   }
 
   void event_destroy(int device, accelkit::EventHandle event) {
     check(device, "event_destroy");
-    events_.get(event, "event_destroy");
+    std::shared_ptr<Event> e = events_.get(event, "event_destroy");
     fault("event_destroy");
     events_.remove(event, "event_destroy");  // queued records keep their state alive
+    if (e->slot) {  // opens from now on are refused; queued records still complete
+      e->slot->state.store(kSlotDestroyed, std::memory_order_release);
+      std::lock_guard<std::mutex> lock(e->mutex);
+      if (e->exported) ipc_events_exported_.fetch_sub(1);
+    }
+    if (e->remote) ipc_events_open_.fetch_sub(1);
   }
 
   // A new record of the event: the work queued on `stream` so far.
@@ -515,10 +545,19 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       driver_error(kInvalidValue, "event_record",
                    fmt::format("event of device {} recorded on a stream of device {}", e->device,
                                device));
+    if (e->remote)
+      driver_error(kInvalidValue, "event_record",
+                   fmt::format("event {:#x} was opened from process {} (ipc_event_open): only "
+                               "its exporter records it",
+                               event.value, e->remote->pid));
     auto r = std::make_shared<Record>();
     {
       std::lock_guard<std::mutex> lock(e->mutex);
       e->record = r;
+      if (e->slot) {  // the record's number, for other processes (before it may complete)
+        r->share(e->file, e->slot, ++e->seq);
+        e->slot->recorded.store(e->seq, std::memory_order_release);
+      }
     }
     s->record(r, async_fault);
   }
@@ -526,6 +565,15 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   bool event_query(int, accelkit::EventHandle event) {
     auto e = event_of(event, "event_query");
     fault("event_query");
+    if (e->remote) {  // the exporter's last record (Note [simdev inter-process memory])
+      const RemoteEvent& r = *e->remote;
+      std::uint64_t target = r.slot->recorded.load(std::memory_order_acquire);
+      bool done = r.completed(target);
+      if (!done && !r.exporter_alive() && !r.completed(target))
+        driver_error(kLaunchFailure, "event_query", exited_with_record(r, target));
+      report_async(e->device, "event_query");
+      return done;
+    }
     // The state first, then the errors (as stream_query): a record complete
     // means the failed work it captured has set its error.
     std::shared_ptr<Record> r = e->last();
@@ -537,6 +585,11 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   void event_synchronize(int, accelkit::EventHandle event) {
     auto e = event_of(event, "event_synchronize");
     fault("event_synchronize");
+    if (e->remote) {
+      std::uint64_t target = e->remote->slot->recorded.load(std::memory_order_acquire);
+      if (!wait_remote(*e->remote, target))
+        driver_error(kLaunchFailure, "event_synchronize", exited_with_record(*e->remote, target));
+    }
     if (std::shared_ptr<Record> r = e->last()) r->wait();
     report_async(e->device, "event_synchronize");
   }
@@ -959,6 +1012,269 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     }
   }
 
+  // Note [simdev inter-process memory]
+  // Problem: the inter-process members (Note [Inter-process memory] in
+  // accelkit's backend.hpp) need device memory another process can map and
+  // events it can wait for, with a real driver's errors for every misuse,
+  // and never a hang when the exporter dies.
+  // Decision: a device's memory is, per process, one sparse memfd (its
+  // heap), of which each malloc maps a fresh range of offsets (never given
+  // twice) MAP_SHARED, and free punches the range's pages out. A handle (64
+  // bytes, checksummed) carries the exporter's pid, the heap's descriptor
+  // and a random token in the heap's name, and the range; ipc_mem_open
+  // reopens the heap through /proc/<pid>/fd/<fd> and checks the name, so a
+  // process that exited (or a pid now another process's) is refused.
+  // Liveness is kept in OFD byte locks on the heap, which the kernel drops
+  // when their holder dies: the exporter read-locks byte offset + 1 from the
+  // export until the free; each process that opens the memory read-locks
+  // byte offset until it closes it. An open finding no exporter lock is
+  // refused (memory freed, or the exporter gone); a free of exported memory
+  // that another process holds defers punching its pages
+  // (ipc_deferred_releases) to a later malloc or free of the device, once
+  // no holder is left, dead holders included. Opened memory is device
+  // memory of the opening process for every check (live ranges, frees
+  // refused while queued work uses it, host maps in mapped mode); only
+  // ipc_mem_close releases it, and a handle is opened once per process at a
+  // time. An interprocess event owns a 32-byte slot of its process's event
+  // file (a memfd whose byte 0 the process read-locks for life): each
+  // record stores its number, and its completion raises the completed
+  // number; an opened event maps the slot, and its waits (queued on a
+  // stream, or on the host) poll for the number recorded at the call,
+  // checking the exporter's lock between polls: gone with the record
+  // incomplete, the wait fails with kLaunchFailure. Handles of the same
+  // memory or event are identical bytes; an event handle may be opened many
+  // times. Every member takes SIMDEV_INJECT_FAULT.
+  // Limits: a handle opens on the exporter's physical device index only; an
+  // opening process holds a descriptor per open handle or event; pages the
+  // exporter freed while opened elsewhere stay until its next malloc or
+  // free on that device; a consumer waiting for one record is released by a
+  // later record of the same event completing first (two streams); a
+  // process forked after allocating shares those pages with its parent (the
+  // SDK refuses device use there) and allocates from a heap of its own.
+  accelkit::IpcMemHandle ipc_mem_export(int device, void* ptr) {
+    check(device, "ipc_mem_export");
+    fault("ipc_mem_export");
+    Device& d = context(device);
+    std::lock_guard<std::mutex> lock(d.mutex);
+    auto hit = d.allocations.at(ptr);
+    if (!hit) {
+      auto inside = d.allocations.find(ptr);
+      driver_error(kInvalidValue, "ipc_mem_export",
+                   inside ? fmt::format("{} lies inside the allocation at {} of device {}: a "
+                                        "handle names a whole allocation, by its start",
+                                        ptr, static_cast<void*>(inside.pointer()), device)
+                          : fmt::format("{} is not the start of an allocation from malloc on "
+                                        "device {}",
+                                        ptr, device));
+    }
+    Allocation& a = *hit.value;
+    if (a.opened)
+      driver_error(kInvalidValue, "ipc_mem_export",
+                   fmt::format("memory at {} was opened from process {} (ipc_mem_open): only its "
+                               "exporter can export it",
+                               ptr, a.opened->pid));
+    if (a.heap->pid != ::getpid())
+      driver_error(kNotPermitted, "ipc_mem_export",
+                   fmt::format("memory at {} was allocated by process {}, which this one forked "
+                               "from",
+                               ptr, a.heap->pid));
+    std::size_t length = hit.bytes + (a.offset ? kPage : 0);
+    if (!a.exported) {
+      if (!set_lock(a.heap->fd, a.file_offset + 1, F_RDLCK))
+        driver_error(kInvalidValue, "ipc_mem_export",
+                     fmt::format("locking the heap at {:#x} failed: {}", a.file_offset + 1,
+                                 std::strerror(errno)));
+      a.exported = true;
+      ipc_exported_.fetch_add(1, std::memory_order_relaxed);
+    }
+    Wire w{kMemMagic, static_cast<std::uint32_t>(device), a.heap->pid, a.heap->fd,
+           a.heap->token, a.file_offset, length, a.offset, hit.bytes, 0};
+    return encode<accelkit::IpcMemHandle>(w);
+  }
+
+  void* ipc_mem_open(int device, const accelkit::IpcMemHandle& handle) {
+    check(device, "ipc_mem_open");
+    fault("ipc_mem_open");
+    Wire w = decode(handle.bytes, kMemMagic, "ipc_mem_open", "memory");
+    std::string what = fmt::format("memory handle {}", hex(handle.bytes));
+    if (w.length == 0 || w.length % kPage != 0 || w.start >= kPage || w.bytes == 0 ||
+        w.start + w.bytes > w.length || w.offset % kPage != 0)
+      driver_error(kInvalidValue, "ipc_mem_open",
+                   fmt::format("{} is not a simdev memory handle (its range is malformed)", what));
+    check_handle(w, device, "ipc_mem_open", what);
+    Device& d = context(device);
+    OpenKey key{w.pid, w.token, w.offset};
+    {
+      std::lock_guard<std::mutex> lock(opened_mutex_);
+      auto [it, fresh] = opened_.emplace(key, nullptr);
+      if (!fresh)
+        driver_error(kInvalidValue, "ipc_mem_open",
+                     fmt::format("{} is open in this process already{}: ipc_mem_close it first "
+                                 "(a handle is opened once per process)",
+                                 what, it->second ? fmt::format(", at {}", it->second) : ""));
+    }
+    auto forget = [&] {
+      std::lock_guard<std::mutex> lock(opened_mutex_);
+      opened_.erase(key);
+    };
+    try {
+      auto o = std::make_shared<Opened>();
+      o->fd = reopen(w, fmt::format("simdev-heap-{}-{:016x}", w.device, w.token), "ipc_mem_open",
+                     what);
+      o->pid = w.pid;
+      o->key = key;
+      o->length = w.length;
+      if (!set_lock(o->fd, w.offset, F_RDLCK))
+        driver_error(kInvalidValue, "ipc_mem_open",
+                     fmt::format("{}: locking the exporter's heap failed: {}", what,
+                                 std::strerror(errno)));
+      if (!locked(o->fd, w.offset + 1))
+        driver_error(kInvalidValue, "ipc_mem_open",
+                     fmt::format("{}: the memory was freed by process {} (a handle names memory "
+                                 "only while it lives)",
+                                 what, w.pid));
+      char* view = nullptr;
+      void* host = map_heap(o->fd, w.offset, w.length, view);
+      if (host == MAP_FAILED)
+        driver_error(kInvalidValue, "ipc_mem_open",
+                     fmt::format("{}: mapping {} bytes failed: {}", what, w.length,
+                                 std::strerror(errno)));
+      char* ptr = static_cast<char*>(host) + w.start;
+      Allocation a;
+      a.offset = w.start;
+      a.view = view;
+      a.serial = next_serial_.fetch_add(1, std::memory_order_relaxed);
+      if (view) a.holds.assign(w.length / kPage, 0);
+      a.file_offset = w.offset;
+      a.opened = std::move(o);
+      {
+        std::lock_guard<std::mutex> lock(d.mutex);
+        d.allocations.insert(ptr, w.bytes, std::move(a));
+      }
+      {
+        std::lock_guard<std::mutex> lock(opened_mutex_);
+        opened_[key] = ptr;
+      }
+      ipc_open_.fetch_add(1, std::memory_order_relaxed);
+      return ptr;
+    } catch (...) {
+      forget();
+      throw;
+    }
+  }
+
+  void ipc_mem_close(int device, void* ptr) {
+    check(device, "ipc_mem_close");
+    fault("ipc_mem_close");
+    Device& d = context(device);
+    Allocation a;
+    std::size_t bytes = 0;
+    {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      auto hit = d.allocations.at(ptr);
+      if (!hit || !hit.value->opened)
+        driver_error(kInvalidValue, "ipc_mem_close",
+                     fmt::format("pointer {} is not memory opened by ipc_mem_open on device {} "
+                                 "({})",
+                                 ptr, device,
+                                 hit ? "it is this process's own allocation: free it"
+                                     : "never opened, or closed already"));
+      a = *hit.value;
+      bytes = hit.bytes;
+      if (std::any_of(a.holds.begin(), a.holds.end(), [](std::uint32_t h) { return h > 0; }))
+        driver_error(kInvalidValue, "ipc_mem_close",
+                     fmt::format("memory at {} is still mapped for the host (host_map without "
+                                 "host_unmap)",
+                                 ptr));
+    }
+    refuse_if_queued("ipc_mem_close", static_cast<char*>(ptr), bytes);
+    {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      d.allocations.erase(ptr);
+    }
+    std::size_t length = a.opened->length;
+    retire(static_cast<char*>(ptr) - a.offset, length);  // the exporter's pages no longer mapped
+    if (a.view) ::munmap(a.view, length);
+    {
+      std::lock_guard<std::mutex> lock(opened_mutex_);
+      opened_.erase(a.opened->key);
+    }
+    ipc_open_.fetch_sub(1, std::memory_order_relaxed);
+    // The descriptor, and with it the lock on the exporter's heap, goes with `a`.
+  }
+
+  accelkit::IpcEventHandle ipc_event_export(int device, accelkit::EventHandle event) {
+    check(device, "ipc_event_export");
+    auto e = event_of(event, "ipc_event_export");
+    fault("ipc_event_export");
+    if (e->remote)
+      driver_error(kInvalidValue, "ipc_event_export",
+                   fmt::format("event {:#x} was opened from process {} (ipc_event_open): only "
+                               "its exporter can export it",
+                               event.value, e->remote->pid));
+    if (!e->slot)
+      driver_error(kInvalidValue, "ipc_event_export",
+                   fmt::format("event {:#x} was not created with EventFlags::interprocess",
+                               event.value));
+    if (e->device != device)
+      driver_error(kInvalidValue, "ipc_event_export",
+                   fmt::format("event {:#x} is of device {}, exported as device {}'s",
+                               event.value, e->device, device));
+    if (e->file->pid != ::getpid())
+      driver_error(kNotPermitted, "ipc_event_export",
+                   fmt::format("event {:#x} was created by process {}, which this one forked "
+                               "from",
+                               event.value, e->file->pid));
+    {
+      std::lock_guard<std::mutex> lock(e->mutex);
+      if (!std::exchange(e->exported, true)) ipc_events_exported_.fetch_add(1);
+    }
+    Wire w{kEventMagic, static_cast<std::uint32_t>(device), e->file->pid, e->file->fd,
+           e->file->token, e->index, 0, 0, 0, 0};
+    return encode<accelkit::IpcEventHandle>(w);
+  }
+
+  accelkit::EventHandle ipc_event_open(int device, const accelkit::IpcEventHandle& handle) {
+    check(device, "ipc_event_open");
+    fault("ipc_event_open");
+    Wire w = decode(handle.bytes, kEventMagic, "ipc_event_open", "event");
+    std::string what = fmt::format("event handle {}", hex(handle.bytes));
+    if (w.offset == 0 || w.offset >= kEventSlots || w.length != 0 || w.start != 0 || w.bytes != 0)
+      driver_error(kInvalidValue, "ipc_event_open",
+                   fmt::format("{} is not a simdev event handle (its slot is malformed)", what));
+    check_handle(w, device, "ipc_event_open", what);
+    context(device);
+    auto r = std::make_shared<RemoteEvent>();
+    r->fd = reopen(w, fmt::format("simdev-events-{:016x}", w.token), "ipc_event_open", what);
+    r->pid = w.pid;
+    std::uint64_t byte = w.offset * sizeof(IpcSlot);
+    std::uint64_t page = byte / kPage * kPage;
+    void* m = ::mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd,
+                     static_cast<off_t>(page));
+    if (m == MAP_FAILED)
+      driver_error(kInvalidValue, "ipc_event_open",
+                   fmt::format("{}: mapping its slot failed: {}", what, std::strerror(errno)));
+    r->page = static_cast<char*>(m);
+    r->slot = reinterpret_cast<IpcSlot*>(r->page + (byte - page));
+    if (!r->exporter_alive())
+      driver_error(kInvalidValue, "ipc_event_open",
+                   fmt::format("{}: the process that exported it (pid {}) has exited", what,
+                               w.pid));
+    std::uint64_t state = r->slot->state.load(std::memory_order_acquire);
+    if (state != kSlotLive)
+      driver_error(kInvalidValue, "ipc_event_open",
+                   fmt::format("{}: {} of process {}", what,
+                               state == kSlotDestroyed ? "the event was destroyed by its exporter"
+                                                       : "names no interprocess event",
+                               w.pid));
+    auto e = std::make_shared<Event>();
+    e->device = device;
+    e->remote = std::move(r);
+    accelkit::EventHandle h = events_.add(std::move(e));
+    ipc_events_open_.fetch_add(1);
+    return h;
+  }
+
   // Blocks `stream` at this point of its queue until the returned gate opens
   // (tests use it to hold work back and observe ordering).
   class Gate {
@@ -1074,6 +1390,16 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::lock_guard<std::mutex> lock(d.mutex);
     return static_cast<long>(d.pieces.size());
   }
+  // Inter-process memory and events (Note [simdev inter-process memory]):
+  // allocations of this process exported and not freed; memory of other
+  // processes open here; freed allocations whose pages wait for another
+  // process to close them; interprocess events exported and not destroyed;
+  // events opened from other processes and not destroyed.
+  long ipc_exported() const { return ipc_exported_.load(); }
+  long ipc_open_count() const { return ipc_open_.load(); }
+  long ipc_deferred_releases() const { return ipc_deferred_.load(); }
+  long ipc_events_exported() const { return ipc_events_exported_.load(); }
+  long ipc_events_open() const { return ipc_events_open_.load(); }
   bool initialized() const { return initialized_; }
   std::uint64_t bytes_in_use(int device) { return context(device).used.load(); }
   long pinned_blocks() {
@@ -1179,13 +1505,23 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   };
 
   // One record of an event: complete when its stream reaches it.
+  struct EventFile;
+  struct IpcSlot;
   class Record {
    public:
     void complete() {
       std::lock_guard<std::mutex> lock(mutex_);
       done_ = true;
       when_ = std::chrono::steady_clock::now();
+      if (slot_) slot_->complete(seq_);
       cv_.notify_all();
+    }
+    // The record of an interprocess event: its completion is published in
+    // the event's slot, as record `seq` (Note [simdev inter-process memory]).
+    void share(std::shared_ptr<EventFile> file, IpcSlot* slot, std::uint64_t seq) {
+      file_ = std::move(file);
+      slot_ = slot;
+      seq_ = seq;
     }
     bool done() {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -1205,6 +1541,9 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::condition_variable cv_;
     bool done_ = false;
     std::chrono::steady_clock::time_point when_{};
+    std::shared_ptr<EventFile> file_;  // keeps the slot mapped
+    IpcSlot* slot_ = nullptr;
+    std::uint64_t seq_ = 0;
   };
 
   // A stream: a FIFO of work run by a worker thread started on first use.
@@ -1349,11 +1688,20 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   };
 
   // An event: its last record (none until recorded).
+  struct RemoteEvent;
   struct Event {
     int device = 0;
     bool timing = false;
     std::mutex mutex;
     std::shared_ptr<Record> record;
+    // An interprocess event's slot (Note [simdev inter-process memory]),
+    // its records so far and whether it was exported (under `mutex`).
+    std::shared_ptr<EventFile> file;
+    IpcSlot* slot = nullptr;
+    std::uint64_t index = 0;
+    std::uint64_t seq = 0;
+    bool exported = false;
+    std::shared_ptr<RemoteEvent> remote;  // opened from another process
     std::shared_ptr<Record> last() {
       std::lock_guard<std::mutex> lock(mutex);
       return record;
@@ -1377,12 +1725,120 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
 
   // A device allocation; its size is the range map's (usable bytes, from
   // the returned pointer).
+  struct Heap;
+  struct Opened;
   struct Allocation {
     std::size_t offset = 0;  // from the start of the mapping
     char* view = nullptr;    // mapped mode: the device's view of the mapping
     std::vector<std::uint32_t> holds;  // mapped mode: open host maps per page
     std::uint64_t serial = 0;          // which allocation: never the same twice
+    // Note [simdev inter-process memory]: the heap of its pages (null when
+    // opened from another process) and the mapping's offset in it (or in
+    // the exporter's); whether exported; ipc_mem_open's state.
+    std::shared_ptr<Heap> heap;
+    std::uint64_t file_offset = 0;
+    bool exported = false;
+    std::shared_ptr<Opened> opened;
   };
+  // A device's heap in one process: a sparse memfd whose offsets are given
+  // out once each.
+  struct Heap {
+    int fd = -1;
+    pid_t pid = 0;
+    std::uint64_t token = 0;  // in the memfd's name
+    std::mutex mutex;         // next, size, deferred
+    std::uint64_t next = 0;
+    std::uint64_t size = 0;
+    std::vector<std::pair<std::uint64_t, std::size_t>> deferred;  // freed, open elsewhere
+    Heap() = default;
+    Heap(const Heap&) = delete;
+    Heap& operator=(const Heap&) = delete;
+    ~Heap() {
+      if (fd >= 0) ::close(fd);
+    }
+  };
+  using OpenKey = std::tuple<pid_t, std::uint64_t, std::uint64_t>;  // pid, token, offset
+  // Another process's memory opened here: its heap's descriptor, holding
+  // the lock that says so.
+  struct Opened {
+    int fd = -1;
+    pid_t pid = 0;
+    OpenKey key{};
+    std::size_t length = 0;  // of the mapping
+    Opened() = default;
+    Opened(const Opened&) = delete;
+    Opened& operator=(const Opened&) = delete;
+    ~Opened() {
+      if (fd >= 0) ::close(fd);
+    }
+  };
+  // An interprocess event's slot, shared between processes.
+  static constexpr std::uint64_t kSlotLive = 1, kSlotDestroyed = 2;
+  struct IpcSlot {
+    std::atomic<std::uint64_t> state;      // 0 unused, kSlotLive, kSlotDestroyed
+    std::atomic<std::uint64_t> recorded;   // the last record's number (0: none)
+    std::atomic<std::uint64_t> completed;  // the highest number completed
+    std::uint64_t device;
+    void complete(std::uint64_t seq) {
+      std::uint64_t c = completed.load(std::memory_order_relaxed);
+      while (c < seq && !completed.compare_exchange_weak(c, seq, std::memory_order_release)) {
+      }
+    }
+  };
+  static_assert(sizeof(std::atomic<std::uint64_t>) == 8 &&
+                    std::atomic<std::uint64_t>::is_always_lock_free,
+                "a slot's numbers are shared between processes");
+  static constexpr std::uint64_t kEventSlots = 32768;  // per process; slot 0 is not used
+  // A process's interprocess events: a memfd of slots, byte 0 read-locked
+  // by the process for its lifetime.
+  struct EventFile {
+    int fd = -1;
+    pid_t pid = 0;
+    std::uint64_t token = 0;
+    char* base = nullptr;
+    std::uint64_t next = 1;  // under the runtime's ipc_mutex_
+    EventFile() = default;
+    EventFile(const EventFile&) = delete;
+    EventFile& operator=(const EventFile&) = delete;
+    ~EventFile() {
+      if (base) ::munmap(base, kEventSlots * sizeof(IpcSlot));
+      if (fd >= 0) ::close(fd);
+    }
+  };
+  // An event opened from another process: its slot, mapped here.
+  struct RemoteEvent {
+    int fd = -1;
+    pid_t pid = 0;
+    char* page = nullptr;
+    IpcSlot* slot = nullptr;
+    RemoteEvent() = default;
+    RemoteEvent(const RemoteEvent&) = delete;
+    RemoteEvent& operator=(const RemoteEvent&) = delete;
+    ~RemoteEvent() {
+      if (page) ::munmap(page, kPage);
+      if (fd >= 0) ::close(fd);
+    }
+    bool completed(std::uint64_t target) const {
+      return target == 0 || slot->completed.load(std::memory_order_acquire) >= target;
+    }
+    bool exporter_alive() const { return locked(fd, 0); }
+  };
+  // The 64 bytes of a handle.
+  static constexpr std::uint32_t kMemMagic = 0x4d564453;    // "SDVM"
+  static constexpr std::uint32_t kEventMagic = 0x45564453;  // "SDVE"
+  struct Wire {
+    std::uint32_t magic;
+    std::uint32_t device;
+    std::int32_t pid;
+    std::int32_t fd;
+    std::uint64_t token;
+    std::uint64_t offset;  // memory: in the heap; event: the slot
+    std::uint64_t length;  // memory: of the mapping
+    std::uint64_t start;   // memory: the pointer's offset in the mapping
+    std::uint64_t bytes;   // memory: the allocation's
+    std::uint64_t check;
+  };
+  static_assert(sizeof(Wire) == 64, "a handle is 64 bytes");
   // Physical memory from vm_create (Note [simdev virtual memory]).
   struct Physical {
     int device = 0;
@@ -1418,6 +1874,8 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::uint64_t reserved_bytes = 0;
     accelkit::support::HandleTable<accelkit::StreamHandle, Stream> streams{name, "stream",
                                                                           kInvalidHandle};
+    std::mutex heap_mutex;
+    std::shared_ptr<Heap> heap;  // under heap_mutex (Note [simdev inter-process memory])
     std::optional<std::pair<int, std::string>> async_error;  // code, message
     std::atomic<bool> has_async_error{false};  // async_error is set (read without the lock)
   };
@@ -1476,25 +1934,257 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
 
   bool mapped_mode() const { return config_.host_access == accelkit::HostAccessLevel::mapped; }
 
-  // One memfd mapped twice (Note [simdev mapped memory]): returns the host's
-  // view (no access), sets `view` to the device's; MAP_FAILED on failure.
-  static void* map_twice(std::size_t bytes, char*& view) {
-    int fd = static_cast<int>(::syscall(SYS_memfd_create, "simdev", 1u /* MFD_CLOEXEC */));
-    if (fd < 0) return MAP_FAILED;
-    void* host = MAP_FAILED;
-    if (::ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
-      host = ::mmap(nullptr, bytes, PROT_NONE, MAP_SHARED, fd, 0);
-      void* dev = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (host == MAP_FAILED || dev == MAP_FAILED) {
-        if (host != MAP_FAILED) ::munmap(host, bytes);
-        if (dev != MAP_FAILED) ::munmap(dev, bytes);
-        host = MAP_FAILED;
-      } else {
-        view = static_cast<char*>(dev);
-      }
+  // Note [simdev inter-process memory]: the calling process's heap of
+  // `device`, made at its first malloc there (again in a forked child);
+  // null when no memfd can be made.
+  std::shared_ptr<Heap> heap_of(Device& d, int device) {
+    pid_t pid = ::getpid();
+    std::lock_guard<std::mutex> lock(d.heap_mutex);
+    if (d.heap && d.heap->pid == pid) return d.heap;
+    auto h = std::make_shared<Heap>();
+    h->pid = pid;
+    h->token = random_token();
+    std::string file = fmt::format("simdev-heap-{}-{:016x}", device, h->token);
+    h->fd = static_cast<int>(::syscall(SYS_memfd_create, file.c_str(), 1u /* MFD_CLOEXEC */));
+    if (h->fd < 0) return nullptr;
+    d.heap = h;
+    return h;
+  }
+  static constexpr std::uint64_t kNoOffset = ~std::uint64_t{0};
+  // A fresh range of `bytes` of the heap's offsets (never given before),
+  // the file grown to hold it; kNoOffset when it cannot grow.
+  static std::uint64_t take_offsets(Heap& h, std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(h.mutex);
+    std::uint64_t at = h.next;
+    if (at + bytes > h.size) {
+      std::uint64_t size = std::max({h.size * 2, at + bytes, std::uint64_t{1} << 30});
+      if (::ftruncate(h.fd, static_cast<off_t>(size)) != 0) return kNoOffset;
+      h.size = size;
     }
-    ::close(fd);
+    h.next = at + bytes;
+    return at;
+  }
+  // Maps `bytes` of a heap at offset `at`: read-write; in mapped mode (Note
+  // [simdev mapped memory]) PROT_NONE, with `view` set to the device's
+  // read-write view. MAP_FAILED on failure.
+  void* map_heap(int fd, std::uint64_t at, std::size_t bytes, char*& view) {
+    if (!mapped_mode())
+      return ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(at));
+    void* host = ::mmap(nullptr, bytes, PROT_NONE, MAP_SHARED, fd, static_cast<off_t>(at));
+    if (host == MAP_FAILED) return MAP_FAILED;
+    void* dev = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(at));
+    if (dev == MAP_FAILED) {
+      ::munmap(host, bytes);
+      return MAP_FAILED;
+    }
+    view = static_cast<char*>(dev);
     return host;
+  }
+  static void punch(int fd, std::uint64_t at, std::size_t bytes) {
+    ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(at),
+                static_cast<off_t>(bytes));
+  }
+  // The pages of a freed allocation leave its heap, unless another process
+  // holds them open: then they wait for a later retry_deferred.
+  void release_pages(const Allocation& a, std::size_t length) {
+    Heap& h = *a.heap;
+    if (h.pid != ::getpid()) return;  // a parent's heap, inherited across fork: its pages
+    bool held = false;
+    if (a.exported) {
+      set_lock(h.fd, a.file_offset + 1, F_UNLCK);  // opens from now on are refused
+      held = locked(h.fd, a.file_offset);
+      ipc_exported_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    if (held) {
+      std::lock_guard<std::mutex> lock(h.mutex);
+      h.deferred.emplace_back(a.file_offset, length);
+      ipc_deferred_.fetch_add(1);
+      return;
+    }
+    punch(h.fd, a.file_offset, length);
+    if (ipc_deferred_.load(std::memory_order_relaxed) != 0) retry_deferred(h);
+  }
+  // Punches the deferred ranges no process holds any longer.
+  void retry_deferred(Heap& h) {
+    std::lock_guard<std::mutex> lock(h.mutex);
+    for (auto it = h.deferred.begin(); it != h.deferred.end();) {
+      if (locked(h.fd, it->first)) {
+        ++it;
+        continue;
+      }
+      punch(h.fd, it->first, it->second);
+      it = h.deferred.erase(it);
+      ipc_deferred_.fetch_sub(1);
+    }
+  }
+  // An OFD lock of one byte (F_RDLCK, or F_UNLCK to drop it).
+  static bool set_lock(int fd, std::uint64_t byte, short type) {
+    struct flock fl {};
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = static_cast<off_t>(byte);
+    fl.l_len = 1;
+    return ::fcntl(fd, F_OFD_SETLK, &fl) == 0;
+  }
+  // Whether another open file description (another process's, or a dead
+  // one's until the kernel drops it) locks the byte; true when unknown.
+  static bool locked(int fd, std::uint64_t byte) {
+    struct flock fl {};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = static_cast<off_t>(byte);
+    fl.l_len = 1;
+    if (::fcntl(fd, F_OFD_GETLK, &fl) != 0) return true;
+    return fl.l_type != F_UNLCK;
+  }
+  static std::uint64_t random_token() {
+    std::random_device rd;
+    std::uint64_t t = (std::uint64_t{rd()} << 32) ^ rd();
+    t ^= static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    return t ^ (static_cast<std::uint64_t>(::getpid()) << 40);
+  }
+  static std::uint64_t checksum(const Wire& w) {
+    unsigned char b[sizeof(Wire)];
+    std::memcpy(b, &w, sizeof b);
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (std::size_t i = 0; i < offsetof(Wire, check); ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h ^ 0x5349'4d44'4556'4950ull;
+  }
+  template <class H>
+  static H encode(Wire w) {
+    w.check = checksum(w);
+    H h;
+    std::memcpy(h.bytes.data(), &w, sizeof w);
+    return h;
+  }
+  static std::string hex(const std::array<std::uint8_t, 64>& bytes) {
+    std::string s;
+    for (std::uint8_t b : bytes) s += fmt::format("{:02x}", b);
+    return s;
+  }
+  Wire decode(const std::array<std::uint8_t, 64>& bytes, std::uint32_t magic, const char* call,
+              const char* kind) {
+    Wire w;
+    std::memcpy(&w, bytes.data(), sizeof w);
+    if (w.magic != magic || w.check != checksum(w) || w.pid <= 0 || w.fd < 0)
+      driver_error(kInvalidValue, call,
+                   fmt::format("{} handle {} is not a simdev {} handle (garbled or not from "
+                               "ipc_{}_export)",
+                               kind, hex(bytes), kind, magic == kMemMagic ? "mem" : "event"));
+    return w;
+  }
+  // The checks every open makes before reaching the exporter.
+  void check_handle(const Wire& w, int device, const char* call, const std::string& what) {
+    if (static_cast<int>(w.device) != device)
+      driver_error(kInvalidValue, call,
+                   fmt::format("{} is of device {}, opened on device {} (open it on the "
+                               "exporter's device)",
+                               what, w.device, device));
+    if (w.pid == ::getpid())
+      driver_error(kInvalidValue, call,
+                   fmt::format("{} was exported by this process (pid {}): a handle is opened "
+                               "in another process; here, use what it names",
+                               what, w.pid));
+  }
+  // The exporter's file, opened anew through /proc (Note [simdev
+  // inter-process memory]); its name must carry `file`.
+  int reopen(const Wire& w, const std::string& file, const char* call, const std::string& what) {
+    std::string path = fmt::format("/proc/{}/fd/{}", w.pid, w.fd);
+    auto names = [&](const std::string& link) {
+      char buf[256];
+      ssize_t n = ::readlink(link.c_str(), buf, sizeof buf - 1);
+      return n > 0 && std::string_view(buf, static_cast<std::size_t>(n)).find(file) !=
+                          std::string_view::npos;
+    };
+    auto gone = [&](int error) {
+      bool alive = ::access(fmt::format("/proc/{}", w.pid).c_str(), F_OK) == 0;
+      driver_error(kInvalidValue, call,
+                   error != 0 && error != ENOENT
+                       ? fmt::format("{}: {} cannot be opened: {}", what, path,
+                                     std::strerror(error))
+                       : fmt::format("{}: the process that exported it (pid {}) has exited{}",
+                                     what, w.pid,
+                                     alive ? " or destroyed its simdev runtime (the pid names "
+                                             "another process now, or holds no such memory)"
+                                           : ""));
+    };
+    if (!names(path)) gone(0);
+    int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) gone(errno);
+    if (!names(fmt::format("/proc/self/fd/{}", fd))) {  // the pid or descriptor changed hands
+      ::close(fd);
+      gone(0);
+    }
+    return fd;
+  }
+  // An interprocess event's slot in this process's event file.
+  void share_slot(Event& e, int device) {
+    std::lock_guard<std::mutex> lock(ipc_mutex_);
+    pid_t pid = ::getpid();
+    if (!event_file_ || event_file_->pid != pid) {
+      auto f = std::make_shared<EventFile>();
+      f->pid = pid;
+      f->token = random_token();
+      std::string file = fmt::format("simdev-events-{:016x}", f->token);
+      std::size_t bytes = kEventSlots * sizeof(IpcSlot);
+      f->fd = static_cast<int>(::syscall(SYS_memfd_create, file.c_str(), 1u /* MFD_CLOEXEC */));
+      void* m = MAP_FAILED;
+      if (f->fd >= 0 && ::ftruncate(f->fd, static_cast<off_t>(bytes)) == 0 &&
+          set_lock(f->fd, 0, F_RDLCK))
+        m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f->fd, 0);
+      if (m == MAP_FAILED)
+        driver_error(kInvalidValue, "event_create",
+                     fmt::format("the file of interprocess events could not be made: {}",
+                                 std::strerror(errno)));
+      f->base = static_cast<char*>(m);
+      event_file_ = std::move(f);
+    }
+    if (event_file_->next >= kEventSlots)
+      driver_error(kInvalidValue, "event_create",
+                   fmt::format("this process has made {} interprocess events, simdev's most",
+                               kEventSlots - 1));
+    e.file = event_file_;
+    e.index = event_file_->next++;
+    e.slot = new (event_file_->base + e.index * sizeof(IpcSlot)) IpcSlot{};
+    e.slot->device = static_cast<std::uint64_t>(device);
+    e.slot->state.store(kSlotLive, std::memory_order_release);
+  }
+  // Queues on `s` a wait for the exporter's last record of an opened event.
+  void enqueue_remote_wait(Stream& s, int device, const std::shared_ptr<RemoteEvent>& r,
+                           bool async_fault, const char* what) {
+    std::uint64_t target = r->slot->recorded.load(std::memory_order_acquire);
+    if (r->completed(target)) return;
+    Work w;
+    w.device = device;
+    w.what = what;
+    w.fn = [this, r, target, device, what] {
+      if (!wait_remote(*r, target))
+        set_async_error(device, kLaunchFailure,
+                        fmt::format("queued {}: {}", what, exited_with_record(*r, target)));
+    };
+    w.essential = true;
+    w.fail = async_fault;
+    s.enqueue(std::move(w));
+  }
+  // Polls until record `target` of an opened event has completed (true), or
+  // its exporter is gone with it incomplete (false).
+  static bool wait_remote(const RemoteEvent& r, std::uint64_t target) {
+    for (int i = 0; i < 64; ++i) {
+      if (r.completed(target)) return true;
+      std::this_thread::yield();
+    }
+    auto nap = std::chrono::microseconds(20);
+    while (!r.completed(target)) {
+      if (!r.exporter_alive()) return r.completed(target);
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(1000));
+    }
+    return true;
+  }
+  static std::string exited_with_record(const RemoteEvent& r, std::uint64_t target) {
+    return fmt::format("the process that exported the interprocess event (pid {}) exited "
+                       "before its record {} completed",
+                       r.pid, target);
   }
 
   // Opens (`open`) or closes one host map over the pages under [ptr, ptr +
@@ -1705,9 +2395,14 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
 
   // Freed memory: pages dropped and made inaccessible, the range kept
   // reserved for a while (Note [simdev strictness]).
+  // Anonymous PROT_NONE pages replace the mapping, so that no file (a heap,
+  // another process's) stays mapped behind them.
   void retire(void* p, std::size_t n) {
-    ::madvise(p, n, MADV_DONTNEED);
-    ::mprotect(p, n, PROT_NONE);
+    if (::mmap(p, n, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) ==
+        MAP_FAILED) {
+      ::madvise(p, n, MADV_DONTNEED);
+      ::mprotect(p, n, PROT_NONE);
+    }
     std::lock_guard<std::mutex> lock(retired_mutex_);
     retired_.emplace_back(p, n);
     retired_bytes_ += n;
@@ -1836,6 +2531,16 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       name, {kInvalidHandle, kInvalidValue, kInvalidValue, kNotPermitted}};
   std::mutex fault_mutex_;
   std::map<std::string, int> calls_;
+  // Note [simdev inter-process memory].
+  std::mutex ipc_mutex_;
+  std::shared_ptr<EventFile> event_file_;  // under ipc_mutex_
+  std::mutex opened_mutex_;
+  std::map<OpenKey, void*> opened_;  // handles open here -> base (nullptr while opening)
+  std::atomic<long> ipc_exported_{0};
+  std::atomic<long> ipc_open_{0};
+  std::atomic<long> ipc_deferred_{0};
+  std::atomic<long> ipc_events_exported_{0};
+  std::atomic<long> ipc_events_open_{0};
   std::mutex retired_mutex_;
   std::deque<std::pair<void*, std::size_t>> retired_;
   std::size_t retired_bytes_ = 0;
