@@ -277,6 +277,7 @@ inline IpcShared IpcSender::share(const c10::Storage& storage) {
                   " is in an expandable segment, which cannot be shared between processes; "
                   "share memory allocated with expandable_segments:False (PYTORCH_ALLOC_CONF)");
       IpcMemHandle h = translated([&] { return b.ipc_mem_export(d, seg.base); });
+      attach_reclaimer(d);
       auto [file, slot] = translated([&] { return acquire_slot(); });
       Entry entry;
       entry.device = d;
@@ -287,7 +288,6 @@ inline IpcShared IpcSender::share(const c10::Storage& storage) {
       entry.handle = ipc_detail::to_hex(h.bytes);
       entry.file = file;
       entry.slot = slot;
-      attach_reclaimer(d);
       entry.original = impl->set_data_ptr(
           c10::DataPtr(p, p, sent_deleters[static_cast<std::size_t>(d)], storage.device()));
       e = &entries_.emplace(key, std::move(entry)).first->second;
@@ -583,6 +583,8 @@ inline void IpcReceiver::storage_died(device_index d, void* p) noexcept {
     }
     Received& r = it->second;
     if (--r.count > 0) return;
+    // A host map of it is ended before its segment may close (Note [Map scopes]).
+    reporting_failures([&] { backend().maps_forget(d, p); });
     auto seg = segments_.find(r.segment);
     // The segment is closed before the slot is unlocked: the sender may then
     // free the memory, and its handle may name new memory.
