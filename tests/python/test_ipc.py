@@ -26,21 +26,11 @@ import torch
 import torch.multiprocessing as mp
 from multiprocessing.reduction import ForkingPickler
 
-from backend import DEV, IS_SIMDEV, MOD, renamed
+from backend import DEV, IS_SIMDEV, MOD, OPS, renamed
 
 
-def _has_ipc():
-    """Whether the backend shares device memory between processes: an
-    in-process round trip through the pickler says so (a backend without
-    the runtime's inter-process members refuses at once)."""
-    try:
-        pickle.loads(ForkingPickler.dumps(torch.ones(1, device=DEV)))
-    except RuntimeError as e:
-        return "inter-process memory handles" not in str(e)
-    return True
-
-
-HAS_IPC = _has_ipc()
+# simdev's runtime has the inter-process members; another backend says so.
+HAS_IPC = IS_SIMDEV or OPS.ipc_has_memory()
 needs_ipc = pytest.mark.skipif(
     not HAS_IPC, reason=f"{DEV}'s runtime has no inter-process memory members")
 
@@ -226,9 +216,10 @@ def _open_event(h):
     e = MOD.Event.from_ipc_handle(0, h)
     _KEPT["event"] = e
     _KEPT["waiter"] = torch.full((4,), 1.0, device=DEV)
+    _KEPT["twos"] = torch.full((4,), 2.0).pin_memory()
     s = torch.accelerator.current_stream(0)
-    s.wait_event(e)                 # this process's stream waits for the other's record
-    _KEPT["waiter"].add_(1.0)       # queued behind the wait
+    e.wait(s)                       # this process's stream waits for the other's record
+    _KEPT["waiter"].copy_(_KEPT["twos"], non_blocking=True)  # queued behind the wait
     return {"query": e.query(), "stream_query": s.query()}
 
 
@@ -323,27 +314,27 @@ def test_parameters_and_storages_arrive_as_their_own_types(worker):
 def test_writes_queued_before_the_send_are_seen_by_the_consumer(worker):
     n = 1 << 20
     side = torch.Stream(device=DEV)
+    sevens, fives = torch.full((n,), 7.0).pin_memory(), torch.full((n,), 5.0).pin_memory()
     # A pipe pickles in the calling thread: the event is recorded on the
     # current stream there, the side stream.
     x = torch.zeros(n, device=DEV)
     _settled()
     gate = _hold(side)
+    _release_later(gate, 300)  # from a thread of the driver's, after the send
     with MOD.stream(side):
-        x.fill_(7.0)
+        x.copy_(sevens, non_blocking=True)  # queued behind the held stream
         worker.conn.send(x)
-    _release_later(gate, 300)
     assert worker.call(_sum_from_conn) == 7.0 * n
     # A queue pickles in its feeder thread, on the default stream: as on
     # CUDA, that stream waits for the side stream before put().
     y = torch.zeros(n, device=DEV)
     _settled()
     gate = _hold(side)
-    with MOD.stream(side):
-        y.fill_(5.0)
-    torch.accelerator.current_stream(0).wait_stream(side)
-    worker.send(_sum_of, y)
     _release_later(gate, 300)
-    assert worker.reply() == 5.0 * n
+    with MOD.stream(side):
+        y.copy_(fives, non_blocking=True)
+    torch.accelerator.current_stream(0).wait_stream(side)
+    assert worker.call(_sum_of, y) == 5.0 * n
 
 
 @needs_ipc
@@ -353,7 +344,7 @@ def test_an_interprocess_event_orders_another_processs_stream(worker):
     side = torch.Stream(device=DEV)
     e = MOD.Event(interprocess=True)
     gate = _hold(side)
-    side.record_event(e) if hasattr(side, "record_event") else e.record(side)
+    e.record(side)
     handle = e.ipc_handle()
     assert isinstance(handle, bytes) and handle
     if gate is not None:
@@ -362,7 +353,7 @@ def test_an_interprocess_event_orders_another_processs_stream(worker):
     else:
         worker.call(_open_event, handle)
     assert worker.call(_event_done) == {"query": True, "waiter": [2.0] * 4}
-    worker.call(_drop, "event", "waiter")
+    worker.call(_drop, "event", "waiter", "twos")
 
 
 @needs_ipc
@@ -381,6 +372,7 @@ def test_a_thousand_small_tensors_sent_and_released_leave_nothing_behind(worker)
     worker.send(_receive_many, n)
     for t in sent:
         worker.conn.send(t)
+    del t
     out = worker.reply()
     assert out["wrong"] == []
     assert out["opened_holding"] >= 1
