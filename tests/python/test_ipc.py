@@ -213,7 +213,7 @@ def _sum_from_conn():
 
 
 def _open_event(h):
-    e = MOD.Event.from_ipc_handle(0, h)
+    e = h if isinstance(h, torch.Event) else MOD.Event.from_ipc_handle(0, h)
     _KEPT["event"] = e
     _KEPT["waiter"] = torch.full((4,), 1.0, device=DEV)
     _KEPT["twos"] = torch.full((4,), 2.0).pin_memory()
@@ -343,17 +343,18 @@ def test_an_interprocess_event_orders_another_processs_stream(worker):
         MOD.Event(interprocess=True, enable_timing=True)
     side = torch.Stream(device=DEV)
     e = MOD.Event(interprocess=True)
-    gate = _hold(side)
-    e.record(side)
     handle = e.ipc_handle()
     assert isinstance(handle, bytes) and handle
-    if gate is not None:
-        assert worker.call(_open_event, handle) == {"query": False, "stream_query": False}
-        torch.ops.simdev_driver.release(gate)
-    else:
-        worker.call(_open_event, handle)
-    assert worker.call(_event_done) == {"query": True, "waiter": [2.0] * 4}
-    worker.call(_drop, "event", "waiter", "twos")
+    for sent in (handle, e):  # its handle's bytes, then the event itself through the queue
+        gate = _hold(side)
+        e.record(side)
+        if gate is not None:
+            assert worker.call(_open_event, sent) == {"query": False, "stream_query": False}
+            torch.ops.simdev_driver.release(gate)
+        else:
+            worker.call(_open_event, sent)
+        assert worker.call(_event_done) == {"query": True, "waiter": [2.0] * 4}
+        worker.call(_drop, "event", "waiter", "twos")
 
 
 @needs_ipc
