@@ -1,12 +1,18 @@
 // include/accelkit/support/ipc_refs.hpp on its own: a producer's reference
 // file and the consumers that hold its slots, each consumer a child process
-// (fork) that opens the file through /proc/<pid>/fd/<fd>.
+// (fork) that opens the file through /proc/<pid>/fd/<fd>. And what sharing
+// asks of the caching allocator: the segment of a pointer, and reclaimers
+// run before out of memory (Note [Sharing device memory between processes]).
 #include "catch.hpp"
 
+#include <accelkit/accelkit.hpp>
 #include <accelkit/support/ipc_refs.hpp>
+
+#include "simdev_runtime.hpp"
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include <sys/wait.h>
@@ -214,4 +220,66 @@ TEST_CASE("ipc refs: a slot out of range is refused with its value") {
   }
   CHECK(what.find("slot " + std::to_string(kRefSlots)) != std::string::npos);
   CHECK(view.idle());
+}
+
+namespace {
+simdev::Config one_device(std::uint64_t mib) {
+  simdev::Config c;
+  c.device_count = 1;
+  c.memory_bytes = {mib << 20};
+  return c;
+}
+accelkit::AllocatorConfig alloc_conf(const std::string& text) {
+  return accelkit::AllocatorConfig::parse("simdev", "SIMDEV_ALLOC_CONF", text);
+}
+}  // namespace
+
+TEST_CASE("ipc refs: segment_of names the driver allocation that holds a pointer") {
+  using accelkit::memory_constants::kMiB;
+  accelkit::Backend<simdev::SimRuntime> b(accelkit::Environment::fixed({}), one_device(64));
+  accelkit::DeviceCachingAllocator<simdev::SimRuntime> a(b, 0, alloc_conf(""));
+  accelkit::StreamHandle s = b.stream_create(0, 0);
+  char* p = static_cast<char*>(a.allocate(1000, s));  // a small segment of 2 MiB
+  char* q = static_cast<char*>(a.allocate(1000, s));
+  accelkit::SegmentSpan sp = a.segment_of(p), sq = a.segment_of(q + 10);
+  REQUIRE(sp.base != nullptr);
+  CHECK(sp.base == sq.base);
+  CHECK(sp.size == 2 * kMiB);
+  CHECK(p >= sp.base);
+  CHECK(p < sp.base + sp.size);
+  CHECK_FALSE(sp.expandable);
+  char* big = static_cast<char*>(a.allocate(12 * kMiB, s));  // a large segment of its own
+  accelkit::SegmentSpan sb = a.segment_of(big + 5 * kMiB);
+  CHECK(sb.base == big);
+  CHECK(sb.size == 12 * kMiB);
+  int local = 0;
+  CHECK(a.segment_of(&local).base == nullptr);
+  a.deallocate(p);
+  a.deallocate(q);
+  a.deallocate(big);
+}
+
+TEST_CASE("ipc refs: a reclaimer runs where the device has no room, before out of memory") {
+  using accelkit::memory_constants::kMiB;
+  accelkit::Backend<simdev::SimRuntime> b(accelkit::Environment::fixed({}), one_device(64));
+  accelkit::DeviceCachingAllocator<simdev::SimRuntime> a(b, 0, alloc_conf(""));
+  accelkit::StreamHandle s = b.stream_create(0, 0);
+  void* kept = a.allocate(40 * kMiB, s);  // as memory a receiver held
+  int calls = 0;
+  a.attach_reclaimer([&] {
+    ++calls;
+    if (kept) a.deallocate(kept);  // every receiver released it
+    kept = nullptr;
+  });
+  a.attach_reclaimer([] { throw std::runtime_error("dropped"); });
+  void* small = a.allocate(1000, s);  // room: no reclaimer runs
+  CHECK(calls == 0);
+  void* p = a.allocate(50 * kMiB, s);  // room only once the reclaimer freed the 40 MiB
+  CHECK(calls == 1);
+  CHECK(p != nullptr);
+  CHECK(kept == nullptr);
+  CHECK_THROWS_AS(a.allocate(30 * kMiB, s), accelkit::OutOfMemoryError);  // nothing left
+  CHECK(calls == 2);
+  a.deallocate(p);
+  a.deallocate(small);
 }
