@@ -11,7 +11,9 @@ A backend whose runtime has no inter-process memory members cannot share:
 its reducers send a marker whose unpickling raises, so that the receiver's
 ``get()`` fails at once with a RuntimeError naming the backend and the
 tensor, and what to do instead (a reducer that raised would leave the
-receiver waiting forever: the queue's feeder thread only prints it).
+receiver waiting forever: the queue's feeder thread only prints it). Memory
+that cannot be shared (an expandable segment's, memory received from
+another process) is refused the same way, with the reason.
 """
 from multiprocessing.reduction import ForkingPickler
 
@@ -32,6 +34,19 @@ def _unshareable(what: str):
 
 def _can_share() -> bool:
     return _backend.ops.ipc_has_memory()
+
+
+def _refused(message: str):
+    raise RuntimeError(message)
+
+
+def _share_or_refuse(storage):
+    """(True, what _share returns), or (False, a marker that raises the
+    reason in the receiver)."""
+    try:
+        return True, _share(storage)
+    except RuntimeError as e:
+        return False, (_refused, (str(e).split("\nException raised from")[0],))
 
 
 def _cache_key(meta):
@@ -97,7 +112,11 @@ def _reduce_tensor(tensor):
             "serializing (e.g., putting it on the queue).")
     torch.utils.hooks.warn_if_has_hooks(tensor)
     storage = tensor.untyped_storage()
-    meta = _share(storage) if storage.nbytes() > 0 else None
+    meta = None
+    if storage.nbytes() > 0:
+        ok, meta = _share_or_refuse(storage)
+        if not ok:
+            return meta
     return (_rebuild_tensor, (type(tensor), tensor.dtype, tensor.device.index, meta,
                               tensor.storage_offset(), tuple(tensor.size()), tensor.stride(),
                               tensor.requires_grad))
@@ -113,7 +132,11 @@ def _reduce_storage(storage):
     if not _can_share():
         return (_unshareable, (f"a {_backend.name} storage ({storage.device}, "
                                f"{storage.nbytes()} bytes)",))
-    meta = _share(storage) if storage.nbytes() > 0 else None
+    meta = None
+    if storage.nbytes() > 0:
+        ok, meta = _share_or_refuse(storage)
+        if not ok:
+            return meta
     return (_rebuild_storage, (storage.device.index, meta))
 
 
