@@ -35,10 +35,13 @@
 // receiver's work on it, on any stream, completes before the sender may
 // reuse the memory), then unlocks. Memory opened stays valid after the
 // sender exits, until closed.
+// A send that comes back to its sender gives a storage over the same
+// memory (no handle is opened in the process that exported it).
 // Limits: memory of expandable segments is refused (RuntimeError naming
 // the setting): its pages are mapped into one reserved range, not one
 // allocation; memory that is not the caching allocator's (received from
-// another process, copy-on-write) is refused too. A send whose message is
+// another process, copy-on-write) is refused too (the receiver raises the
+// reason: python/accelkit/_sharing.py). A send whose message is
 // never received keeps the memory until the sender exits. A receiver that
 // forks shares its lock with the child (one open file description), so the
 // memory is kept until both released it; the child itself never unlocks
