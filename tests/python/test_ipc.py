@@ -73,15 +73,15 @@ def _serve(inbox, outbox, conn):
     torch.set_num_threads(1)
     _CONN.append(conn)
     while True:
-        msg = inbox.get()
-        if msg is None:
-            return
-        fn, args = msg
         try:
+            msg = inbox.get()  # opens what the message carries
+            if msg is None:
+                return
+            fn, args = msg
             out = ("ok", fn(*args))
+            del msg, args
         except BaseException:
             out = ("error", traceback.format_exc())
-        del msg, args
         outbox.put(out)
         del out
 
@@ -490,6 +490,24 @@ def test_a_killed_process_releases_what_it_opened_and_what_it_sent_stays_readabl
         worker.conn.recv()
     del w
     assert _resources()["ipc"]["opened"] == start["ipc"]["opened"]
+
+
+@pytest.mark.skipif(not IS_SIMDEV, reason="expandable segments need the virtual-memory members "
+                                           "(simdev's)")
+def test_memory_in_expandable_segments_is_refused_naming_the_setting():
+    torch._C._accelerator_setAllocatorSettings("expandable_segments:True")
+    try:
+        x = torch.ones(1 << 21, device=DEV)  # 8 MiB: a large, expandable segment
+        payload = ForkingPickler.dumps(x)    # the refusal travels to the receiver
+    finally:
+        torch._C._accelerator_setAllocatorSettings("expandable_segments:False")
+    with pytest.raises(RuntimeError, match=f"{DEV}: the storage at .* is in an expandable "
+                                           "segment.*expandable_segments:False"):
+        pickle.loads(payload)
+    del x
+    MOD.empty_cache()
+    y = torch.ones(1 << 21, device=DEV)      # the setting off again: shared
+    assert pickle.loads(ForkingPickler.dumps(y)).data_ptr() == y.data_ptr()
 
 
 def test_a_backend_without_ipc_refuses_with_a_clear_error():
