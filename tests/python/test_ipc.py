@@ -48,7 +48,7 @@ def _settled():
 def _resources():
     _settled()
     return {"ipc": MOD.memory._ipc_state(), "fds": _fds(),
-            "allocated": MOD.memory_allocated(0)}
+            "allocated": MOD.memory_allocated(0), "driver_free": MOD.mem_get_info(0)[0]}
 
 
 def _hold(gate_stream):
@@ -390,6 +390,7 @@ def test_a_thousand_small_tensors_sent_and_released_leave_nothing_behind(worker)
     assert out["ipc"] == w_start["ipc"], (w_start, out)
     assert out["fds"] == w_start["fds"]
     assert out["allocated"] == w_start["allocated"]
+    assert out["driver_free"] == w_start["driver_free"]
 
 
 _FORK = """
