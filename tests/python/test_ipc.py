@@ -7,8 +7,9 @@ This process (initialized) is the producer for a spawned worker that runs
 commands sent to it (one worker for the module: each start imports torch for
 2-4 s), and the consumer of what the worker sends back. The fork context
 runs in a fresh interpreter, which forks before it initializes the device
-(as CUDA requires). The last test kills the worker. Values come back as
-Python lists, never as CPU tensors, whose sharing would open descriptors.
+(as CUDA requires). The last test that uses the worker kills it. Values
+come back as Python lists, never as CPU tensors, whose sharing would open
+descriptors.
 """
 import gc
 import os
