@@ -27,7 +27,7 @@ import torch
 import torch.multiprocessing as mp
 from multiprocessing.reduction import ForkingPickler
 
-from backend import DEV, IS_SIMDEV, MOD, OPS, renamed
+from backend import DEV, IS_SIMDEV, MOD, OPS, renamed, simdev_capacity
 
 
 # simdev's runtime has the inter-process members; another backend says so.
@@ -392,6 +392,25 @@ def test_a_thousand_small_tensors_sent_and_released_leave_nothing_behind(worker)
     assert out["fds"] == w_start["fds"]
     assert out["allocated"] == w_start["allocated"]
     assert out["driver_free"] == w_start["driver_free"]
+
+
+@needs_ipc
+@simdev_capacity
+def test_memory_a_consumer_released_is_reclaimed_when_the_device_is_full(worker):
+    MOD.ipc_collect()
+    MOD.empty_cache()
+    start = MOD.memory._ipc_state()["sent"]
+    room = MOD.mem_get_info(0)[0]
+    n = int(room * 0.6) // 4
+    big = torch.empty(n, device=DEV)
+    worker.call(_keep, "big", big)
+    del big
+    worker.call(_drop, "big")  # released there; nothing here has collected it yet
+    assert MOD.memory._ipc_state()["sent"] == start + 1
+    again = torch.empty(n, device=DEV)  # no room beside it: the allocator reclaims it first
+    assert MOD.memory._ipc_state()["sent"] == start
+    del again
+    MOD.empty_cache()
 
 
 _FORK = """
