@@ -134,6 +134,12 @@ class RefFile {
   }
   // One more pending open of `slot` (the same memory sent again).
   void add_pending(std::uint32_t slot) noexcept { counter(slot).fetch_add(1); }
+  // One pending open of `slot` fewer (a send that failed before it left).
+  void take_back(std::uint32_t slot) noexcept {
+    std::uint64_t v = counter(slot).load();
+    while (v > 0 && !counter(slot).compare_exchange_weak(v, v - 1)) {
+    }
+  }
   std::uint64_t pending(std::uint32_t slot) const noexcept { return counter(slot).load(); }
 
   // Whether no open of `slot` is pending and no process holds its lock.
