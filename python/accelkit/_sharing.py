@@ -141,10 +141,11 @@ def _reduce_storage(storage):
 
 
 def _reduce_typed_storage(storage):
-    if storage.device.type != _backend.name:
+    device = storage._untyped_storage.device  # TypedStorage.device warns (deprecated)
+    if device.type != _backend.name:
         return _reductions.reduce_typed_storage(storage)
     if not _can_share():
-        return (_unshareable, (f"a {_backend.name} storage ({storage.device}, {storage.dtype})",))
+        return (_unshareable, (f"a {_backend.name} storage ({device}, {storage.dtype})",))
     # Its untyped storage goes through _reduce_storage.
     return _reductions.reduce_typed_storage(storage)
 
