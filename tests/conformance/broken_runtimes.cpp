@@ -374,6 +374,115 @@ struct MapReplaces : Wrap<MapReplaces, SimRuntime> {
   }
 };
 
+// The handle opens other memory: ipc_mem_export names a decoy allocation
+// of the same size (zeros), made at the first export and freed with the
+// memory exported.
+struct WrongMemoryHandle : Wrap<WrongMemoryHandle, SimRuntime> {
+  std::mutex m;
+  std::map<std::pair<device_index, void*>, std::size_t> sizes;
+  std::map<std::pair<device_index, void*>, void*> decoys;
+  void* malloc(device_index d, std::size_t bytes) {
+    void* p = inner().malloc(d, bytes);
+    std::lock_guard<std::mutex> lock(m);
+    if (p) sizes[{d, p}] = bytes;
+    return p;
+  }
+  void free(device_index d, void* p) {
+    void* decoy = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(m);
+      sizes.erase({d, p});
+      auto it = decoys.find({d, p});
+      if (it != decoys.end()) {
+        decoy = it->second;
+        decoys.erase(it);
+      }
+    }
+    if (decoy) inner().free(d, decoy);
+    inner().free(d, p);
+  }
+  accelkit::IpcMemHandle ipc_mem_export(device_index d, void* p) {
+    std::lock_guard<std::mutex> lock(m);
+    void*& decoy = decoys[{d, p}];
+    if (decoy == nullptr) {
+      std::size_t bytes = sizes.at({d, p});
+      decoy = inner().malloc(d, bytes);
+      std::vector<unsigned char> zeros(bytes, 0);
+      inner().memcpy(d, decoy, zeros.data(), bytes, CopyKind::host_to_device);
+    }
+    return inner().ipc_mem_export(d, decoy);
+  }
+};
+
+// ipc_mem_close writes zeros over the first 4 KiB of what it unmaps: the
+// exporter's memory changes.
+struct ZeroingClose : Wrap<ZeroingClose, SimRuntime> {
+  void ipc_mem_close(device_index d, void* p) {
+    std::vector<unsigned char> zeros(4096, 0);
+    inner().memcpy(d, p, zeros.data(), zeros.size(), CopyKind::host_to_device);
+    inner().ipc_mem_close(d, p);
+  }
+};
+
+// ipc_event_open gives a new event of this process, never recorded: a
+// wait on it does not wait for the exporter's work.
+struct LocalIpcEvent : Wrap<LocalIpcEvent, SimRuntime> {
+  EventHandle ipc_event_open(device_index d, const accelkit::IpcEventHandle&) {
+    return inner().event_create(d, EventFlags::none);
+  }
+};
+
+// A wait on an opened event is a no-op (its query is the exporter's).
+struct IpcWaitIgnored : Wrap<IpcWaitIgnored, SimRuntime> {
+  std::mutex m;
+  std::set<std::pair<device_index, std::uintptr_t>> opened;
+  EventHandle ipc_event_open(device_index d, const accelkit::IpcEventHandle& h) {
+    EventHandle e = inner().ipc_event_open(d, h);
+    std::lock_guard<std::mutex> lock(m);
+    opened.insert({d, e.value});
+    return e;
+  }
+  void stream_wait_event(device_index d, StreamHandle s, EventHandle e) {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      if (opened.count({d, e.value})) return;
+    }
+    inner().stream_wait_event(d, s, e);
+  }
+};
+
+// A handle opens in the process that exported it (the allocation itself),
+// which CUDA refuses.
+struct SameProcessOpen : Wrap<SameProcessOpen, SimRuntime> {
+  std::mutex m;
+  std::map<std::pair<device_index, void*>, accelkit::IpcMemHandle> exported;
+  std::set<std::pair<device_index, void*>> opened_here;
+  accelkit::IpcMemHandle ipc_mem_export(device_index d, void* p) {
+    accelkit::IpcMemHandle h = inner().ipc_mem_export(d, p);
+    std::lock_guard<std::mutex> lock(m);
+    exported[{d, p}] = h;
+    return h;
+  }
+  void* ipc_mem_open(device_index d, const accelkit::IpcMemHandle& h) {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      for (auto& [key, handle] : exported)
+        if (key.first == d && handle == h) {
+          opened_here.insert(key);
+          return key.second;
+        }
+    }
+    return inner().ipc_mem_open(d, h);
+  }
+  void ipc_mem_close(device_index d, void* p) {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      if (opened_here.erase({d, p})) return;
+    }
+    inner().ipc_mem_close(d, p);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("conformance kit: graph checks fail a runtime that runs captured work, and one that "
@@ -463,4 +572,36 @@ TEST_CASE("conformance kit: virtual memory checks fail a runtime whose unmap lea
         CheckStatus::pass);
   CHECK(ACCELKIT_CONFORMANCE_EVALUATE(UnmapKeepsPages, virtual_memory, capacity_counted)
             .status == CheckStatus::pass);
+}
+
+TEST_CASE("conformance kit: interprocess checks fail a runtime whose handle opens other memory, "
+          "one whose close changes the exporter's memory, one whose opened event does not "
+          "wait, and one that opens its own handles") {
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(WrongMemoryHandle, interprocess, memory_round_trip),
+                "read other bytes than the exporting process wrote");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(WrongMemoryHandle, interprocess,
+                                              handle_names_whole_allocation),
+                "the handle must name the whole allocation");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(ZeroingClose, interprocess,
+                                              close_keeps_exporter_memory),
+                "the exporter's bytes changed");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(LocalIpcEvent, interprocess,
+                                              event_orders_write_before_read),
+                "event_query of the opened event answered complete");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(IpcWaitIgnored, interprocess,
+                                              event_orders_write_before_read),
+                "ran past the wait");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(SameProcessOpen, interprocess,
+                                              open_in_exporting_process_refused),
+                "must be refused with a DriverError");
+  // Each breaks one rule: other checks pass on it.
+  CHECK(ACCELKIT_CONFORMANCE_EVALUATE(WrongMemoryHandle, interprocess,
+                                      open_in_exporting_process_refused)
+            .status == CheckStatus::pass);
+  CHECK(ACCELKIT_CONFORMANCE_EVALUATE(ZeroingClose, interprocess, memory_round_trip).status ==
+        CheckStatus::pass);
+  CHECK(ACCELKIT_CONFORMANCE_EVALUATE(LocalIpcEvent, interprocess, close_keeps_exporter_memory)
+            .status == CheckStatus::pass);
+  CHECK(ACCELKIT_CONFORMANCE_EVALUATE(SameProcessOpen, interprocess, memory_round_trip).status ==
+        CheckStatus::pass);
 }
