@@ -85,6 +85,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -199,11 +200,11 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::size_t offset = config_.alignment < kPage ? config_.alignment : 0;  // 0 when unset
     std::size_t mapped = rounded + (offset ? kPage : 0);
     // The pages come from the device's heap (Note [simdev inter-process memory]).
-    std::shared_ptr<Heap> heap = heap_of(d, device);
+    std::uint64_t at = 0;
+    std::shared_ptr<Heap> heap = heap_of(d, device, mapped, at);
     if (heap && ipc_deferred_.load(std::memory_order_relaxed) != 0) retry_deferred(*heap);
-    std::uint64_t at = heap ? take_offsets(*heap, mapped) : kNoOffset;
     char* view = nullptr;
-    void* p = at == kNoOffset ? MAP_FAILED : map_heap(heap->fd, at, mapped, view);
+    void* p = heap ? map_heap(heap->fd, at, mapped, view, heap->region + at) : MAP_FAILED;
     if (p == MAP_FAILED) {
       d.used.fetch_sub(rounded);
       return nullptr;
@@ -1017,9 +1018,12 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   // accelkit's backend.hpp) need device memory another process can map and
   // events it can wait for, with a real driver's errors for every misuse,
   // and never a hang when the exporter dies.
-  // Decision: a device's memory is, per process, one sparse memfd (its
-  // heap), of which each malloc maps a fresh range of offsets (never given
-  // twice) MAP_SHARED, and free punches the range's pages out. A handle (64
+  // Decision: a device's memory is, per process, a sparse memfd (its heap,
+  // 8 times the capacity, 16 GiB to 1 TiB; a new one when it is used up),
+  // of which each malloc maps a fresh range of offsets (never given twice)
+  // MAP_SHARED, at the same offset of a range of addresses reserved with
+  // the heap, so that consecutive allocations make one mapping as anonymous
+  // memory does; free punches the range's pages out. A handle (64
   // bytes, checksummed) carries the exporter's pid, the heap's descriptor
   // and a random token in the heap's name, and the range; ipc_mem_open
   // reopens the heap through /proc/<pid>/fd/<fd> and checks the name, so a
@@ -1073,7 +1077,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
                    fmt::format("memory at {} was opened from process {} (ipc_mem_open): only its "
                                "exporter can export it",
                                ptr, a.opened->pid));
-    if (a.heap->pid != ::getpid())
+    if (a.heap->pid != self_pid())
       driver_error(kNotPermitted, "ipc_mem_export",
                    fmt::format("memory at {} was allocated by process {}, which this one forked "
                                "from",
@@ -1220,7 +1224,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       driver_error(kInvalidValue, "ipc_event_export",
                    fmt::format("event {:#x} is of device {}, exported as device {}'s",
                                event.value, e->device, device));
-    if (e->file->pid != ::getpid())
+    if (e->file->pid != self_pid())
       driver_error(kNotPermitted, "ipc_event_export",
                    fmt::format("event {:#x} was created by process {}, which this one forked "
                                "from",
@@ -1746,14 +1750,16 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     int fd = -1;
     pid_t pid = 0;
     std::uint64_t token = 0;  // in the memfd's name
-    std::mutex mutex;         // next, size, deferred
-    std::uint64_t next = 0;
-    std::uint64_t size = 0;
+    char* region = nullptr;   // reserved addresses: offset o maps at region + o
+    std::uint64_t size = 0;   // of the file and the region
+    std::uint64_t next = 0;   // under the device's heap_mutex
+    std::mutex mutex;         // deferred
     std::vector<std::pair<std::uint64_t, std::size_t>> deferred;  // freed, open elsewhere
     Heap() = default;
     Heap(const Heap&) = delete;
     Heap& operator=(const Heap&) = delete;
-    ~Heap() {
+    ~Heap() {  // no allocation of it lives: the addresses never given go back
+      if (region && next < size) ::munmap(region + next, size - next);
       if (fd >= 0) ::close(fd);
     }
   };
@@ -1934,47 +1940,57 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
 
   bool mapped_mode() const { return config_.host_access == accelkit::HostAccessLevel::mapped; }
 
-  // Note [simdev inter-process memory]: the calling process's heap of
-  // `device`, made at its first malloc there (again in a forked child);
-  // null when no memfd can be made.
-  std::shared_ptr<Heap> heap_of(Device& d, int device) {
-    pid_t pid = ::getpid();
+  // Note [simdev inter-process memory]: a heap of `device` of the calling
+  // process with room for `bytes`, and `at`, the offset given to them. A
+  // new heap is made at the first malloc, when one is full, and in a forked
+  // child; null when no memfd or addresses can be had. Offset o of a heap
+  // is mapped at region + o, so that the mappings of consecutive
+  // allocations (consecutive offsets of one file) join into one, as
+  // anonymous memory's do.
+  std::shared_ptr<Heap> heap_of(Device& d, int device, std::size_t bytes, std::uint64_t& at) {
+    pid_t pid = self_pid();
     std::lock_guard<std::mutex> lock(d.heap_mutex);
-    if (d.heap && d.heap->pid == pid) return d.heap;
-    auto h = std::make_shared<Heap>();
-    h->pid = pid;
-    h->token = random_token();
-    std::string file = fmt::format("simdev-heap-{}-{:016x}", device, h->token);
-    h->fd = static_cast<int>(::syscall(SYS_memfd_create, file.c_str(), 1u /* MFD_CLOEXEC */));
-    if (h->fd < 0) return nullptr;
-    d.heap = h;
-    return h;
-  }
-  static constexpr std::uint64_t kNoOffset = ~std::uint64_t{0};
-  // A fresh range of `bytes` of the heap's offsets (never given before),
-  // the file grown to hold it; kNoOffset when it cannot grow.
-  static std::uint64_t take_offsets(Heap& h, std::size_t bytes) {
-    std::lock_guard<std::mutex> lock(h.mutex);
-    std::uint64_t at = h.next;
-    if (at + bytes > h.size) {
-      std::uint64_t size = std::max({h.size * 2, at + bytes, std::uint64_t{1} << 30});
-      if (::ftruncate(h.fd, static_cast<off_t>(size)) != 0) return kNoOffset;
-      h.size = size;
+    Heap* h = d.heap.get();
+    if (h == nullptr || h->pid != pid || h->next + bytes > h->size) {
+      std::uint64_t size = std::min<std::uint64_t>(
+          std::max<std::uint64_t>(8 * config_.capacity(device), std::uint64_t{16} << 30),
+          std::uint64_t{1} << 40);
+      size = std::max<std::uint64_t>(size, bytes);
+      auto fresh = std::make_shared<Heap>();
+      fresh->pid = pid;
+      fresh->token = random_token();
+      std::string file = fmt::format("simdev-heap-{}-{:016x}", device, fresh->token);
+      fresh->fd = static_cast<int>(::syscall(SYS_memfd_create, file.c_str(), 1u /* MFD_CLOEXEC */));
+      if (fresh->fd < 0 || ::ftruncate(fresh->fd, static_cast<off_t>(size)) != 0) return nullptr;
+      void* region = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                            -1, 0);
+      if (region == MAP_FAILED) return nullptr;
+      fresh->region = static_cast<char*>(region);
+      fresh->size = size;
+      d.heap = std::move(fresh);
+      h = d.heap.get();
     }
-    h.next = at + bytes;
-    return at;
+    at = h->next;
+    h->next += bytes;
+    return d.heap;
   }
-  // Maps `bytes` of a heap at offset `at`: read-write; in mapped mode (Note
-  // [simdev mapped memory]) PROT_NONE, with `view` set to the device's
-  // read-write view. MAP_FAILED on failure.
-  void* map_heap(int fd, std::uint64_t at, std::size_t bytes, char*& view) {
+  // Maps `bytes` of a heap at offset `at` (at `where`, reserved addresses,
+  // or anywhere when null): read-write; in mapped mode (Note [simdev mapped
+  // memory]) PROT_NONE, with `view` set to the device's read-write view.
+  // MAP_FAILED on failure.
+  void* map_heap(int fd, std::uint64_t at, std::size_t bytes, char*& view, char* where = nullptr) {
+    int fixed = where ? MAP_FIXED : 0;
     if (!mapped_mode())
-      return ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(at));
-    void* host = ::mmap(nullptr, bytes, PROT_NONE, MAP_SHARED, fd, static_cast<off_t>(at));
+      return ::mmap(where, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | fixed, fd,
+                    static_cast<off_t>(at));
+    void* host = ::mmap(where, bytes, PROT_NONE, MAP_SHARED | fixed, fd, static_cast<off_t>(at));
     if (host == MAP_FAILED) return MAP_FAILED;
     void* dev = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(at));
     if (dev == MAP_FAILED) {
-      ::munmap(host, bytes);
+      if (where)
+        retire(host, bytes);
+      else
+        ::munmap(host, bytes);
       return MAP_FAILED;
     }
     view = static_cast<char*>(dev);
@@ -1988,7 +2004,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   // holds them open: then they wait for a later retry_deferred.
   void release_pages(const Allocation& a, std::size_t length) {
     Heap& h = *a.heap;
-    if (h.pid != ::getpid()) return;  // a parent's heap, inherited across fork: its pages
+    if (h.pid != self_pid()) return;  // a parent's heap, inherited across fork: its pages
     bool held = false;
     if (a.exported) {
       set_lock(h.fd, a.file_offset + 1, F_UNLCK);  // opens from now on are refused
@@ -2037,6 +2053,15 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     if (::fcntl(fd, F_OFD_GETLK, &fl) != 0) return true;
     return fl.l_type != F_UNLCK;
   }
+  // This process's id, without a system call at each malloc and free:
+  // taken again in a forked child.
+  static pid_t self_pid() {
+    static pid_t pid = [] {
+      ::pthread_atfork(nullptr, nullptr, [] { pid = ::getpid(); });
+      return ::getpid();
+    }();
+    return pid;
+  }
   static std::uint64_t random_token() {
     std::random_device rd;
     std::uint64_t t = (std::uint64_t{rd()} << 32) ^ rd();
@@ -2080,7 +2105,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
                    fmt::format("{} is of device {}, opened on device {} (open it on the "
                                "exporter's device)",
                                what, w.device, device));
-    if (w.pid == ::getpid())
+    if (w.pid == self_pid())
       driver_error(kInvalidValue, call,
                    fmt::format("{} was exported by this process (pid {}): a handle is opened "
                                "in another process; here, use what it names",
@@ -2120,7 +2145,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   // An interprocess event's slot in this process's event file.
   void share_slot(Event& e, int device) {
     std::lock_guard<std::mutex> lock(ipc_mutex_);
-    pid_t pid = ::getpid();
+    pid_t pid = self_pid();
     if (!event_file_ || event_file_->pid != pid) {
       auto f = std::make_shared<EventFile>();
       f->pid = pid;
