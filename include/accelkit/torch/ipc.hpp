@@ -50,6 +50,7 @@
 // its pid otherwise). Linux only (memfd, OFD locks, /proc).
 #pragma once
 
+#include <accelkit/detail/strings.hpp>
 #include <accelkit/support/ipc_refs.hpp>
 #include <accelkit/torch/common.hpp>
 #include <accelkit/torch/device_allocator.hpp>
@@ -79,31 +80,15 @@ namespace ipc_detail {
 
 template <class Bytes>
 std::string to_hex(const Bytes& b) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string s;
-  s.reserve(b.size() * 2);
-  for (std::uint8_t c : b) {
-    s.push_back(digits[c >> 4]);
-    s.push_back(digits[c & 15]);
-  }
-  return s;
+  return ::accelkit::detail::to_hex(b.data(), b.size());
 }
 template <class Handle>
 Handle from_hex(const std::string& s, const char* what) {
   Handle h;
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
   TORCH_CHECK_VALUE(s.size() == h.bytes.size() * 2, backend_name(), ": ", what, " handle of ",
                     s.size() / 2, " bytes, expected ", h.bytes.size());
-  for (std::size_t i = 0; i < h.bytes.size(); ++i) {
-    int hi = nibble(s[2 * i]), lo = nibble(s[2 * i + 1]);
-    TORCH_CHECK_VALUE(hi >= 0 && lo >= 0, backend_name(), ": malformed ", what, " handle '", s,
-                      "'");
-    h.bytes[i] = static_cast<std::uint8_t>(hi * 16 + lo);
-  }
+  bool parsed = ::accelkit::detail::from_hex(s, h.bytes.data(), h.bytes.size());
+  TORCH_CHECK_VALUE(parsed, backend_name(), ": malformed ", what, " handle '", s, "'");
   return h;
 }
 

@@ -36,6 +36,7 @@
 #pragma once
 
 #include <accelkit/config.hpp>
+#include <accelkit/detail/strings.hpp>
 
 #include <fmt/format.h>
 
@@ -181,28 +182,8 @@ class PeerChannel {
   std::function<std::string()> ended_;
 };
 
-// Bytes as hexadecimal text, and back (false for malformed text).
-inline std::string to_hex(const unsigned char* p, std::size_t n) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string s(2 * n, '0');
-  for (std::size_t i = 0; i < n; ++i) {
-    s[2 * i] = digits[p[i] >> 4];
-    s[2 * i + 1] = digits[p[i] & 15];
-  }
-  return s;
-}
-inline bool from_hex(std::string_view s, unsigned char* p, std::size_t n) {
-  if (s.size() != 2 * n) return false;
-  auto nibble = [](char c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-  };
-  for (std::size_t i = 0; i < n; ++i) {
-    int hi = nibble(s[2 * i]), lo = nibble(s[2 * i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    p[i] = static_cast<unsigned char>(hi * 16 + lo);
-  }
-  return true;
-}
+using ::accelkit::detail::from_hex;
+using ::accelkit::detail::to_hex;
 
 // The kit program started again as the peer of one check (Note [The kit's
 // second process]). The destructor kills a peer still running and waits
