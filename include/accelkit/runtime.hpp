@@ -276,10 +276,11 @@
 //   void* ipc_mem_open(device_index device, const IpcMemHandle& handle)
 //       In another process: maps the whole allocation the handle names and
 //       returns its base here, device memory of `device` for every stream and
-//       copy of this process until ipc_mem_close; it stays valid after the
-//       exporter frees it or exits. DriverError for a handle of this process,
-//       one open here already, of memory freed, of a process that has exited,
-//       or not a handle. Absent: as ipc_mem_export.
+//       copy of this process until ipc_mem_close. What it holds once the
+//       exporter freed the memory or exited is the runtime's (CUDA: undefined);
+//       the SDK frees no memory a process still holds open. DriverError for a
+//       handle of this process, one open here already, of memory freed, of a
+//       process that has exited, or not a handle. Absent: as ipc_mem_export.
 //   void ipc_mem_close(device_index device, void* ptr)
 //       Unmaps what ipc_mem_open returned (DriverError for any other pointer);
 //       the exporter's memory is not affected. Refused while queued work uses

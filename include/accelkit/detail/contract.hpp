@@ -293,9 +293,10 @@ namespace detail {
   X(ipc_mem_export, IpcMemHandle, (device_index device, void* ptr), sdk, (device, ptr))        \
   /* In another process: maps the whole allocation the handle names and returns its base       \
      here, device memory of `device` for every stream and copy of this process until           \
-     ipc_mem_close; it stays valid after the exporter frees it or exits. DriverError for a     \
-     handle of this process, one open here already, of memory freed, of a process that has     \
-     exited, or not a handle. Absent: as ipc_mem_export. */                                    \
+     ipc_mem_close. What it holds once the exporter freed the memory or exited is the          \
+     runtime's (CUDA: undefined); the SDK frees no memory a process still holds open.          \
+     DriverError for a handle of this process, one open here already, of memory freed, of a    \
+     process that has exited, or not a handle. Absent: as ipc_mem_export. */                   \
   X(ipc_mem_open, void*, (device_index device, const IpcMemHandle& handle), sdk,                \
     (device, handle))                                                                          \
   /* Unmaps what ipc_mem_open returned (DriverError for any other pointer); the exporter's     \

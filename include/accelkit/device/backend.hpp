@@ -855,8 +855,10 @@ class Backend {
   // to compile). Memory: ipc_mem_export names the whole allocation starting
   // at a malloc pointer in an IpcMemHandle (64 bytes, the runtime's to
   // fill); ipc_mem_open, in another process, maps it and returns its base
-  // there; ipc_mem_close unmaps it, the exporter's memory untouched; memory
-  // opened stays valid after the exporter frees it or exits, until closed.
+  // there; ipc_mem_close unmaps it, the exporter's memory untouched. What
+  // opened memory holds once the exporter freed it or exited is the
+  // runtime's (CUDA leaves it undefined; simdev keeps the pages until the
+  // last close): the layer above frees no memory another process holds.
   // Events, which need the memory group: ipc_event_export names an event
   // created with EventFlags::interprocess; ipc_event_open gives an event of
   // this process standing for it, which stream_wait_event, event_query and

@@ -33,8 +33,9 @@
 // without the event members has the sender's stream synchronized instead.
 // A receiver's storage, when it dies, first synchronizes its device (the
 // receiver's work on it, on any stream, completes before the sender may
-// reuse the memory), then unlocks. Memory opened stays valid after the
-// sender exits, until closed.
+// reuse the memory), then unlocks. Memory opened after its sender exits is
+// what the runtime makes of it (simdev keeps it until closed; CUDA leaves
+// it undefined).
 // A send that comes back to its sender gives a storage over the same
 // memory (no handle is opened in the process that exported it).
 // Limits: memory of expandable segments is refused (RuntimeError naming
