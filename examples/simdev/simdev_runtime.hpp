@@ -1736,9 +1736,9 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     char* view = nullptr;    // mapped mode: the device's view of the mapping
     std::vector<std::uint32_t> holds;  // mapped mode: open host maps per page
     std::uint64_t serial = 0;          // which allocation: never the same twice
-    // Note [simdev inter-process memory]: the heap of its pages (null when
-    // opened from another process) and the mapping's offset in it (or in
-    // the exporter's); whether exported; ipc_mem_open's state.
+    // The heap of its pages (null when opened from another process) and the
+    // mapping's offset in it (or in the exporter's); whether exported;
+    // ipc_mem_open's state (Note [simdev inter-process memory]).
     std::shared_ptr<Heap> heap;
     std::uint64_t file_offset = 0;
     bool exported = false;
@@ -1940,8 +1940,8 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
 
   bool mapped_mode() const { return config_.host_access == accelkit::HostAccessLevel::mapped; }
 
-  // Note [simdev inter-process memory]: a heap of `device` of the calling
-  // process with room for `bytes`, and `at`, the offset given to them. A
+  // A heap of `device` of the calling process with room for `bytes`, and
+  // `at`, the offset given to them (Note [simdev inter-process memory]). A
   // new heap is made at the first malloc, when one is full, and in a forked
   // child; null when no memfd or addresses can be had. Offset o of a heap
   // is mapped at region + o, so that the mappings of consecutive
