@@ -165,7 +165,8 @@ class IpcSender {
     std::vector<c10::DataPtr> memory;
     std::vector<std::pair<device_index, EventHandle>> events;
     ~Freed() {
-      for (auto& [d, e] : events) reporting_failures([&] { backend().raw_event_destroy(d, e); });
+      for (const auto& de : events)  // a lambda may not capture a binding in C++17
+        reporting_failures([&] { backend().raw_event_destroy(de.first, de.second); });
       for (auto& m : memory) reporting_failures([&] { m.clear(); });
     }
   };
