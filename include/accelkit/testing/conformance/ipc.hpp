@@ -165,6 +165,23 @@ struct InterprocessChecks : CheckTools<R> {
     return std::make_unique<PeerProcess>("interprocess", check, Kit::runtime_type());
   }
 
+  // The first steps of a memory check: `bytes` written into the allocation,
+  // its handle exported, and the peer of `check` started with the handle
+  // open.
+  struct OpenedInPeer {
+    IpcMemHandle handle;
+    std::unique_ptr<PeerProcess> peer;
+  };
+  static OpenedInPeer open_in_peer(Kit& kit, const Allocation& a,
+                                   const std::vector<unsigned char>& bytes, const char* check) {
+    auto& b = kit.backend();
+    b.memcpy(0, a.p, bytes.data(), a.bytes, CopyKind::host_to_device);
+    OpenedInPeer o{b.ipc_mem_export(0, a.p), start_peer(check)};
+    o.peer->channel().ask(fmt::format("open {} {}", hex(o.handle.bytes), a.bytes),
+                          "ipc_mem_open");
+    return o;
+  }
+
   // The second process's side of every check: the commands of the first,
   // one line each, each answered with one line (Note [The kit's second
   // process]).
@@ -274,15 +291,10 @@ struct InterprocessChecks : CheckTools<R> {
   static void memory_round_trip(Kit& kit, Verdict& v) {
     if (PeerChannel* ch = kit.peer()) return serve_peer(kit, *ch);
     if (no_ipc_memory(kit, v)) return;
-    auto& b = kit.backend();
     const std::size_t n = (std::size_t{1} << 20) + 4096 + 100;
     Allocation a(kit, n);
-    std::vector<unsigned char> mine = pattern(n, 61);
-    b.memcpy(0, a.p, mine.data(), n, CopyKind::host_to_device);
-    IpcMemHandle h = b.ipc_mem_export(0, a.p);
-    auto peer = start_peer("memory_round_trip");
+    auto [h, peer] = open_in_peer(kit, a, pattern(n, 61), "memory_round_trip");
     PeerChannel& ch = peer->channel();
-    ch.ask(fmt::format("open {} {}", hex(h.bytes), n), "ipc_mem_open");
     std::string got = ch.ask(fmt::format("read 0 {} {}", n, of_pattern(61, n)), "its read");
     v.require(got == "same", fmt::format("the opening process read other bytes than the "
                                          "exporting process wrote ({} bytes): {}",
@@ -307,11 +319,8 @@ struct InterprocessChecks : CheckTools<R> {
     const std::size_t n = (std::size_t{3} << 20) + 12345;
     Allocation a(kit, n);
     std::vector<unsigned char> mine = pattern(n, 71);
-    b.memcpy(0, a.p, mine.data(), n, CopyKind::host_to_device);
-    IpcMemHandle h = b.ipc_mem_export(0, a.p);
-    auto peer = start_peer("handle_names_whole_allocation");
+    auto [h, peer] = open_in_peer(kit, a, mine, "handle_names_whole_allocation");
     PeerChannel& ch = peer->channel();
-    ch.ask(fmt::format("open {} {}", hex(h.bytes), n), "ipc_mem_open");
     for (std::size_t offset : {std::size_t{0}, std::size_t{1}, std::size_t{4095}, n / 2 - 7,
                                n - 4096 - 3, n - 1}) {
       std::size_t bytes = std::min<std::size_t>(4096, n - offset);
@@ -347,11 +356,8 @@ struct InterprocessChecks : CheckTools<R> {
     const std::size_t n = (std::size_t{1} << 20) + 3;
     Allocation a(kit, n);
     std::vector<unsigned char> mine = pattern(n, 81);
-    b.memcpy(0, a.p, mine.data(), n, CopyKind::host_to_device);
-    IpcMemHandle h = b.ipc_mem_export(0, a.p);
-    auto peer = start_peer("close_keeps_exporter_memory");
+    auto [h, peer] = open_in_peer(kit, a, mine, "close_keeps_exporter_memory");
     PeerChannel& ch = peer->channel();
-    ch.ask(fmt::format("open {} {}", hex(h.bytes), n), "ipc_mem_open");
     ch.ask(fmt::format("read 0 {} {}", n, of_pattern(81, n)), "its read");
     ch.ask("close", "ipc_mem_close");
     std::vector<unsigned char> after = read(kit, a.p, n);
