@@ -15,6 +15,7 @@
 #include "support.hpp"
 
 #include <accelkit/accelkit.hpp>
+#include <accelkit/detail/strings.hpp>
 
 #include "minimal_runtime.hpp"
 #include "simdev_runtime.hpp"
@@ -28,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,15 +61,13 @@ simdev::Config sim_mode(HostAccessLevel access) {
 }
 
 std::string hex(const std::array<std::uint8_t, 64>& bytes) {
-  std::string s;
-  for (std::uint8_t b : bytes) s += fmt::format("{:02x}", b);
-  return s;
+  return accelkit::detail::to_hex(bytes.data(), bytes.size());
 }
 template <class H>
 H unhex(const std::string& s) {
   H h;
-  for (std::size_t i = 0; i < h.bytes.size() && 2 * i + 1 < s.size(); ++i)
-    h.bytes[i] = static_cast<std::uint8_t>(std::stoul(s.substr(2 * i, 2), nullptr, 16));
+  if (!accelkit::detail::from_hex(s, h.bytes.data(), h.bytes.size()))
+    throw std::runtime_error("not the hexadecimal text of a handle: '" + s + "'");
   return h;
 }
 
