@@ -104,7 +104,7 @@ class DriverError : public Error {
   const std::string& call() const noexcept { return call_; }
   const std::string& driver_message() const noexcept { return driver_message_; }
 
- private:
+ protected:
   // "driver error 999 in memcpy_async: ..." (what() adds "backend: " once).
   static std::string describe(std::string_view, std::int64_t code, std::string_view call,
                               std::string_view driver_message) {
@@ -121,9 +121,88 @@ class DriverError : public Error {
     return s;
   }
 
+  // A driver failure whose message the subclass words.
+  struct Worded {};
+  DriverError(Worded, std::string_view backend, std::int64_t code, std::string_view call,
+              std::string_view driver_message, std::string_view message)
+      : Error(ErrorKind::driver, backend, message),
+        code_(code),
+        call_(call),
+        driver_message_(driver_message) {}
+
+ private:
   std::int64_t code_;
   std::string call_;
   std::string driver_message_;
+};
+
+// Note [Lost devices]
+// Problem: some failures end a device: after Vulkan's VK_ERROR_DEVICE_LOST,
+// or CUDA's sticky errors (an illegal address, a launch failure), the
+// device runs no more work until the process ends, and every later call
+// fails. A caller told only "driver error" retries, or reads memory the
+// device never wrote.
+// Decision: a runtime reports such a failure as a DeviceLostError (a
+// DriverError: Runtime<Self>::device_lost(code, call, message)), from the
+// member that saw it, the failure of queued work included; from then on it
+// runs no work on that device (each call fails with a DriverError). Backend<R>
+// keeps each device's first loss: the caller gets it once, naming the
+// device; every later call that would run work on the device (allocations,
+// copies, fills, streams, events, waits, synchronizes, graphs, virtual and
+// shared memory, host maps) is refused at once with a DeviceLostError
+// naming the backend, the device, the first failure and the call refused,
+// without calling the runtime. Releases (free, host_free, stream and event
+// destroy, vm_unmap, vm_release, vm_destroy, graph and signal destroys,
+// ipc_mem_close, host_unmap) still call the runtime; one that fails keeps
+// its resource out of every pool and is reported through the diagnostics
+// hook where nothing may throw. Other devices keep working. PyTorch users
+// get torch.AcceleratorError (a RuntimeError).
+// Limits: a loss is the device's for the rest of the process (a new process
+// makes a new context). A runtime member a vendor kernel calls directly
+// bypasses Backend<R>: its loss is kept when the runtime reports it again,
+// at the device's next call through the SDK. A loss seen by a call of two
+// devices (a peer copy, a cross-device wait) is kept for the device the call
+// is ordered on.
+class DeviceLostError : public DriverError {
+ public:
+  // The loss, as a runtime reports it: "device lost: driver error <code> in
+  // <call>: <message>".
+  DeviceLostError(std::string_view backend, std::int64_t code, std::string_view call,
+                  std::string_view driver_message)
+      : DriverError(Worded{}, backend, code, call, driver_message,
+                    "device lost: " + describe(backend, code, call, driver_message)) {}
+
+  // The loss of logical device `device`, as the SDK reports it the one
+  // time: "device <i> lost: driver error <code> in <call>: <message>".
+  DeviceLostError(const DriverError& first, int device)
+      : DriverError(Worded{}, first.backend(), first.code(), first.call(), first.driver_message(),
+                    "device " + std::to_string(device) + " lost: " +
+                        describe(first.backend(), first.code(), first.call(),
+                                 first.driver_message())),
+        device_(device) {}
+
+  // The SDK's refusal of `refused` on lost device `device`: "device <i> is
+  // lost (driver error <code> in <call>: <message>); <refused> refused: ...".
+  // code(), call() and driver_message() are the first failure's.
+  DeviceLostError(const DriverError& first, int device, std::string_view refused)
+      : DriverError(Worded{}, first.backend(), first.code(), first.call(), first.driver_message(),
+                    "device " + std::to_string(device) + " is lost (" +
+                        describe(first.backend(), first.code(), first.call(),
+                                 first.driver_message()) +
+                        "); " + std::string(refused) +
+                        " refused: a lost device runs no more work in this process"),
+        device_(device),
+        refused_(refused) {}
+
+  // The logical device, or -1 where the runtime reported it (the runtime
+  // knows physical ordinals only).
+  int device() const noexcept { return device_; }
+  // The call the SDK refused; empty for the loss itself.
+  const std::string& refused() const noexcept { return refused_; }
+
+ private:
+  int device_ = -1;
+  std::string refused_;
 };
 
 ACCELKIT_END_NAMESPACE

@@ -24,6 +24,17 @@
 // destructor), through the diagnostics hook (Note [Diagnostics]); and the
 // next call works again, or fails with its own clear error.
 //
+// A failure after which the device can run no more work (Vulkan's
+// VK_ERROR_DEVICE_LOST, CUDA's sticky errors: an illegal address, a launch
+// failure) is reported instead as a DeviceLostError, most simply through
+// device_lost(code, call, message), from whichever member sees it, once;
+// the runtime then runs no work on that device, every later call failing
+// with a DriverError. The SDK keeps the first loss of each device and
+// refuses all later work on it, naming that failure, without calling the
+// runtime; releases (free, host_free, the destroys, vm_unmap, vm_release,
+// ipc_mem_close, host_unmap) are still called and must return or throw,
+// never hang (Note [Lost devices] in error.hpp). Other devices work on.
+//
 // A driver whose queued work reports failure only as a status of its events
 // (OpenCL: a negative execution status of a command's cl_event, the error
 // code itself) maps it here: event_query and event_synchronize of an event
@@ -330,6 +341,12 @@ class Runtime {
   [[noreturn]] static void driver_error(std::int64_t code, std::string_view call,
                                         std::string_view message) {
     throw DriverError(Derived::name, code, call, message);
+  }
+  // The same for a failure that ends the device (Note [Lost devices]):
+  // throws DeviceLostError. The runtime runs no more work on that device.
+  [[noreturn]] static void device_lost(std::int64_t code, std::string_view call,
+                                       std::string_view message) {
+    throw DeviceLostError(Derived::name, code, call, message);
   }
 
  protected:
