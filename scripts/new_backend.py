@@ -5,10 +5,22 @@
     python3 scripts/new_backend.py acme --dest ../acme-backend
 
 The template's backend is called `skel`; every occurrence is replaced, in
-file contents and in file names: `skel` by the name (namespace, device type
-"acme", package torch_acme, files acme_runtime.hpp...), `Skel` by its
-CamelCase form (class AcmeRuntime) and `SKEL` by its upper case (the
-variables ACME_VISIBLE_DEVICES, the CMake options ACME_WITH_TORCH...).
+file contents and in file names: `skel` by the name (device type "acme",
+package torch_acme, files acme_runtime.hpp...), the C++ namespace by
+--namespace (default: the name), the class SkelRuntime by --class (default:
+the name's CamelCase form and Runtime, AcmeRuntime), `SKEL` by --env-prefix
+(default: the name in upper case: the CMake options ACME_WITH_TORCH..., the
+runtime's own environment variables). The variables the SDK reads
+(ACME_VISIBLE_DEVICES, ACME_ALLOC_CONF, ACME_FALLBACK...) always follow the
+name.
+
+    python3 scripts/new_backend.py vkdev --namespace vkdev --class VulkanRuntime \
+        --env-prefix VKDEV --dest ../vkdev-backend
+
+Names that collide with a well-known library's or with PyTorch's (namespace
+vk, the class VkRuntime, VK_ variables: Vulkan's own) are written as asked,
+with a warning on stderr for each, naming the library and the option that
+changes it (Note [Names that collide]).
 
 The name must be a backend name as accelkit's contract defines it (a
 lower-case identifier of at most 32 characters, not one of PyTorch's own
@@ -52,7 +64,13 @@ TEMPLATE = SOURCE_ROOT / "templates" / "vendor_backend"
 CONTRACT_CANDIDATES = [SOURCE_ROOT / "include/accelkit/detail/contract.hpp",
                        HERE.parents[2] / "include/accelkit/detail/contract.hpp"
                        if len(HERE.parents) > 2 else None]
-TOKEN = re.compile(r"skel|Skel|SKEL")
+# The template's name in each of its roles, most specific first: the SDK's
+# own variables (always the name's), the runtime class, the C++ namespace
+# (in `namespace skel` and before `::SkelRuntime`), then the rest.
+TOKEN = re.compile(r"(?P<sdk_var>SKEL(?=_(?:VISIBLE_DEVICES|ALLOC_CONF|FALLBACK|AUTOCOMPARE)))"
+                   r"|(?P<cls>SkelRuntime)"
+                   r"|(?P<ns>(?<=namespace )skel\b|\bskel(?=::SkelRuntime))"
+                   r"|(?P<name>skel)|(?P<camel>Skel)|(?P<prefix>SKEL)")
 
 CPP_KEYWORDS = set("""alignas alignof and and_eq asm auto bitand bitor bool break case catch
 char char8_t char16_t char32_t class compl concept const consteval constexpr constinit const_cast
@@ -105,6 +123,145 @@ def check_name(name, torch_check=True):
 
 def camel(name):
     return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+
+
+# accelkit's inner namespaces: inside namespace accelkit (where the SDK's
+# registration names the class) they hide a global namespace of the same name.
+ACCELKIT_NAMESPACES = {"detail", "support", "testing", "compat", "host",
+                       "torch_adapter"}
+
+
+class Names:
+    """What the template's `skel` becomes in each role."""
+
+    def __init__(self, name, namespace=None, cls=None, env_prefix=None):
+        self.name = name
+        self.namespace = namespace or name
+        self.cls = cls or f"{camel(name)}Runtime"
+        self.env_prefix = env_prefix or name.upper()
+
+    def replace(self, match):
+        return {"sdk_var": self.name.upper(), "cls": self.cls, "ns": self.namespace,
+                "name": self.name, "camel": camel(self.name),
+                "prefix": self.env_prefix}[match.lastgroup]
+
+
+def check_options(names):
+    """Refuses a namespace, class or prefix that would not compile or would
+    not read as one."""
+    parts = names.namespace.split("::")
+    for part in parts:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", part) or "__" in part:
+            raise Refused(f"--namespace '{names.namespace}' is not a C++ namespace (identifiers "
+                          "separated by ::, each starting with a letter, no double underscore)")
+        if part in CPP_KEYWORDS:
+            raise Refused(f"--namespace '{names.namespace}': '{part}' is a C++ keyword or a "
+                          "namespace the project uses")
+    if parts[0] in ACCELKIT_NAMESPACES:
+        raise Refused(f"namespace '{names.namespace}' (the name's unless --namespace gives "
+                      f"one): accelkit has a namespace '{parts[0]}', which the SDK's "
+                      "registration, inside namespace accelkit, would find instead of yours "
+                      "(choose another with --namespace)")
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", names.cls) or "__" in names.cls:
+        raise Refused(f"--class '{names.cls}' is not a C++ class name (a letter, then letters, "
+                      "digits and single underscores)")
+    if names.cls in CPP_KEYWORDS or names.cls == names.namespace:
+        raise Refused(f"--class '{names.cls}' is a C++ keyword or the namespace's own name")
+    if not re.fullmatch(r"[A-Z][A-Z0-9_]*", names.env_prefix) or "__" in names.env_prefix or \
+            names.env_prefix.endswith("_"):
+        raise Refused(f"--env-prefix '{names.env_prefix}' is not an upper-case identifier "
+                      "without a trailing underscore ([A-Z][A-Z0-9_]*; the template adds the _: "
+                      "ACME gives ACME_WITH_TORCH)")
+
+
+# Note [Names that collide]
+# Problem: the name alone made the namespace, the class and the variables'
+# prefix, so a Vulkan backend named vk got `namespace vk`, `VkRuntime` and
+# VK_* variables: Vulkan-Hpp's namespace, a name of Vulkan's type style and
+# the Vulkan loader's variables. Such a project compiles, then breaks or
+# confuses when the driver's headers come in.
+# Decision: --namespace, --class and --env-prefix choose each; a name, chosen
+# or derived, that a well-known library or PyTorch uses gets a warning on
+# stderr naming the library and the option that changes it, and the project
+# is written as asked (the vendor may mean it: a CUDA backend's own `cuda`
+# namespace inside its driver's tree).
+# Limits: the lists below are the accelerator APIs and the libraries a
+# backend links (PyTorch's namespaces, variables and device types); a clash
+# with anything else is not seen. The SDK's own variables follow the name
+# (<NAME>_VISIBLE_DEVICES...): only another name changes them.
+LIBRARY_NAMESPACES = {
+    "vk": "Vulkan-Hpp's namespace (vk::Device...)",
+    "vulkan": "the namespace of PyTorch's Vulkan backend (at::native::vulkan)",
+    "cl": "the OpenCL C++ bindings' namespace (cl::Buffer...)",
+    "cuda": "libcu++'s and CUDA's namespace (cuda::std...)",
+    "cub": "CUB's namespace", "thrust": "Thrust's namespace",
+    "hip": "HIP's namespace", "rocm": "ROCm's namespace",
+    "ze": "Level Zero's prefix (ze_...)",
+    "sycl": "SYCL's namespace (sycl::queue...)",
+    "mtl": "metal-cpp's namespace (MTL::Device...)", "ns": "metal-cpp's Foundation namespace (NS::)",
+    "wgpu": "WebGPU's C++ namespace (wgpu::Device...)", "dawn": "Dawn's namespace",
+    "torch": "PyTorch's namespace", "at": "ATen's namespace (PyTorch)",
+    "c10": "c10's namespace (PyTorch)", "caffe2": "caffe2's namespace (PyTorch)",
+}
+LIBRARY_CLASS_PREFIXES = {
+    "Vk": "Vulkan's types (VkDevice, VkBuffer...)",
+    "Cl": "OpenCL's names (cl::Buffer, cl_mem...)",
+    "CU": "the CUDA driver API's types (CUdevice, CUstream...)",
+    "MTL": "Metal's types (MTLDevice, MTLBuffer...)",
+    "WGPU": "WebGPU's C types (WGPUDevice...)",
+    "Ze": "Level Zero's types",
+}
+LIBRARY_ENV_PREFIXES = {
+    "VK": "the Vulkan loader's variables and Vulkan's macros (VK_ICD_FILENAMES, VK_SUCCESS...)",
+    "CL": "OpenCL's macros (CL_SUCCESS...)",
+    "CUDA": "CUDA's variables (CUDA_VISIBLE_DEVICES...)",
+    "CU": "the CUDA driver API's macros (CU_DEVICE_ATTRIBUTE_...)",
+    "HIP": "HIP's variables (HIP_VISIBLE_DEVICES...)",
+    "ROCR": "ROCm's variables (ROCR_VISIBLE_DEVICES)",
+    "ZE": "Level Zero's variables (ZE_AFFINITY_MASK...)",
+    "SYCL": "SYCL's variables", "ONEAPI": "oneAPI's variables (ONEAPI_DEVICE_SELECTOR)",
+    "MTL": "Metal's variables (MTL_DEBUG_LAYER...)",
+    "WGPU": "WebGPU's variables",
+    "TORCH": "PyTorch's variables (TORCH_DEVICE_BACKEND_AUTOLOAD...)",
+    "PYTORCH": "PyTorch's variables (PYTORCH_CUDA_ALLOC_CONF...)",
+    "OMP": "OpenMP's variables", "KMP": "OpenMP's variables", "MKL": "MKL's variables",
+    "NCCL": "NCCL's variables", "GLOO": "gloo's variables",
+}
+
+
+def collisions(names):
+    """Warnings (text) for names that well-known libraries or PyTorch use
+    (Note [Names that collide])."""
+    device_types = reserved_device_types()
+    out = []
+    for part in names.namespace.split("::"):
+        key = part.lower()
+        if key in LIBRARY_NAMESPACES or key in device_types:
+            what = LIBRARY_NAMESPACES.get(key) or f"one of PyTorch's device types ({key})"
+            out.append(f"namespace '{names.namespace}': '{part}' is {what}; choose another "
+                       "with --namespace")
+    for prefix, what in LIBRARY_CLASS_PREFIXES.items():
+        rest = names.cls[len(prefix):]
+        if names.cls.startswith(prefix) and (not rest or rest[0].isupper() or rest[0].isdigit()):
+            out.append(f"class '{names.cls}' is in the style of {what}; choose another with "
+                       "--class")
+    uses = [(names.env_prefix, f"--env-prefix '{names.env_prefix}' (the CMake options "
+             f"{names.env_prefix}_WITH_TORCH..., the runtime's own variables)",
+             "choose another with --env-prefix"),
+            (names.name.upper(), f"the SDK's variables {names.name.upper()}_VISIBLE_DEVICES, "
+             f"{names.name.upper()}_ALLOC_CONF... (from the name '{names.name}')",
+             "only another name changes them")]
+    for prefix, used, fix in uses:
+        for key in dict.fromkeys([prefix, prefix.split("_")[0]]):
+            if key in LIBRARY_ENV_PREFIXES:
+                what = LIBRARY_ENV_PREFIXES[key]
+            elif key.lower() in device_types:
+                what = f"the name of PyTorch's {key.lower()} device"
+            else:
+                continue
+            out.append(f"{used}: {key}_ is {what}; {fix}")
+            break
+    return out
 
 
 # Note [What new_backend.py touches]
@@ -200,7 +357,7 @@ def check_dest(dest, force):
         raise Refused(f"cannot make {dest}: {parent} is not a writable folder")
 
 
-def plan(name, dest, accelkit, force):
+def plan(names, dest, accelkit, force):
     """What instantiate writes and removes, checked: (writes, removals,
     kept), writes as (relative path, bytes, mode), removals and kept as
     relative paths."""
@@ -211,14 +368,13 @@ def plan(name, dest, accelkit, force):
     except UnicodeEncodeError:
         raise Refused(f"--accelkit {accelkit!r} is not valid UTF-8") from None
     check_dest(dest, force)
-    forms = {"skel": name, "Skel": camel(name), "SKEL": name.upper()}
     writes = []
     for src in sorted(TEMPLATE.rglob("*")):
         rel = src.relative_to(TEMPLATE)
         if src.is_dir() or "__pycache__" in rel.parts or rel.parts[0] == "build":
             continue
-        out = PurePosixPath(TOKEN.sub(lambda m: forms[m.group(0)], rel.as_posix()))
-        text = TOKEN.sub(lambda m: forms[m.group(0)], src.read_text(encoding="utf-8"))
+        out = PurePosixPath(TOKEN.sub(names.replace, rel.as_posix()))
+        text = TOKEN.sub(names.replace, src.read_text(encoding="utf-8"))
         if rel.as_posix() == "CMakeLists.txt":
             text, n = re.subn(r'set\(ACCELKIT_FETCH "[^"]*"',
                               lambda m: f"set(ACCELKIT_FETCH {cmake_argument(accelkit)}",
@@ -328,10 +484,13 @@ def write_files(dest, writes, removals):
         os.close(root)
 
 
-def instantiate(name, dest, accelkit, force=False):
-    """Writes the template into `dest` (Note [What new_backend.py touches]);
-    the paths written and those kept that an earlier run wrote."""
-    writes, removals, kept = plan(name, dest, accelkit, force)
+def instantiate(names, dest, accelkit, force=False):
+    """Writes the template into `dest` (Note [What new_backend.py touches])
+    under `names` (a Names, or the backend's name for the defaults); the
+    paths written and those kept that an earlier run wrote."""
+    if isinstance(names, str):
+        names = Names(names)
+    writes, removals, kept = plan(names, dest, accelkit, force)
     manifest = "".join(f"{digest(data)}  {rel}\n" for rel, data, _ in writes).encode("utf-8")
     write_files(dest, writes + [(PurePosixPath(MANIFEST), manifest, 0o644)], removals)
     return [dest / rel for rel, _, _ in writes], [dest / rel for rel in kept]
@@ -346,25 +505,37 @@ def main(argv=None):
     ap.add_argument("--accelkit", default=default_accelkit,
                     help="ACCELKIT_FETCH's default: a path or URL of accelkit for FetchContent, or "
                          f"'' for find_package (default: {default_accelkit or 'find_package'})")
+    ap.add_argument("--namespace", help="the C++ namespace (default: the name; a::b nests)")
+    ap.add_argument("--class", dest="cls", metavar="CLASS",
+                    help="the runtime class (default: the name in CamelCase and Runtime)")
+    ap.add_argument("--env-prefix", metavar="PREFIX",
+                    help="the prefix, without its _, of the CMake options and the runtime's own "
+                         "environment variables (default: the name in upper case); the SDK's "
+                         "variables follow the name")
     ap.add_argument("--force", action="store_true", help="replace DEST if it is not empty")
     ap.add_argument("--no-torch-check", action="store_true",
                     help="do not import torch to check the name against its attributes")
     args = ap.parse_args(argv)
     dest = args.dest.resolve()
+    names = Names(args.name, args.namespace, args.cls, args.env_prefix)
     try:
         check_name(args.name, torch_check=not args.no_torch_check)
-        written, kept = instantiate(args.name, dest, args.accelkit, args.force)
+        check_options(names)
+        warnings = collisions(names)
+        written, kept = instantiate(names, dest, args.accelkit, args.force)
     except Refused as e:
         print(f"new_backend.py: refused: {e}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"new_backend.py: failed: {e}", file=sys.stderr)
         return 1
+    for w in warnings:
+        print(f"new_backend.py: warning: {w}", file=sys.stderr)
     for p in kept:
         print(f"new_backend.py: kept {p}: an earlier run wrote it and the template no longer has "
               "it, but it has changed since (or the manifest gives no digest for it)")
-    print(f"new_backend.py: {args.name} ({camel(args.name)}Runtime, device '{args.name}', "
-          f"{args.name.upper()}_* variables, package torch_{args.name}): {len(written)} files in "
+    print(f"new_backend.py: {args.name} ({names.namespace}::{names.cls}, device '{args.name}', "
+          f"{names.env_prefix}_* options, package torch_{args.name}): {len(written)} files in "
           f"{dest}")
     print(f"  next: cmake -S {dest} -B {dest}/build -G Ninja && cmake --build {dest}/build && "
           f"ctest --test-dir {dest}/build   (see {dest}/README.md)")

@@ -1,6 +1,10 @@
 """scripts/new_backend.py refuses bad names and bad destinations clearly,
 and replaces the template's name everywhere (ctest: consumer.skeleton.names); and, with --pyproject, that the new
 project's generated pip package carries its settings (consumer.skeleton.pyproject).
+--namespace, --class and --env-prefix choose those names (the SDK's
+variables keep following the name), bad ones are refused, and names that
+collide with well-known libraries or PyTorch get a warning on stderr
+naming the library and the option (Note [Names that collide]).
 
     check_new_backend.py WORK_DIR
     check_new_backend.py --pyproject PYPROJECT_TOML ACCELKIT_FETCH NAME
@@ -56,6 +60,86 @@ def check_pyproject(path, accelkit, name):
                  f"{name} = 'torch_{name}:_autoload'", "[project.entry-points.'torch.backends']"):
         if want not in text:
             problems.append(f"{path} lacks {want!r}")
+
+
+def check_options(work):
+    """The namespace (nested here), the class and the prefix as asked; the
+    SDK's variables from the name."""
+    dest = work / "vkdev"
+    r = run("vkdev", "--dest", str(dest), "--no-torch-check", "--namespace", "vkdev::rt",
+            "--class", "VulkanRuntime", "--env-prefix", "VKD")
+    if r.returncode != 0 or "warning" in r.stderr:
+        problems.append(f"vkdev with options: exit {r.returncode}: {r.stderr!r}")
+        return
+    wanted = {
+        "src/vkdev_runtime.hpp": ["namespace vkdev::rt {", "}  // namespace vkdev::rt",
+                                  "class VulkanRuntime : public accelkit::Runtime<VulkanRuntime>",
+                                  'name = "vkdev"', "VKDEV_VISIBLE_DEVICES", "VKDEV_ALLOC_CONF",
+                                  "VKD_DEVICE_COUNT"],
+        "src/vkdev_report.cpp": ["Backend<vkdev::rt::VulkanRuntime>"],
+        "tests/vkdev_kit.cpp": ["ACCELKIT_CONFORMANCE_SUITE(vkdev::rt::VulkanRuntime)"],
+        "CMakeLists.txt": ["option(VKD_WITH_TORCH", "option(VKD_PYTHON_KIT",
+                           "CLASS vkdev::rt::VulkanRuntime", "accelkit_add_torch_backend(vkdev",
+                           "torch_vkdev", "VKD_WITH_TORCH=ON"],
+        "README.md": ["-DVKD_WITH_TORCH=OFF", "torch.device(\"vkdev\")"],
+    }
+    for rel, wants in wanted.items():
+        path = dest / rel
+        text = path.read_text() if path.is_file() else ""
+        for want in wants:
+            if want not in text:
+                problems.append(f"options: {rel} lacks {want!r}")
+        for unwanted in ("VkdevRuntime", "VKDEV_WITH_TORCH", "VKDEV_DEVICE_COUNT", "namespace vkdev {"):
+            if unwanted in text:
+                problems.append(f"options: {rel} still has {unwanted!r}")
+    refusals = [("--namespace", "vk dev"), ("--namespace", "std"), ("--namespace", "support"),
+                ("--namespace", "a::"), ("--class", "9Runtime"), ("--class", "class"),
+                ("--env-prefix", "vkd"), ("--env-prefix", "VKD_")]
+    for option, value in refusals:
+        r = run("vkdev", "--dest", str(work / "refused_option"), "--no-torch-check", option, value)
+        if r.returncode != 2 or f"'{value}'" not in r.stderr:
+            problems.append(f"{option} {value!r}: exit {r.returncode}, said {r.stderr!r}")
+        if (work / "refused_option").exists():
+            problems.append(f"{option} {value!r}: refused, yet {work / 'refused_option'} was written")
+
+
+def check_warnings(work):
+    """Each colliding name: one warning naming it, the library and the
+    option that changes it; the project is written all the same."""
+    cases = [
+        (["vk"], ["namespace 'vk'", "Vulkan-Hpp", "--namespace", "class 'VkRuntime'",
+                  "Vulkan's types", "--class", "--env-prefix 'VK'", "VK_ is the Vulkan loader's",
+                  "VK_VISIBLE_DEVICES", "only another name"]),
+        (["acme", "--namespace", "cl", "--class", "CUAcme", "--env-prefix", "CUDA_ACME"],
+         ["namespace 'cl'", "OpenCL", "class 'CUAcme'", "CUDA driver API",
+          "--env-prefix 'CUDA_ACME'", "CUDA_ is CUDA's"]),
+        (["acme", "--namespace", "acme::xpu", "--class", "MTLAcme", "--env-prefix", "TORCH"],
+         ["'xpu' is one of PyTorch's device types", "class 'MTLAcme'", "Metal",
+          "TORCH_ is PyTorch's"]),
+        (["acme", "--namespace", "mtl", "--env-prefix", "ZE"],
+         ["namespace 'mtl'", "metal-cpp", "ZE_ is Level Zero's"]),
+        (["acme", "--namespace", "vulkan", "--env-prefix", "PYTORCH_ACME"],
+         ["namespace 'vulkan'", "PYTORCH_ is PyTorch's"]),
+    ]
+    for i, (args, wants) in enumerate(cases):
+        dest = work / f"collides{i}"
+        r = run(*args, "--dest", str(dest), "--no-torch-check")
+        if r.returncode != 0 or not (dest / "CMakeLists.txt").is_file():
+            problems.append(f"{args}: exit {r.returncode}, project not written: {r.stderr!r}")
+        warnings = [line for line in r.stderr.splitlines() if "new_backend.py: warning:" in line]
+        for want in wants:
+            if want not in r.stderr:
+                problems.append(f"{args}: no warning saying {want!r}: {r.stderr!r}")
+        if not warnings or "warning" in r.stdout:
+            problems.append(f"{args}: warnings not on stderr alone: {r.stdout!r} {r.stderr!r}")
+    # Lookalikes that collide with nothing stay quiet.
+    r = run("acme", "--dest", str(work / "quiet"), "--no-torch-check", "--namespace", "vkdev",
+            "--class", "VulkanRuntime", "--env-prefix", "CUSTOM", )
+    if r.returncode != 0 or "warning" in r.stderr:
+        problems.append(f"vkdev/VulkanRuntime/CUSTOM warned: {r.stderr!r}")
+    r = run("acme", "--dest", str(work / "quiet2"), "--no-torch-check", "--class", "Client")
+    if r.returncode != 0 or "warning" in r.stderr:
+        problems.append(f"class Client warned: {r.stderr!r}")
 
 
 def main():
@@ -119,6 +203,11 @@ def main():
                  "CLASS acme_gpu::AcmeGpuRuntime", "acme_gpu.kit.cpp"):
         if want not in cmake:
             problems.append(f"CMakeLists.txt lacks {want!r}")
+
+    if "warning" in r.stderr:
+        problems.append(f"acme_gpu: warned about a name no library uses: {r.stderr!r}")
+    check_options(work)
+    check_warnings(work)
 
     # --force writes the template's files again and removes only what an
     # earlier run wrote and the template no longer has: the vendor's own

@@ -22,7 +22,9 @@ namespace skel {
 
 class SkelRuntime : public accelkit::Runtime<SkelRuntime> {
  public:
-  // Here: device="skel", torch.skel, SKEL_VISIBLE_DEVICES.
+  // Here: device="skel", torch.skel, and the SDK's variables
+  // SKEL_VISIBLE_DEVICES, SKEL_ALLOC_CONF, SKEL_FALLBACK. Settings of the
+  // runtime's own: SKEL_* variables (SKEL_DEVICE_COUNT...).
   static constexpr std::string_view name = "skel";
 
   using device_index = accelkit::device_index;
@@ -55,7 +57,7 @@ class SkelRuntime : public accelkit::Runtime<SkelRuntime> {
     p.dtypes = accelkit::DTypeSet::all();
     // The host may touch device pointers at any time: PyTorch's CPU kernels
     // then run in place. `mapped` for memory the host reaches only between
-    // host_map and host_unmap (optional members), `none` for memory behind a
+    // host_map (returning the host address) and host_unmap, `none` for memory behind a
     // bus (the SDK copies instead).
     p.unified_memory = true;
     p.host_access = accelkit::HostAccessLevel::direct;
