@@ -15,7 +15,13 @@ opinfo's own), while add, run after the crash, still matches; the module
 also numbers devices as if <NAME>_VISIBLE_DEVICES were applied twice, which
 visibility/visible_devices must fail; the report must follow the schema (check_conformance_report.py's
 checks, except that failures are expected here); and under python -O (which
-strips the asserts the checks are made of) the kit must refuse to run."""
+strips the asserts the checks are made of) the kit must refuse to run.
+
+Known differences (--known-differences FILE): with a vendor's list naming mm
+and sin, those two are reported as known differences (apart from the checks,
+with the list's reason), to_sparse as one from the SDK's own list, while flip,
+unlisted, still fails the run; a list that names every failure of a run
+makes it pass (exit 0); a malformed list is refused before any check runs."""
 import json
 import os
 import subprocess
@@ -62,6 +68,86 @@ if _order:
     _mod.get_device_properties = lambda device=None: _properties(
         _order[device] if isinstance(device, int) and device < len(_order) else device)
 '''
+
+
+VENDOR_LIST = """# known differences of the broken kernels
+opinfo/mm *: broken_kernels answers the product plus one
+  opinfo/sin float32 forward : broken_kernels raises
+tensors/convolution_str?des: broken_kernels returns contiguous outputs
+opinfo/never_run *: matches nothing
+"""
+
+
+def known_differences(backend, work, env):
+    """The kit's --known-differences (module docstring); problems found."""
+    problems = []
+    listed = os.path.join(work, "known.txt")
+    with open(listed, "w") as f:
+        f.write(VENDOR_LIST)
+
+    def kit(*args, report):
+        path = os.path.join(work, report)
+        run = subprocess.run([sys.executable, "-m", "accelkit.testing", "--device", backend,
+                              "--import", "broken_kernels", "--jobs", "1", "--report", path, *args],
+                             env=env, capture_output=True, text=True, timeout=280)
+        sys.stdout.write(run.stdout[-2000:])
+        sys.stderr.write(run.stderr[-2000:])
+        if run.returncode == 2:
+            return run, None, ""
+        with open(path) as f, open(path + ".txt") as t:
+            return run, json.load(f), t.read()
+
+    run, report, text = kit("--groups", "opinfo", "--opinfo-ops", "mm,sin,flip,add,to_sparse",
+                            "--opinfo-dtypes", "float32", "--opinfo-directions", "forward",
+                            "--known-differences", listed, report="known.json")
+    if run.returncode != 1:
+        problems.append(f"known differences: the kit exited {run.returncode}, expected 1 "
+                        "(flip is not listed)")
+    if report is None:
+        return problems + ["known differences: no report"]
+    checks = {c["name"]: c["status"] for c in report["checks"]}
+    known = {c["name"]: c for c in report.get("known_differences", [])}
+    if checks != {"flip float32 forward": "fail", "add float32 forward": "pass"}:
+        problems.append(f"known differences: the checks are {checks}, expected flip failed and "
+                        "add passed (mm, sin and to_sparse known)")
+    expect = {"mm float32 forward": ("broken_kernels answers the product plus one", listed,
+                                     "mismatch"),
+              "sin float32 forward": ("broken_kernels raises", listed, "error: RuntimeError"),
+              "to_sparse float32 forward": ("sparse layouts are not supported", "accelkit",
+                                            "NotImplementedError")}
+    for name, (reason, source, message) in expect.items():
+        c = known.get(name)
+        if c is None or not c["reason"].startswith(reason) or c["source"] != source \
+                or c["status"] != "known" or message not in c["message"] or not c["rule"]:
+            problems.append(f"known differences: {name} is {c}, expected known ({reason!r}, "
+                            f"{source}, {message!r})")
+    if report["summary"] != {"pass": 1, "fail": 1, "skip": 0}:
+        problems.append(f"known differences: summary {report['summary']} counts them")
+    for line in ("known differences (not failures):",
+                 "  known opinfo/mm float32 forward: broken_kernels answers the product plus one",
+                 f"{listed}:5: opinfo/never_run *",
+                 "1 passed, 1 failed, 0 skipped, 3 known differences"):
+        if line not in text or line not in run.stdout:
+            problems.append(f"known differences: the summary (printed and .txt) lacks {line!r}")
+
+    # Every failure listed: the run passes.
+    run, report, _ = kit("--checks", "tensors/convolution_strides,tensors/factories",
+                         "--known-differences", listed, report="known_all.json")
+    statuses = report and {c["name"]: c["status"] for c in report["checks"] + report["known_differences"]}
+    if run.returncode != 0 or statuses != {"convolution_strides": "known", "factories": "pass"}:
+        problems.append(f"known differences: a run whose failures are all listed exited "
+                        f"{run.returncode} with {statuses}, expected 0 (convolution_strides known)")
+
+    # A malformed list: refused, naming the file and line, nothing run.
+    with open(listed, "a") as f:
+        f.write("opinfo/add float32 forward\n")
+    run, report, _ = kit("--checks", "tensors/factories", "--known-differences", listed,
+                         report="known_bad.json")
+    if run.returncode != 2 or f"{listed}:6: 'opinfo/add float32 forward' is not 'CHECK: REASON'" \
+            not in run.stderr:
+        problems.append(f"known differences: a malformed list gave exit {run.returncode} "
+                        f"({run.stderr.strip()[-300:]!r}), expected 2 naming {listed}:6")
+    return problems
 
 
 def main():
@@ -129,6 +215,7 @@ def main():
     if optimized.returncode != 2 or "python -O" not in optimized.stderr:
         problems.append(f"under python -O the kit exited {optimized.returncode} "
                         f"({optimized.stderr.strip()[-200:]!r}), expected 2 and a refusal")
+    problems += known_differences(backend, work, env)
     print(f"{len(checks)} checks: {counts}")
     for p in problems:
         print("problem:", p)

@@ -1,9 +1,10 @@
 """PyTorch's own operator samples (op_db) on the backend against the CPU,
 forward and backward, for each dtype of DTYPES the backend reports (issue
 13). The conformance kit's accelkit.testing.opinfo runs them, one operator at a time in child processes
-(a crash is charged to its operator); every difference must be on the list
-in known_differences.py, and every entry there must still differ somewhere
-it applies. The tally
+(a crash is charged to its operator); every difference must be on the SDK's
+list of known differences (python/accelkit/testing/known_differences.py, which
+the kit ships), and every entry there must still differ somewhere it applies.
+The tally
 per dtype and direction is printed at the end of the run.
 
     pytest tests/opinfo [--opinfo-samples N]   (default 4; the full sweep: 1000)
@@ -18,7 +19,7 @@ import pytest
 
 from accelkit.testing import opinfo
 from conftest import TALLY
-from known_differences import KNOWN_DIFFERENCES, covers, known
+from accelkit.testing.known_differences import KNOWN_DIFFERENCES, covers, known
 
 BACKEND = os.environ.get("ACCELKIT_OPINFO_BACKEND", "simdev")
 DIRECTIONS = ["forward", "backward"]
@@ -79,5 +80,6 @@ def test_every_known_difference_still_differs(sweep):
                    and direction in (None, i.split("|")[2])]
         if covered and not any(r["status"] in opinfo.FAILED for r in covered):
             stale.append(f"{op} ({dtype or 'every dtype'}, {direction or 'both directions'}): "
-                         f"matches now; remove it from known_differences.py ({reason})")
+                         f"matches now; remove it from python/accelkit/testing/"
+                         f"known_differences.py ({reason})")
     assert not stale, "\n".join(stale)

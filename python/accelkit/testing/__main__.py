@@ -1,15 +1,32 @@
-"""python -m accelkit.testing --device NAME ...: see accelkit/testing/__init__.py."""
+"""python -m accelkit.testing --device NAME ...: see accelkit/testing/__init__.py.
+From a backend's package (torch_<name>._accelkit.testing, or torch_<name>.testing
+which calls main), --device defaults to that backend."""
 import argparse
 import os
 import sys
 
 
-def main(argv=None):
+def package_backend():
+    """The backend whose package carries this copy of the SDK
+    (torch_<name>._accelkit), or None for the SDK's own package."""
+    top = (__package__ or "").split(".")[0]
+    if top == "accelkit" or not top:
+        return None
+    module = sys.modules.get(top)
+    return getattr(module, "_accelkit_backend", None)
+
+
+def main(argv=None, prog=None):
     from . import GROUPS, CHECKS, run
+    from .known_differences import load as load_known
     from .report import unwritable
-    ap = argparse.ArgumentParser(prog="python -m accelkit.testing",
+    default = package_backend()
+    ap = argparse.ArgumentParser(prog=prog or (f"python -m {__package__}" if __package__
+                                               else "python -m accelkit.testing"),
                                  description="accelkit's conformance kit (Python side)")
-    ap.add_argument("--device", required=True, help="the backend's device name (torch.<name>)")
+    ap.add_argument("--device", required=default is None, default=default,
+                    help="the backend's device name (torch.<name>)"
+                         + (f"; default {default}" if default else ""))
     ap.add_argument("--groups", default="", help=f"groups to run (default all): {','.join(GROUPS)},opinfo")
     ap.add_argument("--skip", default="", help="groups to skip")
     ap.add_argument("--checks", default="", help="only these checks (name or group/name)")
@@ -28,6 +45,10 @@ def main(argv=None):
     ap.add_argument("--import", dest="imports", default="",
                     help="modules to import after the backend, here and in every OpInfo child "
                          "(e.g. one that registers kernels through torch.library)")
+    ap.add_argument("--known-differences", dest="known", default=None, metavar="FILE",
+                    help="the vendor's known differences: lines 'group/name: reason' (wildcards "
+                         "allowed); failures they name are reported apart and do not fail the "
+                         "run (the SDK's own list always applies)")
     ap.add_argument("--list", action="store_true", help="list the checks and their rules")
     args = ap.parse_args(argv)
     split = (lambda s: [x for x in s.split(",") if x])
@@ -40,6 +61,14 @@ def main(argv=None):
               "(PYTHONOPTIMIZE), which removes the assert statements its checks are made of",
               file=sys.stderr)
         return 2
+    known = None
+    if args.known:
+        try:
+            known = load_known(args.known)
+        except (OSError, ValueError) as e:
+            why = f"{e.filename}: {e.strerror or e}" if isinstance(e, OSError) else str(e)
+            print(f"{ap.prog}: --known-differences: {why}; no check run", file=sys.stderr)
+            return 2
     path = args.report or os.environ.get("ACCELKIT_CONFORMANCE_REPORT") or \
         f"accelkit_conformance_python_{args.device}.json"
     why = unwritable(path)
@@ -56,8 +85,11 @@ def main(argv=None):
                  opinfo_dtypes=split(args.opinfo_dtypes) or None,
                  opinfo_samples=args.opinfo_samples,
                  opinfo_directions=split(args.opinfo_directions), jobs=args.jobs, rtol=args.rtol,
-                 atol=args.atol, log=lambda line: print(line, flush=True))
+                 atol=args.atol, log=lambda line: print(line, flush=True),
+                 known_differences=known)
     groups, totals = report.summary().splitlines()[-2:]
+    for line in report.known_summary():
+        print(line)
     print(groups)
     try:
         report.write(path)

@@ -14,9 +14,10 @@ item. Each item ends as match, mismatch (the largest error in the message),
 error (the device raised where the CPU did not, or another exception type),
 crash (the child died or hung) or "not compared" (no sample both sides take,
 a CUDA-only operator). The conformance kit runs QUICK (or everything) as its
-group "opinfo"; tests/opinfo/test_opinfo.py runs every operator under pytest
-against the list of known differences; run directly, it prints every failure
-and the tally.
+group "opinfo", where a failure on the SDK's list of known differences
+(known_differences.py) is reported as one; tests/opinfo/test_opinfo.py runs
+every operator under pytest against that list; run directly, it prints
+every failure and the tally.
 """
 import argparse
 import concurrent.futures
@@ -130,8 +131,14 @@ def items_for(found, dtypes, directions, ops=None):
 def kit_run(report, backend, ctx, full=False, ops=None, dtypes=None, samples=1,
             directions=("forward", "backward"), jobs=2, log=None):
     """The kit's group "opinfo": one check per item "op dtype direction"
-    (pass: match; fail: mismatch, error, crash; skip: not compared)."""
+    (pass: match; fail: mismatch, error, crash; skip: not compared); a
+    failure on the SDK's list of known differences (known_differences.py),
+    for the memory mode of device 0, or on the report's vendor list, is a
+    known difference."""
     import time as _time
+
+    from .known_differences import known
+    memory = "host-visible" if ctx.props["host_visible_memory"] else "hidden"
     t0 = _time.monotonic()
     wanted = dtypes or (DTYPES if full or ops else QUICK_DTYPES)
     tried = [d for d in wanted if d in ctx.props["dtypes"]]
@@ -154,9 +161,10 @@ def kit_run(report, backend, ctx, full=False, ops=None, dtypes=None, samples=1,
         op, dtype, direction = item.split("|")
         status = {"match": "pass", "not compared": "skip"}.get(r["status"], "fail")
         message = r["message"] if status == "pass" else f"{r['status']}: {r['message']}"
-        report.add("opinfo", f"{op} {dtype} {direction}",
-                   f"PyTorch's OpInfo samples of {op} ({dtype}, {direction}) on the device "
-                   "match the CPU", status, message, r.get("duration_s", each))
+        status = report.add("opinfo", f"{op} {dtype} {direction}",
+                            f"PyTorch's OpInfo samples of {op} ({dtype}, {direction}) on the "
+                            "device match the CPU", status, message, r.get("duration_s", each),
+                            known=known(op, dtype, direction, memory))
         if log and status != "pass":
             log(f"{status:<4} opinfo/{op} {dtype} {direction}: {message[:200]}")
     if log:

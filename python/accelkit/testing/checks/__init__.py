@@ -42,6 +42,6 @@ def run(ctx, report, groups=None, skip=(), names=None, log=None):
                 except Exception as e:  # noqa: BLE001
                     if status == "pass":
                         status, message = "fail", f"the device was unusable after the check: {e}"
-        report.add(c.group, c.name, c.rule, status, message, time.monotonic() - t0)
+        status = report.add(c.group, c.name, c.rule, status, message, time.monotonic() - t0)
         if log:
             log(f"{status:<4} {c.group}/{c.name}" + (f": {message.splitlines()[0]}" if message else ""))
