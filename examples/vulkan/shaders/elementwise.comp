@@ -1,0 +1,46 @@
+// vkdev's elementwise kernel (vkdev_kernels.cpp): out = f(a, b, s) over a
+// broadcast, strided layout of at most 4 dims (merged where all operands
+// allow), float32. Element offsets and strides come as push constants; each
+// operand's buffer is bound from its offset rounded down to the device's
+// storage-buffer alignment (Note [vkdev kernel bindings]).
+#version 450
+
+layout(local_size_x = 64) in;
+
+layout(std430, set = 0, binding = 0) buffer Out { float o[]; };
+layout(std430, set = 0, binding = 1) readonly buffer A { float a[]; };
+layout(std430, set = 0, binding = 2) readonly buffer B { float b[]; };
+
+layout(push_constant) uniform Geom {
+  uint n;     // elements
+  uint ndim;  // 0..4
+  uint op;    // Op in vkdev_kernels.hpp
+  float s;    // add's alpha, threshold_backward's threshold, the scalar operand
+  uint off_o, off_a, off_b, pad;
+  uvec4 size;
+  uvec4 so, sa, sb;  // element strides (0 where broadcast)
+} g;
+
+void main() {
+  uint step = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+  for (uint i = gl_GlobalInvocationID.x; i < g.n; i += step) {
+    uint io = g.off_o, ia = g.off_a, ib = g.off_b, r = i;
+    for (int d = int(g.ndim) - 1; d >= 0; --d) {
+      uint c = r % g.size[d];
+      r /= g.size[d];
+      io += c * g.so[d];
+      ia += c * g.sa[d];
+      ib += c * g.sb[d];
+    }
+    float x = a[ia], y;
+    switch (g.op) {
+      case 0u: y = g.s == 1.0 ? x + b[ib] : x + g.s * b[ib]; break;  // add
+      case 1u: y = x * b[ib]; break;                                  // mul
+      case 2u: y = (x > 0.0 || isnan(x)) ? x : 0.0; break;            // relu
+      case 3u: y = b[ib] <= g.s ? 0.0 : x; break;                     // threshold_backward
+      case 4u: y = x + g.s; break;                                    // add a number
+      default: y = x * g.s; break;                                    // mul by a number
+    }
+    o[io] = y;
+  }
+}
