@@ -685,11 +685,13 @@ TEST_CASE("host access mapped: memory is the host's only between host_map and ho
   std::vector<unsigned char> in(n, 7), out(n);
   b.memcpy(0, p, in.data(), n, CopyKind::host_to_device);
 
-  // Outside a map the host faults (a child process tries).
-  auto child_reads = [&] {
+  // The host never reaches the memory at the device pointer, and reaches it
+  // at the address host_map returned only while mapped (a child process
+  // tries).
+  auto child_reads = [&](const unsigned char* at) {
     pid_t pid = ::fork();
     if (pid == 0) {
-      volatile unsigned char v = p[4096];
+      volatile unsigned char v = at[0];
       static_cast<void>(v);
       ::_exit(0);
     }
@@ -697,21 +699,28 @@ TEST_CASE("host access mapped: memory is the host's only between host_map and ho
     ::waitpid(pid, &status, 0);
     return WIFEXITED(status) && WEXITSTATUS(status) == 0;
   };
-  CHECK_FALSE(child_reads());
+  CHECK_FALSE(child_reads(p + 4096));
 
   HostMaps<simdev::SimRuntime> maps(b);
   auto whole = maps.acquire(0, p, n);
   auto part = maps.acquire(0, p + 4096 + 128, 64);  // inside: counted, not mapped again
   CHECK(b.runtime().host_maps() == 1);
   CHECK(maps.open_count() == 1);
-  CHECK(child_reads());
-  CHECK(p[4096] == 7);
+  auto* h = static_cast<unsigned char*>(maps.host_ptr(0, p));
+  CHECK(h != p);  // simdev's host view is a mapping of its own
+  CHECK(maps.host_ptr(0, p + 4096 + 128) == h + 4096 + 128);
+  CHECK(maps.host_ptr(0, p + n) == h + n);  // the end, for empty views
+  CHECK_FALSE(child_reads(p + 4096));
+  CHECK(child_reads(h + 4096));
+  CHECK(h[4096] == 7);
   maps.release(whole);
-  p[4096 + 128] = 9;  // still held by `part`
+  h[4096 + 128] = 9;  // still held by `part`
   CHECK_THROWS_AS(maps.acquire(0, p + n - 64, 4096), RuntimeError);  // overlaps in part
   maps.release(part);
   CHECK(maps.open_count() == 0);
-  CHECK_FALSE(child_reads());
+  CHECK_FALSE(child_reads(h + 4096));  // the view is unmapped
+  CHECK_THROWS_WITH(maps.host_ptr(0, p + 8), Catch::Contains("is not inside memory mapped for "
+                                                             "the host"));
   b.memcpy(0, out.data(), p, n, CopyKind::device_to_host);
   CHECK(out[4096 + 128] == 9);
   CHECK(out[0] == 7);
@@ -748,7 +757,7 @@ TEST_CASE("host access mapped: a range inside another of the same scope only cou
     CHECK(tickets.size() == 2);
     CHECK(b.runtime().host_maps() == before + 1);  // the whole range, mapped once
     CHECK(maps.open_count() == 1);
-    p[4096 + 128] = 5;
+    *static_cast<unsigned char*>(maps.host_ptr(0, p + 4096 + 128)) = 5;
     for (auto it = tickets.rbegin(); it != tickets.rend(); ++it) maps.release(*it);
     CHECK(maps.open_count() == 0);
   }
@@ -795,4 +804,36 @@ TEST_CASE("host access mapped: a runtime without host_map and host_unmap may not
   c.host_access = HostAccessLevel::direct;
   Backend<WithoutMaps> direct(env(), c);
   CHECK(direct.properties(0).host_visible_memory);
+}
+
+namespace {
+// simdev's required members, and a host_map that gives no address.
+struct NullMaps : accelkit::Runtime<NullMaps> {
+  static constexpr std::string_view name = "simdev";
+  explicit NullMaps(simdev::Config c) : sim(std::move(c)) {}
+#define FORWARD_(member, Ret, params, kind, args) \
+  Ret member params { return sim.member args; }
+  ACCELKIT_REQUIRED_MEMBERS(FORWARD_)
+#undef FORWARD_
+  void* host_map(int, void*, std::size_t) { return nullptr; }
+  void host_unmap(int, void*, std::size_t) {}
+  simdev::SimRuntime sim;
+};
+}  // namespace
+
+TEST_CASE("host access mapped: a host_map that returns no address is a RuntimeError naming the "
+          "range, and nothing stays open") {
+  simdev::Config c = devices(1);
+  c.host_access = HostAccessLevel::mapped;
+  Backend<NullMaps> b(env(), c);
+  void* p = b.raw_malloc(0, 4096);
+  REQUIRE(p != nullptr);
+  HostMaps<NullMaps> maps(b);
+  CHECK_THROWS_AS(maps.acquire(0, p, 64), RuntimeError);
+  CHECK_THROWS_WITH(maps.acquire(0, p, 64),
+                    Catch::Contains(fmt::format("simdev: device 0: host_map of 64 bytes at {} "
+                                                "returned no host address",
+                                                p)));
+  CHECK(maps.open_count() == 0);
+  b.raw_free(0, p, 4096);
 }

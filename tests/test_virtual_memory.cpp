@@ -177,11 +177,10 @@ TEST_CASE("virtual memory: reserve, map piece by piece, copy across pieces, unma
   CHECK(read(b, at(m.base, 3), kG) == Bytes(h.begin(), h.begin() + kG));
 
   if (mode == HostAccessLevel::mapped) {
-    // The host reaches the pages only between host_map and host_unmap, and
-    // what it writes is the device's.
+    // The host reaches the pages only between host_map and host_unmap, at
+    // the address host_map returns, and what it writes is the device's.
     char* p = at(m.base, 2) - 64;
-    b.host_map(0, p, 128);
-    std::memset(p, 0x5a, 128);
+    std::memset(b.host_map(0, p, 128), 0x5a, 128);
     b.host_unmap(0, p, 128);
     CHECK(read(b, p, 128) == Bytes(128, 0x5a));
     // Unmapping pages the host holds mapped is refused.

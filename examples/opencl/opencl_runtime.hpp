@@ -335,13 +335,15 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
   }
 
   // Coarse-grained SVM (host_access mapped): the host's access to a range,
-  // blocking on the device's synchronous queue; the unmap is waited for, so
-  // what the host wrote is the device's on return.
-  void host_map(int device, void* ptr, std::size_t bytes) {
+  // blocking on the device's synchronous queue; SVM maps in place, so the
+  // host address is ptr. The unmap is waited for, so what the host wrote is
+  // the device's on return.
+  void* host_map(int device, void* ptr, std::size_t bytes) {
     Device& d = context(device, "host_map");
     check(clEnqueueSVMMap(d.sync_queue, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, ptr, bytes, 0,
                           nullptr, nullptr),
           "host_map", "clEnqueueSVMMap");
+    return ptr;
   }
   void host_unmap(int device, void* ptr, std::size_t) {
     Device& d = context(device, "host_unmap");

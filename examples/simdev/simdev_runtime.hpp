@@ -363,29 +363,36 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
 
   // Note [simdev mapped memory]
   // Problem: an SDK that touches device memory on the host outside
-  // host_map/host_unmap works where memory is unified and reads stale data
-  // on a device with memory of its own.
+  // host_map/host_unmap, or at the device pointer rather than at the address
+  // host_map returns, works where memory is unified and reads stale data (or
+  // faults) on a device with memory of its own, or on a driver that chooses
+  // the host address (Vulkan's vkMapMemory).
   // Decision: with SIMDEV_HOST_VISIBLE=mapped each allocation's pages (a
-  // range of its device's heap file, Note [simdev inter-process memory]) are
-  // mapped twice: the pointer malloc returns is a view the host may not touch
-  // (PROT_NONE), and simdev's streams, copies and kernels work through a
-  // second, device-only view of the same pages. host_map opens the host's
-  // view of the pages under a range, host_unmap closes it when the last map
-  // over a page ends, so a host access outside a map faults at once
-  // (SIGSEGV). host_map coexists with queued work on the range (the SDK waits
-  // for its streams first; work another thread queues in between runs on the
-  // device's view), and free refuses memory still mapped.
-  // Limits: pages, not bytes: an access outside a map but on a page another
-  // map holds open is not caught; two mappings per allocation.
-  void host_map(int device, void* ptr, std::size_t bytes) {
+  // range of its device's heap file, Note [simdev inter-process memory]; for
+  // virtual memory, the memfds vm_map mapped) are mapped twice: the pointer
+  // malloc returns is a view the host may never touch (PROT_NONE), and
+  // simdev's streams, copies and kernels work through a second, device-only
+  // view of the same pages. host_map maps the pages under the range once
+  // more, a new host view of its own (of several files' pages for a range
+  // over vm pieces), and returns the address of ptr in it; host_unmap
+  // unmaps that view. So a host access at the device pointer faults at once
+  // (SIGSEGV), and so does one through a view after its unmap. host_map
+  // coexists with queued work on the range (the SDK waits for its streams
+  // first; work another thread queues in between runs on the device's view);
+  // free, ipc_mem_close and vm_unmap refuse memory still mapped.
+  // Limits: a view covers whole pages, so an access outside the mapped bytes
+  // but on their pages is not caught; each map is a mapping of its own (the
+  // host view of an allocation mapped twice is two views).
+  void* host_map(int device, void* ptr, std::size_t bytes) {
     check(device, "host_map");
     fault("host_map");
     if (!mapped_mode())
       driver_error(kNotPermitted, "host_map",
                    "device memory is not mapped for the host in this mode (SIMDEV_HOST_VISIBLE "
                    "is not 'mapped')");
-    protect(device, ptr, bytes, true);
+    void* host = open_view(device, static_cast<char*>(ptr), bytes);
     host_maps_.fetch_add(1, std::memory_order_relaxed);
+    return host;
   }
   void host_unmap(int device, void* ptr, std::size_t bytes) {
     check(device, "host_unmap");
@@ -394,7 +401,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       driver_error(kNotPermitted, "host_unmap",
                    "device memory is not mapped for the host in this mode (SIMDEV_HOST_VISIBLE "
                    "is not 'mapped')");
-    protect(device, ptr, bytes, false);
+    close_view(device, static_cast<char*>(ptr), bytes);
   }
 
   bool can_access_peer(int device, int peer) {
@@ -821,10 +828,11 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   // memory still mapped. SIMDEV_HOST_VISIBLE: with 1 and 0 the pages are
   // mapped read-write (with 0, as for malloc's memory, a host access is not
   // caught); with mapped they stay PROT_NONE for the host after vm_map
-  // (host_map opens them page by page) and simdev's work goes through a
-  // second reservation, the device's view, where the same memfds are mapped
-  // read-write at the same offsets. Handles are minted (Note [Minted
-  // handles]); every member takes SIMDEV_INJECT_FAULT.
+  // (host_map maps a view of their memfds: Note [simdev mapped memory]) and
+  // simdev's work goes through a second reservation, the device's view,
+  // where the same memfds are mapped read-write at the same offsets. Handles
+  // are minted (Note [Minted handles]); every member takes
+  // SIMDEV_INJECT_FAULT.
   // Limits: pieces of two reservations never join into one live range, even
   // when the addresses are adjacent; a released range's addresses are
   // retired as freed memory's are; one file descriptor per physical memory
@@ -1864,6 +1872,12 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     long pieces = 0;         // mapped pieces inside
     std::map<std::size_t, std::uint32_t> holds;  // mapped mode: open host maps per kPage
   };
+  // A view host_map opened (Note [simdev mapped memory]).
+  struct HostView {
+    char* base = nullptr;    // the view's first page
+    std::size_t length = 0;  // whole pages
+    char* host = nullptr;    // what host_map returned
+  };
   struct Piece {
     std::shared_ptr<Physical> physical;
     std::uint64_t serial = 0;  // as Allocation::serial
@@ -1880,6 +1894,8 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::uint64_t reserved_bytes = 0;
     accelkit::support::HandleTable<accelkit::StreamHandle, Stream> streams{name, "stream",
                                                                           kInvalidHandle};
+    // Open host views by (pointer, bytes), under `mutex` (Note [simdev mapped memory]).
+    std::multimap<std::pair<char*, std::size_t>, HostView> host_views;
     std::mutex heap_mutex;
     std::shared_ptr<Heap> heap;  // under heap_mutex (Note [simdev inter-process memory])
     std::optional<std::pair<int, std::string>> async_error;  // code, message
@@ -2212,84 +2228,100 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
                        r.pid, target);
   }
 
-  // Opens (`open`) or closes one host map over the pages under [ptr, ptr +
-  // bytes), which must lie in one allocation; pages change protection when
-  // their first map opens or their last closes.
-  void protect(int device, void* ptr, std::size_t bytes, bool open) {
-    const char* call = open ? "host_map" : "host_unmap";
+  // host_map's view of [c, c + bytes) (Note [simdev mapped memory]), which
+  // must lie in one allocation or in mapped pieces of one reservation: the
+  // pages under it mapped anew, read-write; the address of c in the view.
+  // The pages' holds count the view, and it is kept for host_unmap.
+  void* open_view(int device, char* c, std::size_t bytes) {
     Device& d = context(device);
-    char* c = static_cast<char*>(ptr);
     std::lock_guard<std::mutex> lock(d.mutex);
+    HostView v;
+    if (bytes == 0)
+      driver_error(kInvalidValue, "host_map",
+                   fmt::format("0 bytes at {}: nothing to map", static_cast<void*>(c)));
     auto hit = d.allocations.find(c, bytes);
-    if (!hit && bytes != 0 && vm_serial(d, c, bytes) != 0) return protect_vm(d, c, bytes, open);
-    if (!hit || bytes == 0)
-      driver_error(kInvalidValue, call,
-                   fmt::format("{} bytes at {} are not inside one allocation of device {}", bytes,
-                               ptr, device));
-    Allocation& a = *hit.value;
-    char* base = hit.pointer() - a.offset;  // the host view's first page
-    std::size_t first = static_cast<std::size_t>(c - base) / kPage;
-    std::size_t last = static_cast<std::size_t>(c + bytes - 1 - base) / kPage;
-    if (!open)
-      for (std::size_t i = first; i <= last; ++i)
-        if (a.holds[i] == 0)
-          driver_error(kInvalidValue, call,
-                       fmt::format("{} bytes at {} were not mapped for the host", bytes, ptr));
-    auto change = [&](std::size_t from, std::size_t to) {  // pages [from, to)
-      if (from < to &&
-          ::mprotect(base + from * kPage, (to - from) * kPage,
-                     open ? PROT_READ | PROT_WRITE : PROT_NONE) != 0)
-        driver_error(kInvalidValue, call, fmt::format("mprotect failed for {}", ptr));
-    };
-    std::size_t run = first;
-    for (std::size_t i = first; i <= last; ++i) {
-      bool flips = open ? a.holds[i]++ == 0 : --a.holds[i] == 0;
-      if (!flips) {
-        change(run, i);
-        run = i + 1;
+    if (hit) {
+      Allocation& a = *hit.value;
+      char* base = hit.pointer() - a.offset;  // the mapping's first page
+      std::size_t first = static_cast<std::size_t>(c - base) / kPage;
+      std::size_t last = static_cast<std::size_t>(c + bytes - 1 - base) / kPage;
+      v.length = (last - first + 1) * kPage;
+      int fd = a.heap ? a.heap->fd : a.opened->fd;
+      void* m = ::mmap(nullptr, v.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                       static_cast<off_t>(a.file_offset + first * kPage));
+      if (m == MAP_FAILED)
+        driver_error(kInvalidValue, "host_map",
+                     fmt::format("mapping a host view of {} bytes at {} failed: {}", bytes,
+                                 static_cast<void*>(c), std::strerror(errno)));
+      v.base = static_cast<char*>(m);
+      v.host = v.base + (c - base - first * kPage);
+      for (std::size_t i = first; i <= last; ++i) ++a.holds[i];
+    } else if (vm_serial(d, c, bytes) != 0) {
+      auto r = d.reservations.find(c, bytes);
+      char* base = r.pointer();
+      std::size_t first = static_cast<std::size_t>(c - base) / kPage;
+      std::size_t last = static_cast<std::size_t>(c + bytes - 1 - base) / kPage;
+      v.length = (last - first + 1) * kPage;
+      v.base = reserve_pages(v.length, kPage);
+      if (v.base == nullptr)
+        driver_error(kInvalidValue, "host_map",
+                     fmt::format("reserving a host view of {} bytes at {} failed", bytes,
+                                 static_cast<void*>(c)));
+      // Each piece's pages under the range, at their places in the view.
+      char* from = base + first * kPage;
+      char* end = base + (last + 1) * kPage;
+      for (char* p = from; p < end;) {
+        auto piece = d.pieces.find(p);
+        char* stop = std::min(end, piece.pointer() + piece.bytes);
+        if (::mmap(v.base + (p - from), static_cast<std::size_t>(stop - p),
+                   PROT_READ | PROT_WRITE, MAP_FIXED | MAP_SHARED, piece.value->physical->fd,
+                   static_cast<off_t>(p - piece.pointer())) == MAP_FAILED) {
+          int error = errno;
+          ::munmap(v.base, v.length);
+          driver_error(kInvalidValue, "host_map",
+                       fmt::format("mapping a host view of {} bytes at {} failed: {}", bytes,
+                                   static_cast<void*>(c), std::strerror(error)));
+        }
+        p = stop;
       }
+      v.host = v.base + (c - from);
+      for (std::size_t i = first; i <= last; ++i) ++r.value->holds[i];
+    } else {
+      driver_error(kInvalidValue, "host_map",
+                   fmt::format("{} bytes at {} are not inside one allocation of device {}", bytes,
+                               static_cast<void*>(c), device));
     }
-    change(run, last + 1);
+    d.host_views.emplace(std::make_pair(c, bytes), v);
+    return v.host;
   }
 
-  // protect() for mapped virtual memory, under d.mutex: the open host maps
-  // are counted per page of the reservation.
-  void protect_vm(Device& d, char* c, std::size_t bytes, bool open) {
-    const char* call = open ? "host_map" : "host_unmap";
-    auto r = d.reservations.find(c, bytes);
-    char* base = r.pointer();
-    std::map<std::size_t, std::uint32_t>& holds = r.value->holds;
-    std::size_t first = static_cast<std::size_t>(c - base) / kPage;
-    std::size_t last = static_cast<std::size_t>(c + bytes - 1 - base) / kPage;
-    if (!open)
-      for (std::size_t i = first; i <= last; ++i)
-        if (holds.count(i) == 0)
-          driver_error(kInvalidValue, call,
-                       fmt::format("{} bytes at {} were not mapped for the host", bytes,
-                                   static_cast<void*>(c)));
-    auto change = [&](std::size_t from, std::size_t to) {  // pages [from, to)
-      if (from < to &&
-          ::mprotect(base + from * kPage, (to - from) * kPage,
-                     open ? PROT_READ | PROT_WRITE : PROT_NONE) != 0)
-        driver_error(kInvalidValue, call,
-                     fmt::format("mprotect failed for {}", static_cast<void*>(c)));
-    };
-    std::size_t run = first;
-    for (std::size_t i = first; i <= last; ++i) {
-      bool flips;
-      if (open) {
-        flips = holds[i]++ == 0;
-      } else {
+  // host_unmap: the last view host_map opened for [c, c + bytes) is unmapped
+  // and its pages' holds dropped.
+  void close_view(int device, char* c, std::size_t bytes) {
+    Device& d = context(device);
+    std::lock_guard<std::mutex> lock(d.mutex);
+    auto [lo, hi] = d.host_views.equal_range(std::make_pair(c, bytes));
+    if (lo == hi)
+      driver_error(kInvalidValue, "host_unmap",
+                   fmt::format("{} bytes at {} were not mapped for the host", bytes,
+                               static_cast<void*>(c)));
+    HostView v = std::prev(hi)->second;
+    d.host_views.erase(std::prev(hi));
+    ::munmap(v.base, v.length);
+    if (auto hit = d.allocations.find(c, bytes)) {
+      char* base = hit.pointer() - hit.value->offset;
+      std::size_t first = static_cast<std::size_t>(c - base) / kPage;
+      std::size_t last = static_cast<std::size_t>(c + bytes - 1 - base) / kPage;
+      for (std::size_t i = first; i <= last; ++i) --hit.value->holds[i];
+    } else if (auto r = d.reservations.find(c, bytes)) {
+      std::map<std::size_t, std::uint32_t>& holds = r.value->holds;
+      std::size_t first = static_cast<std::size_t>(c - r.pointer()) / kPage;
+      std::size_t last = static_cast<std::size_t>(c + bytes - 1 - r.pointer()) / kPage;
+      for (std::size_t i = first; i <= last; ++i) {
         auto it = holds.find(i);
-        flips = --it->second == 0;
-        if (flips) holds.erase(it);
-      }
-      if (!flips) {
-        change(run, i);
-        run = i + 1;
+        if (it != holds.end() && --it->second == 0) holds.erase(it);
       }
     }
-    change(run, last + 1);
   }
 
   Work copy_work(int device, int dst_device, void* dst, const void* src, std::size_t bytes,

@@ -173,21 +173,26 @@
 //       (never `device`); no wait if never recorded
 //       (Note [Cross-device waits]). Absent: the SDK waits on the host, in
 //       event_synchronize(event_device, event), before the call returns.
-//   void host_map(device_index device, void* ptr, std::size_t bytes)
+//   void* host_map(device_index device, void* ptr, std::size_t bytes)
 //       Makes [ptr, ptr + bytes), inside one allocation from malloc(device, ·)
 //       (or mapped pages of one vm_reserve range), readable and writable by the
-//       host until the matching host_unmap. Called only for a device whose
-//       host_access is mapped, from any thread, after the SDK waited for the
-//       device's work on the range; work another thread queued on the range
-//       since (a read) may still be pending, and the map coexists with it,
-//       neither refusing nor waiting for it. The SDK never maps a range twice
-//       at once and writes nothing to it on the device until it unmaps
-//       (Note [Map scopes]). Absent: a device reporting host_access mapped
-//       without both members is refused at its first properties query.
+//       host until the matching host_unmap, and returns the host address of the
+//       byte at ptr: the host reaches the range at [ret, ret + bytes), never at
+//       ptr unless ret is ptr (a runtime that maps in place returns ptr).
+//       Called only for a device whose host_access is mapped, from any thread,
+//       after the SDK waited for the device's work on the range; work another
+//       thread queued on the range since (a read) may still be pending, and the
+//       map coexists with it, neither refusing nor waiting for it. The SDK
+//       never maps a range twice at once and writes nothing to it on the device
+//       until it unmaps (Note [Map scopes]). nullptr is a failure: a
+//       RuntimeError naming the backend and the range. Absent: a device
+//       reporting host_access mapped without both members is refused at its
+//       first properties query.
 //   void host_unmap(device_index device, void* ptr, std::size_t bytes)
 //       Ends the host's access to a range given to host_map with the same
-//       arguments: what the host wrote is the device's when it returns; a host
-//       access after it may fault. Absent: as host_map.
+//       arguments (the device address, not the returned one): what the host
+//       wrote is the device's when it returns; a host access after it, at
+//       either address, may fault. Absent: as host_map.
 //   SignalHandle signal_create(device_index device)
 //       A new host signal of `device`, not completed; the four signal members
 //       go together (Note [Host signals]). Absent: the SDK's own signal, which

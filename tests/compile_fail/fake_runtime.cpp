@@ -2,7 +2,8 @@
 // present with its exact signature, except the one named by -DOMIT="member"
 // (left out) or -DMISTYPE="member" (declared with a wrong type); optional
 // members are absent unless named by -DPRESENT="member". NOT_DERIVED and
-// INVALID_NAME break the two rules that are not members. Compiled with
+// INVALID_NAME break the two rules that are not members; VOID_HOST_MAP
+// declares host_map returning void. Compiled with
 // -fsyntax-only by run_compile_fail.cmake, one case per member and way to get
 // it wrong (tests/CMakeLists.txt), to prove that exactly the diagnostic
 // naming that member fires.
@@ -155,6 +156,12 @@ struct Fake
       ACCELKIT_REQUIRED_MEMBERS(FAKE_REQUIRED_BASE_)
       ACCELKIT_OPTIONAL_MEMBERS(FAKE_OPTIONAL_BASE_)
       ACCELKIT_OPTIONAL_CONSTANTS(FAKE_OPTIONAL_BASE_) {
+#ifdef VOID_HOST_MAP
+  // host_map returning nothing, as the contract once had it: mistyped, since
+  // the SDK needs the host address the driver chose.
+  void host_map(device_index, void*, std::size_t) {}
+  void host_unmap(device_index, void*, std::size_t) {}
+#endif
 };
 
 int main() {
@@ -176,6 +183,11 @@ int main() {
     [[maybe_unused]] auto wrappers =
         std::make_tuple(&Backend<Fake>::ipc_mem_export, &Backend<Fake>::ipc_mem_open,
                         &Backend<Fake>::ipc_mem_close);
+  }
+  if constexpr (detail::has_host_map<Fake>) {
+    // The wrapper returns the runtime's host address.
+    [[maybe_unused]] void* (Backend<Fake>::*map)(device_index, void*, std::size_t) =
+        &Backend<Fake>::host_map;
   }
   return backend.device_count();
 }

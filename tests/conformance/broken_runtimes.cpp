@@ -279,8 +279,34 @@ struct FailingHostMap : Wrap<FailingHostMap, SimRuntime> {
     inner().free(device, p);
     --live;
   }
-  void host_map(device_index, void*, std::size_t) { driver_error(5, "host_map", "refused (test)"); }
+  void* host_map(device_index, void*, std::size_t) {
+    driver_error(5, "host_map", "refused (test)");
+  }
   void host_unmap(device_index, void*, std::size_t) {}
+};
+
+// Reports host_access mapped, and its host_map returns a buffer of its own
+// rather than the memory (simdev's direct memory, which it leaves alone): the
+// host reads and writes other bytes than the device's.
+struct MapsElsewhere : Wrap<MapsElsewhere, SimRuntime> {
+  std::mutex m;
+  std::map<std::pair<void*, std::size_t>, std::vector<char>> buffers;
+  DeviceProperties properties(device_index device) {
+    DeviceProperties p = inner().properties(device);
+    p.host_access = accelkit::HostAccessLevel::mapped;
+    p.host_visible_memory = false;
+    return p;
+  }
+  void* host_map(device_index, void* ptr, std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(m);
+    std::vector<char>& b = buffers[{ptr, bytes}];
+    b.assign(bytes, 0);
+    return b.data();
+  }
+  void host_unmap(device_index, void* ptr, std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(m);
+    buffers.erase({ptr, bytes});
+  }
 };
 
 // Work queued on a capturing stream runs at once as well as being captured
@@ -555,6 +581,13 @@ TEST_CASE("conformance kit: a throwing host_map fails the check and leaks nothin
   CHECK(r.status == CheckStatus::fail);
   CHECK(contains(r.message, "refused (test)"));
   CHECK(FailingHostMap::live.load() == 0);
+}
+
+TEST_CASE("conformance kit: a host_map that returns another address than the memory's fails "
+          "the check") {
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(MapsElsewhere, properties,
+                                              host_mapped_memory_is_visible),
+                "at the address host_map returned");
 }
 
 TEST_CASE("conformance kit: virtual memory checks fail a runtime whose unmap leaves the pages "

@@ -421,3 +421,41 @@ def test_mapped_memory_runs_host_kernels_and_the_fallback_in_place():
     assert report.get("aten::mul.Tensor") == 1, report  # a host kernel
     assert sum(n for op, n in report.items() if op.startswith("aten::cos")) == 1, report
     torch.testing.assert_close(c.cpu(), (A * B + A).cos_(), rtol=0, atol=0)
+
+
+@simdev_only
+@mapped_only
+def test_mapped_host_kernels_keep_the_cpus_aliasing_and_resizes():
+    # On mapped memory a host kernel gives the CPU kernel CPU tensors at the
+    # addresses host_map returned (simdev's: a mapping of their own, the
+    # device pointers faulting), one per device storage: out= over an input,
+    # a partial overlap, views of one storage and a resize past the storage
+    # behave as on the CPU (Note [Host kernels on mapped memory]).
+    a, b = A.to(DEV), B.to(DEV)
+    MOD.synchronize()
+    maps = torch.ops.simdev_driver.host_maps()
+    MOD.reset_fallback_report()
+    c = a.clone()
+    torch.mul(c, b, out=c)  # out= is an input: a full overlap
+    torch.testing.assert_close(c.cpu(), A * B, rtol=0, atol=0)
+    d = a.clone()
+    d[:, :32].add_(d[:, 32:64])  # two disjoint views of one storage, in place
+    want = A.clone()
+    want[:, :32].add_(want[:, 32:64])
+    torch.testing.assert_close(d.cpu(), want, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="unsupported operation"):
+        d[1:].add_(d[:-1])  # a partial overlap, refused as on the CPU
+    with pytest.raises(RuntimeError, match="unsupported operation"):
+        want[1:].add_(want[:-1])
+    grown = torch.empty(0, device=DEV)  # a storage of no bytes, resized by the kernel
+    torch.add(a, b, out=grown)
+    torch.testing.assert_close(grown.cpu(), A + B, rtol=0, atol=0)
+    m = torch.empty(0, device=DEV)
+    torch.mean(a, 0, out=m)
+    torch.testing.assert_close(m.cpu(), A.mean(0), rtol=0, atol=0)
+    r = torch.relu(a)  # the CPU kernel allocates its result: copied to the device
+    assert r.device.type == DEV
+    torch.testing.assert_close(r.cpu(), torch.relu(A), rtol=0, atol=0)
+    report = {op: n for op, n, _ in MOD.fallback_report()}
+    assert report.get("aten::mul.out") == 1 and report.get("aten::add.out") == 1, report
+    assert torch.ops.simdev_driver.host_maps() > maps

@@ -182,18 +182,20 @@ namespace detail {
     sdk, (device, stream, event_device, event))                                                \
   /* Makes [ptr, ptr + bytes), inside one allocation from malloc(device, ·) (or mapped         \
      pages of one vm_reserve range), readable and writable by the host until the matching      \
-     host_unmap. Called only for a device whose                                                \
-     host_access is mapped, from any thread, after the SDK waited for the device's work on     \
-     the range; work another thread queued on the range since (a read) may still be            \
-     pending, and the map coexists with it, neither refusing nor waiting for it. The SDK       \
-     never maps a range twice at once and writes nothing to it on the device until it          \
-     unmaps (Note [Map scopes]). Absent: a device reporting host_access mapped without both    \
-     members is refused at its first properties query. */                                      \
-  X(host_map, void, (device_index device, void* ptr, std::size_t bytes), sdk,                  \
+     host_unmap, and returns the host address of the byte at ptr: the host reaches the range   \
+     at [ret, ret + bytes), never at ptr unless ret is ptr (a runtime that maps in place       \
+     returns ptr). Called only for a device whose host_access is mapped, from any thread,      \
+     after the SDK waited for the device's work on the range; work another thread queued on    \
+     the range since (a read) may still be pending, and the map coexists with it, neither      \
+     refusing nor waiting for it. The SDK never maps a range twice at once and writes nothing  \
+     to it on the device until it unmaps (Note [Map scopes]). nullptr is a failure: a          \
+     RuntimeError naming the backend and the range. Absent: a device reporting host_access     \
+     mapped without both members is refused at its first properties query. */                  \
+  X(host_map, void*, (device_index device, void* ptr, std::size_t bytes), sdk,                 \
     (device, ptr, bytes))                                                                      \
-  /* Ends the host's access to a range given to host_map with the same arguments: what the     \
-     host wrote is the device's when it returns; a host access after it may fault. Absent:     \
-     as host_map. */                                                                           \
+  /* Ends the host's access to a range given to host_map with the same arguments (the device   \
+     address, not the returned one): what the host wrote is the device's when it returns; a    \
+     host access after it, at either address, may fault. Absent: as host_map. */               \
   X(host_unmap, void, (device_index device, void* ptr, std::size_t bytes), sdk,                \
     (device, ptr, bytes))                                                                      \
   /* A new host signal of `device`, not completed; the four signal members go together         \

@@ -997,11 +997,18 @@ class Backend {
   // Opens and ends the host's access to device memory of a device whose
   // host_access is mapped (Note [Host access levels]); HostMaps<R>
   // (device/host_maps.hpp) counts the maps, so most code uses that.
-  // NotSupportedError for a runtime without the members.
-  void host_map(device_index device, void* ptr, std::size_t bytes) {
+  // host_map returns the host address of the byte at ptr (the runtime's
+  // nullptr is a RuntimeError naming the range). NotSupportedError for a
+  // runtime without the members.
+  void* host_map(device_index device, void* ptr, std::size_t bytes) {
     int phys = physical(device);
     if constexpr (detail::has_host_map<R>) {
-      runtime_.host_map(phys, ptr, bytes);
+      void* host = runtime_.host_map(phys, ptr, bytes);
+      if (host == nullptr)
+        throw RuntimeError(name, fmt::format("device {}: host_map of {} bytes at {} returned no "
+                                             "host address",
+                                             device, bytes, ptr));
+      return host;
     } else {
       static_cast<void>(phys), static_cast<void>(ptr), static_cast<void>(bytes);
       throw NotSupportedError(name, fmt::format("{}:{} has no host_map", name, device));

@@ -22,7 +22,11 @@
 // inside host kernels]). A scope unmaps in reverse order when it ends:
 // MapScope::close throws the first unmap that failed, after unmapping the
 // rest; a scope left by an exception reports failed unmaps through the
-// diagnostics hook.
+// diagnostics hook. host_map returns the host address of the range, which
+// need not be the device pointer (Vulkan's vkMapMemory chooses it): each
+// open map keeps its host base, and the host paths reach mapped memory only
+// at host_ptr(device, p), the host address of a device pointer inside an
+// open map (HostAccess::host_ptr in torch/host_access.hpp).
 // Limits: a range that overlaps an open one only in part, or contains one,
 // is refused with a RuntimeError (in the caching pool only a from_blob
 // tensor over a part of another can make one). An unmap that fails leaves
@@ -84,9 +88,9 @@ class HostMaps {
     }
     if (next != open_.end() && next->first.first == device && next->first.second < p + bytes)
       throw_overlap(device, p, bytes, next->first.second, next->second.bytes);
-    backend_.host_map(device, p, bytes);
+    char* host = static_cast<char*>(backend_.host_map(device, p, bytes));
     std::uint64_t id = ++last_id_;
-    open_.emplace(std::make_pair(device, p), Open{bytes, 1, id});
+    open_.emplace(std::make_pair(device, p), Open{bytes, 1, id, host});
     count_.fetch_add(1, std::memory_order_relaxed);
     return {device, p, id};
   }
@@ -131,6 +135,24 @@ class HostMaps {
     backend_.host_unmap(device, static_cast<char*>(ptr), bytes);
   }
 
+  // The host address of device pointer `p` of `device`, which must lie in
+  // an open map (or be its end): its host base plus the offset. A
+  // RuntimeError naming the pointer otherwise. Any thread.
+  void* host_ptr(device_index device, const void* p) {
+    const char* c = static_cast<const char*>(p);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto next = open_.upper_bound({device, const_cast<char*>(c)});
+    if (next != open_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first.first == device && prev->first.second + prev->second.bytes >= c)
+        return prev->second.host + (c - prev->first.second);
+    }
+    throw RuntimeError(R::name,
+                       fmt::format("device {}: {} is not inside memory mapped for the host "
+                                   "(host_map)",
+                                   device, p));
+  }
+
   // Ranges mapped now, on every device (tests).
   std::size_t open_count() const { return count_.load(); }
 
@@ -139,6 +161,7 @@ class HostMaps {
     std::size_t bytes;
     int holds;
     std::uint64_t id;
+    char* host;  // host_map's address of the range's first byte
   };
   [[noreturn]] void throw_overlap(device_index device, const char* p, std::size_t bytes,
                                   const char* q, std::size_t open_bytes) const {

@@ -256,6 +256,7 @@ class BackendInterface {
                                 std::vector<HostMapTicket>& tickets) = 0;
   virtual void maps_release(const HostMapTicket& t) = 0;
   virtual void maps_forget(device_index d, void* ptr) = 0;
+  virtual void* maps_host_ptr(device_index d, const void* p) = 0;
 };
 
 // The module's backend, defined by ACCELKIT_REGISTER_BACKEND(R): created on

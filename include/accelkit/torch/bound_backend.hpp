@@ -126,6 +126,9 @@ class BoundBackend final : public BackendInterface {
     HostMaps<R>::get().release(typename HostMaps<R>::Ticket{t.device, t.base, t.id});
   }
   void maps_forget(device_index d, void* ptr) override { HostMaps<R>::get().forget(d, ptr); }
+  void* maps_host_ptr(device_index d, const void* p) override {
+    return HostMaps<R>::get().host_ptr(d, p);
+  }
 
  private:
   CachingAllocator<R>& device_memory() {

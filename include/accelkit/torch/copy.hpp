@@ -130,7 +130,8 @@ struct CopyOps : HostAccess {
         if (same_layout(self, dst)) {
           if (dev(self) == dev(dst)) {
             if (run_on_host(dev(dst))) {
-              std::memmove(dst.data_ptr(), self.data_ptr(), nbytes(dst));
+              std::memmove(HostAccess::host_ptr(dev(dst), dst.data_ptr()),
+                           HostAccess::host_ptr(dev(self), self.data_ptr()), nbytes(dst));
               return dst;
             }
             b.memcpy_async(dev(dst), dst.data_ptr(), self.data_ptr(), nbytes(dst),

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -61,7 +62,9 @@ inline void check_same_device(const c10::Device& first, const c10::Device& other
 // refuses, with its own message, or allows exactly what the CPU does,
 // whatever the memory mode.
 // - Host-visible memory (direct or mapped): the CPU storage is the device
-//   storage's memory, from its base, with its byte size.
+//   storage's memory, from its base, with its byte size, at the host's
+//   address of it (HostAccess::host_ptr: a mapped device's driver may map
+//   it elsewhere than the device pointer).
 // - Copies (host_access none): the CPU storage is new host memory, as large
 //   as the device storage, of which only the bytes the tensors span (each
 //   tensor's first element to its last, the spans merged) are copied in, at
@@ -91,13 +94,23 @@ class HostImage {
   // Whether two distinct tensors of the operator share a device storage.
   bool shared() const { return shared_; }
 
-  // Makes the CPU storages (copies: and copies the spans in).
+  // Makes the CPU storages (copies: and copies the spans in) of the device
+  // storages recorded since the last load.
   void load(device_index d) {
     d_ = d;
     for (Storage& s : storages_) {
+      if (s.loaded) continue;
+      s.loaded = true;
       std::size_t n = s.device.nbytes();
-      c10::DataPtr data = visible_ ? c10::DataPtr(s.device.mutable_data(), c10::Device(c10::kCPU))
-                                   : c10::GetCPUAllocator()->allocate(n);
+      // Visible: the host's address of the device memory (mapped: where
+      // its open map put it).
+      c10::DataPtr data =
+          visible_ ? c10::DataPtr(n == 0 ? nullptr
+                                         : translated([&] {
+                                             return HostAccess::host_ptr(d, s.device.mutable_data());
+                                           }),
+                                  c10::Device(c10::kCPU))
+                   : c10::GetCPUAllocator()->allocate(n);
       s.host = c10::Storage(c10::Storage::use_byte_size_t(), n, std::move(data),
                             c10::GetCPUAllocator(), s.device.resizable());
       s.host_data = s.host.data();
@@ -155,13 +168,15 @@ class HostImage {
     c10::Storage host;
     const void* host_data = nullptr;  // the memory the kernel was given
     std::vector<std::pair<std::size_t, std::size_t>> spans;  // bytes [begin, end)
+    bool loaded = false;
   };
 
   // An operator has a few storages: a linear search.
   Storage& storage_of(const at::Tensor& t) {
     for (Storage& s : storages_)
       if (s.device.unsafeGetStorageImpl() == t.storage().unsafeGetStorageImpl()) return s;
-    return storages_.emplace_back(Storage{t.storage(), t.unsafeGetTensorImpl(), {}, nullptr, {}});
+    return storages_.emplace_back(
+        Storage{t.storage(), t.unsafeGetTensorImpl(), {}, nullptr, {}, false});
   }
   // The bytes of its storage from a tensor's first element to its last.
   static std::pair<std::size_t, std::size_t> span(const at::Tensor& t) {
@@ -200,6 +215,95 @@ class HostImage {
   device_index d_ = 0;
   bool copied_ = false;
   std::vector<Storage> storages_;  // in the order met
+};
+
+// A new CPU result on `device`, in the CPU kernel's layout. .to() would
+// compact a result that is not dense (linalg_lstsq returns its solution as a
+// slice of a bigger buffer), and a later kernel on another layout may round
+// differently (BLAS); such a result keeps its strides.
+inline at::Tensor cpu_result_to(const at::Tensor& t, c10::Device device) {
+  if (!t.defined()) return t;
+  if (t.layout() != c10::kStrided || t.is_non_overlapping_and_dense() ||
+      at::has_internal_overlap(t) == at::MemOverlap::Yes)
+    return t.to(device);
+  at::Tensor out = at::empty_strided(t.sizes(), t.strides(), t.options().device(device));
+  out.copy_(t);
+  return out;
+}
+
+// The CPU tensors of an operator's device tensors over a HostImage (one per
+// device tensor: one tensor passed twice is one CPU tensor), and what the
+// CPU kernel did to them brought back to the device tensors (Note [One host
+// storage per device storage]): the zero-copy fallback's and the host
+// kernels' on mapped memory (Note [Host kernels]).
+class HostAliases {
+ public:
+  explicit HostAliases(HostImage& image) : image_(image) {}
+
+  // The CPU tensor of device tensor t (recorded in the image and loaded);
+  // any other tensor as it is.
+  const at::Tensor& alias(const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kDeviceType) return t;
+    for (const Alias& a : aliases_)
+      if (a.device_tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return a.host_view;
+    at::Tensor view = image_.view(t);
+    // Operators that take lazily conjugated or negated inputs as they are
+    // (dot, vdot, ...: the Conjugate key falls through for them) read the
+    // same bits on the CPU alias (Note [Math bits in copies]).
+    view._set_conj(t.is_conj());
+    view._set_neg(t.is_neg());
+    aliases_.push_back({t, view});
+    return aliases_.back().host_view;
+  }
+  // The device tensor whose CPU tensor `host` is (the same TensorImpl), or
+  // nullptr.
+  const at::Tensor* device_tensor(const at::Tensor& host) const {
+    for (const Alias& a : aliases_)
+      if (a.host_view.unsafeGetTensorImpl() == host.unsafeGetTensorImpl()) return &a.device_tensor;
+    return nullptr;
+  }
+
+  // After the kernel, its maps closed: the device storages take what the
+  // kernel wrote through the CPU tensors of the `written` device tensors
+  // (and grow where it moved their CPU storage), and each device tensor
+  // takes what the kernel did to its CPU tensor's metadata:
+  // - set onto CPU memory of its own: new device memory in the kernel's
+  //   layout;
+  // - set onto another argument's storage: that device storage;
+  // - resized or restrided in place (a (0,) out= tensor resized to
+  //   (1, 0, 3), transpose_, as_strided_);
+  // - a conjugate or negative bit set in place (linalg_lu_solve with
+  //   left=False conjugates its output by setting the bit).
+  void store(const std::set<const c10::TensorImpl*>& written) {
+    std::vector<at::Tensor> written_views;
+    for (const Alias& a : aliases_)
+      if (written.count(a.device_tensor.unsafeGetTensorImpl()))
+        written_views.push_back(a.host_view);
+    image_.store(written_views);
+    for (Alias& a : aliases_) {
+      const at::Tensor& host = a.host_view;
+      at::Tensor& dev = a.device_tensor;
+      const c10::Storage* storage = image_.device_storage(host);
+      if (!storage) {
+        dev.set_(cpu_result_to(host, dev.device()));
+      } else if (storage->unsafeGetStorageImpl() != dev.storage().unsafeGetStorageImpl()) {
+        dev.set_(*storage, host.storage_offset(), host.sizes(), host.strides());
+      } else if (host.sizes() != dev.sizes() || host.strides() != dev.strides() ||
+                 host.storage_offset() != dev.storage_offset()) {
+        dev.as_strided_(host.sizes(), host.strides(), host.storage_offset());
+      }
+      if (dev.is_conj() != host.is_conj()) dev._set_conj(host.is_conj());
+      if (dev.is_neg() != host.is_neg()) dev._set_neg(host.is_neg());
+    }
+  }
+
+ private:
+  struct Alias {
+    at::Tensor device_tensor;
+    at::Tensor host_view;
+  };
+  HostImage& image_;
+  std::deque<Alias> aliases_;  // references to its views stay valid
 };
 
 // Note [CPU fallback policy]: every operator without a native kernel runs on
@@ -493,24 +597,8 @@ class Fallback {
       if (stack[i].isTensorList())
         for (const at::Tensor& t : stack[i].toTensorVector()) written.insert(t.unsafeGetTensorImpl());
     }
-    struct Alias {
-      at::Tensor device_tensor;
-      at::Tensor host_view;
-    };
-    std::vector<Alias> aliases;
-    auto alias_of = [&](const at::Tensor& t) -> at::Tensor {
-      if (!t.defined() || t.device().type() != kDeviceType) return t;
-      for (const Alias& a : aliases)  // one tensor passed twice (x.mul_(x)): one CPU tensor
-        if (a.device_tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return a.host_view;
-      at::Tensor view = image.view(t);
-      // Operators that take lazily conjugated or negated inputs as they are
-      // (dot, vdot, ...: the Conjugate key falls through for them) read the
-      // same bits on the CPU alias (Note [Math bits in copies]).
-      view._set_conj(t.is_conj());
-      view._set_neg(t.is_neg());
-      aliases.push_back({t, view});
-      return view;
-    };
+    HostAliases aliases(image);
+    auto alias_of = [&](const at::Tensor& t) -> at::Tensor { return aliases.alias(t); };
     for (std::size_t i = first; i < stack.size(); ++i) {
       c10::IValue& v = stack[i];
       if (v.isTensor()) {
@@ -535,10 +623,8 @@ class Fallback {
     // Each result: the device tensor of its CPU view, or a new tensor on the
     // device (in lists too: histogramdd's bin edges).
     auto result = [&](const at::Tensor& out) {
-      auto same = std::find_if(aliases.begin(), aliases.end(), [&](const Alias& a) {
-        return a.host_view.unsafeGetTensorImpl() == out.unsafeGetTensorImpl();
-      });
-      return same != aliases.end() ? same->device_tensor : to_device(out, *device);
+      const at::Tensor* same = aliases.device_tensor(out);
+      return same ? *same : to_device(out, *device);
     };
     std::size_t results = op.schema().returns().size();
     for (std::size_t i = stack.size() - results; i < stack.size(); ++i) {
@@ -551,37 +637,9 @@ class Fallback {
         v = c10::IValue(list);
       }
     }
-    // The device storages take what the kernel wrote (and grow where it
-    // moved their CPU storage).
-    std::vector<at::Tensor> written_views;
-    for (const Alias& a : aliases)
-      if (written.count(a.device_tensor.unsafeGetTensorImpl()))
-        written_views.push_back(a.host_view);
-    image.store(written_views);
-    // What the kernel did to an argument's metadata, the device tensor must
-    // take too:
-    // - set onto CPU memory of its own: new device memory in the kernel's
-    //   layout;
-    // - set onto another argument's storage: that device storage;
-    // - resized or restrided in place (a (0,) out= tensor resized to
-    //   (1, 0, 3), transpose_, as_strided_);
-    // - a conjugate or negative bit set in place (linalg_lu_solve with
-    //   left=False conjugates its output by setting the bit).
-    for (Alias& a : aliases) {
-      const at::Tensor& host = a.host_view;
-      at::Tensor& dev = a.device_tensor;
-      const c10::Storage* storage = image.device_storage(host);
-      if (!storage) {
-        dev.set_(to_device(host, dev.device()));
-      } else if (storage->unsafeGetStorageImpl() != dev.storage().unsafeGetStorageImpl()) {
-        dev.set_(*storage, host.storage_offset(), host.sizes(), host.strides());
-      } else if (host.sizes() != dev.sizes() || host.strides() != dev.strides() ||
-                 host.storage_offset() != dev.storage_offset()) {
-        dev.as_strided_(host.sizes(), host.strides(), host.storage_offset());
-      }
-      if (dev.is_conj() != host.is_conj()) dev._set_conj(host.is_conj());
-      if (dev.is_neg() != host.is_neg()) dev._set_neg(host.is_neg());
-    }
+    // The device storages take what the kernel wrote, and the device
+    // tensors what it did to their CPU tensors (HostAliases::store).
+    aliases.store(written);
     return true;
   }
 
@@ -695,19 +753,9 @@ class Fallback {
     return std::nullopt;
   }
 
-  // Moves the new (non-aliasing) tensor results on the CPU to `device`.
-  // A new CPU result on the device, in the CPU kernel's layout. .to() would
-  // compact a result that is not dense (linalg_lstsq returns its solution
-  // as a slice of a bigger buffer), and a later kernel on another layout may
-  // round differently (BLAS); such a result keeps its strides.
+  // A new CPU result on `device` (cpu_result_to).
   static at::Tensor to_device(const at::Tensor& t, c10::Device device) {
-    if (!t.defined()) return t;
-    if (t.layout() != c10::kStrided || t.is_non_overlapping_and_dense() ||
-        at::has_internal_overlap(t) == at::MemOverlap::Yes)
-      return t.to(device);
-    at::Tensor out = at::empty_strided(t.sizes(), t.strides(), t.options().device(device));
-    out.copy_(t);
-    return out;
+    return cpu_result_to(t, device);
   }
 
   static void results_to(const c10::OperatorHandle& op, torch::jit::Stack& stack,

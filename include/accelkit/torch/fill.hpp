@@ -74,7 +74,7 @@ struct FillOps : HostAccess {
       if (self.numel() == 0) return self;
       if (self.is_contiguous()) {
         if (run_on_host(dev(self))) {
-          std::memset(self.data_ptr(), 0, nbytes(self));
+          std::memset(HostAccess::host_ptr(dev(self), self.data_ptr()), 0, nbytes(self));
           return self;
         }
         backend().memset_async(dev(self), self.data_ptr(), 0, nbytes(self),

@@ -184,9 +184,21 @@ struct HostAccess {
     return true;
   }
 
-  // A CPU tensor viewing the device memory of `t` (host-visible devices only).
+  // The host address of device memory `p` of d, which the host may touch
+  // now (host_visible(d)): `p` itself on a direct device; on a mapped one,
+  // where the open map holding it put it (host_map returns the address,
+  // which the driver may choose: Note [Map scopes]), a RuntimeError naming
+  // the pointer when no open map holds it. Every host path reaches device
+  // memory through this.
+  static void* host_ptr(device_index d, const void* p) {
+    if (p == nullptr || host_access(d) != HostAccessLevel::mapped) return const_cast<void*>(p);
+    return backend().maps_host_ptr(d, p);
+  }
+
+  // A CPU tensor viewing the device memory of `t` (host-visible devices
+  // only, at the host's address of it).
   static at::Tensor host_view(const at::Tensor& t) {
-    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(),
+    return at::from_blob(host_ptr(dev(t), t.data_ptr()), t.sizes(), t.strides(),
                          at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
   }
 

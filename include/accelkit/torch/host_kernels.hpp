@@ -29,7 +29,8 @@
 // convert, a device whose memory the host cannot reach: host_access none)
 // go to the fallback unchanged. On a device whose host_access is mapped, a
 // host kernel maps its tensors, and what it allocates, for its length (Note
-// [Map scopes]). The arithmetic operators (add, sub, mul, div) also take one
+// [Map scopes]), and gives the CPU kernel CPU tensors at the host's
+// addresses instead (Note [Host kernels on mapped memory]). The arithmetic operators (add, sub, mul, div) also take one
 // CPU scalar operand (`x * 0.5`, a zero-dim CPU tensor) beside a device
 // tensor, as TensorIterator allows on any device, when it does not change
 // the result's dtype: it is converted to that dtype first, as the CPU's
@@ -107,7 +108,9 @@
 #include <ATen/ops/sigmoid_backward_ops.h>
 
 #include <array>
+#include <deque>
 #include <mutex>
+#include <set>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -278,6 +281,110 @@ inline const at::Tensor& cpu_arg(const at::Tensor& a, Converted& c, at::ScalarTy
   return c.held;
 }
 
+// Note [Host kernels on mapped memory]
+// Problem: a device whose host_access is mapped is reached by the host at
+// the addresses host_map returns, which the driver may choose (Vulkan's
+// vkMapMemory maps where it likes); a CPU kernel given the device tensors
+// themselves would touch the device pointers.
+// Decision: on such a device a host kernel, once the device's streams are
+// waited for and every storage its tensors use is mapped (Note [Map
+// scopes]), gives the CPU kernel a CPU tensor for each device tensor: over
+// one CPU storage per device storage at the host's address of it, with the
+// tensor's own offset, sizes and strides (HostImage and HostAliases, as the
+// zero-copy fallback: Note [One host storage per device storage]), so the
+// CPU kernel's overlap checks see the device tensors' aliasing. A result
+// that is one of those tensors is its device tensor; a structured kernel's
+// output is allocated on the device as on a direct device, waited for,
+// mapped and given to the kernel as its CPU tensor; what the kernel did to a
+// written argument (resized past its storage) reaches the device tensor as
+// in the fallback. A direct device's host kernels take the device tensors.
+// Limits: a result the CPU kernel allocates itself (relu's) is CPU memory,
+// copied to the device; the device tensors are not given to the CPU kernel,
+// so device work it would issue on them (none in these operators) is the
+// CPU's.
+class MappedArgs {
+ public:
+  explicit MappedArgs(c10::Device device) : device_(device), image_(true), aliases_(image_) {}
+
+  // Records a tensor argument of the kernel (written: an out= or in-place
+  // one); load() then makes the CPU storages of those recorded since.
+  void record(const at::Tensor& t, bool written) {
+    if (!t.defined() || t.device().type() != kDeviceType) return;
+    image_.add(t);
+    if (written) written_.insert(t.unsafeGetTensorImpl());
+  }
+  template <class... Args>
+  void record_all(Args&&... args) {  // forwarding: sees which are written
+    (visit_tensors(args, [&](const at::Tensor& t, bool w) { record(t, w); }), ...);
+    translated([&] { image_.load(device_.index()); });
+  }
+
+  // The argument as the CPU kernel gets it: each device tensor as its CPU
+  // tensor, a CPU scalar converted as cpu_arg does, anything else as it is.
+  template <class T>
+  const T& arg(const T& a, Converted&, at::ScalarType) {
+    return a;
+  }
+  const at::Tensor& arg(const at::Tensor& a, Converted& c, at::ScalarType d) {
+    if (a.defined() && a.device().type() == kDeviceType) return aliases_.alias(a);
+    return cpu_arg(a, c, d);
+  }
+  at::Tensor& arg(at::Tensor& a, Converted&, at::ScalarType) {
+    outs_.push_back({aliases_.alias(a), &a});
+    return outs_.back().first;
+  }
+  const std::optional<at::Tensor>& arg(const std::optional<at::Tensor>& a, Converted&,
+                                       at::ScalarType) {
+    optionals_.push_back(a ? std::optional<at::Tensor>(aliases_.alias(*a)) : std::nullopt);
+    return optionals_.back();
+  }
+
+  // The CPU tensor of device tensor `t`, recorded and loaded first.
+  at::Tensor alias(const at::Tensor& t) {
+    record(t, false);
+    translated([&] { image_.load(device_.index()); });
+    return aliases_.alias(t);
+  }
+
+  // After the kernel, its maps closed: the device tensors take what it did
+  // (HostAliases::store), and its result is given back in device tensors.
+  void store() { translated([&] { aliases_.store(written_); }); }
+  template <class Ret>
+  Ret back(Ret r) {
+    if constexpr (std::is_same_v<Ret, at::Tensor&>) {
+      return original(r);
+    } else if constexpr (std::is_same_v<Ret, at::Tensor>) {
+      const at::Tensor* t = aliases_.device_tensor(r);
+      return t ? *t : cpu_result_to(r, device_);
+    } else {  // a tuple of out= arguments
+      return std::apply([&](auto&... e) { return Ret(original(e)...); }, r);
+    }
+  }
+
+ private:
+  // The out= argument whose CPU tensor the kernel returned.
+  at::Tensor& original(at::Tensor& r) {
+    for (auto& [slot, orig] : outs_)
+      if (&slot == &r) return *orig;
+    for (auto& [slot, orig] : outs_)
+      if (slot.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) return *orig;
+    TORCH_INTERNAL_ASSERT(false, "a host kernel returned a tensor that is not an argument");
+  }
+
+  c10::Device device_;
+  HostImage image_;
+  HostAliases aliases_;
+  std::set<const c10::TensorImpl*> written_;
+  std::deque<std::pair<at::Tensor, at::Tensor*>> outs_;  // CPU tensor, its argument
+  std::deque<std::optional<at::Tensor>> optionals_;
+};
+
+// Whether host kernels on d take CPU tensors at the host's addresses (Note
+// [Host kernels on mapped memory]).
+inline bool mapped(c10::DeviceIndex d) {
+  return translated([&] { return HostAccess::host_access(d) == HostAccessLevel::mapped; });
+}
+
 // Refuses host kernel Op when the current stream of a device its tensors
 // are on is capturing (Note [Refusals during capture]), before it is known
 // whether the host kernel or the fallback would take the arguments: either
@@ -313,6 +420,7 @@ struct Kernel<Op, uniform, scalar, Ret(Args...)> {
     refuse_during_capture<Op>(args...);
     std::optional<HostPlace> place = host_device<uniform, scalar>(args...);
     if (!place) return at::native::call_fallback_fn_symint<&fallback, Op>::call(args...);
+    if (mapped(place->device.index())) return on_mapped(*place, args...);
     return Fallback::get().host(handle<Op>(), [&]() -> Ret {
       MapScope maps(place->device.index());
       map_arguments(maps, args...);
@@ -329,6 +437,33 @@ struct Kernel<Op, uniform, scalar, Ret(Args...)> {
       }
     });
   }
+  // Note [Host kernels on mapped memory].
+  static Ret on_mapped(const HostPlace& place, Args... args) {
+    return Fallback::get().host(handle<Op>(), [&]() -> Ret {
+      MapScope maps(place.device.index());
+      map_arguments(maps, args...);
+      MappedArgs m(place.device);
+      m.record_all(args...);
+      Converted c;
+      constexpr c10::DispatchKeySet cpu(c10::DispatchKey::CPU);
+      if constexpr (std::is_void_v<Ret>) {
+        {
+          HostKernelScope scope;
+          Op::redispatch(cpu, m.arg(args, c, place.dtype)...);
+        }
+        maps.close();  // a failed unmap fails the operator (Note [Map scopes])
+        m.store();
+      } else {
+        Ret r = [&]() -> Ret {
+          HostKernelScope scope;
+          return Op::redispatch(cpu, m.arg(args, c, place.dtype)...);
+        }();
+        maps.close();  // a failed unmap fails the operator (Note [Map scopes])
+        m.store();
+        return m.back<Ret>(r);
+      }
+    });
+  }
 };
 
 // A structured CPU kernel class (meta + impl, TensorIterator based) whose
@@ -336,7 +471,13 @@ struct Kernel<Op, uniform, scalar, Ret(Args...)> {
 // the device allocator.
 template <class Impl, std::size_t N>
 struct DeviceOutputs final : compat::MetaOutputs<Impl, DeviceOutputs<Impl, N>> {
-  std::array<at::Tensor, N> outputs;
+  std::array<at::Tensor, N> outputs;  // what the kernel writes
+  // On a mapped device (Note [Host kernels on mapped memory]): the map
+  // scope and CPU tensors of the kernel, the outputs being CPU tensors of
+  // device_outputs.
+  MapScope* maps = nullptr;
+  MappedArgs* mapped_args = nullptr;
+  std::array<at::Tensor, N> device_outputs;
   const at::Tensor& maybe_get_output(int64_t i) override { return outputs[static_cast<std::size_t>(i)]; }
 
   // The output hooks (compat::MetaOutputs: their signature differs between
@@ -345,11 +486,21 @@ struct DeviceOutputs final : compat::MetaOutputs<Impl, DeviceOutputs<Impl, N>> {
     constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
     at::ScalarType dtype = options.dtype().toScalarType();
     // No strides: contiguous in the requested memory format.
-    outputs[static_cast<std::size_t>(i)] =
-        strides.empty() ? at::detail::empty_generic(sizes, &device_allocator(), keys, dtype,
-                                                    options.memory_format_opt())
-                        : at::detail::empty_strided_generic(sizes, strides, &device_allocator(),
-                                                            keys, dtype);
+    at::Tensor t = strides.empty() ? at::detail::empty_generic(sizes, &device_allocator(), keys,
+                                                               dtype, options.memory_format_opt())
+                                   : at::detail::empty_strided_generic(
+                                         sizes, strides, &device_allocator(), keys, dtype);
+    if (mapped_args) {
+      // Waited for past every use of its block (Note [Host work on recycled
+      // blocks]), then mapped.
+      translated([&] {
+        HostAccess::host_wait(t.device().index());
+        maps->add(t);
+      });
+      device_outputs[static_cast<std::size_t>(i)] = t;
+      t = mapped_args->alias(t);
+    }
+    outputs[static_cast<std::size_t>(i)] = std::move(t);
     this->raw_strided(i, sizes, strides, options);
   }
 };
@@ -364,6 +515,7 @@ struct Functional<Op, Impl, scalar, at::Tensor(Args...)> {
     refuse_during_capture<Op>(args...);
     std::optional<HostPlace> place = host_device<true, scalar, /*wait=*/false>(args...);
     if (!place) return at::native::call_fallback_fn_symint<&fallback, Op>::call(args...);
+    if (mapped(place->device.index())) return on_mapped(*place, args...);
     c10::DeviceGuard guard(place->device);  // the allocator serves the current device
     Converted c;
     auto cpu_args = std::forward_as_tuple(cpu_arg(args, c, place->dtype)...);
@@ -383,6 +535,36 @@ struct Functional<Op, Impl, scalar, at::Tensor(Args...)> {
       std::apply([&](const auto&... a) { op.impl(a..., op.outputs[0]); }, cpu_args);
       maps.close();  // a failed unmap fails the operator (Note [Map scopes])
       return std::move(op.outputs[0]);
+    });
+  }
+  // Note [Host kernels on mapped memory]: the inputs waited for, mapped and
+  // given as CPU tensors; the output allocated, waited for and mapped by
+  // DeviceOutputs::make.
+  static at::Tensor on_mapped(const HostPlace& place, Args... args) {
+    c10::DeviceGuard guard(place.device);  // the allocator serves the current device
+    translated([&] { HostAccess::host_wait(place.device.index()); });
+    MapScope maps(place.device.index());
+    map_arguments(maps, args...);
+    MappedArgs m(place.device);
+    m.record_all(args...);
+    Converted c;
+    auto cpu_args = std::forward_as_tuple(m.arg(args, c, place.dtype)...);
+    DeviceOutputs<Impl, 1> op;
+    op.maps = &maps;
+    op.mapped_args = &m;
+    std::apply([&](const auto&... a) { op.meta(a...); }, cpu_args);  // allocates the output
+    for (int i = 1; i < op.ntensors(); ++i)
+      if (op.dtype(i) != op.dtype(0)) {  // a promoting result (int / int): see host_device
+        maps.close();
+        return at::native::call_fallback_fn_symint<&fallback, Op>::call(args...);
+      }
+    return Fallback::get().host(handle<Op>(), [&] {
+      {
+        HostKernelScope scope;
+        std::apply([&](const auto&... a) { op.impl(a..., op.outputs[0]); }, cpu_args);
+      }
+      maps.close();  // a failed unmap fails the operator (Note [Map scopes])
+      return std::move(op.device_outputs[0]);
     });
   }
 };
@@ -409,22 +591,41 @@ struct Mean {
     return Fallback::get().host(handle<Op>(), [&]() -> at::Tensor& {
       MapScope maps(out.device().index());
       map_arguments(maps, self, out);
-      HostKernelScope scope;
-      int64_t n = 1;
-      if (!dim || dim->empty() || self.dim() == 0) {
-        n = self.numel();
-      } else {
-        for (int64_t i : *dim) n *= self.size(i);
+      if (mapped(out.device().index())) {  // Note [Host kernels on mapped memory]
+        MappedArgs m(out.device());
+        m.record_all(self, out);
+        Converted c;
+        const at::Tensor& cpu_self = m.arg(self, c, d);
+        at::Tensor& cpu_out = m.arg(out, c, d);
+        {
+          HostKernelScope scope;
+          compute(cpu_self, dim, keepdim, d, cpu_out);
+        }
+        maps.close();  // a failed unmap fails the operator (Note [Map scopes])
+        m.store();
+        return out;
       }
-      constexpr c10::DispatchKeySet cpu(c10::DispatchKey::CPU);
-      at::_ops::sum_IntList_out::redispatch(cpu, self, dim, keepdim, d, out);
-      // out.div_(n) on the CPU: n as a wrapped number, converted to out's dtype.
-      at::Tensor divisor = at::scalar_tensor(n, at::TensorOptions().dtype(d));
-      divisor.unsafeGetTensorImpl()->set_wrapped_number(true);
-      at::Tensor& r = at::_ops::div__Tensor::redispatch(cpu, out, divisor);
+      HostKernelScope scope;
+      at::Tensor& r = compute(self, dim, keepdim, d, out);
       maps.close();  // a failed unmap fails the operator (Note [Map scopes])
       return r;
     });
+  }
+  // The sum, then the division, by the CPU's kernels.
+  static at::Tensor& compute(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                             at::ScalarType d, at::Tensor& out) {
+    int64_t n = 1;
+    if (!dim || dim->empty() || self.dim() == 0) {
+      n = self.numel();
+    } else {
+      for (int64_t i : *dim) n *= self.size(i);
+    }
+    constexpr c10::DispatchKeySet cpu(c10::DispatchKey::CPU);
+    at::_ops::sum_IntList_out::redispatch(cpu, self, dim, keepdim, d, out);
+    // out.div_(n) on the CPU: n as a wrapped number, converted to out's dtype.
+    at::Tensor divisor = at::scalar_tensor(n, at::TensorOptions().dtype(d));
+    divisor.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return at::_ops::div__Tensor::redispatch(cpu, out, divisor);
   }
 };
 

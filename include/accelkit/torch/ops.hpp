@@ -39,7 +39,8 @@ struct Ops : CopyOps, EmptyOps, ViewOps, StorageOps, FillOps {
   using HostAccess::on_device, HostAccess::dev,
       HostAccess::host_visible, HostAccess::nbytes, HostAccess::stream_of,
       HostAccess::sync, HostAccess::queued, HostAccess::host_ready,
-      HostAccess::run_on_host, HostAccess::host_view, HostAccess::storage_to_cpu,
+      HostAccess::run_on_host, HostAccess::host_ptr, HostAccess::host_view,
+      HostAccess::storage_to_cpu,
       HostAccess::to_cpu, HostAccess::from_cpu;
 };
 

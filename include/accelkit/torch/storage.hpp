@@ -45,7 +45,8 @@ struct StorageOps : HostAccess {
     std::size_t keep = std::min(n, storage.nbytes());
     if (keep > 0) {
       if (HostAccess::run_on_host(d)) {  // inside a host kernel (Note [Map scopes])
-        std::memcpy(fresh.get(), storage.data(), keep);
+        std::memcpy(HostAccess::host_ptr(d, fresh.get()), HostAccess::host_ptr(d, storage.data()),
+                    keep);
       } else {
         backend().memcpy_async(d, fresh.get(), storage.data(), keep,
                                     CopyKind::device_to_device, stream_of(d), false);

@@ -110,9 +110,9 @@ struct PropertiesChecks : CheckTools<R> {
     if (!checked) v.skip("no device reports host_visible_memory: nothing to check");
   }
   // host_access mapped: the host reads and writes a range between host_map
-  // and host_unmap (a whole allocation, and a part of one at an offset, as
-  // the SDK maps a tensor's storage inside a pooled block), and a copy sees
-  // what it wrote after the unmap.
+  // and host_unmap at the address host_map returns (a whole allocation, and
+  // a part of one at an offset, as the SDK maps a tensor's storage inside a
+  // pooled block), and a copy sees what it wrote after the unmap.
   static void host_mapped_memory_is_visible(Kit& kit, Verdict& v) {
     if (no_device(kit, v)) return;
     auto& b = kit.backend();
@@ -132,15 +132,15 @@ struct PropertiesChecks : CheckTools<R> {
       bool ok = true;
       for (Range r : {Range{0, n}, Range{4096 + 128, 1000}}) {
         b.memcpy(d, p, in.data(), n, CopyKind::host_to_device);
-        b.host_map(d, p + r.at, r.bytes);
-        bool read = std::memcmp(p + r.at, in.data() + r.at, r.bytes) == 0;
-        for (std::size_t i = r.at; i < r.at + r.bytes; ++i)
-          p[i] = static_cast<unsigned char>(in[i] ^ 0x5a);
+        auto* h = static_cast<unsigned char*>(b.host_map(d, p + r.at, r.bytes));
+        bool read = std::memcmp(h, in.data() + r.at, r.bytes) == 0;
+        for (std::size_t i = 0; i < r.bytes; ++i)
+          h[i] = static_cast<unsigned char>(in[r.at + i] ^ 0x5a);
         b.host_unmap(d, p + r.at, r.bytes);
         b.memcpy(d, out.data(), p, n, CopyKind::device_to_host);
         ok = v.require(read, fmt::format("device {} reports host_access mapped, but the host "
-                                         "read other bytes than a copy wrote between host_map "
-                                         "and host_unmap of {} bytes at offset {}",
+                                         "read other bytes than a copy wrote at the address "
+                                         "host_map returned, mapping {} bytes at offset {}",
                                          d, r.bytes, r.at));
         for (std::size_t i = 0; ok && i < n; ++i) {
           bool inside = i >= r.at && i < r.at + r.bytes;
