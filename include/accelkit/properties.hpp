@@ -150,16 +150,20 @@ struct StreamPriorityRange {
 // Note [Host access levels]
 // How the host may touch a device's memory (DeviceProperties::host_access):
 //   none    only through copies (memcpy, memcpy_async);
-//   mapped  directly, but only between host_map(device, ptr, bytes) and
+//   mapped  only between host_map(device, ptr, bytes) and
 //           host_unmap(device, ptr, bytes) of the range (optional runtime
-//           members; OpenCL's coarse-grained SVM with clEnqueueSVMMap and
-//           clEnqueueSVMUnmap), and never while device work uses it;
+//           members), at the host address host_map returns: ptr itself
+//           where the driver maps in place (OpenCL's coarse-grained SVM
+//           with clEnqueueSVMMap and clEnqueueSVMUnmap), an address of the
+//           driver's choosing otherwise (Vulkan's vkMapMemory); never
+//           while device work uses it;
 //   direct  directly, at any time the device is not using it (fine-grained
 //           SVM, CUDA's managed memory, simdev's host memory).
 // The SDK's host paths (PyTorch's CPU kernels as host kernels, the
 // zero-copy fallback) run on device memory at the mapped and direct levels;
 // at the mapped level they open a map scope (Note [Map scopes] in
-// device/host_maps.hpp) over what they touch. A runtime that reports
+// device/host_maps.hpp) over what they touch, and reach it only at the
+// addresses host_map returned (HostAccess::host_ptr). A runtime that reports
 // mapped must implement host_map and host_unmap (a ValueError at the first
 // properties query otherwise). host_visible_memory is derived from it.
 enum class HostAccessLevel : std::uint8_t { none, mapped, direct };
