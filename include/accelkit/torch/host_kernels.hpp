@@ -437,7 +437,7 @@ struct Kernel<Op, uniform, scalar, Ret(Args...)> {
       }
     });
   }
-  // Note [Host kernels on mapped memory].
+  // On a mapped device (Note [Host kernels on mapped memory]).
   static Ret on_mapped(const HostPlace& place, Args... args) {
     return Fallback::get().host(handle<Op>(), [&]() -> Ret {
       MapScope maps(place.device.index());
@@ -537,9 +537,9 @@ struct Functional<Op, Impl, scalar, at::Tensor(Args...)> {
       return std::move(op.outputs[0]);
     });
   }
-  // Note [Host kernels on mapped memory]: the inputs waited for, mapped and
-  // given as CPU tensors; the output allocated, waited for and mapped by
-  // DeviceOutputs::make.
+  // On a mapped device (Note [Host kernels on mapped memory]): the inputs
+  // waited for, mapped and given as CPU tensors; the output allocated,
+  // waited for and mapped by DeviceOutputs::make.
   static at::Tensor on_mapped(const HostPlace& place, Args... args) {
     c10::DeviceGuard guard(place.device);  // the allocator serves the current device
     translated([&] { HostAccess::host_wait(place.device.index()); });
