@@ -95,8 +95,12 @@
 //       host side is host_malloc memory (of any device), which the SDK keeps
 //       alive and untouched until the stream has passed the copy, so the copy
 //       may run later; false: pageable host memory, done with before the call
-//       returns. Always false for device_to_device; the runtime needs no record
-//       of its host_malloc ranges (Note [Pinned copies]).
+//       returns. Always false for device_to_device. A runtime whose driver
+//       copies from any host pointer (CUDA, OpenCL SVM) needs no record of its
+//       host_malloc ranges; one whose driver copies only its own buffers
+//       (Vulkan's mapped VkBuffer) keeps that record to find the buffer behind
+//       a pinned pointer: host_pinned says whether to look
+//       (Note [Pinned copies]).
 //   void memset_async(device_index device, void* ptr, int value,
 //                     std::size_t bytes, StreamHandle stream)
 //       Enqueues on `stream` the fill of `bytes` (> 0) bytes of device memory

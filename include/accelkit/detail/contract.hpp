@@ -100,8 +100,11 @@ namespace detail {
   /* Enqueues the copy of `bytes` (> 0) on `stream`. host_pinned true: the host side is        \
      host_malloc memory (of any device), which the SDK keeps alive and untouched until the     \
      stream has passed the copy, so the copy may run later; false: pageable host memory,       \
-     done with before the call returns. Always false for device_to_device; the runtime         \
-     needs no record of its host_malloc ranges (Note [Pinned copies]). */                      \
+     done with before the call returns. Always false for device_to_device. A runtime whose     \
+     driver copies from any host pointer (CUDA, OpenCL SVM) needs no record of its             \
+     host_malloc ranges; one whose driver copies only its own buffers (Vulkan's mapped         \
+     VkBuffer) keeps that record to find the buffer behind a pinned pointer: host_pinned says  \
+     whether to look (Note [Pinned copies]). */                                                \
   X(memcpy_async, void,                                                                        \
     (device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind,        \
      StreamHandle stream, bool host_pinned),                                                   \
