@@ -23,6 +23,13 @@
 //                         :refuse (malloc, vm_create) it returns nullptr (a
 //                         null handle) with memory free, as a driver refusing
 //                         an alignment or size
+//   SIMDEV_STICKY_FAULTS  1 or 0 (default): a failure of a device's queued
+//                         work (an :async fault, work on freed memory) loses
+//                         the device, as CUDA's sticky errors and Vulkan's
+//                         VK_ERROR_DEVICE_LOST do: reported once as a
+//                         DeviceLostError, every later call that would run
+//                         work on it fails so too (Note [simdev sticky
+//                         faults]; the SDK's side: Note [Lost devices])
 //   SIMDEV_EVENT_CREATE_NS what creating an event costs (default 2000 ns, as
 //                         real drivers' event creation does; busy-waited)
 //   SIMDEV_UNKNOWN_PROPERTIES 1 or 0 (default): properties() leaves the UUID,
@@ -92,6 +99,7 @@ struct Config {
     bool refuse = false;  // (malloc, vm_create) nullptr / a null handle with memory free
   };
   std::map<std::string, Fault> faults;  // member -> the fault to inject
+  bool sticky_faults = false;           // SIMDEV_STICKY_FAULTS
   long event_create_ns = 2000;
   bool event_timing = true;
   bool unknown_properties = false;  // SIMDEV_UNKNOWN_PROPERTIES
@@ -165,6 +173,12 @@ struct Config {
       if (t == "1") c.discovery_thread = true;
       else if (t == "0") c.discovery_thread = false;
       else throw bad("SIMDEV_DISCOVERY_THREAD", *v, "expected 0 or 1");
+    }
+    if (auto v = env.get("SIMDEV_STICKY_FAULTS")) {
+      std::string_view t = accelkit::detail::trim(*v);
+      if (t == "1") c.sticky_faults = true;
+      else if (t == "0") c.sticky_faults = false;
+      else throw bad("SIMDEV_STICKY_FAULTS", *v, "expected 0 or 1");
     }
     if (auto v = env.get("SIMDEV_EVENT_TIMING")) {
       std::string_view t = accelkit::detail::trim(*v);

@@ -1900,6 +1900,10 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     std::shared_ptr<Heap> heap;  // under heap_mutex (Note [simdev inter-process memory])
     std::optional<std::pair<int, std::string>> async_error;  // code, message
     std::atomic<bool> has_async_error{false};  // async_error is set (read without the lock)
+    // The failure that lost the device, under `mutex` (Note [simdev sticky
+    // faults]); is_lost: set (read without the lock).
+    std::optional<std::pair<int, std::string>> lost;
+    std::atomic<bool> is_lost{false};
   };
 
   // Queues on `s` a wait for record `r` (none: never recorded, nothing to
@@ -1919,39 +1923,92 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
   // Runs queued (or pageable, synchronous) work: an injected fault or memory
   // that is no longer allocated fails it, asynchronously. A failing record
   // or wait still completes in order, so nothing waits forever.
+  // On a lost device (Note [simdev sticky faults]) only records and waits
+  // still complete, so that nothing waits forever; other work is dropped.
   void run(Work& w) {
     if (w.fail) {
       set_async_error(w.device, kLaunchFailure,
-                      fmt::format("queued {} failed: injected asynchronous fault", w.what));
+                      fmt::format("queued {} failed: injected asynchronous fault", w.what), true);
+      if (w.essential && w.fn) w.fn();
+      return;
+    }
+    if (is_lost(w.device)) {
       if (w.essential && w.fn) w.fn();
       return;
     }
     if (!w.live(*this)) {
       set_async_error(w.device, kIllegalAddress,
-                      fmt::format("queued {} touches memory that was freed", w.what));
+                      fmt::format("queued {} touches memory that was freed", w.what), true);
       return;
     }
     if (w.fn) w.fn();
   }
 
-  void set_async_error(int device, int code, std::string message) {
+  // `device_fault`: a failure of the device's own work, which loses the
+  // device under SIMDEV_STICKY_FAULTS (Note [simdev sticky faults]).
+  void set_async_error(int device, int code, std::string message, bool device_fault = false) {
     Device& d = context(device);
     std::lock_guard<std::mutex> lock(d.mutex);
+    if (device_fault && config_.sticky_faults && !d.lost) {
+      d.lost.emplace(code, message);
+      d.is_lost.store(true, std::memory_order_release);
+    }
     if (!d.async_error) d.async_error.emplace(code, std::move(message));
     d.has_async_error.store(true, std::memory_order_release);
   }
-  // Reports (once) the asynchronous error of `device`, if any.
+  // Reports (once) the asynchronous error of `device`, if any; on a lost
+  // device, fails every call with DeviceLostError.
   void report_async(int device, const char* call) {
     Device& d = context(device);
-    if (!d.has_async_error.load(std::memory_order_acquire)) return;
+    if (!d.has_async_error.load(std::memory_order_acquire)) return check_lost(device, call);
     std::optional<std::pair<int, std::string>> e;
+    bool lost;
     {
       std::lock_guard<std::mutex> lock(d.mutex);
-      if (!d.async_error) return;
+      if (!d.async_error) return check_lost(device, call);
       e.swap(d.async_error);
       d.has_async_error.store(false, std::memory_order_relaxed);
+      lost = d.lost.has_value();
     }
-    driver_error(e->first, call, fmt::format("asynchronous error of earlier work: {}", e->second));
+    std::string message = fmt::format("asynchronous error of earlier work: {}", e->second);
+    if (lost) device_lost(e->first, call, message);
+    driver_error(e->first, call, message);
+  }
+
+  // Note [simdev sticky faults]
+  // Problem: CUDA's sticky errors and Vulkan's VK_ERROR_DEVICE_LOST end a
+  // device: the SDK's handling of a lost device (Note [Lost devices]) needs
+  // a runtime that loses one on demand.
+  // Decision: with SIMDEV_STICKY_FAULTS=1 a failure of a device's queued
+  // work (an injected :async fault, or work on memory that was freed) loses
+  // the device: it is reported once as DeviceLostError (code 719 or 700),
+  // by the next call of the device that reports asynchronous errors or by
+  // any call of the device that would run work; every later such call fails
+  // with DeviceLostError naming that failure; queued work is dropped, but
+  // records and waits still complete. Releases (free, host_free, the
+  // destroys, unmaps, closes) and queries that run nothing (properties,
+  // set_device, can_access_peer, vm_granularity) work as before. Other
+  // devices are unharmed.
+  // Limits: a fault injected at the call (no :async) stays a plain driver
+  // error: nothing was queued. A lost device stays lost for the runtime's
+  // life.
+  bool is_lost(int device) {
+    return config_.sticky_faults &&
+           devices_[static_cast<std::size_t>(device)].is_lost.load(std::memory_order_acquire);
+  }
+  void check_lost(int device, const char* call) {
+    if (!is_lost(device)) return;
+    Device& d = context(device);
+    std::optional<std::pair<int, std::string>> e;
+    std::pair<int, std::string> first;
+    {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      e.swap(d.async_error);  // the loss itself, if not reported yet
+      d.has_async_error.store(false, std::memory_order_relaxed);
+      first = *d.lost;
+    }
+    if (e) device_lost(e->first, call, fmt::format("asynchronous error of earlier work: {}", e->second));
+    device_lost(first.first, call, fmt::format("the device was lost earlier: {}", first.second));
   }
 
   bool mapped_mode() const { return config_.host_access == accelkit::HostAccessLevel::mapped; }
@@ -2440,14 +2497,21 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
 
   // A free of memory that queued work still uses, on any stream of any
   // device (peer copies run on the source's streams), is refused.
+  // A lost device's streams drop their work (Note [simdev sticky faults]):
+  // waited for instead.
   void refuse_if_queued(const char* call, char* p, std::size_t n) {
     for (int dev = 0; dev < config_.device_count; ++dev)
       if (devices_[static_cast<std::size_t>(dev)].exists.load())
-        for (auto& s : streams_of(dev))
-        if (s->uses(p, n))
+        for (auto& s : streams_of(dev)) {
+          if (!s->uses(p, n)) continue;
+          if (is_lost(dev)) {
+            s->synchronize();
+            continue;
+          }
           driver_error(kInvalidValue, call,
                        fmt::format("memory at {} ({} bytes) is still used by queued work",
                                    static_cast<void*>(p), n));
+        }
   }
 
   // Freed memory: pages dropped and made inaccessible, the range kept
@@ -2511,6 +2575,18 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
     if (device < 0 || device >= config_.device_count)
       driver_error(kInvalidDevice, call,
                    fmt::format("no device {} (simdev has {})", device, config_.device_count));
+    if (config_.sticky_faults && devices_ && runs_work(call)) check_lost(device, call);
+  }
+  // Whether `call` (a member that checks its device) runs work, which a lost
+  // device refuses (Note [simdev sticky faults]).
+  static bool runs_work(std::string_view call) {
+    for (std::string_view m : {"malloc", "host_malloc", "memcpy", "host_map", "stream_create",
+                               "event_create", "signal_create", "device_synchronize",
+                               "graph_instantiate", "vm_reserve", "vm_create", "vm_map",
+                               "ipc_mem_export", "ipc_mem_open", "ipc_event_export",
+                               "ipc_event_open"})
+      if (call == m) return true;
+    return false;
   }
 
   Device& context(int device) {

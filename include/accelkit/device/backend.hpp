@@ -14,6 +14,7 @@
 #include <accelkit/detail/per_device.hpp>
 #include <accelkit/device/captures.hpp>
 #include <accelkit/device/failed_waits.hpp>
+#include <accelkit/device/lost_devices.hpp>
 #include <accelkit/diagnostics.hpp>
 #include <accelkit/properties.hpp>
 #include <accelkit/device/visibility.hpp>
@@ -273,7 +274,7 @@ class Backend {
   MemoryInfo memory_info(device_index device) {
     int phys = physical(device);
     if constexpr (detail::has_memory_info<R>) {
-      return runtime_.memory_info(phys);
+      return observed(device, "memory_info", [&] { return runtime_.memory_info(phys); });
     } else {
       std::uint64_t total = properties(device).total_memory;
       std::uint64_t held = held_bytes_[static_cast<std::size_t>(device)].load();
@@ -349,7 +350,7 @@ class Backend {
           name, fmt::format("cannot allocate {} bytes on {}:{}: the largest single allocation "
                             "on this device is {} bytes (capacity {} bytes)",
                             bytes, name, device, p.max_allocation, p.total_memory));
-    void* ptr = runtime_.malloc(phys, bytes);
+    void* ptr = work(device, "malloc", [&] { return runtime_.malloc(phys, bytes); });
     auto& held = held_bytes_[static_cast<std::size_t>(device)];
     if (ptr == nullptr) {
       MemoryInfo info = memory_info(device);
@@ -385,8 +386,28 @@ class Backend {
   void raw_free(device_index device, void* ptr, std::size_t bytes) {
     if (ptr == nullptr) return;
     int phys = physical(device);
-    runtime_.free(phys, ptr);
+    release(device, "free", [&] { runtime_.free(phys, ptr); });
     held_bytes_[static_cast<std::size_t>(device)].fetch_sub(bytes);
+  }
+
+  // Whether `device` is lost (Note [Lost devices] in error.hpp): its first
+  // DeviceLostError was kept, and work on it is refused.
+  bool is_lost(device_index device) const { return lost_.lost(device); }
+  // The loss of `device` (naming the device), if it is lost.
+  std::optional<DeviceLostError> lost_error(device_index device) const {
+    return lost_.first(device);
+  }
+  // Throws DeviceLostError refusing `call` when `device` is lost: for work
+  // the SDK's callers start on the runtime directly (vendor kernels).
+  void check_not_lost(device_index device, std::string_view call) const {
+    lost_.check(device, call);
+  }
+  // Keeps `e`, a loss that a call of the runtime made outside Backend<R>
+  // reported for `device`, and throws it (or the refusal naming the first
+  // loss), as the SDK's own calls do.
+  [[noreturn]] void device_lost(device_index device, const DeviceLostError& e,
+                                std::string_view call) {
+    lost_.report(device, e, call);
   }
 
   // Bytes currently held from the driver through raw_malloc and vm_create on
@@ -427,7 +448,7 @@ class Backend {
   void* raw_host_malloc(device_index device, std::size_t bytes) {
     int phys = physical(device);
     if (bytes == 0) return nullptr;
-    void* ptr = runtime_.host_malloc(phys, bytes);
+    void* ptr = work(device, "host_malloc", [&] { return runtime_.host_malloc(phys, bytes); });
     if (ptr == nullptr)
       throw OutOfMemoryError(name, fmt::format("out of pinned host memory allocating {} bytes "
                                                "for {}:{}",
@@ -438,7 +459,7 @@ class Backend {
   void raw_host_free(device_index device, void* ptr) {
     if (ptr == nullptr) return;
     int phys = physical(device);
-    runtime_.host_free(phys, ptr);
+    release(device, "host_free", [&] { runtime_.host_free(phys, ptr); });
   }
 
   // Copies between two devices, ordered on `stream` of `src_device`; staged
@@ -449,15 +470,18 @@ class Backend {
     int src_phys = physical(src_device);
     if (bytes == 0) return;
     if constexpr (has_graphs) captures_.check_stream(src_device, stream, "memcpy_peer_async");
-    if constexpr (detail::has_memcpy_peer_async<R>) {
-      runtime_.memcpy_peer_async(dst, dst_phys, src, src_phys, bytes, stream);
-    } else {
-      std::unique_ptr<void, HostDeleter> staging(raw_host_malloc(src_device, bytes),
-                                                 HostDeleter{this, src_device});
-      runtime_.stream_synchronize(src_phys, stream);
-      runtime_.memcpy(src_phys, staging.get(), src, bytes, CopyKind::device_to_host);
-      runtime_.memcpy(dst_phys, dst, staging.get(), bytes, CopyKind::host_to_device);
-    }
+    lost_.check(dst_device, "memcpy_peer_async");
+    work(src_device, "memcpy_peer_async", [&] {
+      if constexpr (detail::has_memcpy_peer_async<R>) {
+        runtime_.memcpy_peer_async(dst, dst_phys, src, src_phys, bytes, stream);
+      } else {
+        std::unique_ptr<void, HostDeleter> staging(raw_host_malloc(src_device, bytes),
+                                                   HostDeleter{this, src_device});
+        runtime_.stream_synchronize(src_phys, stream);
+        runtime_.memcpy(src_phys, staging.get(), src, bytes, CopyKind::device_to_host);
+        runtime_.memcpy(dst_phys, dst, staging.get(), bytes, CopyKind::host_to_device);
+      }
+    });
   }
 
   // Note [Cross-device waits]
@@ -482,10 +506,13 @@ class Backend {
                                          "for it)",
                                          name, device));
     if constexpr (has_graphs) captures_.check_stream(device, stream, "stream_wait_peer_event");
-    if constexpr (detail::has_stream_wait_peer_event<R>)
-      runtime_.stream_wait_peer_event(phys, stream, event_phys, event);
-    else
-      runtime_.event_synchronize(event_phys, event);
+    lost_.check(event_device, "stream_wait_peer_event");
+    work(device, "stream_wait_peer_event", [&] {
+      if constexpr (detail::has_stream_wait_peer_event<R>)
+        runtime_.stream_wait_peer_event(phys, stream, event_phys, event);
+      else
+        runtime_.event_synchronize(event_phys, event);
+    });
   }
 
   // Note [Host signals]
@@ -509,7 +536,7 @@ class Backend {
   SignalHandle signal_create(device_index device) {
     int phys = physical(device);
     if constexpr (has_stream_signals) {
-      return runtime_.signal_create(phys);
+      return work(device, "signal_create", [&] { return runtime_.signal_create(phys); });
     } else {
       static_cast<void>(phys);
       return host_signals_.create(0);
@@ -519,7 +546,7 @@ class Backend {
     int phys = physical(device);
     if constexpr (has_graphs) captures_.check_stream(device, stream, "stream_wait_signal");
     if constexpr (has_stream_signals) {
-      runtime_.stream_wait_signal(phys, stream, signal);
+      work(device, "stream_wait_signal", [&] { runtime_.stream_wait_signal(phys, stream, signal); });
       failed_waits_.waited(device, stream, signal);
     } else {
       static_cast<void>(phys), static_cast<void>(stream);
@@ -543,7 +570,7 @@ class Backend {
       // the runtime's signal completed as a success, so that the runtime
       // reports nothing of it to another call, once.
       if (error != 0) failed_waits_.failed(device, signal, error, std::move(reason));
-      runtime_.signal_complete(phys, signal, 0);
+      release(device, "signal_complete", [&] { runtime_.signal_complete(phys, signal, 0); });
     } else {
       static_cast<void>(phys);
       host_signals_.complete(signal, 0, error);
@@ -556,7 +583,7 @@ class Backend {
       // if the runtime refuses.
       auto kept = failed_waits_.take(device, signal);
       try {
-        runtime_.signal_destroy(phys, signal);
+        release(device, "signal_destroy", [&] { runtime_.signal_destroy(phys, signal); });
       } catch (...) {
         failed_waits_.restore(device, signal, std::move(kept));
         throw;
@@ -580,9 +607,11 @@ class Backend {
   void stream_begin_capture(device_index device, StreamHandle stream, CaptureMode mode) {
     int phys = physical(device);
     if constexpr (has_graphs) {
+      lost_.check(device, "stream_begin_capture");
       captures_.begin(device, stream, mode);
       try {
-        runtime_.stream_begin_capture(phys, stream, mode);
+        work(device, "stream_begin_capture",
+             [&] { runtime_.stream_begin_capture(phys, stream, mode); });
       } catch (...) {
         captures_.end(device, stream);
         throw;
@@ -607,7 +636,8 @@ class Backend {
       GraphHandle graph{};
       std::exception_ptr failed;
       try {
-        graph = runtime_.stream_end_capture(phys, stream);
+        graph = release(device, "stream_end_capture",
+                        [&] { return runtime_.stream_end_capture(phys, stream); });
       } catch (...) {
         failed = std::current_exception();
       }
@@ -657,7 +687,8 @@ class Backend {
   GraphExecHandle graph_instantiate(device_index device, GraphHandle graph) {
     int phys = physical(device);
     if constexpr (has_graphs) {
-      return runtime_.graph_instantiate(phys, graph);
+      return work(device, "graph_instantiate",
+                  [&] { return runtime_.graph_instantiate(phys, graph); });
     } else {
       static_cast<void>(phys), static_cast<void>(graph);
       throw_no_graphs("graph_instantiate", device);
@@ -670,7 +701,7 @@ class Backend {
     int phys = physical(device);
     if constexpr (has_graphs) {
       captures_.check_stream(device, stream, "graph_launch");
-      runtime_.graph_launch(phys, exec, stream);
+      work(device, "graph_launch", [&] { runtime_.graph_launch(phys, exec, stream); });
     } else {
       static_cast<void>(phys), static_cast<void>(exec), static_cast<void>(stream);
       throw_no_graphs("graph_launch", device);
@@ -681,7 +712,7 @@ class Backend {
   void graph_exec_destroy(device_index device, GraphExecHandle exec) {
     int phys = physical(device);
     if constexpr (has_graphs) {
-      runtime_.graph_exec_destroy(phys, exec);
+      release(device, "graph_exec_destroy", [&] { runtime_.graph_exec_destroy(phys, exec); });
     } else {
       static_cast<void>(phys), static_cast<void>(exec);
       throw_no_graphs("graph_exec_destroy", device);
@@ -691,7 +722,7 @@ class Backend {
   void graph_destroy(device_index device, GraphHandle graph) {
     int phys = physical(device);
     if constexpr (has_graphs) {
-      runtime_.graph_destroy(phys, graph);
+      release(device, "graph_destroy", [&] { runtime_.graph_destroy(phys, graph); });
     } else {
       static_cast<void>(phys), static_cast<void>(graph);
       throw_no_graphs("graph_destroy", device);
@@ -751,7 +782,8 @@ class Backend {
     VmState& vm = vm_state(device, "vm_reserve");
     check_vm_size(device, vm, bytes, "vm_reserve");
     if constexpr (has_virtual_memory()) {
-      void* base = runtime_.vm_reserve(physical(device), bytes);
+      void* base =
+          work(device, "vm_reserve", [&] { return runtime_.vm_reserve(physical(device), bytes); });
       if (base != nullptr && reinterpret_cast<std::uintptr_t>(base) % vm.granularity != 0) {
         std::string message = fmt::format("vm_reserve({}, {}) returned {}, which is not "
                                           "aligned to {}:{}'s granularity ({} bytes)",
@@ -775,7 +807,8 @@ class Backend {
     VmState& vm = vm_state(device, "vm_release");
     check_vm_address(device, vm, base, "vm_release");
     check_vm_size(device, vm, bytes, "vm_release");
-    if constexpr (has_virtual_memory()) runtime_.vm_release(physical(device), base, bytes);
+    if constexpr (has_virtual_memory())
+      release(device, "vm_release", [&] { runtime_.vm_release(physical(device), base, bytes); });
   }
 
   // `bytes` (a nonzero multiple of the granularity) of physical memory; a
@@ -784,7 +817,8 @@ class Backend {
     VmState& vm = vm_state(device, "vm_create");
     check_vm_size(device, vm, bytes, "vm_create");
     if constexpr (has_virtual_memory()) {
-      PhysicalHandle memory = runtime_.vm_create(physical(device), bytes);
+      PhysicalHandle memory =
+          work(device, "vm_create", [&] { return runtime_.vm_create(physical(device), bytes); });
       if (!memory) return memory;
       bool fresh;
       {
@@ -810,7 +844,7 @@ class Backend {
     std::size_t bytes = take_physical(device, vm, memory, "vm_destroy");
     if constexpr (has_virtual_memory()) {
       try {
-        runtime_.vm_destroy(physical(device), memory);
+        release(device, "vm_destroy", [&] { runtime_.vm_destroy(physical(device), memory); });
       } catch (...) {
         std::lock_guard<std::mutex> lock(vm.mutex);
         vm.sizes.emplace(memory.value, bytes);
@@ -831,7 +865,8 @@ class Backend {
       throw ValueError(name, fmt::format("vm_map: {} bytes at {} on {}:{}, but physical memory "
                                          "{:#x} is {} bytes long (vm_map maps all of it)",
                                          bytes, at, name, device, memory.value, size));
-    if constexpr (has_virtual_memory()) runtime_.vm_map(physical(device), at, bytes, memory);
+    if constexpr (has_virtual_memory())
+      work(device, "vm_map", [&] { runtime_.vm_map(physical(device), at, bytes, memory); });
   }
 
   // Unmaps whole mapped pieces; refused while queued work uses them.
@@ -839,7 +874,8 @@ class Backend {
     VmState& vm = vm_state(device, "vm_unmap");
     check_vm_address(device, vm, at, "vm_unmap");
     check_vm_size(device, vm, bytes, "vm_unmap");
-    if constexpr (has_virtual_memory()) runtime_.vm_unmap(physical(device), at, bytes);
+    if constexpr (has_virtual_memory())
+      release(device, "vm_unmap", [&] { runtime_.vm_unmap(physical(device), at, bytes); });
   }
 
   // ------------------------------------------------- inter-process memory
@@ -888,7 +924,7 @@ class Backend {
         throw ValueError(name, fmt::format("ipc_mem_export: a null pointer on {}:{} names no "
                                            "allocation",
                                            name, device));
-      return runtime_.ipc_mem_export(phys, base);
+      return work(device, "ipc_mem_export", [&] { return runtime_.ipc_mem_export(phys, base); });
     } else {
       static_cast<void>(phys), static_cast<void>(base);
       throw_no_ipc_memory("ipc_mem_export", device);
@@ -900,7 +936,7 @@ class Backend {
   void* ipc_mem_open(device_index device, const IpcMemHandle& handle) {
     int phys = physical(device);
     if constexpr (has_ipc_memory) {
-      void* base = runtime_.ipc_mem_open(phys, handle);
+      void* base = work(device, "ipc_mem_open", [&] { return runtime_.ipc_mem_open(phys, handle); });
       std::size_t alignment = properties(device).memory_alignment;
       if (base == nullptr || reinterpret_cast<std::uintptr_t>(base) % alignment != 0) {
         std::string message = fmt::format("ipc_mem_open({}, ·) returned {}, which is {} the {} B "
@@ -931,7 +967,7 @@ class Backend {
         throw ValueError(name, fmt::format("ipc_mem_close: a null pointer on {}:{} was not "
                                            "opened by ipc_mem_open",
                                            name, device));
-      runtime_.ipc_mem_close(phys, base);
+      release(device, "ipc_mem_close", [&] { runtime_.ipc_mem_close(phys, base); });
     } else {
       static_cast<void>(phys), static_cast<void>(base);
       throw_no_ipc_memory("ipc_mem_close", device);
@@ -946,7 +982,8 @@ class Backend {
         throw ValueError(name, fmt::format("ipc_event_export: the null event handle on {}:{} "
                                            "names no event",
                                            name, device));
-      return runtime_.ipc_event_export(phys, event);
+      return work(device, "ipc_event_export",
+                  [&] { return runtime_.ipc_event_export(phys, event); });
     } else {
       static_cast<void>(phys), static_cast<void>(event);
       throw_no_ipc_events("ipc_event_export", device);
@@ -958,7 +995,8 @@ class Backend {
   EventHandle ipc_event_open(device_index device, const IpcEventHandle& handle) {
     int phys = physical(device);
     if constexpr (has_ipc_events) {
-      EventHandle event = runtime_.ipc_event_open(phys, handle);
+      EventHandle event =
+          work(device, "ipc_event_open", [&] { return runtime_.ipc_event_open(phys, handle); });
       if (!event)
         throw RuntimeError(name, fmt::format("ipc_event_open({}, ·) returned the null event "
                                              "handle",
@@ -1029,7 +1067,9 @@ class Backend {
   float event_elapsed_time(device_index device, EventHandle start, EventHandle end) {
     int phys = physical(device);
     if constexpr (detail::has_event_elapsed_time<R>) {
-      if (properties(device).event_timing) return runtime_.event_elapsed_time(phys, start, end);
+      if (properties(device).event_timing)
+        return work(device, "event_elapsed_time",
+                    [&] { return runtime_.event_elapsed_time(phys, start, end); });
     }
     throw NotSupportedError(
         name, fmt::format("{}:{} does not support event timing (event_elapsed_time); check "
@@ -1043,8 +1083,23 @@ class Backend {
   // Synchronizing and querying a stream, or synchronizing its device, then
   // throw a failure that stays (Note [Failed waits]); a destroyed stream is
   // forgotten.
+  // Releases are called on a lost device too; everything else forwarded is
+  // work (Note [Lost devices]).
   template <class Caller, class... A>
   decltype(auto) forward(Caller call, device_index device, A&&... a) {
+    if constexpr (std::is_same_v<Caller, detail::call_stream_destroy> ||
+                  std::is_same_v<Caller, detail::call_event_destroy>)
+      return release(device, Caller::name, [&]() -> decltype(auto) {
+        return forward_checked(call, device, std::forward<A>(a)...);
+      });
+    else
+      return work(device, Caller::name, [&]() -> decltype(auto) {
+        return forward_checked(call, device, std::forward<A>(a)...);
+      });
+  }
+
+  template <class Caller, class... A>
+  decltype(auto) forward_checked(Caller call, device_index device, A&&... a) {
     int phys = physical(device);
     if constexpr (has_graphs) check_capture(call, device, a...);
     if constexpr (std::is_same_v<Caller, detail::call_stream_destroy>) {
@@ -1067,6 +1122,33 @@ class Backend {
     } else {
       return call(runtime_, phys, std::forward<A>(a)...);
     }
+  }
+
+  // Runs f, a call of the runtime that runs work on `device` (Note [Lost
+  // devices]): refused when the device is lost; a loss that f reports is
+  // kept, and thrown once naming the device.
+  template <class F>
+  decltype(auto) work(device_index device, std::string_view call, F&& f) {
+    lost_.check(device, call);
+    try {
+      return f();
+    } catch (const DeviceLostError& e) {
+      lost_.report(device, e, call);
+    }
+  }
+  // Runs f, a release or a query, also on a lost device; a loss it reports
+  // is kept.
+  template <class F>
+  decltype(auto) release(device_index device, std::string_view call, F&& f) {
+    try {
+      return f();
+    } catch (const DeviceLostError& e) {
+      lost_.report(device, e, call, true);
+    }
+  }
+  template <class F>
+  decltype(auto) observed(device_index device, std::string_view call, F&& f) {
+    return release(device, call, std::forward<F>(f));
   }
 
   // The checks of Note [Capture rules] for the forwarded members, before
@@ -1118,7 +1200,8 @@ class Backend {
     } else {
       return vm_.get(device, device_count(), [&] {
         auto vm = std::make_unique<VmState>();
-        std::size_t g = runtime_.vm_granularity(phys);
+        std::size_t g =
+            observed(device, "vm_granularity", [&] { return runtime_.vm_granularity(phys); });
         std::size_t alignment = properties(device).memory_alignment;
         if (g == 0 || (g & (g - 1)) != 0 || g % alignment != 0)
           throw RuntimeError(name, fmt::format("vm_granularity({}) returned {}, which is not a "
@@ -1311,6 +1394,7 @@ class Backend {
   support::HostSignalTable<> host_signals_{R::name};
   detail::FailedWaits failed_waits_{R::name};  // Note [Failed waits]
   detail::Captures captures_{R::name};  // Note [Capture rules]
+  detail::LostDevices lost_;  // Note [Lost devices]
   std::unique_ptr<std::atomic<std::uint64_t>[]> held_bytes_;  // raw_malloc's and vm_create's
   detail::PerDevice<VmState> vm_;  // Note [Virtual memory]
 

@@ -193,6 +193,7 @@ class DeviceCachingAllocator {
   // before any lock (Note [History contexts]).
   ACCELKIT_ALWAYS_INLINE void* allocate_or(std::size_t bytes, StreamHandle stream,
                                            NoRoom no_room) {
+    backend_.check_not_lost(device_, "malloc");  // cached memory too (Note [Lost devices])
     if (trace_.on()) return allocate_recorded(bytes, stream, no_room);
     return allocate_core<false>(bytes, stream, no_room);
   }

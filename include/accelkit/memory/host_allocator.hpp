@@ -423,12 +423,18 @@ class HostAllocator {
     try {
       backend_.raw_host_free(b->device, b->ptr);
     } catch (const std::exception& e) {
+      bool lost = backend_.is_lost(b->device);  // never to be tried again (Note [Lost devices])
       report(Severity::warning, Backend<R>::name,
              fmt::format("pinned host memory at {} ({} bytes) could not be returned to the "
-                         "driver and is kept for a later empty_cache: {}",
-                         b->ptr, b->size, e.what()));
-      bucket.refused.push_back(b);
-      return;
+                         "driver and is {}: {}",
+                         b->ptr, b->size,
+                         lost ? "left to it (its device is lost)"
+                              : "kept for a later empty_cache",
+                         e.what()));
+      if (!lost) {
+        bucket.refused.push_back(b);
+        return;
+      }
     }
     bucket.stats.segment.decrease(1);
     bucket.stats.reserved_bytes.decrease(static_cast<std::int64_t>(b->size));

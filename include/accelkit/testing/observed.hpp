@@ -282,7 +282,11 @@ class Observed : public detail::ObservedGraphs<Observed<R>, R> {
       if (!host && m.device != device) continue;
       for (const Range& r : m.ranges) {
         if (r.side != side || r.begin >= begin + bytes || begin >= r.begin + r.bytes) continue;
-        if (this->inner().event_query(m.device, m.event)) continue;
+        try {
+          if (this->inner().event_query(m.device, m.event)) continue;
+        } catch (const DeviceLostError&) {
+          continue;  // a lost device runs no more work (Note [Lost devices])
+        }
         violations_.push_back(fmt::format(
             "{}({}, {}) ({} bytes) while queued work that uses that memory (a {} on stream "
             "{:#x} of device {}) had not completed",

@@ -87,6 +87,11 @@ inline void DeviceCachingAllocator<R>::free_segments(Released& r,
     }
     try {
       backend_.stream_synchronize(device_, s);
+    } catch (const DeviceLostError& e) {
+      // A lost device runs no more work (Note [Lost devices]): nothing
+      // queued touches the memory again, so it goes back to the driver;
+      // the loss itself (not a refusal naming it) is thrown at the end.
+      if (e.refused().empty() && !first) first = std::current_exception();
     } catch (...) {
       if (!first) first = std::current_exception();
       failed.push_back(s);
@@ -107,9 +112,18 @@ inline void DeviceCachingAllocator<R>::free_segments(Released& r,
     if (ordered) {
       try {
         backend_.raw_free(device_, d.ptr, d.size);
-      } catch (...) {
-        if (!first) first = std::current_exception();
-        ordered = false;
+      } catch (const std::exception& e) {
+        if (backend_.is_lost(device_)) {
+          // Never to be tried again (Note [Lost devices]): out of the pool,
+          // reported, the driver's to keep.
+          report(Severity::warning, Backend<R>::name,
+                 fmt::format("device {} is lost, and its driver did not take back {} bytes at "
+                             "{}: they are left to it: {}",
+                             device_, d.size, static_cast<void*>(d.ptr), e.what()));
+        } else {
+          if (!first) first = std::current_exception();
+          ordered = false;
+        }
       }
     }
     if (!ordered) {
