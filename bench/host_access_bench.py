@@ -6,7 +6,7 @@ CPU, measured in one run.
 
 Rows, each in a child process of its own with the CPU measured beside it:
   simdev, SIMDEV_HOST_VISIBLE=1       direct: host kernels and the fallback in place
-  simdev, SIMDEV_HOST_VISIBLE=mapped  mapped: the same, inside host_map/host_unmap (mprotect)
+  simdev, SIMDEV_HOST_VISIBLE=mapped  mapped: the same, at host_map's view of the pages
   simdev, SIMDEV_HOST_VISIBLE=0       none: the copying fallback
   ocl, OCL_SVM=fine                   direct (fine-grained SVM)
   ocl, OCL_SVM=coarse                 mapped (clEnqueueSVMMap/clEnqueueSVMUnmap): after
