@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -426,15 +427,79 @@ TEST_CASE("support: an address space refuses zero bytes, sizes that overflow and
   CHECK_THROWS_AS(AddressSpace<int>("vk", unaligned), ValueError);
 }
 
+TEST_CASE("support: an address space records ranges the driver placed (a mapped allocation, "
+          "pinned host memory) and finds them as it finds its own") {
+  AddressSpace<int> space("vk");
+  std::vector<char> host(3 * 4096);  // stands for memory the driver mapped
+  char* h = host.data();
+  space.add(h, 4096, 7, "host_malloc");
+  space.add(h + 4096, 4096, 8, "host_malloc");  // touching is not overlapping
+  char* fake = static_cast<char*>(space.map(9, 100));
+  CHECK(space.size() == 3);
+
+  auto at = space.locate(h + 4096 + 10, 20, "memcpy_async");
+  CHECK(at.handle == 8);
+  CHECK(at.offset == 10);
+  CHECK(at.bytes == 4096);
+  CHECK(space.find(h + 4095)->handle == 7);
+  CHECK_FALSE(space.find(h + 4090, 10));  // one range's end runs into the next
+  CHECK_FALSE(space.find(h + 2 * 4096));  // pageable memory: not recorded
+  CHECK(space.locate(fake + 50, 50, "memcpy_async").handle == 9);
+
+  // Refused: zero bytes, an overlap with a recorded range, the fake span, a wrap.
+  CHECK(contains(error_text([&] { space.add(h + 2 * 4096, 0, 1); }), "zero-byte"));
+  CHECK(contains(error_text([&] { space.add(h + 100, 10, 1, "host_malloc"); }),
+                 "overlap the allocation at"));
+  CHECK(contains(error_text([&] { space.add(h + 4000, 200, 1); }), "still recorded"));
+  CHECK(contains(error_text([&] { space.add(fake + 1 * (1 << 20), 10, 1); }),
+                 "span of fake device addresses"));
+  auto* top = reinterpret_cast<const void*>(UINTPTR_MAX - 10);
+  CHECK(contains(error_text([&] { space.add(top, 20, 1); }), "end of the address space"));
+  CHECK(space.size() == 3);
+
+  std::vector<std::pair<void*, int>> seen;
+  space.for_each([&](void* p, std::size_t, const int& handle) { seen.emplace_back(p, handle); });
+  REQUIRE(seen.size() == 3);
+  CHECK(std::is_sorted(seen.begin(), seen.end()));  // by address
+  CHECK(std::count(seen.begin(), seen.end(), std::make_pair(static_cast<void*>(h), 7)) == 1);
+  CHECK(std::count(seen.begin(), seen.end(), std::make_pair(static_cast<void*>(fake), 9)) == 1);
+
+  CHECK(contains(error_text([&] { space.unmap(h + 1); }), "1 bytes into the allocation"));
+  CHECK(space.unmap(h, "host_free") == 7);
+  // A miss outside the span no longer says "not this backend's": it may be
+  // a recorded range that was freed.
+  CHECK(contains(error_text([&] { space.locate(h, 1, "memcpy_async"); }),
+                 "in no range it recorded"));
+  space.add(h, 4096, 10);  // a driver's address may come back
+  CHECK(space.locate(h, 4096, "memcpy_async").handle == 10);
+}
+
 TEST_CASE("support: an address space under threads: allocations made, found and ended at once "
           "never mix") {
+  // Fake ranges (map) and driver-placed ones (add: slices of each thread's
+  // own host buffer, as pinned memory) made, located and ended from several
+  // threads at once, with a reader walking the whole space (for_each).
+  // Run under ThreadSanitizer by core.tsan.
   AddressSpace<std::uint64_t> space("vk");
-  constexpr int kThreads = 4, kRounds = 2000;
+  constexpr int kThreads = 4, kRounds = 2000, kSlots = 64, kSlot = 256;
   std::atomic<int> wrong{0};
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    while (!done.load()) {
+      space.for_each([&](void* p, std::size_t n, const std::uint64_t& h) {
+        // A fake address holds a fake range's handle, a host one a pinned one.
+        auto a = reinterpret_cast<std::uintptr_t>(p);
+        bool fake = a >= (std::uintptr_t{1} << 44) && a < (std::uintptr_t{3} << 44);
+        if (n == 0 || fake == static_cast<bool>(h >> 63)) ++wrong;
+      });
+      std::this_thread::yield();
+    }
+  });
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t)
     threads.emplace_back([&, t] {
-      std::vector<std::pair<char*, std::uint64_t>> live;
+      std::vector<char> host(kSlots * kSlot);
+      std::vector<std::pair<char*, std::uint64_t>> live, pinned;
       for (int i = 0; i < kRounds; ++i) {
         std::uint64_t handle = static_cast<std::uint64_t>(t) << 32 | static_cast<unsigned>(i);
         std::size_t bytes = 1 + static_cast<std::size_t>(i % 7) * 1000;
@@ -442,17 +507,31 @@ TEST_CASE("support: an address space under threads: allocations made, found and 
         live.emplace_back(p, handle);
         auto at = space.locate(p + bytes - 1, 1, "memcpy_async");
         if (at.handle != handle || at.offset != bytes - 1) ++wrong;
-        if (i % 2 == 1) {
+        char* slot = host.data() + (i % kSlots) * kSlot;
+        space.add(slot, kSlot, handle | 1ull << 63, "host_malloc");
+        pinned.emplace_back(slot, handle | 1ull << 63);
+        auto pin = space.find(slot + kSlot / 2, kSlot / 2);
+        if (!pin || pin->handle != (handle | 1ull << 63) || pin->offset != kSlot / 2) ++wrong;
+        if (live.size() > 16) {  // a few live ranges each: the reader's walk stays short
           auto [q, h] = live.front();
           if (space.unmap(q) != h) ++wrong;
           if (space.find(q)) ++wrong;
           live.erase(live.begin());
         }
+        if (pinned.size() == kSlots / 2) {  // the slot is recorded again later
+          auto [q, h] = pinned.front();
+          if (space.unmap(q, "host_free") != h) ++wrong;
+          pinned.erase(pinned.begin());
+        }
       }
       for (auto [q, h] : live)
         if (space.unmap(q) != h) ++wrong;
+      for (auto [q, h] : pinned)
+        if (space.unmap(q, "host_free") != h) ++wrong;
     });
   for (auto& th : threads) th.join();
+  done = true;
+  reader.join();
   CHECK(wrong == 0);
   CHECK(space.size() == 0);
 }

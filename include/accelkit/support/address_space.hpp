@@ -2,11 +2,20 @@
 // handle (Vulkan's VkDeviceMemory, OpenCL's cl_mem, a DMA buffer's fd), so
 // that a runtime can give PyTorch the pointers it computes with.
 //
-//   AddressSpace<VkDeviceMemory> space{"vk"};
-//   void* p = space.map(memory, bytes);           // malloc: returns p
-//   Location<VkDeviceMemory> at = space.locate(q, n, "memcpy_async");
-//   vkCmdCopyBuffer(..., at.handle, at.offset, ...);  // q == p + at.offset
-//   VkDeviceMemory m = space.unmap(p, "free");    // free: then vkFreeMemory(m)
+//   AddressSpace<VkBuffer> space{"vk"};
+//   void* p = space.map(buffer, bytes);           // malloc: returns p
+//   Location<VkBuffer> at = space.locate(q, n, "memcpy_async");
+//   vkCmdCopyBuffer(..., at.handle, ...);         // at.offset: q == p + at.offset
+//   VkBuffer b = space.unmap(p, "free");          // free: then destroy b
+//
+// Memory whose address the driver chose (a persistently mapped allocation
+// handed to PyTorch as it is, pinned host memory that is a driver buffer
+// too) is recorded with add(address, bytes, handle): the same lookup, the
+// same unmap, the same errors, at the driver's addresses.
+//
+//   void* h = mapped_address_of(buffer);          // host_malloc, or direct mode
+//   space.add(h, bytes, buffer, "host_malloc");   // h stays the pointer
+//   if (auto at = space.find(src, n)) ...         // pinned: copy from at->handle
 //
 // Note [Fake device addresses]
 // Problem: PyTorch addresses device memory with pointers and does arithmetic
@@ -20,16 +29,23 @@
 // alignment unit separates two ranges, so a stale pointer (a view kept past
 // its storage's free) or one past an end (an off-by-one) is an error naming
 // the address, never another allocation's memory.
+// Ranges the driver placed itself (add) share the map but not the span: one
+// may not overlap the span, where it would take addresses map gives.
 // Limits: the addresses are not host memory: code that dereferences one
 // (a host kernel, a debugger) faults or reads garbage; declare
-// host_access none, so the SDK copies around host code. The span is spent,
-// not recycled: the default 32 TiB lasts for 32 TiB of allocations over the
-// process's life (the SDK's caching pool makes few). The default span
-// [16 TiB, 48 TiB) is free in a Linux x86-64 process in practice, not by
-// guarantee; reserve one (mmap PROT_NONE) and pass it when that matters.
+// host_access none (or mapped, with host_map returning the driver's host
+// address of the byte), so the SDK copies around host code. The span is
+// spent, not recycled: the default 32 TiB lasts for 32 TiB of allocations
+// over the process's life (the SDK's caching pool makes few). The default
+// span [16 TiB, 48 TiB) is free in a Linux x86-64 process in practice, not
+// by guarantee; reserve one (mmap PROT_NONE) and pass it when that matters.
+// Two spaces with the same span give the same addresses: keep one space for
+// all the devices of a process (the handle says which device), or give each
+// its own span.
 #pragma once
 
 #include <accelkit/config.hpp>
+#include <accelkit/detail/assert.hpp>
 #include <accelkit/error.hpp>
 #include <accelkit/support/range_map.hpp>
 
@@ -42,6 +58,7 @@
 #include <shared_mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 
 ACCELKIT_BEGIN_NAMESPACE
 namespace support {
@@ -96,7 +113,10 @@ class AddressSpace {
                              "span [{:#x}, {:#x}] (addresses are not reused)",
                              bytes, left, options_.base, last()));
     std::uintptr_t at = options_.base + used_;
-    ranges_.insert(reinterpret_cast<void*>(at), bytes, handle);
+    // Nothing else lies in the span past used_ (add refuses the span).
+    bool inserted = ranges_.insert(reinterpret_cast<void*>(at), bytes, std::move(handle));
+    ACCELKIT_ASSERT(inserted, "AddressSpace: a new range overlaps a live one");
+    (void)inserted;
     // The next range starts one alignment unit past this one's end, aligned.
     std::uintptr_t after = used_ + need + options_.alignment;  // <= size
     std::uintptr_t pad = (options_.alignment - after % options_.alignment) % options_.alignment;
@@ -104,9 +124,40 @@ class AddressSpace {
     return reinterpret_cast<void*>(at);
   }
 
-  // Ends the allocation that starts at `address` (what map returned) and
-  // returns its handle; its addresses are not given again. An error for any
-  // other address, an address inside an allocation included.
+  // Records [address, address + bytes) as the allocation `handle`, at
+  // addresses the driver chose (a mapped allocation's host address, a
+  // pinned host buffer): locate, find and unmap then treat it as one that
+  // map made. An error for zero bytes, a range that wraps, one that
+  // overlaps a recorded range (the address is already an allocation's:
+  // unmap it first) or the span of fake addresses.
+  void add(const void* address, std::size_t bytes, Handle handle,
+           std::string_view call = "malloc") {
+    auto b = reinterpret_cast<std::uintptr_t>(address);
+    if (bytes == 0)
+      fail(call, fmt::format("a zero-byte range at {} has no addresses", address));
+    if (bytes - 1 > UINTPTR_MAX - b)
+      fail(call, fmt::format("{} bytes at {} run past the end of the address space", bytes,
+                             address));
+    if (b <= last() && b + (bytes - 1) >= options_.base)
+      fail(call, fmt::format("{} bytes at {} overlap {}'s span of fake device addresses "
+                             "[{:#x}, {:#x}]: choose another span in AddressSpaceOptions",
+                             bytes, address, backend_, options_.base, last()));
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    if (!ranges_.insert(address, bytes, std::move(handle))) {
+      auto hit = ranges_.find(address, 1);
+      if (!hit) hit = ranges_.find(static_cast<const char*>(address) + (bytes - 1), 1);
+      fail(call, hit ? fmt::format("{} bytes at {} overlap the allocation at {} ({} bytes), "
+                                   "which is still recorded",
+                                   bytes, address, static_cast<void*>(hit.pointer()), hit.bytes)
+                     : fmt::format("{} bytes at {} hold a recorded allocation", bytes, address));
+    }
+    added_ = true;
+  }
+
+  // Ends the allocation that starts at `address` (what map returned, or add
+  // recorded) and returns its handle; a fake address is not given again.
+  // An error for any other address, an address inside an allocation
+  // included.
   Handle unmap(const void* address, std::string_view call = "free") {
     std::unique_lock<std::shared_mutex> lock(mutex_);
     std::optional<Handle> h = ranges_.erase(address);
@@ -139,15 +190,31 @@ class AddressSpace {
     fail(call, describe_miss(reinterpret_cast<std::uintptr_t>(p)));
   }
 
-  // Allocations mapped now.
+  // Allocations mapped or added now.
   std::size_t size() const {
     std::shared_lock<std::shared_mutex> lock(mutex_);
     return ranges_.size();
   }
 
+  // f(address, bytes, handle) for each allocation, by address, under the
+  // space's lock: f must not call the space. For a runtime's destructor:
+  // the memory still allocated.
+  template <class F>
+  void for_each(F&& f) const {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    ranges_.for_each([&](std::uintptr_t b, std::size_t n, const Handle& h) {
+      f(reinterpret_cast<void*>(b), n, h);
+    });
+  }
+
  private:
   std::uintptr_t last() const noexcept { return options_.base + (options_.size - 1); }
   std::string describe_miss(std::uintptr_t p) const {
+    if ((p < options_.base || p > last()) && added_)
+      return fmt::format("address {:#x} is in no allocation of {}: outside its fake device "
+                         "addresses [{:#x}, {:#x}] and in no range it recorded (freed, or "
+                         "never its memory)",
+                         p, backend_, options_.base, last());
     if (p < options_.base || p > last())
       return fmt::format("address {:#x} is outside {}'s device address space [{:#x}, {:#x}]: "
                          "not a device pointer of this backend",
@@ -167,6 +234,7 @@ class AddressSpace {
   AddressSpaceOptions options_;
   mutable std::shared_mutex mutex_;
   std::uintptr_t used_ = 0;  // the next range's offset from the base; the size when spent
+  bool added_ = false;       // add has recorded a range (misses outside the span: not "foreign")
   RangeMap<Handle> ranges_;
 };
 
