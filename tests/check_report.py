@@ -16,7 +16,7 @@ env = {"PATH": "/usr/bin:/bin", "SIMDEV_VISIBLE_DEVICES": "1,0"}
 out = subprocess.run([sys.argv[1], "--json"], check=True, capture_output=True, text=True,
                      env=env).stdout
 report = json.loads(out)
-assert report["schema_version"] == 4, report["schema_version"]
+assert report["schema_version"] == 5, report["schema_version"]
 assert report["backend"] == "simdev"
 assert report["device_count"] == 2 and report["init_error"] is None, report
 devices = report["devices"]

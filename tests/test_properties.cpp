@@ -53,6 +53,21 @@ TEST_CASE("properties: a consistent schema passes validation") {
   CHECK(property_problems(p, "acme").empty());
 }
 
+TEST_CASE("properties: compute units and clock rate may be unknown (0)") {
+  auto p = sound();
+  p.compute_units = 0;
+  p.clock_rate_khz = 0;
+  CHECK(property_problems(p, "acme").empty());
+  CHECK(DeviceProperties{}.compute_units == 0);
+  CHECK(DeviceProperties{}.clock_rate_khz == 0);
+}
+
+TEST_CASE("properties: event_timing is true unless the runtime says its device cannot time") {
+  // The SDK sets it false for a runtime without event_elapsed_time
+  // (test_report.cpp, test_discovery.cpp).
+  CHECK(DeviceProperties{}.event_timing);
+}
+
 TEST_CASE("properties: each inconsistency is reported in a clear sentence") {
   auto p = sound();
   p.max_allocation = p.total_memory + 1;
@@ -79,8 +94,8 @@ TEST_CASE("properties: each inconsistency is reported in a clear sentence") {
   CHECK(only_problem(p) == "subgroup_size is 24 (must be a power of two)");
 
   p = sound();
-  p.compute_units = 0;
-  CHECK(only_problem(p) == "compute_units is 0 (must be at least 1)");
+  p.compute_units = -1;
+  CHECK(only_problem(p) == "compute_units is -1 (must be positive, or 0 when unknown)");
 
   p = sound();
   p.dtypes = {DType::float16};
@@ -111,7 +126,7 @@ TEST_CASE("properties: each inconsistency is reported in a clear sentence") {
 
   p = sound();
   p.clock_rate_khz = -5;
-  CHECK(only_problem(p) == "clock_rate_khz is -5 (must be positive)");
+  CHECK(only_problem(p) == "clock_rate_khz is -5 (must be positive, or 0 when unknown)");
 
   p = sound();
   p.async_copy_engines = -1;
@@ -172,7 +187,7 @@ TEST_CASE("properties: DLPack device types default to kDLExtDev and kDLCPU and a
 TEST_CASE("properties: validate_properties lists every problem with backend and device") {
   DeviceProperties empty;
   auto problems = property_problems(empty, "acme");
-  CHECK(problems.size() >= 10);
+  CHECK(problems.size() >= 9);  // compute units and clock rate may be unknown (0)
   try {
     validate_properties(empty, "acme", 3);
     FAIL("validation passed an empty schema");

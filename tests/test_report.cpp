@@ -25,7 +25,7 @@ simdev::Config two_devices() {
 TEST_CASE("report: JSON carries every schema field of every device") {
   SimBackend b(Environment::fixed({{"SIMDEV_VISIBLE_DEVICES", "1,0"}}), two_devices());
   std::string j = report_json(b);
-  CHECK(contains(j, "\"schema_version\": 4"));
+  CHECK(contains(j, "\"schema_version\": 5"));
   CHECK(contains(j, "\"dlpack_device_type\": 12"));
   CHECK(contains(j, "\"dlpack_pinned_device_type\": 1"));
   CHECK(contains(j, "\"host_access\": \"direct\""));
@@ -44,6 +44,50 @@ TEST_CASE("report: JSON carries every schema field of every device") {
   CHECK(contains(j, "\"simdev.host_memory_backed\": true"));
   CHECK(contains(j, "\"peer_access\": [\n    [\n      true,\n      true\n    ]"));
   CHECK(b.runtime().contexts_created() == 0);  // reporting created no context
+}
+
+namespace {
+// simdev as a driver that tells no compute units and no clock rate, and
+// leaves event_timing as DeviceProperties has it (it has event_elapsed_time).
+struct Vague : simdev::SimRuntime, Runtime<Vague> {
+  using SimRuntime::SimRuntime;
+  DeviceProperties properties(device_index d) {
+    DeviceProperties p = SimRuntime::properties(d);
+    p.compute_units = 0;
+    p.clock_rate_khz = 0;
+    p.event_timing = DeviceProperties{}.event_timing;
+    return p;
+  }
+};
+}  // namespace
+
+TEST_CASE("report: unknown compute units and clock rate are null and \"unknown\"") {
+  Backend<Vague> b(Environment::fixed({}), two_devices());
+  std::string j = report_json(b);
+  CHECK(contains(j, "\"compute_units\": null"));
+  CHECK(contains(j, "\"clock_rate_khz\": null"));
+  std::string t = report_text(b);
+  CHECK(contains(t, "unknown compute units, subgroup "));
+  CHECK(contains(t, ", clock unknown, L2 "));
+  CHECK_FALSE(contains(t, "0 MHz"));
+  // A known clock rate is in MHz.
+  SimBackend known(Environment::fixed({}), two_devices());
+  CHECK(contains(report_text(known), ", 1000 MHz, L2 "));
+}
+
+TEST_CASE("report: a runtime with event_elapsed_time times events unless it says otherwise") {
+  Backend<Vague> b(Environment::fixed({}), two_devices());
+  CHECK(b.properties(0).event_timing);
+  CHECK(contains(report_text(b), "event timing yes"));
+  StreamHandle s = b.stream_create(0, 0);
+  EventHandle e1 = b.event_create(0, EventFlags::timing), e2 = b.event_create(0, EventFlags::timing);
+  b.event_record(0, e1, s);
+  b.event_record(0, e2, s);
+  b.stream_synchronize(0, s);
+  CHECK(b.event_elapsed_time(0, e1, e2) >= 0);
+  b.event_destroy(0, e1);
+  b.event_destroy(0, e2);
+  b.stream_destroy(0, s);
 }
 
 TEST_CASE("report: a failed discovery reports 0 devices and the reason") {

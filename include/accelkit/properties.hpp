@@ -10,9 +10,10 @@
 // number deep in user code), adds the live and derived fields (free memory,
 // peer access, event timing), and reports it the same way on every backend.
 // Limits: fields are added, never renamed or repurposed, and
-// `schema_version` counts the additions so that readers of the JSON report
-// can tell what to expect; what the schema has no field for goes into
-// `extras`, under keys namespaced by the backend's name.
+// `schema_version` counts the additions (and the fields that became "may be
+// unknown", JSON null) so that readers of the JSON report can tell what to
+// expect; what the schema has no field for goes into `extras`, under keys
+// namespaced by the backend's name.
 #pragma once
 
 #include <accelkit/config.hpp>
@@ -32,7 +33,7 @@
 
 ACCELKIT_BEGIN_NAMESPACE
 
-inline constexpr int properties_schema_version = 4;
+inline constexpr int properties_schema_version = 5;
 
 // Element types, named as in `torch.<name>`.
 enum class DType : std::uint8_t {
@@ -252,9 +253,10 @@ struct Extra {
 
 // The schema. The runtime fills every field; the SDK overwrites the fields
 // marked "(SDK)" from the contract and live queries. Fields marked "may be
-// unknown" are left empty by a runtime whose driver cannot tell (OpenCL
-// reports no UUID, no architecture, no copy engines): the report shows
-// "unknown" (JSON null) and the SDK fills what it can (Note [Derived UUID]).
+// unknown" are left empty (or 0) by a runtime whose driver cannot tell
+// (OpenCL reports no UUID, no architecture, no copy engines; Vulkan no
+// compute units and no clock rate): the report shows "unknown" (JSON null)
+// and the SDK fills what it can (Note [Derived UUID]).
 struct DeviceProperties {
   std::string name;          // marketing name, "Acme A1"
   std::string vendor;        // "Acme Corp"
@@ -271,9 +273,10 @@ struct DeviceProperties {
   // The alignment malloc's memory has at least, bytes: a power of two, at
   // least 128 (Note [Memory alignment]). Schema version 2.
   std::uint64_t memory_alignment = 256;
-  int compute_units = 0;              // SMs, XE cores, AI cores...
+  // SMs, XE cores, AI cores...; may be unknown (0). Schema version 5.
+  int compute_units = 0;
   int subgroup_size = 0;              // warp / wavefront / subgroup width
-  int clock_rate_khz = 0;
+  int clock_rate_khz = 0;             // may be unknown (0). Schema version 5.
   std::uint64_t l2_cache_bytes = 0;   // 0 when there is none
   DTypeSet dtypes;                    // element types with native kernels
   // One address space with the host (a device pointer is a valid host
@@ -286,7 +289,10 @@ struct DeviceProperties {
   // at any time. Set by the SDK from host_access; a runtime leaves it false.
   bool host_visible_memory = false;
   StreamPriorityRange stream_priorities;
-  bool event_timing = false;          // (SDK) false unless the runtime has event_elapsed_time
+  // (SDK) elapsed_time between timing events works on this device: true for
+  // a runtime that has event_elapsed_time, which sets it false for a device
+  // that cannot time; the SDK sets it false for a runtime without the member.
+  bool event_timing = true;
   std::optional<int> async_copy_engines;  // copies that can overlap compute; may be unknown
   // DLPack's device type of the device's memory and of the host memory the
   // backend pins (Note [DLPack device types]). Schema version 4.
@@ -399,10 +405,12 @@ inline std::vector<std::string> property_problems(const DeviceProperties& p,
     problem("max_allocation ({}) exceeds total_memory ({})", p.max_allocation, p.total_memory);
   if (p.memory_alignment < 128 || (p.memory_alignment & (p.memory_alignment - 1)) != 0)
     problem("memory_alignment is {} (must be a power of two, at least 128)", p.memory_alignment);
-  if (p.compute_units < 1) problem("compute_units is {} (must be at least 1)", p.compute_units);
+  if (p.compute_units < 0)
+    problem("compute_units is {} (must be positive, or 0 when unknown)", p.compute_units);
   if (p.subgroup_size < 1 || (p.subgroup_size & (p.subgroup_size - 1)) != 0)
     problem("subgroup_size is {} (must be a power of two)", p.subgroup_size);
-  if (p.clock_rate_khz <= 0) problem("clock_rate_khz is {} (must be positive)", p.clock_rate_khz);
+  if (p.clock_rate_khz < 0)
+    problem("clock_rate_khz is {} (must be positive, or 0 when unknown)", p.clock_rate_khz);
   if (p.l2_cache_bytes > p.total_memory)
     problem("l2_cache_bytes ({}) exceeds total_memory ({})", p.l2_cache_bytes, p.total_memory);
   if (!p.dtypes.contains(DType::float32))

@@ -31,10 +31,11 @@ inline void write_properties(JsonWriter& w, const DeviceProperties& p) {
       .field("total_memory", p.total_memory)
       .field("max_allocation", p.max_allocation)
       .field("memory_alignment", p.memory_alignment)
-      .field("compute_units", p.compute_units)
-      .field("subgroup_size", p.subgroup_size)
-      .field("clock_rate_khz", p.clock_rate_khz)
-      .field("l2_cache_bytes", p.l2_cache_bytes);
+      .key("compute_units");
+  if (p.compute_units == 0) w.null(); else w.value(p.compute_units);
+  w.field("subgroup_size", p.subgroup_size).key("clock_rate_khz");
+  if (p.clock_rate_khz == 0) w.null(); else w.value(p.clock_rate_khz);
+  w.field("l2_cache_bytes", p.l2_cache_bytes);
   w.key("dtypes").begin_array();
   for (DType t : p.dtypes.to_vector()) w.value(to_string(t));
   w.end_array();
@@ -146,8 +147,10 @@ std::string report_text(Backend<R>& backend) {
            : p.host_access == HostAccessLevel::mapped ? "host-visible when mapped"
                                                       : "not host-visible",
            p.unified_memory ? ", unified" : "");
-      line("      {} compute units, subgroup {}, {} MHz, L2 {} KiB, {} copy engine{}",
-           p.compute_units, p.subgroup_size, p.clock_rate_khz / 1000, p.l2_cache_bytes / 1024,
+      line("      {} compute units, subgroup {}, {}, L2 {} KiB, {} copy engine{}",
+           p.compute_units ? std::to_string(p.compute_units) : "unknown", p.subgroup_size,
+           p.clock_rate_khz ? fmt::format("{} MHz", p.clock_rate_khz / 1000) : "clock unknown",
+           p.l2_cache_bytes / 1024,
            p.async_copy_engines ? std::to_string(*p.async_copy_engines) : "unknown",
            p.async_copy_engines == 1 ? "" : "s");
       line("      driver {}, runtime {}, stream priorities {}..{} ({} levels), event timing {}",
