@@ -37,7 +37,7 @@
 // Problem: a Vulkan compute pipeline is compiled by the driver from SPIR-V
 // per device; creating it per launch would cost a compile each time, and
 // descriptor sets would need a pool per thread.
-// Decision: the three pipelines of a device are created at its first launch
+// Decision: the pipelines of a device are created at its first launch
 // there, under one mutex, and kept for the program's life (recorded command
 // buffers may use them until the stream completes); their storage buffers
 // are push descriptors (VK_KHR_push_descriptor) and their parameters push
@@ -97,6 +97,7 @@ namespace vkdev::spv {
 #include "addmm.h"
 #include "elementwise.h"
 #include "sum.h"
+#include "sum_serial.h"
 }  // namespace vkdev::spv
 
 namespace vkdev::kernels {
@@ -119,8 +120,8 @@ struct Red {
 };
 static_assert(sizeof(Red) == 96);
 
-constexpr std::uint32_t kElementwiseGroup = 64;  // elementwise.comp's local_size_x
-constexpr std::uint32_t kTile = 16;              // addmm.comp's TILE
+constexpr std::uint32_t kGroup = 64;        // local_size_x of elementwise, addmm, sum_serial
+constexpr std::uint32_t kBlock = 4;         // addmm.comp's output block edge
 constexpr std::uint32_t kMaxGroups = 65535;      // maxComputeWorkGroupCount's guaranteed minimum
 
 // ------------------------------------------------------------- counters
@@ -396,8 +397,8 @@ std::optional<at::Tensor> elementwise(Op op, Counter counter, const at::Tensor& 
   K::record_stream(a, st);  // the inputs may come from another stream
   if (b) K::record_stream(*b, st);
   if (into) K::record_stream(out, st);
-  std::uint32_t groups = static_cast<std::uint32_t>(
-      std::min<std::uint64_t>((g.n + kElementwiseGroup - 1) / kElementwiseGroup, kMaxGroups));
+  std::uint32_t groups =
+      static_cast<std::uint32_t>(std::min<std::uint64_t>((g.n + kGroup - 1) / kGroup, kMaxGroups));
   launch(st, *p, p->elementwise, bs, &g, groups, 1, counter);
   return out;
 }
@@ -476,8 +477,8 @@ std::optional<at::Tensor> matmul(Counter counter, const at::Tensor& bias, const 
   if (bias.defined() && (!f32(bias, a) || bias.dim() > 2 || !at::is_expandable_to(bias.sizes(), mn)))
     return std::nullopt;
   constexpr std::int64_t kMax = std::numeric_limits<std::uint32_t>::max();
-  if ((n + kTile - 1) / kTile > kMaxGroups || (m + kTile - 1) / kTile > kMaxGroups || k > kMax)
-    return std::nullopt;
+  std::int64_t blocks = ((m + kBlock - 1) / kBlock) * ((n + kBlock - 1) / kBlock);
+  if ((blocks + kGroup - 1) / kGroup > kMaxGroups || k > kMax) return std::nullopt;
   if (k == 0 && m * n != 0) return std::nullopt;  // no products: beta * bias, the CPU's rule
   const Pipelines* p = pipelines_of(a);
   if (!p) return std::nullopt;
@@ -517,8 +518,8 @@ std::optional<at::Tensor> matmul(Counter counter, const at::Tensor& bias, const 
   K::record_stream(a, st);
   K::record_stream(b, st);
   if (has_bias) K::record_stream(bias, st);
-  launch(st, *p, p->addmm, bs, &q, static_cast<std::uint32_t>((n + kTile - 1) / kTile),
-         static_cast<std::uint32_t>((m + kTile - 1) / kTile), counter);
+  launch(st, *p, p->addmm, bs, &q, static_cast<std::uint32_t>((blocks + kGroup - 1) / kGroup), 1,
+         counter);
   return out;
 }
 
@@ -581,8 +582,12 @@ std::optional<at::Tensor> reduce_sum(const at::Tensor& self, at::OptionalIntArra
   g.off_o = bs[0].element;
   g.off_a = bs[1].element;
   K::record_stream(self, st);
-  std::uint32_t x = std::min(g.nout, kMaxGroups), y = (g.nout + x - 1) / x;
-  launch(st, *p, p->sum, bs, &g, x, y, c_sum);
+  // Many sums: one invocation each (sum_serial.comp); few: a work-group each
+  // (sum.comp), whose barriers cost more on lavapipe than a long serial sum.
+  bool serial = g.nout >= kGroup;
+  std::uint32_t units = serial ? (g.nout + kGroup - 1) / kGroup : g.nout;
+  std::uint32_t x = std::min(units, kMaxGroups), y = (units + x - 1) / x;
+  launch(st, *p, serial ? p->sum_serial : p->sum, bs, &g, x, y, c_sum);
   return out;
 }
 
@@ -638,6 +643,9 @@ const Pipelines* pipelines(int device) {
                        sizeof(MatmulParams));
       if (!error)
         error = create(dev, device, p->sum, "sum", spv::sum, sizeof spv::sum, 2, sizeof(Red));
+      if (!error)
+        error = create(dev, device, p->sum_serial, "sum_serial", spv::sum_serial,
+                       sizeof spv::sum_serial, 2, sizeof(Red));
       if (error) c.error = *error;
       else c.pipelines = std::move(p);
     }

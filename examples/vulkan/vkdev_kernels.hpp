@@ -47,7 +47,7 @@ struct Pipeline {
 // The pipelines of one (physical) device, created at its first launch and
 // kept for the program's life (Note [vkdev pipelines]).
 struct Pipelines {
-  Pipeline elementwise, addmm, sum;
+  Pipeline elementwise, addmm, sum, sum_serial;
   PFN_vkCmdPushDescriptorSetKHR push_descriptors = nullptr;
   VkDeviceSize offset_alignment = 256;  // minStorageBufferOffsetAlignment
   VkDeviceSize max_range = 1u << 27;    // maxStorageBufferRange

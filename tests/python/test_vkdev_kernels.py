@@ -190,6 +190,8 @@ def test_sum_strided_accurate_and_keeps_infinities():
     y = torch.tensor([[float("inf"), 1.0, 2.0], [float("-inf"), 1.0, 1e30],
                       [float("nan"), 0.0, 0.0], [float("inf"), float("-inf"), 1.0]])
     _check("sum", lambda t: t.sum(1), y)
+    _check("sum", lambda t: t.sum(1), _special(_randn(70, 3, seed=26)), tol=CLOSE)   # one per invocation
+    _check("sum", lambda t: t.transpose(0, 2).sum((0, 2)), _randn(5, 80, 6, seed=27), tol=CLOSE)
 
 
 def test_a_tensor_deep_in_a_large_buffer_binds_and_a_span_beyond_a_binding_falls_back():

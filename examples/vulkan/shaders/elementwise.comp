@@ -21,26 +21,37 @@ layout(push_constant) uniform Geom {
   uvec4 so, sa, sb;  // element strides (0 where broadcast)
 } g;
 
+float f(float x, uint ib) {
+  switch (g.op) {
+    case 0u: return g.s == 1.0 ? x + b[ib] : x + g.s * b[ib];  // add
+    case 1u: return x * b[ib];                                  // mul
+    case 2u: return (x > 0.0 || isnan(x)) ? x : 0.0;            // relu
+    case 3u: return b[ib] <= g.s ? 0.0 : x;                     // threshold_backward
+    case 4u: return x + g.s;                                    // add a number
+    default: return x * g.s;                                    // mul by a number
+  }
+}
+
 void main() {
   uint step = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+  if (g.ndim <= 1u) {  // one dim (or none): no index arithmetic beyond a stride
+    uint so = g.so[0], sa = g.sa[0], sb = g.sb[0];
+    for (uint i = gl_GlobalInvocationID.x; i < g.n; i += step)
+      o[g.off_o + i * so] = f(a[g.off_a + i * sa], g.off_b + i * sb);
+    return;
+  }
   for (uint i = gl_GlobalInvocationID.x; i < g.n; i += step) {
     uint io = g.off_o, ia = g.off_a, ib = g.off_b, r = i;
-    for (int d = int(g.ndim) - 1; d >= 0; --d) {
+    for (int d = int(g.ndim) - 1; d > 0; --d) {  // no division for the first dim
       uint c = r % g.size[d];
       r /= g.size[d];
       io += c * g.so[d];
       ia += c * g.sa[d];
       ib += c * g.sb[d];
     }
-    float x = a[ia], y;
-    switch (g.op) {
-      case 0u: y = g.s == 1.0 ? x + b[ib] : x + g.s * b[ib]; break;  // add
-      case 1u: y = x * b[ib]; break;                                  // mul
-      case 2u: y = (x > 0.0 || isnan(x)) ? x : 0.0; break;            // relu
-      case 3u: y = b[ib] <= g.s ? 0.0 : x; break;                     // threshold_backward
-      case 4u: y = x + g.s; break;                                    // add a number
-      default: y = x * g.s; break;                                    // mul by a number
-    }
-    o[io] = y;
+    io += r * g.so[0];
+    ia += r * g.sa[0];
+    ib += r * g.sb[0];
+    o[io] = f(a[ia], ib);
   }
 }
