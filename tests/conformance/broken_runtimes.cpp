@@ -260,6 +260,114 @@ struct LostAsyncError : Wrap<LostAsyncError, SimRuntime> {
   }
 };
 
+// simdev whose failures of queued work lose the device
+// (SIMDEV_STICKY_FAULTS=1 whatever the environment says).
+simdev::Config sticky_config() {
+  simdev::Config c = simdev::Config::from_environment(accelkit::Environment::process());
+  c.sticky_faults = true;
+  return c;
+}
+
+// Loses its device correctly (Note [simdev sticky faults]): the errors
+// checks pass on it through their loss branch.
+struct StickyFaults : Wrap<StickyFaults, SimRuntime> {
+  StickyFaults() : Wrap(sticky_config()) {}
+  void inject_fault(const std::string& member, int nth, bool async) {
+    inner().inject_fault(member, nth, async);
+  }
+};
+
+// Reports every failure of queued work as a lost device, and then runs later
+// work as if nothing happened: it claims a loss it does not have.
+struct ClaimsLoss : Wrap<ClaimsLoss, SimRuntime> {
+  template <class F>
+  static decltype(auto) as_loss(F&& f) {
+    try {
+      return f();
+    } catch (const accelkit::DeviceLostError&) {
+      throw;
+    } catch (const accelkit::DriverError& e) {
+      device_lost(e.code(), e.call(), e.driver_message());
+    }
+  }
+  void inject_fault(const std::string& member, int nth, bool async) {
+    inner().inject_fault(member, nth, async);
+  }
+  void memcpy_async(device_index d, void* dst, const void* src, std::size_t n, CopyKind k,
+                    StreamHandle s, bool pinned) {
+    as_loss([&] { inner().memcpy_async(d, dst, src, n, k, s, pinned); });
+  }
+  void memset_async(device_index d, void* p, int value, std::size_t n, StreamHandle s) {
+    as_loss([&] { inner().memset_async(d, p, value, n, s); });
+  }
+  void stream_synchronize(device_index d, StreamHandle s) {
+    as_loss([&] { inner().stream_synchronize(d, s); });
+  }
+  bool stream_query(device_index d, StreamHandle s) {
+    return as_loss([&] { return inner().stream_query(d, s); });
+  }
+  void event_record(device_index d, EventHandle e, StreamHandle s) {
+    as_loss([&] { inner().event_record(d, e, s); });
+  }
+  void event_synchronize(device_index d, EventHandle e) {
+    as_loss([&] { inner().event_synchronize(d, e); });
+  }
+  bool event_query(device_index d, EventHandle e) {
+    return as_loss([&] { return inner().event_query(d, e); });
+  }
+  void device_synchronize(device_index d) {
+    as_loss([&] { inner().device_synchronize(d); });
+  }
+};
+
+// Loses its device (sticky simdev) but reports the loss as a plain
+// DriverError, once, and then swallows every later failure: later work is
+// dropped without an error, as if the device had recovered.
+struct LossAsPlainError : Wrap<LossAsPlainError, SimRuntime> {
+  LossAsPlainError() : Wrap(sticky_config()) {}
+  std::atomic<bool> reported{false};
+  template <class F>
+  void plainly(F&& f) {
+    try {
+      f();
+    } catch (const accelkit::DeviceLostError& e) {
+      if (!reported.exchange(true)) driver_error(e.code(), e.call(), e.driver_message());
+    }
+  }
+  void inject_fault(const std::string& member, int nth, bool async) {
+    inner().inject_fault(member, nth, async);
+  }
+  void memcpy_async(device_index d, void* dst, const void* src, std::size_t n, CopyKind k,
+                    StreamHandle s, bool pinned) {
+    plainly([&] { inner().memcpy_async(d, dst, src, n, k, s, pinned); });
+  }
+  void memset_async(device_index d, void* p, int value, std::size_t n, StreamHandle s) {
+    plainly([&] { inner().memset_async(d, p, value, n, s); });
+  }
+  void stream_synchronize(device_index d, StreamHandle s) {
+    plainly([&] { inner().stream_synchronize(d, s); });
+  }
+  bool stream_query(device_index d, StreamHandle s) {
+    bool idle = true;
+    plainly([&] { idle = inner().stream_query(d, s); });
+    return idle;
+  }
+  void event_record(device_index d, EventHandle e, StreamHandle s) {
+    plainly([&] { inner().event_record(d, e, s); });
+  }
+  void event_synchronize(device_index d, EventHandle e) {
+    plainly([&] { inner().event_synchronize(d, e); });
+  }
+  bool event_query(device_index d, EventHandle e) {
+    bool done = true;
+    plainly([&] { done = inner().event_query(d, e); });
+    return done;
+  }
+  void device_synchronize(device_index d) {
+    plainly([&] { inner().device_synchronize(d); });
+  }
+};
+
 // Reports host_access mapped, but its host_map fails: the check fails
 // naming the failure, and frees the memory it allocated for the test.
 struct FailingHostMap : Wrap<FailingHostMap, SimRuntime> {
@@ -637,4 +745,24 @@ TEST_CASE("conformance kit: interprocess checks fail a runtime whose handle open
             .status == CheckStatus::pass);
   CHECK(ACCELKIT_CONFORMANCE_EVALUATE(SameProcessOpen, interprocess, memory_round_trip).status ==
         CheckStatus::pass);
+}
+
+TEST_CASE("conformance kit: errors checks pass a runtime that loses its device correctly, and "
+          "fail one that reports a loss and then runs later work, and one that reports a loss as "
+          "a plain error and then drops work silently") {
+  for (CheckResult r : {ACCELKIT_CONFORMANCE_EVALUATE(StickyFaults, errors, error_at_synchronize),
+                        ACCELKIT_CONFORMANCE_EVALUATE(StickyFaults, errors, error_at_query),
+                        ACCELKIT_CONFORMANCE_EVALUATE(StickyFaults, errors, error_at_event)}) {
+    INFO(r.name << ": " << r.message);
+    CHECK(r.status == CheckStatus::pass);
+  }
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(ClaimsLoss, errors, error_at_synchronize),
+                "and then ran a memcpy on it without an error");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(ClaimsLoss, errors, error_at_event),
+                "and then ran a memcpy on it without an error");
+  // The copy after the error fails, or comes back wrong.
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(LossAsPlainError, errors, error_at_synchronize),
+                "after an asynchronous error");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(LossAsPlainError, errors, error_at_query),
+                "after an asynchronous error");
 }
