@@ -14,12 +14,18 @@ simdev) does not take PyTorch's one PrivateUse1 slot first. The checks run
 - autoload on: `import torch` alone installs torch.<name> from WORK_DIR/site
   (NAME's device count is N, and with N > 0 a tensor is made there);
 - TORCH_DEVICE_BACKEND_AUTOLOAD=0: `import torch` leaves the slot alone, and
-  `import torch_<name>` then installs the device.
+  `import torch_<name>` then installs the device;
+- with N > 0, the conformance kit from the wheel alone (the SDK inside it as
+  torch_<name>._accelkit, no `accelkit` package on the path): `python -m
+  torch_<name>.testing --checks tensors/factories` and `python -m
+  torch_<name>._accelkit.testing` on one OpInfo operator (its child
+  processes), both without --device, pass and report on NAME.
 --build-dir sets scikit-build-core's build directory (default: the one the
 package's pyproject.toml names, PACKAGE_DIR/build). Prints "backend wheel: ok" at the end; exits non-zero at the first failure.
 """
 import argparse
 import configparser
+import json
 import os
 import shutil
 import site
@@ -147,6 +153,22 @@ def main() -> None:
         """)], env=env_off)
     if f"autoload off: explicit import {args.devices}" not in off:
         fail("autoload off: unexpected output")
+
+    if args.devices:
+        for module, selection in (
+                (f"{package}.testing", ["--checks", "tensors/factories"]),
+                (f"{package}._accelkit.testing", ["--groups", "opinfo", "--opinfo-ops", "add",
+                                                  "--opinfo-dtypes", "float32",
+                                                  "--opinfo-directions", "forward"])):
+            report = args.work_dir / f"{module}.json"
+            out = run([sys.executable, "-S", "-m", module, *selection, "--report", str(report)],
+                      env=env)
+            kit = json.loads(report.read_text())
+            names = [f"{c['group']}/{c['name']}:{c['status']}" for c in kit["checks"]]
+            if kit["backend"] != args.name or not names or \
+                    any(not n.endswith(":pass") for n in names) or "1 passed, 0 failed" not in out:
+                fail(f"python -m {module}: the kit's report on {kit['backend']}: {names}")
+            print(f"python -m {module}: {', '.join(names)}")
     print("backend wheel: ok")
 
 
