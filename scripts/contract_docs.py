@@ -274,6 +274,8 @@ def page(ms, header_text):
         "",
         _md(_capital(_quote(paras, "Asynchronous errors:")[len("Asynchronous errors: "):])),
         "",
+        _md(_quote(paras, "A failure after which the device")),
+        "",
         _md(_quote(paras, "A driver whose queued work")),
         "",
     ]

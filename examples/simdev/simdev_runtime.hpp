@@ -2304,7 +2304,7 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
       std::size_t last = static_cast<std::size_t>(c + bytes - 1 - base) / kPage;
       v.length = (last - first + 1) * kPage;
       int fd = a.heap ? a.heap->fd : a.opened->fd;
-      void* m = ::mmap(nullptr, v.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+      void* m = ::mmap(nullptr, v.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
                        static_cast<off_t>(a.file_offset + first * kPage));
       if (m == MAP_FAILED)
         driver_error(kInvalidValue, "host_map",
@@ -2331,7 +2331,8 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
         auto piece = d.pieces.find(p);
         char* stop = std::min(end, piece.pointer() + piece.bytes);
         if (::mmap(v.base + (p - from), static_cast<std::size_t>(stop - p),
-                   PROT_READ | PROT_WRITE, MAP_FIXED | MAP_SHARED, piece.value->physical->fd,
+                   PROT_READ | PROT_WRITE, MAP_FIXED | MAP_SHARED | MAP_POPULATE,
+                   piece.value->physical->fd,
                    static_cast<off_t>(p - piece.pointer())) == MAP_FAILED) {
           int error = errno;
           ::munmap(v.base, v.length);

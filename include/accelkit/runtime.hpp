@@ -19,7 +19,8 @@
 // half-done in the allocators, pools or streams; a block whose free could not
 // be ordered is kept out of the cache, memory whose release could not be
 // ordered stays reserved and is returned by a later empty_cache); the error
-// reaches the caller once, thrown as a RuntimeError with the driver's code,
+// reaches the caller once, thrown with the driver's code (in Python a
+// torch.AcceleratorError, a RuntimeError: Note [Driver errors in PyTorch]),
 // or, where nothing can throw (a tensor's deleter, a device guard's
 // destructor), through the diagnostics hook (Note [Diagnostics]); and the
 // next call works again, or fails with its own clear error.

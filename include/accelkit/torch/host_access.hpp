@@ -40,7 +40,10 @@ ACCELKIT_TORCH_NAMESPACE {
 // diagnostics hook): host writes that may not have reached the device fail
 // the operator. A scope left by an exception unmaps in its destructor,
 // reporting failures through the diagnostics hook (the exception in flight
-// is the operator's error).
+// is the operator's error). A tensor's storage that is copy-on-write
+// (torch._lazy_clone) is copied before it is mapped (Note [Copy-on-write on
+// the storage's device]): the host path may write it, and its new memory is
+// what must be mapped.
 class MapScope {
  public:
   explicit MapScope(device_index d)
@@ -85,7 +88,7 @@ class MapScope {
         !t.has_storage())
       return;
     const c10::Storage& s = t.storage();
-    add(const_cast<void*>(s.data()), s.nbytes());
+    add(s.mutable_data(), s.nbytes());  // a copy-on-write storage copied first
   }
   void add(void* p, std::size_t bytes) {
     if (!mapped_ || p == nullptr || bytes == 0) return;
@@ -100,7 +103,7 @@ class MapScope {
     for (const at::Tensor& t : ts)
       if (t.defined() && t.device().type() == kDeviceType && t.device().index() == d_ &&
           t.has_storage())
-        ranges.emplace_back(const_cast<void*>(t.storage().data()), t.storage().nbytes());
+        ranges.emplace_back(t.storage().mutable_data(), t.storage().nbytes());
     backend().maps_acquire_all(d_, std::move(ranges), tickets_);
   }
   // This thread's innermost open scope over mapped memory of d, if any.

@@ -76,6 +76,7 @@ struct Kernels {
     return torch_adapter::translated([&] {
       torch_adapter::BackendInterface& b = torch_adapter::backend();
       device_index d = device == -1 ? b.current_device() : device;
+      Backend<R>::instance().check_not_lost(d, "a kernel launch");  // Note [Lost devices]
       Stream s = b.current_stream(d);
       return KernelStream{torch_adapter::to_c10(s), b.physical(d), b.handle(s)};
     });
