@@ -498,8 +498,9 @@ class Fallback {
   // length: Note [Map scopes]), the CPU kernel runs directly on device memory: the
   // current stream is synchronized (the kernel then runs, in effect, at its
   // place on that stream), every device tensor argument is replaced by a CPU
-  // tensor viewing the same memory (one CPU storage per device storage: Note
-  // [One host storage per device storage]), and results that are those
+  // tensor viewing the same memory, at the host's address of it (a mapped
+  // device's: where host_map put it), one CPU storage per device storage
+  // (Note [One host storage per device storage]), and results that are those
   // views are mapped back to the device tensors. A new result (a functional
   // operator's output) is copied to the device in the layout the kernel
   // gave it.

@@ -16,11 +16,11 @@
 // nothing of a CPU tensor but its memory; where one calls a TensorIterator
 // kernel stub with the iterator's device type, the stub gets a PrivateUse1
 // entry that forwards to its CPU kernel (installed once some device reported
-// memory the host can reach). The CPU kernel gets the device tensors
-// themselves, so PyTorch's overlap checks (ATen/MemoryOverlap.h) compare
-// their real storages and addresses, and refuse or allow an out= over an
-// input as the CPU does (the fallback: Note [One host storage per device
-// storage]).
+// memory the host can reach). On a direct device the CPU kernel gets the
+// device tensors themselves, so PyTorch's overlap checks
+// (ATen/MemoryOverlap.h) compare their real storages and addresses, and
+// refuse or allow an out= over an input as the CPU does (the fallback: Note
+// [One host storage per device storage]).
 //
 // They remain CPU execution: each is counted in the fallback report under
 // its operator's name, and the fallback policy and block list apply to them
@@ -30,7 +30,8 @@
 // go to the fallback unchanged. On a device whose host_access is mapped, a
 // host kernel maps its tensors, and what it allocates, for its length (Note
 // [Map scopes]), and gives the CPU kernel CPU tensors at the host's
-// addresses instead (Note [Host kernels on mapped memory]). The arithmetic operators (add, sub, mul, div) also take one
+// addresses instead of the device tensors (Note [Host kernels on mapped
+// memory]). The arithmetic operators (add, sub, mul, div) also take one
 // CPU scalar operand (`x * 0.5`, a zero-dim CPU tensor) beside a device
 // tensor, as TensorIterator allows on any device, when it does not change
 // the result's dtype: it is converted to that dtype first, as the CPU's
