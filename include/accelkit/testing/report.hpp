@@ -12,7 +12,10 @@
 //    "summary": {"pass": n, "fail": n, "skip": n}}
 // `rule` is the contract rule a check proves, in words; `message` says what
 // broke it (or why the check was skipped). A readable summary goes beside
-// it (<path>.txt). Each kit checks that both files can be written before it
+// it (<path>.txt). The Python kit adds "known_differences": its failed
+// checks that a list of known differences names (the SDK's, or the file of
+// --known-differences), each with "status": "known", the "reason" and its
+// "source" list, kept out of "checks" and "summary". Each kit checks that both files can be written before it
 // runs a check (exit 2, naming the file and the reason, nothing run), and a
 // write that still fails at the end names the file and exits non-zero.
 // Limits: fields are added, never renamed; `version` counts the changes a
