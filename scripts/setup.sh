@@ -3,7 +3,8 @@
 # scripts/demo and scripts/test; each step is skipped when already done.
 # ACCELKIT_SETUP=demo (scripts/demo) builds only simdev's wheel, what the demo
 # runs; otherwise (scripts/test) every target is built as well.
-#   Debian packages: cmake, g++, ninja, ccache, fmt, Catch2, OpenCL/PoCL, iproute2
+#   Debian packages: cmake, g++, ninja, ccache, fmt, Catch2, OpenCL/PoCL, Vulkan/lavapipe,
+#                    glslang, iproute2
 #   .venv:           torch==2.13.0 (the CPU wheel on this machine), pytest, numpy,
 #                    expecttest (PyTorch's operator database needs it),
 #                    scikit-build-core (builds backends' wheels); for the test
@@ -48,11 +49,14 @@ log() { printf '[accelkit setup] %s\n' "$*" >&2; }
 
 install_debian_packages() {
   # OpenCL (examples/opencl, tested on PoCL): the headers, the ICD loader and
-  # PoCL's CPU device. iproute2: `ip netns` for the distributed test across
-  # two network namespaces. The test command also builds the documentation
-  # site, whose API reference Doxygen makes.
+  # PoCL's CPU device. Vulkan (examples/vulkan, tested on lavapipe): the
+  # headers and loader, Mesa's CPU device and glslang (shaders to SPIR-V).
+  # iproute2: `ip netns` for the distributed test across two network
+  # namespaces. The test command also builds the documentation site, whose
+  # API reference Doxygen makes.
   local wanted=(cmake g++ ninja-build ccache libfmt-dev catch2 python3
-                opencl-headers ocl-icd-opencl-dev pocl-opencl-icd iproute2) missing=()
+                opencl-headers ocl-icd-opencl-dev pocl-opencl-icd
+                libvulkan-dev mesa-vulkan-drivers glslang-tools iproute2) missing=()
   [ "${ACCELKIT_SETUP:-test}" = demo ] || wanted+=(doxygen)
   for pkg in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \

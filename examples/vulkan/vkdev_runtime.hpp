@@ -1,0 +1,1072 @@
+// vkdev: a reference backend over Vulkan 1.2+ compute (timeline semaphores),
+// written as a vendor would write one, on accelkit's support helpers. Tested
+// on lavapipe (Debian mesa-vulkan-drivers). The backend is named `vkdev`:
+// "vulkan" is one of PyTorch's device types.
+//
+// How the contract maps onto Vulkan:
+//   device memory   one VkDeviceMemory and one VkBuffer over it per malloc;
+//                   PyTorch's pointers are fake addresses (Note [Fake device
+//                   addresses]) or, in direct mode, the persistently mapped
+//                   host address; locate() turns any pointer into (buffer,
+//                   offset)
+//   pinned memory   a host-visible VkBuffer mapped persistently: its host
+//                   address is real, and the runtime keeps a record of those
+//                   ranges so that copies from and to it are vkCmdCopyBuffer
+//   streams         a timeline semaphore each, over the device's one queue
+//                   (Note [vkdev streams])
+//   events          (timeline semaphore, value) captured at record; timing
+//                   events write a timestamp query
+//   copies          vkCmdCopyBuffer; pageable host memory through a staging
+//                   buffer: host-to-device staged at the call, device-to-host
+//                   waited for
+//   memset          vkCmdFillBuffer on the 4-byte-aligned middle, the edges
+//                   copied from a buffer of 4-byte patterns
+//   errors          DriverError with the VkResult; VK_ERROR_DEVICE_LOST and
+//                   failed queued work (only the fault hook's, on a healthy
+//                   driver) lose the device (Note [vkdev lost devices])
+//   memory budget   the heap's size is a budget, not a limit the driver
+//                   keeps: malloc counts its own bytes and answers nullptr at
+//                   the heap's size; memory_info reports the same count
+//
+// Configuration, read at the first device_count():
+//   VKDEV_HOST_ACCESS none (default): device memory the host does not address
+//                   mapped: as none, and host_map maps the allocation's memory
+//                   (vkMapMemory, counted per allocation) and returns the host
+//                   address; direct: host-visible coherent memory mapped
+//                   persistently, whose host address is the device pointer
+//   VKDEV_INJECT_FAULT test only: member[@n][:async], comma list (Note [Fault
+//                   hooks])
+//
+// Note [vkdev streams]
+// Problem: Vulkan has one queue (lavapipe's) for many PyTorch streams, and a
+// submission costs more than recording a command.
+// Decision: each stream records into a command buffer of its own pool and
+// submits it, signalling the stream's timeline semaphore at value n + 1 and
+// waiting for value n, so that its submissions run in order; a memory barrier
+// between records orders the commands inside one. A submission happens at
+// the stream's next event record, wait, query or synchronize, when a copy
+// must be done before return, or every kBatch records. An event is (the
+// stream's semaphore, the value of its last submission); a wait for it is a
+// semaphore wait of the stream's next submission. Submissions of all streams
+// go to the one queue under a mutex. Command buffers return to the stream's
+// pool once its semaphore passed their value.
+// Limits: work recorded and not yet submitted does not run until one of
+// those calls; a host waiting by other means (polling memory) waits forever.
+//
+// Note [vkdev lost devices]
+// Problem: Vulkan reports a failure of queued work only as
+// VK_ERROR_DEVICE_LOST, after which the device can do nothing; a healthy
+// lavapipe never fails, so the kit's errors group needs the fault hook.
+// Decision: a queued fault (VKDEV_INJECT_FAULT's :async) marks the stream's
+// submission that holds the work; the first call that sees that value reached
+// (a query, a synchronize, an event's) reports the loss, as a real
+// VK_ERROR_DEVICE_LOST from any call does. From then on every call that would
+// run work on the device is refused with the first failure; releases still
+// work.
+// Limits: the device stays lost for the process's life.
+#pragma once
+
+#include <vulkan/vulkan.h>
+
+#include <accelkit/accelkit.hpp>
+#include <accelkit/support/address_space.hpp>
+#include <accelkit/support/fault_hook.hpp>
+#include <accelkit/support/handle_table.hpp>
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+// Vulkan's structures are made to be filled in part ({sType, pNext} and the
+// fields that matter), which -Wextra's missing-field-initializers warns of.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+namespace vkdev {
+
+// A span of device (or pinned) memory as kernels bind it: the allocation's
+// whole buffer and the span's offset and length in it.
+struct BufferRef {
+  VkBuffer buffer;
+  VkDeviceSize offset;
+  VkDeviceSize bytes;
+};
+
+enum class HostAccess { none, mapped, direct };
+
+inline const char* result_name(VkResult r) {
+  switch (r) {
+    case VK_NOT_READY: return "VK_NOT_READY";
+    case VK_TIMEOUT: return "VK_TIMEOUT";
+    case VK_ERROR_OUT_OF_HOST_MEMORY: return "VK_ERROR_OUT_OF_HOST_MEMORY";
+    case VK_ERROR_OUT_OF_DEVICE_MEMORY: return "VK_ERROR_OUT_OF_DEVICE_MEMORY";
+    case VK_ERROR_INITIALIZATION_FAILED: return "VK_ERROR_INITIALIZATION_FAILED";
+    case VK_ERROR_DEVICE_LOST: return "VK_ERROR_DEVICE_LOST";
+    case VK_ERROR_MEMORY_MAP_FAILED: return "VK_ERROR_MEMORY_MAP_FAILED";
+    case VK_ERROR_EXTENSION_NOT_PRESENT: return "VK_ERROR_EXTENSION_NOT_PRESENT";
+    case VK_ERROR_FEATURE_NOT_PRESENT: return "VK_ERROR_FEATURE_NOT_PRESENT";
+    case VK_ERROR_INCOMPATIBLE_DRIVER: return "VK_ERROR_INCOMPATIBLE_DRIVER";
+    case VK_ERROR_UNKNOWN: return "VK_ERROR_UNKNOWN";
+    case VK_ERROR_VALIDATION_FAILED_EXT: return "VK_ERROR_VALIDATION_FAILED_EXT";
+    default: return "a Vulkan error";
+  }
+}
+
+class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
+  struct Allocation;
+  struct Stream;
+  struct Device;
+  using AllocPtr = std::shared_ptr<Allocation>;
+
+ public:
+  static constexpr std::string_view name = "vkdev";
+  // lavapipe starts its threads when it enumerates its device.
+  static constexpr bool fork_safe_discovery = false;
+  // Misuse (a pointer or handle that names nothing) has no VkResult of its own.
+  static constexpr VkResult kInvalid = VK_ERROR_VALIDATION_FAILED_EXT;
+
+  VulkanRuntime() = default;
+  VulkanRuntime(const VulkanRuntime&) = delete;
+  VulkanRuntime& operator=(const VulkanRuntime&) = delete;
+  ~VulkanRuntime() {
+    events_.clear();
+    for (auto& d : devices_) {
+      if (!d->device) continue;
+      d->streams.clear();
+      d->sync_stream.reset();  // each waits for its work when it goes
+      vkDeviceWaitIdle(d->device);
+    }
+    space_.reset();  // allocations the SDK still held go now
+    for (auto& d : devices_) {
+      d->patterns.reset();
+      if (d->device) vkDestroyDevice(d->device, nullptr);
+    }
+    if (instance_) vkDestroyInstance(instance_, nullptr);
+  }
+
+  // ------------------------------------------------------------ contract
+
+  int device_count() {
+    discover();
+    return static_cast<int>(devices_.size());
+  }
+
+  accelkit::DeviceProperties properties(int device) {
+    Device& d = dev(device, "properties");
+    VkPhysicalDeviceDriverProperties driver{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
+    VkPhysicalDeviceSubgroupProperties subgroup{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES, &driver};
+    VkPhysicalDeviceIDProperties id{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES, &subgroup};
+    VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &id};
+    vkGetPhysicalDeviceProperties2(d.physical, &p2);
+    const VkPhysicalDeviceProperties& vp = p2.properties;
+    accelkit::DeviceProperties p;
+    p.name = vp.deviceName;
+    p.vendor = vendor_name(vp.vendorID);
+    p.uuid = accelkit::uuid_from_bytes(id.deviceUUID);
+    p.driver_version = parse_version(driver.driverInfo);
+    if (p.driver_version == accelkit::Version{})
+      p.driver_version = {static_cast<int>(VK_API_VERSION_MAJOR(vp.driverVersion)),
+                          static_cast<int>(VK_API_VERSION_MINOR(vp.driverVersion)),
+                          static_cast<int>(VK_API_VERSION_PATCH(vp.driverVersion))};
+    p.runtime_version = {static_cast<int>(VK_API_VERSION_MAJOR(vp.apiVersion)),
+                         static_cast<int>(VK_API_VERSION_MINOR(vp.apiVersion)),
+                         static_cast<int>(VK_API_VERSION_PATCH(vp.apiVersion))};
+    p.total_memory = d.budget;
+    p.max_allocation = std::min<std::uint64_t>(d.max_allocation, d.budget);
+    // Vulkan reports neither compute units nor a clock rate: unknown (0).
+    p.subgroup_size = static_cast<int>(subgroup.subgroupSize);
+    p.dtypes = accelkit::DTypeSet::all();  // through the SDK's fallback
+    p.host_access = access_ == HostAccess::direct   ? accelkit::HostAccessLevel::direct
+                    : access_ == HostAccess::mapped ? accelkit::HostAccessLevel::mapped
+                                                    : accelkit::HostAccessLevel::none;
+    p.stream_priorities = accelkit::StreamPriorityRange::from_levels(1);
+    p.memory_alignment = kAlign;
+    p.event_timing = d.timestamp_bits > 0;
+    // DLPack's kDLVulkan would promise a consumer Vulkan memory it could
+    // bind; the fake addresses are the SDK's alone: the default, kDLExtDev.
+    p.extras.push_back({"vkdev.host_access", std::string(access_ == HostAccess::direct   ? "direct"
+                                                         : access_ == HostAccess::mapped ? "mapped"
+                                                                                         : "none")});
+    p.extras.push_back({"vkdev.driver", fmt::format("{} ({})", driver.driverName, driver.driverInfo)});
+    p.extras.push_back({"vkdev.push_descriptor", d.push_descriptor});
+    return p;
+  }
+
+  int get_device() { return current_device_; }
+  void set_device(int device) {
+    context(device, "set_device");
+    current_device_ = device;
+  }
+
+  accelkit::MemoryInfo memory_info(int device) {
+    Device& d = dev(device, "memory_info");
+    std::uint64_t used = d.used.load();
+    return {used < d.budget ? d.budget - used : 0, d.budget};
+  }
+
+  // nullptr past the budget (the heap's size: lavapipe would allocate far
+  // more) and when the driver is out of memory.
+  void* malloc(int device, std::size_t bytes) {
+    Device& d = live(device, "malloc");
+    fault("malloc");
+    if (bytes > d.max_allocation || d.used.fetch_add(bytes) + bytes > d.budget) {
+      if (bytes <= d.max_allocation) d.used -= bytes;
+      return nullptr;
+    }
+    AllocPtr a;
+    try {
+      // Direct: vkMapMemory aligns to less than kAlign; the user's bytes start
+      // at the first aligned address of a slightly larger allocation.
+      a = allocate(d, access_ == HostAccess::direct ? bytes + kAlign : bytes, d.device_type,
+                   access_ == HostAccess::direct, "malloc");
+    } catch (...) {
+      d.used -= bytes;
+      throw;
+    }
+    if (!a) {
+      d.used -= bytes;
+      return nullptr;
+    }
+    a->bytes = bytes;
+    if (access_ != HostAccess::direct) return space_->map(a, bytes, "malloc");
+    auto host = reinterpret_cast<std::uintptr_t>(a->host);
+    a->base = (kAlign - host % kAlign) % kAlign;
+    a->host = static_cast<char*>(a->host) + a->base;
+    space_->add(a->host, bytes, a, "malloc");
+    return a->host;
+  }
+
+  // The SDK frees nothing queued work still uses.
+  void free(int device, void* ptr) {
+    Device& d = dev(device, "free");
+    AllocPtr a = take(device, ptr, false, "free");
+    d.used -= a->bytes;
+  }
+
+  void* host_malloc(int device, std::size_t bytes) {
+    Device& d = live(device, "host_malloc");
+    AllocPtr a = allocate(d, bytes, d.host_type, true, "host_malloc");
+    if (!a) return nullptr;
+    a->pinned = true;
+    space_->add(a->host, bytes, a, "host_malloc");
+    return a->host;
+  }
+  void host_free(int device, void* ptr) {
+    dev(device, "host_free");
+    take(device, ptr, true, "host_free");
+  }
+
+  // Mapped: Vulkan maps one range of a memory object at a time, so the
+  // whole allocation is mapped while any range of it is (counted), and the
+  // host address of `ptr` in that map is returned.
+  void* host_map(int device, void* ptr, std::size_t bytes) {
+    Device& d = live(device, "host_map");
+    auto [a, offset] = owned(device, ptr, bytes, "host_map");
+    std::lock_guard<std::mutex> lock(a->map_mutex);
+    if (!a->mapped)
+      check(d, vkMapMemory(d.device, a->memory, 0, VK_WHOLE_SIZE, 0, &a->mapped), "host_map",
+            "vkMapMemory");
+    ++a->maps;
+    return static_cast<char*>(a->mapped) + a->base + offset;
+  }
+  void host_unmap(int device, void* ptr, std::size_t bytes) {
+    Device& d = dev(device, "host_unmap");
+    auto [a, offset] = owned(device, ptr, bytes, "host_unmap");
+    std::lock_guard<std::mutex> lock(a->map_mutex);
+    if (a->maps == 0)
+      driver_error(kInvalid, "host_unmap", fmt::format("{} bytes at {} are not mapped", bytes, ptr));
+    if (--a->maps == 0) {
+      vkUnmapMemory(d.device, a->memory);
+      a->mapped = nullptr;
+    }
+  }
+
+  void memcpy(int device, void* dst, const void* src, std::size_t bytes, accelkit::CopyKind kind) {
+    Device& d = live(device, "memcpy");
+    fault("memcpy");
+    copy(d, *d.sync_stream, dst, src, bytes, kind, false, "memcpy");
+    wait(d, *d.sync_stream, "memcpy");
+  }
+
+  void memcpy_async(int device, void* dst, const void* src, std::size_t bytes,
+                    accelkit::CopyKind kind, accelkit::StreamHandle stream, bool host_pinned) {
+    Device& d = live(device, "memcpy_async");
+    auto s = stream_of(d, stream, "memcpy_async");
+    auto f = fault("memcpy_async");
+    copy(d, *s, dst, src, bytes, kind, host_pinned, "memcpy_async");
+    if (f) fail_queued(*s, "memcpy_async");
+  }
+
+  void memset_async(int device, void* ptr, int value, std::size_t bytes,
+                    accelkit::StreamHandle stream) {
+    Device& d = live(device, "memset_async");
+    auto s = stream_of(d, stream, "memset_async");
+    auto f = fault("memset_async");
+    BufferRef r = locate(device, ptr, bytes, "memset_async");
+    auto v = static_cast<std::uint32_t>(value & 0xff);
+    VkBuffer patterns = d.patterns->buffer;
+    record(d, *s, "memset_async", [&](VkCommandBuffer cb) {
+      VkDeviceSize head = std::min<VkDeviceSize>((4 - r.offset % 4) % 4, bytes);
+      VkDeviceSize middle = (bytes - head) & ~VkDeviceSize{3};
+      VkDeviceSize tail = bytes - head - middle;
+      if (middle) vkCmdFillBuffer(cb, r.buffer, r.offset + head, middle, v * 0x01010101u);
+      for (auto [at, n] : {std::pair{r.offset, head}, std::pair{r.offset + head + middle, tail}}) {
+        VkBufferCopy c{v * 4, at, n};
+        if (n) vkCmdCopyBuffer(cb, patterns, r.buffer, 1, &c);
+      }
+    });
+    if (f) fail_queued(*s, "memset_async");
+  }
+
+  accelkit::StreamHandle stream_create(int device, int priority) {
+    Device& d = live(device, "stream_create");
+    if (priority != 0)
+      driver_error(kInvalid, "stream_create",
+                   fmt::format("priority {} is outside this device's range 0..0", priority));
+    return d.streams.add(make_stream(d));
+  }
+
+  // The stream's work completes; its semaphore and pool go with the last
+  // reference (an event recorded on it holds one), after that work.
+  void stream_destroy(int device, accelkit::StreamHandle stream) {
+    Device& d = dev(device, "stream_destroy");
+    auto s = d.streams.remove(stream, "stream_destroy", device);
+    std::lock_guard<std::mutex> lock(s->mutex);
+    if (!d.lost()) submit(d, *s, "stream_destroy");
+  }
+
+  bool stream_query(int device, accelkit::StreamHandle stream) {
+    Device& d = live(device, "stream_query");
+    auto s = stream_of(d, stream, "stream_query");
+    return reached(d, *s, flush(d, *s, "stream_query"), "stream_query");
+  }
+
+  void stream_synchronize(int device, accelkit::StreamHandle stream) {
+    Device& d = live(device, "stream_synchronize");
+    wait(d, *stream_of(d, stream, "stream_synchronize"), "stream_synchronize");
+  }
+
+  void stream_wait_event(int device, accelkit::StreamHandle stream, accelkit::EventHandle event) {
+    Device& d = live(device, "stream_wait_event");
+    auto s = stream_of(d, stream, "stream_wait_event");
+    auto e = events_.get(event, "stream_wait_event");
+    auto f = fault("stream_wait_event");
+    if (e->device != device)
+      driver_error(kInvalid, "stream_wait_event",
+                   fmt::format("event of device {} waited for on a stream of device {}", e->device,
+                               device));
+    auto [on, value] = e->last();
+    if (on && on != s && !reached(d, *on, value, "stream_wait_event")) {
+      std::lock_guard<std::mutex> lock(s->mutex);
+      submit(d, *s, "stream_wait_event");
+      s->waits.push_back({std::move(on), value});
+    }
+    if (f) fail_queued(*s, "stream_wait_event");
+  }
+
+  accelkit::EventHandle event_create(int device, accelkit::EventFlags flags) {
+    Device& d = live(device, "event_create");
+    auto e = std::make_shared<Event>();
+    e->device = device;
+    if (accelkit::has_flag(flags, accelkit::EventFlags::timing)) {
+      if (d.timestamp_bits == 0)
+        throw accelkit::NotSupportedError(name, "event timing: the device's queue has no timestamps");
+      VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+      qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
+      qi.queryCount = 1;
+      check(d, vkCreateQueryPool(d.device, &qi, nullptr, &e->query), "event_create",
+            "vkCreateQueryPool");
+      e->vk = d.device;
+    }
+    return events_.add(std::move(e));
+  }
+
+  void event_destroy(int, accelkit::EventHandle event) { events_.remove(event, "event_destroy"); }
+
+  void event_record(int device, accelkit::EventHandle event, accelkit::StreamHandle stream) {
+    Device& d = live(device, "event_record");
+    auto s = stream_of(d, stream, "event_record");
+    auto e = events_.get(event, "event_record");
+    auto f = fault("event_record");
+    if (e->device != device)
+      driver_error(kInvalid, "event_record",
+                   fmt::format("event of device {} recorded on a stream of device {}", e->device,
+                               device));
+    if (e->query)
+      record(d, *s, "event_record", [&](VkCommandBuffer cb) {
+        vkCmdResetQueryPool(cb, e->query, 0, 1);
+        vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, e->query, 0);
+      });
+    if (f) fail_queued(*s, "event_record");
+    std::uint64_t value = flush(d, *s, "event_record");
+    std::lock_guard<std::mutex> lock(e->mutex);
+    e->stream = s;
+    e->value = value;
+  }
+
+  bool event_query(int, accelkit::EventHandle event) {
+    auto e = events_.get(event, "event_query");
+    auto [s, value] = e->last();
+    return !s || reached(live(e->device, "event_query"), *s, value, "event_query");
+  }
+
+  void event_synchronize(int, accelkit::EventHandle event) {
+    auto e = events_.get(event, "event_synchronize");
+    auto [s, value] = e->last();
+    if (s) wait_value(live(e->device, "event_synchronize"), *s, value, "event_synchronize");
+  }
+
+  float event_elapsed_time(int, accelkit::EventHandle start, accelkit::EventHandle end) {
+    std::uint64_t t[2] = {};
+    double period = 1;
+    for (int i = 0; i < 2; ++i) {
+      auto e = events_.get(i ? end : start, "event_elapsed_time");
+      Device& d = live(e->device, "event_elapsed_time");
+      if (!e->query)
+        driver_error(kInvalid, "event_elapsed_time", "both events must be timing events");
+      if (!e->last().first)
+        driver_error(kInvalid, "event_elapsed_time", "both events must be recorded");
+      VkResult r = vkGetQueryPoolResults(d.device, e->query, 0, 1, sizeof t[i], &t[i], sizeof t[i],
+                                         VK_QUERY_RESULT_64_BIT);
+      if (r == VK_NOT_READY)
+        driver_error(r, "event_elapsed_time", "an event has not completed yet");
+      check(d, r, "event_elapsed_time", "vkGetQueryPoolResults");
+      period = d.timestamp_period;
+    }
+    double ns = (static_cast<double>(t[1]) - static_cast<double>(t[0])) * period;
+    return static_cast<float>(ns / 1e6);
+  }
+
+  void device_synchronize(int device) {
+    Device& d = live(device, "device_synchronize");
+    for (auto& s : d.streams.objects()) wait(d, *s, "device_synchronize");
+    wait(d, *d.sync_stream, "device_synchronize");
+  }
+
+  // The test-only fault hook of the kit's errors group (Note [Fault hooks]).
+  void inject_fault(const std::string& member, int nth = 1, bool async = false) {
+    discover();
+    faults_.arm(member, nth, async);
+  }
+
+  // ------------------------------------------------------------ for kernels
+
+  VkDevice vk_device(int device) { return context(device, "vk_device").device; }
+  VkPhysicalDevice vk_physical_device(int device) { return dev(device, "vk_physical_device").physical; }
+  bool has_push_descriptors(int device) { return context(device, "has_push_descriptors").push_descriptor; }
+  PFN_vkCmdPushDescriptorSetKHR push_descriptor_fn(int device) {
+    return context(device, "push_descriptor_fn").push_descriptor_fn;
+  }
+
+  std::uint32_t queue_family(int device) { return dev(device, "queue_family").family; }
+  // f(VkQueue) under the mutex of the device's queue (vkQueueSubmit's rule).
+  template <class F>
+  decltype(auto) with_queue(int device, F&& f) {
+    Device& d = live(device, "with_queue");
+    std::lock_guard<std::mutex> lock(d.queue_mutex);
+    return f(d.queue);
+  }
+
+  // The buffer and offset of [p, p + bytes): device memory of `device`, or
+  // pinned memory of its context.
+  BufferRef locate(int device, const void* p, std::size_t bytes, std::string_view call) {
+    auto [a, offset] = owned(device, p, bytes, call);
+    return {a->buffer, a->base + offset, bytes};
+  }
+
+  // Records commands on `stream`, in its order (Note [vkdev streams]).
+  template <class F>
+  void enqueue(int device, accelkit::StreamHandle stream, std::string_view call, F&& rec) {
+    Device& d = live(device, call);
+    record(d, *stream_of(d, stream, call), call, std::forward<F>(rec));
+  }
+
+ private:
+  static constexpr std::size_t kAlign = 256;
+  static constexpr int kBatch = 32;  // records per submission at most
+
+  struct Allocation {
+    VkDevice vk = VK_NULL_HANDLE;
+    int device = 0;
+    VkBuffer buffer = VK_NULL_HANDLE;
+    VkDeviceMemory memory = VK_NULL_HANDLE;
+    VkDeviceSize base = 0;  // where the user's bytes start in the buffer
+    std::size_t bytes = 0;
+    void* host = nullptr;   // persistently mapped (direct, pinned, staging)
+    bool pinned = false;
+    std::mutex map_mutex;   // host_map's (mapped)
+    void* mapped = nullptr;
+    int maps = 0;
+    ~Allocation() {
+      if (host || mapped) vkUnmapMemory(vk, memory);
+      vkDestroyBuffer(vk, buffer, nullptr);
+      vkFreeMemory(vk, memory, nullptr);
+    }
+  };
+
+  struct Wait {
+    std::shared_ptr<Stream> stream;
+    std::uint64_t value;
+  };
+  struct Flight {
+    std::uint64_t value;
+    VkCommandBuffer cb;
+    std::vector<Wait> waits;      // what it waited for, alive until it ran
+    std::vector<AllocPtr> keep;   // staging buffers it reads
+  };
+
+  struct Stream {
+    VkDevice vk = VK_NULL_HANDLE;
+    VkSemaphore timeline = VK_NULL_HANDLE;
+    VkCommandPool pool = VK_NULL_HANDLE;
+    std::mutex mutex;  // everything below
+    VkCommandBuffer open = VK_NULL_HANDLE;
+    int records = 0;
+    std::uint64_t submitted = 0;  // the value the last submission signals
+    std::vector<Wait> waits;      // for the next submission
+    std::vector<AllocPtr> keep;   // for the next submission
+    std::deque<Flight> flights;
+    std::vector<VkCommandBuffer> spare;
+    std::uint64_t fails_at = 0;   // a queued fault's submission (Note [vkdev lost devices])
+    bool force = false;           // submit even with nothing recorded
+    std::string fail_call;
+    ~Stream() {
+      VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, nullptr, 0, 1, &timeline, &submitted};
+      if (submitted) vkWaitSemaphores(vk, &wi, UINT64_MAX);  // a lost device returns at once
+      vkDestroyCommandPool(vk, pool, nullptr);
+      vkDestroySemaphore(vk, timeline, nullptr);
+    }
+  };
+
+  struct Event {
+    int device = 0;
+    VkDevice vk = VK_NULL_HANDLE;
+    VkQueryPool query = VK_NULL_HANDLE;  // timing events
+    std::mutex mutex;
+    std::shared_ptr<Stream> stream;  // the last record's; none: never recorded
+    std::uint64_t value = 0;
+    std::pair<std::shared_ptr<Stream>, std::uint64_t> last() {
+      std::lock_guard<std::mutex> lock(mutex);
+      return {stream, value};
+    }
+    ~Event() {
+      if (query) vkDestroyQueryPool(vk, query, nullptr);
+    }
+  };
+
+  struct Device {
+    int index = 0;
+    VkPhysicalDevice physical = VK_NULL_HANDLE;
+    std::uint32_t family = 0, device_type = 0, host_type = 0;
+    std::uint32_t timestamp_bits = 0;
+    double timestamp_period = 1;
+    std::uint64_t budget = 0, max_allocation = 0;
+    std::atomic<std::uint64_t> used{0};
+    bool push_descriptor = false;
+    std::once_flag created;
+    VkDevice device = VK_NULL_HANDLE;
+    VkQueue queue = VK_NULL_HANDLE;
+    std::mutex queue_mutex;
+    PFN_vkCmdPushDescriptorSetKHR push_descriptor_fn = nullptr;
+    AllocPtr patterns;  // 256 four-byte patterns: byte v repeated at 4 * v
+    std::shared_ptr<Stream> sync_stream;  // memcpy's
+    accelkit::support::HandleTable<accelkit::StreamHandle, Stream> streams{name, "stream", kInvalid};
+    std::mutex lost_mutex;
+    std::string lost_what;  // the first failure (Note [vkdev lost devices])
+    std::atomic<bool> is_lost{false};
+    bool lost() const { return is_lost.load(); }
+  };
+
+  // --------------------------------------------------------- errors
+
+  [[noreturn]] void lose(Device& d, std::string_view call, const std::string& what) {
+    {
+      std::lock_guard<std::mutex> lock(d.lost_mutex);
+      if (d.lost_what.empty()) d.lost_what = fmt::format("{} in {}", what, call);
+      d.is_lost = true;
+    }
+    device_lost(VK_ERROR_DEVICE_LOST, call, what);
+  }
+  void check(Device& d, VkResult r, std::string_view call, const char* fn) {
+    if (r == VK_SUCCESS) return;
+    std::string what = fmt::format("{} failed: {} ({})", fn, result_name(r), static_cast<int>(r));
+    if (r == VK_ERROR_DEVICE_LOST) lose(d, call, what);
+    driver_error(r, call, what);
+  }
+  std::optional<accelkit::support::FaultTiming> fault(std::string_view member) {
+    auto f = faults_.fire(member);
+    if (f == accelkit::support::FaultTiming::at_call)
+      driver_error(VK_ERROR_UNKNOWN, member, "injected fault (VKDEV_INJECT_FAULT)");
+    return f;
+  }
+  // The work `call` just recorded on `s` fails (Note [vkdev lost devices]).
+  void fail_queued(Stream& s, std::string_view call) {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.fails_at) return;
+    // The work is in the open command buffer (or pending waits), or was
+    // submitted last; nothing at all: an empty submission stands for it.
+    bool pending = s.open || !s.waits.empty();
+    s.force = !pending && s.submitted == 0;
+    s.fails_at = pending || s.force ? s.submitted + 1 : s.submitted;
+    s.fail_call = call;
+  }
+
+  // --------------------------------------------------------- devices
+
+  void discover() {
+    std::call_once(discovered_, [&] {
+      auto env = accelkit::Environment::process();
+      if (auto v = env.get("VKDEV_HOST_ACCESS")) {
+        std::string_view t = accelkit::detail::trim(*v);
+        if (t == "none") access_ = HostAccess::none;
+        else if (t == "mapped") access_ = HostAccess::mapped;
+        else if (t == "direct") access_ = HostAccess::direct;
+        else
+          throw accelkit::ValueError(
+              name, fmt::format("VKDEV_HOST_ACCESS='{}': expected none, mapped or direct", *v));
+      }
+      faults_.arm_from(env.get("VKDEV_INJECT_FAULT"));
+      VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
+      app.pApplicationName = "vkdev";
+      app.apiVersion = VK_API_VERSION_1_2;
+      VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+      ci.pApplicationInfo = &app;
+      VkResult r = vkCreateInstance(&ci, nullptr, &instance_);
+      if (r == VK_ERROR_INCOMPATIBLE_DRIVER || r == VK_ERROR_INITIALIZATION_FAILED) return;
+      if (r != VK_SUCCESS)
+        driver_error(r, "device_count", fmt::format("vkCreateInstance failed: {}", result_name(r)));
+      std::uint32_t n = 0;
+      vkEnumeratePhysicalDevices(instance_, &n, nullptr);
+      std::vector<VkPhysicalDevice> all(n);
+      vkEnumeratePhysicalDevices(instance_, &n, all.data());
+      for (VkPhysicalDevice pd : all)
+        if (auto d = usable(pd)) {
+          d->index = static_cast<int>(devices_.size());
+          devices_.push_back(std::move(d));
+        }
+      space_.emplace(name, accelkit::support::AddressSpaceOptions{
+          std::uintptr_t{1} << 44, std::uintptr_t{1} << 45, 4096, kInvalid});
+    });
+  }
+
+  // A device with Vulkan 1.2, timeline semaphores, a compute queue and the
+  // memory types the mode needs; nullptr otherwise (direct: a ValueError).
+  std::unique_ptr<Device> usable(VkPhysicalDevice pd) {
+    VkPhysicalDeviceProperties vp;
+    vkGetPhysicalDeviceProperties(pd, &vp);
+    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    VkPhysicalDeviceFeatures2 f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
+    vkGetPhysicalDeviceFeatures2(pd, &f);
+    if (vp.apiVersion < VK_API_VERSION_1_2 || !f12.timelineSemaphore) return nullptr;
+    auto d = std::make_unique<Device>();
+    d->physical = pd;
+    std::uint32_t nq = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, nullptr);
+    std::vector<VkQueueFamilyProperties> families(nq);
+    vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, families.data());
+    std::uint32_t family = nq;
+    for (std::uint32_t i = 0; i < nq && family == nq; ++i)
+      if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) family = i;
+    if (family == nq) return nullptr;
+    d->family = family;
+    d->timestamp_bits = families[family].timestampValidBits;
+    d->timestamp_period = vp.limits.timestampPeriod;
+    VkPhysicalDeviceMemoryProperties mp;
+    vkGetPhysicalDeviceMemoryProperties(pd, &mp);
+    constexpr VkMemoryPropertyFlags host = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    auto find_type = [&](VkMemoryPropertyFlags need, VkMemoryPropertyFlags prefer) {
+      std::optional<std::uint32_t> found;
+      for (std::uint32_t i = 0; i < mp.memoryTypeCount; ++i) {
+        VkMemoryPropertyFlags t = mp.memoryTypes[i].propertyFlags;
+        if ((t & need) != need) continue;
+        if ((t & prefer) == prefer) return std::optional<std::uint32_t>(i);
+        if (!found) found = i;
+      }
+      return found;
+    };
+    auto dtype = access_ == HostAccess::none ? find_type(0, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
+                                             : find_type(host, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+    auto htype = find_type(host, VK_MEMORY_PROPERTY_HOST_CACHED_BIT);
+    if (!dtype && access_ != HostAccess::none)
+      throw accelkit::ValueError(
+          name, fmt::format("VKDEV_HOST_ACCESS={}: device {} ({}) has no host-visible coherent "
+                            "memory (use none)",
+                            access_ == HostAccess::direct ? "direct" : "mapped", devices_.size(),
+                            vp.deviceName));
+    if (!dtype || !htype) return nullptr;
+    d->device_type = *dtype;
+    d->host_type = *htype;
+    d->budget = mp.memoryHeaps[mp.memoryTypes[*dtype].heapIndex].size;
+    VkPhysicalDeviceMaintenance3Properties m3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
+    VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &m3};
+    vkGetPhysicalDeviceProperties2(pd, &p2);
+    d->max_allocation = m3.maxMemoryAllocationSize - kAlign;
+    std::uint32_t ne = 0;
+    vkEnumerateDeviceExtensionProperties(pd, nullptr, &ne, nullptr);
+    std::vector<VkExtensionProperties> exts(ne);
+    vkEnumerateDeviceExtensionProperties(pd, nullptr, &ne, exts.data());
+    for (auto& e : exts)
+      if (std::string_view(e.extensionName) == VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME)
+        d->push_descriptor = true;
+    return d;
+  }
+
+  Device& dev(int device, std::string_view call) {
+    discover();
+    if (device < 0 || device >= static_cast<int>(devices_.size()))
+      driver_error(kInvalid, call, fmt::format("no device {} (vkdev has {})", device, devices_.size()));
+    return *devices_[static_cast<std::size_t>(device)];
+  }
+
+  // The device's context, created at its first use: the VkDevice with
+  // timeline semaphores and the features kernels may use, its queue, the
+  // fill patterns and memcpy's stream.
+  Device& context(int device, std::string_view call) {
+    Device& d = dev(device, call);
+    std::call_once(d.created, [&] {
+      VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+      VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &f11};
+      VkPhysicalDeviceFeatures2 has{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
+      vkGetPhysicalDeviceFeatures2(d.physical, &has);
+      VkPhysicalDeviceVulkan11Features e11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+      e11.storageBuffer16BitAccess = f11.storageBuffer16BitAccess;
+      VkPhysicalDeviceVulkan12Features e12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &e11};
+      e12.timelineSemaphore = VK_TRUE;
+      e12.shaderFloat16 = f12.shaderFloat16;
+      e12.shaderInt8 = f12.shaderInt8;
+      e12.storageBuffer8BitAccess = f12.storageBuffer8BitAccess;
+      VkPhysicalDeviceFeatures2 want{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &e12};
+      want.features.shaderInt64 = has.features.shaderInt64;
+      want.features.shaderInt16 = has.features.shaderInt16;
+      want.features.shaderFloat64 = has.features.shaderFloat64;
+      float priority = 1;
+      VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+      qi.queueFamilyIndex = d.family;
+      qi.queueCount = 1;
+      qi.pQueuePriorities = &priority;
+      const char* ext = VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME;
+      VkDeviceCreateInfo ci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &want};
+      ci.queueCreateInfoCount = 1;
+      ci.pQueueCreateInfos = &qi;
+      ci.enabledExtensionCount = d.push_descriptor ? 1 : 0;
+      ci.ppEnabledExtensionNames = &ext;
+      check(d, vkCreateDevice(d.physical, &ci, nullptr, &d.device), call, "vkCreateDevice");
+      vkGetDeviceQueue(d.device, d.family, 0, &d.queue);
+      if (d.push_descriptor)
+        d.push_descriptor_fn = reinterpret_cast<PFN_vkCmdPushDescriptorSetKHR>(
+            vkGetDeviceProcAddr(d.device, "vkCmdPushDescriptorSetKHR"));
+      d.patterns = allocate(d, 1024, d.host_type, true, call);
+      if (!d.patterns)
+        driver_error(VK_ERROR_OUT_OF_HOST_MEMORY, call, "no memory for the fill patterns");
+      for (std::uint32_t v = 0; v < 256; ++v)
+        std::memset(static_cast<char*>(d.patterns->host) + 4 * v, static_cast<int>(v), 4);
+      d.sync_stream = make_stream(d);
+    });
+    return d;
+  }
+
+  // The context of a device that is not lost (Note [vkdev lost devices]).
+  Device& live(int device, std::string_view call) {
+    Device& d = context(device, call);
+    if (d.lost()) {
+      std::lock_guard<std::mutex> lock(d.lost_mutex);
+      device_lost(VK_ERROR_DEVICE_LOST, call,
+                  fmt::format("device {} was lost earlier ({}): it runs no more work", device,
+                              d.lost_what));
+    }
+    return d;
+  }
+
+  // --------------------------------------------------------- memory
+
+  // A buffer over new memory of `type`, mapped persistently when `map`;
+  // nullptr when the driver is out of memory.
+  AllocPtr allocate(Device& d, std::size_t bytes, std::uint32_t type, bool map, std::string_view call) {
+    auto a = std::make_shared<Allocation>();
+    a->vk = d.device;
+    a->device = d.index;
+    a->bytes = bytes;
+    VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+    bi.size = (bytes + 3) / 4 * 4;
+    bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+               VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+    check(d, vkCreateBuffer(d.device, &bi, nullptr, &a->buffer), call, "vkCreateBuffer");
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(d.device, a->buffer, &req);
+    VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, nullptr, req.size, type};
+    VkResult r = vkAllocateMemory(d.device, &ai, nullptr, &a->memory);
+    if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY) return nullptr;
+    check(d, r, call, "vkAllocateMemory");
+    check(d, vkBindBufferMemory(d.device, a->buffer, a->memory, 0), call, "vkBindBufferMemory");
+    if (map) check(d, vkMapMemory(d.device, a->memory, 0, VK_WHOLE_SIZE, 0, &a->host), call, "vkMapMemory");
+    return a;
+  }
+
+  // The allocation holding [p, p + bytes) and p's offset in it.
+  std::pair<AllocPtr, std::size_t> find(const void* p, std::size_t bytes, std::string_view call) {
+    auto at = space_->locate(p, bytes, call);
+    return {at.handle, at.offset};
+  }
+
+  std::pair<AllocPtr, std::size_t> owned(int device, const void* p, std::size_t bytes,
+                                         std::string_view call) {
+    auto found = find(p, bytes, call);
+    if (found.first->device != device)
+      driver_error(kInvalid, call, fmt::format("{} is memory of device {}, used on device {}", p,
+                                               found.first->device, device));
+    return found;
+  }
+
+  AllocPtr take(int device, void* ptr, bool pinned, std::string_view call) {
+    auto [a, offset] = find(ptr, 1, call);
+    if (offset != 0 || a->pinned != pinned || a->device != device)
+      driver_error(kInvalid, call,
+                   fmt::format("{} was not returned by {}({}, ·)", ptr,
+                               pinned ? "host_malloc" : "malloc", device));
+    return space_->unmap(ptr, call);
+  }
+
+  // Pinned memory of `device` holding the host side of a copy, or nullptr.
+  AllocPtr pinned_at(int device, const void* p, std::size_t bytes, std::size_t& offset) {
+    auto at = space_->find(p, bytes);
+    if (!at || !at->handle->pinned || at->handle->device != device) return nullptr;
+    offset = at->offset;
+    return at->handle;
+  }
+
+  // Records the copy; pageable host memory goes through a staging buffer:
+  // filled now (to the device), or waited for and read (to the host).
+  void copy(Device& d, Stream& s, void* dst, const void* src, std::size_t bytes,
+            accelkit::CopyKind kind, bool host_pinned, std::string_view call) {
+    using K = accelkit::CopyKind;
+    bool to_host = kind == K::device_to_host;
+    const void* host = to_host ? dst : src;
+    BufferRef dev = locate(d.index, to_host ? src : dst, bytes, call);
+    BufferRef other{};
+    std::size_t offset = 0;
+    AllocPtr staging;
+    if (kind == K::device_to_device) {
+      other = locate(d.index, src, bytes, call);
+    } else if (AllocPtr a = host_pinned ? pinned_at(d.index, host, bytes, offset) : nullptr) {
+      other = {a->buffer, offset, bytes};
+    } else {
+      staging = allocate(d, bytes, d.host_type, true, call);
+      if (!staging)
+        driver_error(VK_ERROR_OUT_OF_HOST_MEMORY, call,
+                     fmt::format("no host memory for a {}-byte staging buffer", bytes));
+      if (!to_host) std::memcpy(staging->host, src, bytes);
+      other = {staging->buffer, 0, bytes};
+    }
+    if (to_host) std::swap(dev, other);
+    VkBufferCopy c{other.offset, dev.offset, bytes};
+    record(d, s, call, [&](VkCommandBuffer cb) { vkCmdCopyBuffer(cb, other.buffer, dev.buffer, 1, &c); });
+    if (!staging) return;
+    if (!to_host) {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      s.keep.push_back(std::move(staging));  // until the stream passed the copy
+      return;
+    }
+    wait(d, s, call);
+    std::memcpy(dst, staging->host, bytes);
+  }
+
+  // --------------------------------------------------------- streams
+
+  std::shared_ptr<Stream> make_stream(Device& d) {
+    auto s = std::make_shared<Stream>();
+    s->vk = d.device;
+    VkSemaphoreTypeCreateInfo ti{VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO, nullptr,
+                                 VK_SEMAPHORE_TYPE_TIMELINE, 0};
+    VkSemaphoreCreateInfo si{VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO, &ti};
+    check(d, vkCreateSemaphore(d.device, &si, nullptr, &s->timeline), "stream_create", "vkCreateSemaphore");
+    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+    pi.queueFamilyIndex = d.family;
+    check(d, vkCreateCommandPool(d.device, &pi, nullptr, &s->pool), "stream_create", "vkCreateCommandPool");
+    return s;
+  }
+
+  std::shared_ptr<Stream> stream_of(Device& d, accelkit::StreamHandle h, std::string_view call) {
+    return d.streams.get(h, call, d.index);
+  }
+
+  // Calls rec(cb) on the stream's open command buffer, after a barrier that
+  // orders it behind what was recorded before.
+  template <class F>
+  void record(Device& d, Stream& s, std::string_view call, F&& rec) {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (!s.open) {
+      reclaim(d, s, call);
+      if (!s.spare.empty()) {
+        s.open = s.spare.back();
+        s.spare.pop_back();
+      } else {
+        VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, nullptr,
+                                       s.pool, VK_COMMAND_BUFFER_LEVEL_PRIMARY, 1};
+        check(d, vkAllocateCommandBuffers(d.device, &ai, &s.open), call, "vkAllocateCommandBuffers");
+      }
+      VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, nullptr,
+                                  VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+      check(d, vkBeginCommandBuffer(s.open, &bi), call, "vkBeginCommandBuffer");
+    } else {
+      constexpr VkAccessFlags all = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                                    VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+      VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, all, all};
+      vkCmdPipelineBarrier(s.open, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
+                           VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &mb, 0, nullptr, 0, nullptr);
+    }
+    rec(s.open);
+    if (++s.records >= kBatch) submit(d, s, call);
+  }
+
+  // Command buffers whose submission completed go back to the spares.
+  void reclaim(Device& d, Stream& s, std::string_view call) {
+    if (s.flights.empty()) return;
+    std::uint64_t done = 0;
+    check(d, vkGetSemaphoreCounterValue(d.device, s.timeline, &done), call, "vkGetSemaphoreCounterValue");
+    while (!s.flights.empty() && s.flights.front().value <= done) {
+      if (s.flights.front().cb) {
+        vkResetCommandBuffer(s.flights.front().cb, 0);
+        s.spare.push_back(s.flights.front().cb);
+      }
+      s.flights.pop_front();
+    }
+  }
+
+  // Submits what was recorded and the waits pending (under s.mutex).
+  void submit(Device& d, Stream& s, std::string_view call) {
+    if (!s.open && s.waits.empty() && s.keep.empty() && !s.force) return;
+    s.force = false;
+    if (s.open) check(d, vkEndCommandBuffer(s.open), call, "vkEndCommandBuffer");
+    std::vector<VkSemaphore> sems;
+    std::vector<std::uint64_t> values;
+    if (s.submitted) {
+      sems.push_back(s.timeline);
+      values.push_back(s.submitted);
+    }
+    for (auto& w : s.waits) {
+      sems.push_back(w.stream->timeline);
+      values.push_back(w.value);
+    }
+    std::vector<VkPipelineStageFlags> stages(sems.size(), VK_PIPELINE_STAGE_ALL_COMMANDS_BIT);
+    std::uint64_t signal = s.submitted + 1;
+    VkTimelineSemaphoreSubmitInfo ti{VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO};
+    ti.waitSemaphoreValueCount = static_cast<std::uint32_t>(values.size());
+    ti.pWaitSemaphoreValues = values.data();
+    ti.signalSemaphoreValueCount = 1;
+    ti.pSignalSemaphoreValues = &signal;
+    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO, &ti};
+    si.waitSemaphoreCount = static_cast<std::uint32_t>(sems.size());
+    si.pWaitSemaphores = sems.data();
+    si.pWaitDstStageMask = stages.data();
+    si.commandBufferCount = s.open ? 1 : 0;
+    si.pCommandBuffers = &s.open;
+    si.signalSemaphoreCount = 1;
+    si.pSignalSemaphores = &s.timeline;
+    VkResult r;
+    {
+      std::lock_guard<std::mutex> lock(d.queue_mutex);
+      r = vkQueueSubmit(d.queue, 1, &si, VK_NULL_HANDLE);
+    }
+    if (r != VK_SUCCESS) {  // the recorded work is dropped, the stream usable
+      if (s.open) s.spare.push_back(s.open), vkResetCommandBuffer(s.open, 0);
+      s.open = VK_NULL_HANDLE;
+      s.records = 0;
+      s.waits.clear();
+      s.keep.clear();
+      check(d, r, call, "vkQueueSubmit");
+    }
+    s.flights.push_back({signal, s.open, std::move(s.waits), std::move(s.keep)});
+    s.submitted = signal;
+    s.open = VK_NULL_HANDLE;
+    s.records = 0;
+    s.waits.clear();
+    s.keep.clear();
+  }
+
+  // Submits and returns the value the stream's work so far completes at.
+  std::uint64_t flush(Device& d, Stream& s, std::string_view call) {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    submit(d, s, call);
+    return s.submitted;
+  }
+
+  // Whether the stream has reached `value`; a queued fault in the work up to
+  // it is reported here, once, as a lost device.
+  bool reached(Device& d, Stream& s, std::uint64_t value, std::string_view call) {
+    std::uint64_t done = 0;
+    check(d, vkGetSemaphoreCounterValue(d.device, s.timeline, &done), call, "vkGetSemaphoreCounterValue");
+    if (done < value) return false;
+    std::string failed;
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      if (!s.fails_at || s.fails_at > value) return true;
+      s.fails_at = 0;
+      failed = s.fail_call;
+    }
+    lose(d, call, fmt::format("queued work of {} failed: VK_ERROR_DEVICE_LOST (injected fault, "
+                              "VKDEV_INJECT_FAULT)", failed));
+  }
+
+  void wait_value(Device& d, Stream& s, std::uint64_t value, std::string_view call) {
+    VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, nullptr, 0, 1, &s.timeline, &value};
+    check(d, vkWaitSemaphores(d.device, &wi, UINT64_MAX), call, "vkWaitSemaphores");
+    reached(d, s, value, call);
+  }
+  void wait(Device& d, Stream& s, std::string_view call) { wait_value(d, s, flush(d, s, call), call); }
+
+  // --------------------------------------------------------- properties
+
+  static std::string vendor_name(std::uint32_t id) {
+    switch (id) {
+      case 0x1002: return "AMD";
+      case 0x10DE: return "NVIDIA";
+      case 0x8086: return "Intel";
+      case 0x13B5: return "Arm";
+      case 0x5143: return "Qualcomm";
+      case 0x106B: return "Apple";
+      case VK_VENDOR_ID_MESA: return "Mesa";
+      default: return fmt::format("Vulkan vendor {:#x}", id);
+    }
+  }
+  // The first "a.b[.c]" of a text ("Mesa 22.3.6 (LLVM 15.0.6)": 22.3.6).
+  static accelkit::Version parse_version(std::string_view s) {
+    int parts[3] = {0, 0, 0}, n = 0;
+    for (std::size_t i = 0; i < s.size() && n < 3; ++i) {
+      if (s[i] < '0' || s[i] > '9') {
+        if (n > 0 && s[i] != '.') break;
+        continue;
+      }
+      int v = 0;
+      while (i < s.size() && s[i] >= '0' && s[i] <= '9' && v < 100000) v = v * 10 + (s[i++] - '0');
+      parts[n++] = v;
+      if (i >= s.size() || s[i] != '.') break;
+    }
+    if (n < 2) return {};
+    return {parts[0], parts[1], parts[2]};
+  }
+
+  std::once_flag discovered_;
+  HostAccess access_ = HostAccess::none;
+  VkInstance instance_ = VK_NULL_HANDLE;
+  std::vector<std::unique_ptr<Device>> devices_;
+  // Every allocation of every device: fake addresses (none, mapped), host
+  // addresses (direct, pinned).
+  std::optional<accelkit::support::AddressSpace<AllocPtr>> space_;
+  accelkit::support::HandleTable<accelkit::EventHandle, Event> events_{name, "event", kInvalid};
+  accelkit::support::FaultHook faults_{
+      name, "VKDEV_INJECT_FAULT", {"memcpy_async", "memset_async", "event_record", "stream_wait_event"}};
+  static inline thread_local int current_device_ = 0;
+};
+
+}  // namespace vkdev
+
+#pragma GCC diagnostic pop
