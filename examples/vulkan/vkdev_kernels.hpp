@@ -14,11 +14,12 @@ namespace vkdev::kernels {
 // fallback).
 inline constexpr int kMaxDims = 4;
 
-// The push constants of elementwise.comp (std430: 96 bytes).
+// The push constants of elementwise.comp (std430: 96 bytes). Every shader's
+// push constants start with the element offsets of its bindings, in order.
 struct Geom {
-  std::uint32_t n, ndim, op;
+  std::uint32_t off_o, off_a, off_b, n, ndim, op;
   float s;
-  std::uint32_t off_o, off_a, off_b, pad;
+  std::uint32_t pad;
   std::uint32_t size[kMaxDims], so[kMaxDims], sa[kMaxDims], sb[kMaxDims];
 };
 static_assert(sizeof(Geom) == 96);
@@ -53,8 +54,8 @@ struct Pipelines {
   VkDeviceSize max_range = 1u << 27;    // maxStorageBufferRange
 };
 
-// The pipelines of a physical device (thread-safe; created once); nullptr
-// where the device lacks VK_KHR_push_descriptor (the kernels then take the
+// The pipelines of a physical device (thread-safe; created once); without
+// VK_KHR_push_descriptor, none (push_descriptors null: the kernels take the
 // fallback). A failed creation is a RuntimeError naming the backend, the
 // device and the Vulkan call, raised again at each later call.
 const Pipelines* pipelines(int device);

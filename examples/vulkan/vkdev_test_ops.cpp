@@ -106,7 +106,7 @@ void add_directly(const at::Tensor& a, const at::Tensor& b, const at::Tensor& ou
                     "vkdev: add_directly: ", a.numel(), " elements: expected 1 to 2^24");
   int device = static_cast<int>(K::physical_device(a));
   const vkdev::kernels::Pipelines* p = K::translated([&] { return vkdev::kernels::pipelines(device); });
-  TORCH_CHECK(p, "vkdev: add_directly: device ", device, " has no VK_KHR_push_descriptor");
+  TORCH_CHECK(p->push_descriptors, "vkdev: add_directly: device ", device, " has no VK_KHR_push_descriptor");
   std::array<vkdev::kernels::Binding, 3> bs{};
   const at::Tensor* ts[3] = {&out, &a, &b};
   for (int i = 0; i < 3; ++i)

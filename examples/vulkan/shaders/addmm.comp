@@ -14,10 +14,10 @@ layout(std430, set = 0, binding = 2) readonly buffer B { float b[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Bias { float c[]; };
 
 layout(push_constant) uniform Params {
+  uint off_o, off_a, off_b, off_c;  // element offsets in the bindings
   uint m, n, k;
   uint has_bias;
   uint sa0, sa1, sb0, sb1, sc0, sc1;
-  uint off_o, off_a, off_b, off_c;
   float alpha, beta;
 } p;
 

@@ -12,11 +12,12 @@ layout(std430, set = 0, binding = 1) readonly buffer A { float a[]; };
 layout(std430, set = 0, binding = 2) readonly buffer B { float b[]; };
 
 layout(push_constant) uniform Geom {
+  uint off_o, off_a, off_b;  // element offsets in the bindings
   uint n;     // elements
   uint ndim;  // 0..4
   uint op;    // Op in vkdev_kernels.hpp
   float s;    // add's alpha, threshold_backward's threshold, the scalar operand
-  uint off_o, off_a, off_b, pad;
+  uint pad;
   uvec4 size;
   uvec4 so, sa, sb;  // element strides (0 where broadcast)
 } g;

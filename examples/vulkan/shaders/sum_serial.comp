@@ -11,8 +11,8 @@ layout(std430, set = 0, binding = 0) writeonly buffer Out { float o[]; };
 layout(std430, set = 0, binding = 1) readonly buffer A { float a[]; };
 
 layout(push_constant) uniform Red {
-  uint nout, nred, nk, nr;
-  uint off_o, off_a, pad0, pad1;
+  uint off_o, off_a;  // element offsets in the bindings
+  uint nout, nred, nk, nr, pad0, pad1;
   uvec4 ksize, kstride, rsize, rstride;
 } g;
 
