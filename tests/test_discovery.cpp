@@ -806,6 +806,40 @@ TEST_CASE("host access mapped: a runtime without host_map and host_unmap may not
   CHECK(direct.properties(0).host_visible_memory);
 }
 
+TEST_CASE("host access mapped: threads map, translate and unmap ranges of one allocation at once") {
+  simdev::Config c = devices(1);
+  c.host_access = HostAccessLevel::mapped;
+  SimBackend b(env(), c);
+  constexpr int kThreads = 4;
+  constexpr std::size_t kSlice = 4 * 4096;
+  auto* p = static_cast<unsigned char*>(b.raw_malloc(0, kThreads * kSlice));
+  REQUIRE(p != nullptr);
+  HostMaps<simdev::SimRuntime> maps(b);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      unsigned char* slice = p + t * kSlice;
+      for (int round = 0; round < 100; ++round) {
+        auto whole = maps.acquire(0, slice, kSlice);
+        auto part = maps.acquire(0, slice + 4096 + 8, 64);  // inside: counted
+        auto* h = static_cast<unsigned char*>(maps.host_ptr(0, slice + 4096 + 8));
+        if (h != static_cast<unsigned char*>(maps.host_ptr(0, slice)) + 4096 + 8) ++wrong;
+        *h = static_cast<unsigned char>(t * 16 + round % 16);
+        maps.release(part);
+        maps.release(whole);
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  CHECK(wrong.load() == 0);
+  CHECK(maps.open_count() == 0);
+  std::vector<unsigned char> out(kThreads * kSlice);
+  b.memcpy(0, out.data(), p, out.size(), CopyKind::device_to_host);
+  for (int t = 0; t < kThreads; ++t)
+    CHECK(out[t * kSlice + 4096 + 8] == static_cast<unsigned char>(t * 16 + 99 % 16));
+  b.raw_free(0, p, kThreads * kSlice);
+}
+
 namespace {
 // simdev's required members, and a host_map that gives no address.
 struct NullMaps : accelkit::Runtime<NullMaps> {
