@@ -91,8 +91,8 @@ struct CollectReports {
 
 }  // namespace
 
-TEST_CASE("lost device: the loss surfaces once, naming the device; later work is refused at "
-          "once naming it, without the runtime; releases still run; the other device works") {
+TEST_CASE("lost device: the loss surfaces once, naming the device, later work is refused at "
+          "once naming it, without the runtime, releases still run, the other device works") {
   Backend<Counted> b(Environment::fixed({}), sticky());
   StreamHandle s = b.stream_create(0, 0);
   EventHandle ev = b.event_create(0, EventFlags::none);
@@ -245,7 +245,8 @@ TEST_CASE("lost device: a release the runtime refuses leaves the pools and is re
   b.runtime().lost = false;
 }
 
-TEST_CASE("simdev: SIMDEV_STICKY_FAULTS takes 0 or 1; a fault at the call stays a plain error") {
+TEST_CASE("simdev: SIMDEV_STICKY_FAULTS takes 0 or 1, and a fault at the call stays a plain "
+          "error") {
   auto env = [](std::string v) {
     return Environment::fixed({{"SIMDEV_STICKY_FAULTS", std::move(v)}});
   };
