@@ -57,8 +57,9 @@ class SkelRuntime : public accelkit::Runtime<SkelRuntime> {
     p.dtypes = accelkit::DTypeSet::all();
     // The host may touch device pointers at any time: PyTorch's CPU kernels
     // then run in place. `mapped` for memory the host reaches only between
-    // host_map (returning the host address) and host_unmap, `none` for memory behind a
-    // bus (the SDK copies instead).
+    // host_map (which returns the host address) and host_unmap, `none` for
+    // memory behind a bus (the SDK copies instead), as for memory the
+    // driver names by handle (docs/porting.md's recipe).
     p.unified_memory = true;
     p.host_access = accelkit::HostAccessLevel::direct;
     p.stream_priorities = accelkit::StreamPriorityRange::from_levels(1);
