@@ -128,6 +128,19 @@ struct WrongProperties : Wrap<WrongProperties, SimRuntime> {
   }
 };
 
+// Leaves event_timing at its default (true for a runtime with
+// event_elapsed_time), but the device has no timer: elapsed_time fails.
+struct UntimedEvents : Wrap<UntimedEvents, SimRuntime> {
+  DeviceProperties properties(device_index device) {
+    DeviceProperties p = inner().properties(device);
+    p.event_timing = DeviceProperties{}.event_timing;
+    return p;
+  }
+  float event_elapsed_time(device_index, EventHandle, EventHandle) {
+    driver_error(1, "event_elapsed_time", "no timer on this device");
+  }
+};
+
 // A synchronous copy drops its last byte.
 struct TailDroppingCopy : Wrap<TailDroppingCopy, SimRuntime> {
   void memcpy(device_index device, void* dst, const void* src, std::size_t bytes, CopyKind kind) {
@@ -652,6 +665,8 @@ TEST_CASE("conformance kit: each broken rule is reported, with the rule named") 
                 "made 1 device context(s)");
   expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(WrongProperties, properties, properties_valid),
                 "max_allocation");
+  expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(UntimedEvents, properties, event_timing_matches),
+                "no timer");
   expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(TailDroppingCopy, copies, copies_every_direction),
                 "came back different");
   expect_failed(ACCELKIT_CONFORMANCE_EVALUATE(WaitIgnored, streams, cross_stream_wait),
