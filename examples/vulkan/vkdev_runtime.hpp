@@ -40,16 +40,11 @@
 // Note [vkdev streams]
 // Problem: Vulkan has one queue (lavapipe's) for many PyTorch streams, and a
 // submission costs more than recording a command.
-// Decision: each stream records into a command buffer of its own pool and
-// submits it, signalling the stream's timeline semaphore at value n + 1 and
-// waiting for value n, so that its submissions run in order; a memory barrier
-// between records orders the commands inside one. A submission happens at
-// the stream's next event record, wait, query or synchronize, when a copy
-// must be done before return, or every kBatch records. An event is (the
-// stream's semaphore, the value of its last submission); a wait for it is a
-// semaphore wait of the stream's next submission. Submissions of all streams
-// go to the one queue under a mutex. Command buffers return to the stream's
-// pool once its semaphore passed their value.
+// Decision: a stream is a timeline semaphore and a command pool, kept as
+// support::Timeline does (Note [Timeline streams]); its records go into one
+// command buffer, a memory barrier between two, submitted at the stream's
+// next event record, wait, query or synchronize, a copy to pageable memory,
+// or every kBatch records; all streams submit to the one queue under a mutex.
 // Limits: work recorded and not yet submitted does not run until one of
 // those calls; a host waiting by other means (polling memory) waits forever.
 //
@@ -72,13 +67,13 @@
 #include <accelkit/support/address_space.hpp>
 #include <accelkit/support/fault_hook.hpp>
 #include <accelkit/support/handle_table.hpp>
+#include <accelkit/support/timeline.hpp>
 
 #include <fmt/format.h>
 
 #include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -339,8 +334,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   void stream_destroy(int device, accelkit::StreamHandle stream) {
     Device& d = dev(device, "stream_destroy");
     auto s = d.streams.remove(stream, "stream_destroy", device);
-    std::lock_guard<std::mutex> lock(s->mutex);
-    if (!d.lost()) submit(d, *s, "stream_destroy");
+    if (!d.lost()) flush(d, *s, "stream_destroy");
   }
 
   bool stream_query(int device, accelkit::StreamHandle stream) {
@@ -367,7 +361,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     if (on && on != s && !reached(d, *on, value, "stream_wait_event")) {
       std::lock_guard<std::mutex> lock(s->mutex);
       submit(d, *s, "stream_wait_event");
-      s->waits.push_back({std::move(on), value});
+      s->wait_for(std::move(on), value);
     }
     if (f) fail_queued(*s, "stream_wait_event");
   }
@@ -512,35 +506,15 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     }
   };
 
-  struct Wait {
-    std::shared_ptr<Stream> stream;
-    std::uint64_t value;
-  };
-  struct Flight {
-    std::uint64_t value;
-    VkCommandBuffer cb;
-    std::vector<Wait> waits;      // what it waited for, alive until it ran
-    std::vector<AllocPtr> keep;   // staging buffers it reads
-  };
-
-  struct Stream {
+  // A stream: a timeline semaphore and a command pool (Note [Timeline streams]).
+  struct Stream : accelkit::support::Timeline<Stream, VkCommandBuffer> {
     VkDevice vk = VK_NULL_HANDLE;
     VkSemaphore timeline = VK_NULL_HANDLE;
     VkCommandPool pool = VK_NULL_HANDLE;
-    std::mutex mutex;  // everything below
-    VkCommandBuffer open = VK_NULL_HANDLE;
-    int records = 0;
-    std::uint64_t submitted = 0;  // the value the last submission signals
-    std::vector<Wait> waits;      // for the next submission
-    std::vector<AllocPtr> keep;   // for the next submission
-    std::deque<Flight> flights;
-    std::vector<VkCommandBuffer> spare;
-    std::uint64_t fails_at = 0;   // a queued fault's submission (Note [vkdev lost devices])
-    bool force = false;           // submit even with nothing recorded
-    std::string fail_call;
     ~Stream() {
-      VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, nullptr, 0, 1, &timeline, &submitted};
-      if (submitted) vkWaitSemaphores(vk, &wi, UINT64_MAX);  // a lost device returns at once
+      std::uint64_t last = submitted();
+      VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, nullptr, 0, 1, &timeline, &last};
+      if (last) vkWaitSemaphores(vk, &wi, UINT64_MAX);  // a lost device returns at once
       vkDestroyCommandPool(vk, pool, nullptr);
       vkDestroySemaphore(vk, timeline, nullptr);
     }
@@ -610,13 +584,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   // The work `call` just recorded on `s` fails (Note [vkdev lost devices]).
   void fail_queued(Stream& s, std::string_view call) {
     std::lock_guard<std::mutex> lock(s.mutex);
-    if (s.fails_at) return;
-    // The work is in the open command buffer (or pending waits), or was
-    // submitted last; nothing at all: an empty submission stands for it.
-    bool pending = s.open || !s.waits.empty();
-    s.force = !pending && s.submitted == 0;
-    s.fails_at = pending || s.force ? s.submitted + 1 : s.submitted;
-    s.fail_call = call;
+    s.mark_failed(call);
   }
 
   // --------------------------------------------------------- devices
@@ -871,7 +839,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     if (!staging) return;
     if (!to_host) {
       std::lock_guard<std::mutex> lock(s.mutex);
-      s.keep.push_back(std::move(staging));  // until the stream passed the copy
+      s.keep(std::move(staging));  // until the stream passed the copy
       return;
     }
     wait(d, s, call);
@@ -903,100 +871,68 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   template <class F>
   void record(Device& d, Stream& s, std::string_view call, F&& rec) {
     std::lock_guard<std::mutex> lock(s.mutex);
-    if (!s.open) {
-      reclaim(d, s, call);
-      if (!s.spare.empty()) {
-        s.open = s.spare.back();
-        s.spare.pop_back();
-      } else {
-        VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, nullptr,
-                                       s.pool, VK_COMMAND_BUFFER_LEVEL_PRIMARY, 1};
-        check(d, vkAllocateCommandBuffers(d.device, &ai, &s.open), call, "vkAllocateCommandBuffers");
-      }
+    std::uint64_t done = 0;
+    check(d, vkGetSemaphoreCounterValue(d.device, s.timeline, &done), call, "vkGetSemaphoreCounterValue");
+    auto [cb, fresh] = s.open(done, [&] {
+      VkCommandBuffer b = VK_NULL_HANDLE;
+      VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, nullptr,
+                                     s.pool, VK_COMMAND_BUFFER_LEVEL_PRIMARY, 1};
+      check(d, vkAllocateCommandBuffers(d.device, &ai, &b), call, "vkAllocateCommandBuffers");
+      return b;
+    });
+    if (fresh) {  // the pool resets a command buffer as it begins again
       VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, nullptr,
                                   VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
-      check(d, vkBeginCommandBuffer(s.open, &bi), call, "vkBeginCommandBuffer");
+      check(d, vkBeginCommandBuffer(cb, &bi), call, "vkBeginCommandBuffer");
     } else {
       constexpr VkAccessFlags all = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
                                     VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
       VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, all, all};
-      vkCmdPipelineBarrier(s.open, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
+      vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
                            VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &mb, 0, nullptr, 0, nullptr);
     }
-    rec(s.open);
-    if (++s.records >= kBatch) submit(d, s, call);
+    rec(cb);
+    if (s.recorded() >= kBatch) submit(d, s, call);
   }
 
-  // Command buffers whose submission completed go back to the spares.
-  void reclaim(Device& d, Stream& s, std::string_view call) {
-    if (s.flights.empty()) return;
-    std::uint64_t done = 0;
-    check(d, vkGetSemaphoreCounterValue(d.device, s.timeline, &done), call, "vkGetSemaphoreCounterValue");
-    while (!s.flights.empty() && s.flights.front().value <= done) {
-      if (s.flights.front().cb) {
-        vkResetCommandBuffer(s.flights.front().cb, 0);
-        s.spare.push_back(s.flights.front().cb);
+  // Submits what was recorded and the waits pending (under s.mutex), each
+  // submission waiting for the stream's last.
+  std::uint64_t submit(Device& d, Stream& s, std::string_view call) {
+    return s.submit([&](const VkCommandBuffer* cb, const auto& waits, std::uint64_t signal) {
+      if (cb) check(d, vkEndCommandBuffer(*cb), call, "vkEndCommandBuffer");
+      std::vector<VkSemaphore> sems;
+      std::vector<std::uint64_t> values;
+      if (signal > 1) {
+        sems.push_back(s.timeline);
+        values.push_back(signal - 1);
       }
-      s.flights.pop_front();
-    }
-  }
-
-  // Submits what was recorded and the waits pending (under s.mutex).
-  void submit(Device& d, Stream& s, std::string_view call) {
-    if (!s.open && s.waits.empty() && s.keep.empty() && !s.force) return;
-    s.force = false;
-    if (s.open) check(d, vkEndCommandBuffer(s.open), call, "vkEndCommandBuffer");
-    std::vector<VkSemaphore> sems;
-    std::vector<std::uint64_t> values;
-    if (s.submitted) {
-      sems.push_back(s.timeline);
-      values.push_back(s.submitted);
-    }
-    for (auto& w : s.waits) {
-      sems.push_back(w.stream->timeline);
-      values.push_back(w.value);
-    }
-    std::vector<VkPipelineStageFlags> stages(sems.size(), VK_PIPELINE_STAGE_ALL_COMMANDS_BIT);
-    std::uint64_t signal = s.submitted + 1;
-    VkTimelineSemaphoreSubmitInfo ti{VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO};
-    ti.waitSemaphoreValueCount = static_cast<std::uint32_t>(values.size());
-    ti.pWaitSemaphoreValues = values.data();
-    ti.signalSemaphoreValueCount = 1;
-    ti.pSignalSemaphoreValues = &signal;
-    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO, &ti};
-    si.waitSemaphoreCount = static_cast<std::uint32_t>(sems.size());
-    si.pWaitSemaphores = sems.data();
-    si.pWaitDstStageMask = stages.data();
-    si.commandBufferCount = s.open ? 1 : 0;
-    si.pCommandBuffers = &s.open;
-    si.signalSemaphoreCount = 1;
-    si.pSignalSemaphores = &s.timeline;
-    VkResult r;
-    {
+      for (auto& w : waits) {
+        sems.push_back(w.on->timeline);
+        values.push_back(w.value);
+      }
+      std::vector<VkPipelineStageFlags> stages(sems.size(), VK_PIPELINE_STAGE_ALL_COMMANDS_BIT);
+      VkTimelineSemaphoreSubmitInfo ti{VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO};
+      ti.waitSemaphoreValueCount = static_cast<std::uint32_t>(values.size());
+      ti.pWaitSemaphoreValues = values.data();
+      ti.signalSemaphoreValueCount = 1;
+      ti.pSignalSemaphoreValues = &signal;
+      VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO, &ti};
+      si.waitSemaphoreCount = static_cast<std::uint32_t>(sems.size());
+      si.pWaitSemaphores = sems.data();
+      si.pWaitDstStageMask = stages.data();
+      si.commandBufferCount = cb ? 1 : 0;
+      si.pCommandBuffers = cb;
+      si.signalSemaphoreCount = 1;
+      si.pSignalSemaphores = &s.timeline;
       std::lock_guard<std::mutex> lock(d.queue_mutex);
-      r = vkQueueSubmit(d.queue, 1, &si, VK_NULL_HANDLE);
-    }
-    if (r != VK_SUCCESS) {  // the recorded work is dropped, the stream usable
-      if (s.open) s.spare.push_back(s.open), vkResetCommandBuffer(s.open, 0);
-      s.open = VK_NULL_HANDLE;
-      s.records = 0;
-      s.waits.clear();
-      s.keep.clear();
-      check(d, r, call, "vkQueueSubmit");
-    }
-    s.flights.push_back({signal, s.open, std::move(s.waits), std::move(s.keep)});
-    s.submitted = signal;
-    s.open = VK_NULL_HANDLE;
-    s.records = 0;
-    s.waits.clear();
-    s.keep.clear();
+      check(d, vkQueueSubmit(d.queue, 1, &si, VK_NULL_HANDLE), call, "vkQueueSubmit");
+    });
   }
 
   // Submits and returns the value the stream's work so far completes at.
   std::uint64_t flush(Device& d, Stream& s, std::string_view call) {
     std::lock_guard<std::mutex> lock(s.mutex);
-    submit(d, s, call);
-    return s.submitted;
+    return submit(d, s, call);
   }
 
   // Whether the stream has reached `value`; a queued fault in the work up to
@@ -1005,15 +941,14 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     std::uint64_t done = 0;
     check(d, vkGetSemaphoreCounterValue(d.device, s.timeline, &done), call, "vkGetSemaphoreCounterValue");
     if (done < value) return false;
-    std::string failed;
+    std::optional<std::string> failed;
     {
       std::lock_guard<std::mutex> lock(s.mutex);
-      if (!s.fails_at || s.fails_at > value) return true;
-      s.fails_at = 0;
-      failed = s.fail_call;
+      failed = s.failed_by(value);
     }
+    if (!failed) return true;
     lose(d, call, fmt::format("queued work of {} failed: VK_ERROR_DEVICE_LOST (injected fault, "
-                              "VKDEV_INJECT_FAULT)", failed));
+                              "VKDEV_INJECT_FAULT)", *failed));
   }
 
   void wait_value(Device& d, Stream& s, std::uint64_t value, std::string_view call) {
