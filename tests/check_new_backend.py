@@ -92,6 +92,15 @@ def check_options(work):
         for unwanted in ("VkdevRuntime", "VKDEV_WITH_TORCH", "VKDEV_DEVICE_COUNT", "namespace vkdev {"):
             if unwanted in text:
                 problems.append(f"options: {rel} still has {unwanted!r}")
+    # The renamed runtime compiles: the report program instantiates the SDK's
+    # Backend<> with the nested namespace's class (a syntax check, seconds).
+    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler:
+        r = subprocess.run([compiler, "-std=c++17", "-fsyntax-only", f"-I{ROOT / 'include'}",
+                            f"-I{dest / 'src'}", str(dest / "src" / "vkdev_report.cpp")],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            problems.append(f"options: src/vkdev_report.cpp does not compile: {r.stderr[-2000:]}")
     refusals = [("--namespace", "vk dev"), ("--namespace", "std"), ("--namespace", "support"),
                 ("--namespace", "a::"), ("--class", "9Runtime"), ("--class", "class"),
                 ("--env-prefix", "vkd"), ("--env-prefix", "VKD_")]
