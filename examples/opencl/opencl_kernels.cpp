@@ -22,8 +22,8 @@
 // the SDK's CPU fallback (Kernels<R>::fallback), which computes, or raises,
 // as the CPU does. Outputs come from the caching pool on the current stream
 // (the backend's c10 allocator, laid out as at::empty_like or at::empty
-// would, without a dispatcher call: empty_out); inputs are recorded on that
-// stream (they may come from another); each launch is reported
+// would, without a dispatcher call: accelkit::empty_output); inputs are
+// recorded on that stream (they may come from another); each launch is reported
 // (Kernels<R>::enqueued) and becomes the stream's last command
 // (OpenCLRuntime::enqueue_kernel, Note [ocl last command]), so stream and
 // event queries stay right; on a capturing stream it is recorded into the
@@ -54,7 +54,6 @@
 
 #include "opencl_kernels.hpp"
 
-#include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/core/DimVector.h>
 #include <ATen/ops/add_ops.h>
@@ -64,8 +63,6 @@
 #include <ATen/ops/relu_ops.h>
 #include <ATen/ops/sum_ops.h>
 #include <ATen/ops/threshold_backward_ops.h>
-#include <c10/core/Allocator.h>
-#include <c10/core/DeviceGuard.h>
 
 #include <array>
 #include <atomic>
@@ -81,6 +78,8 @@ namespace ocl::kernels {
 namespace {
 
 using K = accelkit::Kernels<OpenCLRuntime>;
+using accelkit::broadcast_strides, accelkit::empty_output, accelkit::merge_dims,
+    accelkit::real_number;
 
 const char* const kSource = R"CL(
 typedef struct { long n, ndim; long size[6], so[6], sa[6], sb[6]; } Geom;
@@ -318,62 +317,6 @@ std::size_t round_up(std::int64_t n, std::size_t m) {
   return (static_cast<std::size_t>(n) + m - 1) / m * m;
 }
 
-// Drops the size-1 dims of `size` and merges each dim into the next where
-// every stride list allows, writing the dims left to out_size and, for each
-// stride list o, out[o] (at most kMaxDims each, fixed arrays: no heap
-// allocation per launch); false when more than kMaxDims remain.
-template <std::size_t N>
-bool collapse(c10::IntArrayRef size, const std::array<const std::int64_t*, N>& strides,
-              cl_long* out_size, const std::array<cl_long*, N>& out, cl_long& ndim) {
-  int n = 0;
-  for (std::size_t d = 0; d < size.size(); ++d) {
-    if (size[d] == 1) continue;
-    bool mergeable = n > 0;
-    for (std::size_t o = 0; o < N && mergeable; ++o)
-      mergeable = out[o][n - 1] == strides[o][d] * size[d];
-    if (mergeable) {
-      out_size[n - 1] *= size[d];
-      for (std::size_t o = 0; o < N; ++o) out[o][n - 1] = strides[o][d];
-      continue;
-    }
-    if (n == kMaxDims) return false;  // merging never lowers the count again
-    out_size[n] = size[d];
-    for (std::size_t o = 0; o < N; ++o) out[o][n] = strides[o][d];
-    ++n;
-  }
-  ndim = n;
-  return true;
-}
-
-// The strides of `t` expanded to `shape` (0 where a dim is broadcast), as
-// t.expand(shape).strides() gives them without making the view (a
-// dispatcher call and a TensorImpl per operand). Leading dims `t` lacks get
-// 0; the stride of a size-1 dim does not matter (collapse drops it).
-void broadcast_strides(const at::Tensor& t, c10::IntArrayRef shape, std::int64_t* out) {
-  c10::IntArrayRef ts = t.sizes(), st = t.strides();
-  std::size_t lead = shape.size() - ts.size();
-  for (std::size_t d = 0; d < shape.size(); ++d)
-    out[d] = d < lead || ts[d - lead] != shape[d] ? 0 : st[d - lead];
-}
-
-// An uninitialized float32 output on `device`'s device, from the caching
-// pool on the current stream (the device's c10 allocator, the SDK's), made
-// without the dispatcher: laid out as at::empty_like(*like) lays it out
-// (its strides where dense and non-overlapping, else dense strides in the
-// order of its own), or contiguous with `shape` where `like` is null.
-at::Tensor empty_out(const at::Tensor& device, c10::IntArrayRef shape, const at::Tensor* like) {
-  c10::DeviceGuard guard(device.device());  // the allocator takes the current device
-  constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
-  c10::Allocator* alloc = c10::GetAllocator(c10::DeviceType::PrivateUse1);
-  if (!like) return at::detail::empty_generic(shape, alloc, keys, at::kFloat, std::nullopt);
-  if (like->is_non_overlapping_and_dense())
-    return at::detail::empty_strided_generic(like->sizes(), like->strides(), alloc, keys,
-                                             at::kFloat);
-  return at::detail::empty_strided_generic(
-      like->sizes(), at::infer_dense_strides(like->sizes(), like->strides()), alloc, keys,
-      at::kFloat);
-}
-
 bool on_ocl(const at::Tensor& t) {
   return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
 }
@@ -383,30 +326,13 @@ bool f32(const at::Tensor& t, const at::Tensor& like) {
          !t.is_conj() && !t.is_neg();
 }
 bool f32(const at::Tensor& t) { return f32(t, t); }
-// A Python number as the second operand of a float32 operation, read from
-// its wrapped CPU tensor (double, int64 or bool) without item()'s two
-// dispatcher calls; a complex number, or anything else, is not taken.
-std::optional<float> number(const at::Tensor& t) {
-  if (!t.defined() || !t.unsafeGetTensorImpl()->is_wrapped_number() || !t.device().is_cpu())
-    return std::nullopt;
-  switch (t.scalar_type()) {
-    case at::kDouble: return static_cast<float>(*t.const_data_ptr<double>());
-    case at::kLong: return static_cast<float>(*t.const_data_ptr<std::int64_t>());
-    case at::kBool: return *t.const_data_ptr<bool>() ? 1.0f : 0.0f;
-    default: return std::nullopt;
-  }
-}
-std::optional<float> real(const at::Scalar& s) {
-  if (s.isComplex()) return std::nullopt;
-  return static_cast<float>(s.toDouble());
-}
-
 // out = op(a, b, s), broadcast; nullopt where the layout does not fit.
 std::optional<at::Tensor> elementwise(Op op, Counter counter, const at::Tensor& a,
                                       const at::Tensor* b, float s) {
   at::DimVector shape = b ? at::infer_size_dimvector(a.sizes(), b->sizes()) : at::DimVector(a.sizes());
   c10::IntArrayRef sh(shape);
-  at::Tensor out = empty_out(a, sh, a.sizes() == sh ? &a : b && b->sizes() == sh ? b : nullptr);
+  const at::Tensor* like = a.sizes() == sh ? &a : b && b->sizes() == sh ? b : nullptr;
+  at::Tensor out = empty_output(a, sh, like);
   if (out.numel() == 0) return out;
   at::DimVector sa(shape.size()), sb(shape.size());
   broadcast_strides(a, sh, sa.data());
@@ -414,7 +340,7 @@ std::optional<at::Tensor> elementwise(Op op, Counter counter, const at::Tensor& 
   else sb = sa;
   Geom g{};
   g.n = out.numel();
-  if (!collapse<3>(sh, {out.strides().data(), sa.data(), sb.data()}, g.size, {g.so, g.sa, g.sb},
+  if (!merge_dims<3>(sh, {out.strides().data(), sa.data(), sb.data()}, g.size, {g.so, g.sa, g.sb},
                    g.ndim))
     return std::nullopt;
   accelkit::KernelStream st = K::current_stream(a);
@@ -442,13 +368,13 @@ std::optional<at::Tensor> binary(Op op, Op scalar_op, Counter counter, const at:
                                  const at::Tensor& b, float s) {
   if (!f32(a)) return std::nullopt;
   if (f32(b, a)) return elementwise(op, counter, a, &b, s);
-  if (auto v = number(b))
+  if (auto v = accelkit::wrapped_number<float>(b))
     return elementwise(scalar_op, counter, a, nullptr, scalar_op == Op::add_scalar ? s * *v : *v);
   return std::nullopt;
 }
 
 at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  auto s = real(alpha);
+  auto s = real_number<float>(alpha);
   if (s)
     if (auto out = binary(Op::add, Op::add_scalar, c_add, self, other, *s)) return *out;
   return K::fallback<at::_ops::add_Tensor>(self, other, alpha);
@@ -467,7 +393,7 @@ at::Tensor relu(const at::Tensor& self) {
 
 at::Tensor threshold_backward(const at::Tensor& grad, const at::Tensor& self,
                               const at::Scalar& threshold) {
-  auto t = real(threshold);
+  auto t = real_number<float>(threshold);
   if (t && f32(grad) && f32(self, grad))
     if (auto out = elementwise(Op::threshold_backward, c_threshold_backward, grad, &self, *t))
       return *out;
@@ -480,14 +406,14 @@ std::optional<at::Tensor> matmul(Counter counter, const at::Tensor& bias, const 
                                  const at::Scalar& alpha) {
   if (!f32(a) || !f32(b, a) || a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0))
     return std::nullopt;
-  auto fa = real(alpha), fb = real(beta);
+  auto fa = real_number<float>(alpha), fb = real_number<float>(beta);
   if (!fa || !fb) return std::nullopt;
   std::int64_t m = a.size(0), n = b.size(1), k = a.size(1);
   bool has_bias = bias.defined() && *fb != 0.0f;
   std::array<std::int64_t, 2> mn = {m, n};
   if (bias.defined() && (!f32(bias, a) || bias.dim() > 2 || !at::is_expandable_to(bias.sizes(), mn)))
     return std::nullopt;
-  at::Tensor out = empty_out(a, mn, nullptr);
+  at::Tensor out = empty_output(a, mn, nullptr);
   if (out.numel() == 0) return out;
   accelkit::KernelStream st = K::current_stream(a);
   K::record_stream(a, st);
@@ -568,11 +494,11 @@ std::optional<at::Tensor> reduce_sum(const at::Tensor& self, at::OptionalIntArra
       kstride.push_back(self.stride(d));
     }
   }
-  at::Tensor out = empty_out(self, shape, nullptr);
+  at::Tensor out = empty_output(self, shape, nullptr);
   if (out.numel() == 0) return out;
   Red g{};
-  if (!collapse<1>(ksize, {kstride.data()}, g.ksize, {g.kstride}, g.nk) ||
-      !collapse<1>(rsize, {rstride.data()}, g.rsize, {g.rstride}, g.nr))
+  if (!merge_dims<1>(ksize, {kstride.data()}, g.ksize, {g.kstride}, g.nk) ||
+      !merge_dims<1>(rsize, {rstride.data()}, g.rsize, {g.rstride}, g.nr))
     return std::nullopt;
   g.nout = out.numel();
   g.nred = 1;

@@ -41,7 +41,6 @@
 
 #include "vkdev_kernels.hpp"
 
-#include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/core/DimVector.h>
 #include <ATen/ops/add_ops.h>
@@ -52,7 +51,6 @@
 #include <ATen/ops/sub_ops.h>
 #include <ATen/ops/sum_ops.h>
 #include <ATen/ops/threshold_backward_ops.h>
-#include <c10/core/DeviceGuard.h>
 
 #include <algorithm>
 #include <array>
@@ -78,6 +76,8 @@ namespace {
 
 using K = accelkit::Kernels<VulkanRuntime>;
 using Opt = std::optional<at::Tensor>;
+using accelkit::broadcast_strides, accelkit::distinct_elements, accelkit::empty_output,
+    accelkit::merge_dims, accelkit::real_number, accelkit::same_or_disjoint, accelkit::span_bytes;
 
 struct MatmulParams {  // addmm.comp's push constants
   std::uint32_t off_o, off_a, off_b, off_c, m, n, k, has_bias, sa0, sa1, sb0, sb1, sc0, sc1;
@@ -133,92 +133,6 @@ const char* create(VkDevice dev, Pipeline& pl, const std::uint32_t* code, std::s
   return nullptr;
 }
 
-// Drops the size-1 dims of `size` and merges each dim into the next where
-// every stride list allows, into out_size and out[o]; false when more than
-// kMaxDims remain or a value does not fit 32 bits.
-template <std::size_t N>
-bool collapse(c10::IntArrayRef size, const std::array<const std::int64_t*, N>& strides,
-              std::uint32_t* out_size, const std::array<std::uint32_t*, N>& out,
-              std::uint32_t& ndim) {
-  std::array<std::int64_t, kMaxDims> sz{};
-  std::array<std::array<std::int64_t, kMaxDims>, N> st{};
-  int n = 0;
-  for (std::size_t d = 0; d < size.size(); ++d) {
-    if (size[d] == 1) continue;
-    bool merge = n > 0;
-    for (std::size_t o = 0; o < N && merge; ++o) merge = st[o][n - 1] == strides[o][d] * size[d];
-    if (!merge && n == kMaxDims) return false;  // merging never lowers the count again
-    if (!merge) sz[n++] = 1;
-    sz[n - 1] *= size[d];
-    for (std::size_t o = 0; o < N; ++o) st[o][n - 1] = strides[o][d];
-  }
-  for (int d = 0; d < n; ++d) {
-    if (sz[d] > kMax32) return false;
-    out_size[d] = static_cast<std::uint32_t>(sz[d]);
-    for (std::size_t o = 0; o < N; ++o) {
-      if (st[o][d] < 0 || st[o][d] > kMax32) return false;
-      out[o][d] = static_cast<std::uint32_t>(st[o][d]);
-    }
-  }
-  ndim = static_cast<std::uint32_t>(n);
-  return true;
-}
-
-// The strides of `t` expanded to `shape` (0 where broadcast), without a view.
-void broadcast_strides(const at::Tensor& t, c10::IntArrayRef shape, std::int64_t* out) {
-  c10::IntArrayRef ts = t.sizes(), st = t.strides();
-  std::size_t lead = shape.size() - ts.size();
-  for (std::size_t d = 0; d < shape.size(); ++d)
-    out[d] = d < lead || ts[d - lead] != shape[d] ? 0 : st[d - lead];
-}
-
-// The bytes from t's first element to the end of its last (float32).
-std::size_t span_bytes(const at::Tensor& t) {
-  std::int64_t last = 0;
-  for (std::int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
-  return static_cast<std::size_t>(last + 1) * sizeof(float);
-}
-
-// A float32 output from the caching pool on the current stream, without the
-// dispatcher: laid out as at::empty_like(*like), or contiguous with `shape`.
-at::Tensor empty_out(const at::Tensor& device, c10::IntArrayRef shape, const at::Tensor* like) {
-  c10::DeviceGuard guard(device.device());  // the allocator takes the current device
-  constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
-  c10::Allocator* alloc = c10::GetAllocator(c10::DeviceType::PrivateUse1);
-  if (!like) return at::detail::empty_generic(shape, alloc, keys, at::kFloat, std::nullopt);
-  return at::detail::empty_strided_generic(
-      like->sizes(),
-      like->is_non_overlapping_and_dense()
-          ? like->strides().vec()
-          : at::infer_dense_strides(like->sizes(), like->strides()),
-      alloc, keys, at::kFloat);
-}
-
-// Whether no two elements of `t` share memory (a sufficient test: its dims
-// by stride, each stepping past the extent of the smaller ones).
-bool distinct_elements(const at::Tensor& t) {
-  c10::SmallVector<std::pair<std::int64_t, std::int64_t>, 8> dims;  // (stride, size)
-  for (std::int64_t d = 0; d < t.dim(); ++d)
-    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
-  std::sort(dims.begin(), dims.end());
-  std::int64_t extent = 0;
-  for (auto [stride, size] : dims) {
-    if (stride <= extent) return false;
-    extent += (size - 1) * stride;
-  }
-  return true;
-}
-
-// Whether an in-place output and an input are the same elements (each read
-// by the invocation that writes it) or share no bytes.
-bool apart_or_same(const at::Tensor& out, const at::Tensor& in) {
-  if (&out == &in || in.numel() == 0 || !out.storage().is_alias_of(in.storage())) return true;
-  auto o = static_cast<const char*>(out.const_data_ptr());
-  auto i = static_cast<const char*>(in.const_data_ptr());
-  if (o == i && out.sizes() == in.sizes() && out.strides() == in.strides()) return true;
-  return o + span_bytes(out) <= i || i + span_bytes(in) <= o;
-}
-
 // A float32 tensor of vkdev's device `like` (the kernels' one dtype).
 bool f32(const at::Tensor& t, const at::Tensor& like) {
   return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 &&
@@ -226,22 +140,6 @@ bool f32(const at::Tensor& t, const at::Tensor& like) {
          !t.is_neg();
 }
 bool f32(const at::Tensor& t) { return f32(t, t); }
-// A Python number as the second operand, read from its wrapped CPU tensor.
-std::optional<float> number(const at::Tensor& t) {
-  if (!t.defined() || !t.unsafeGetTensorImpl()->is_wrapped_number() || !t.device().is_cpu())
-    return std::nullopt;
-  switch (t.scalar_type()) {
-    case at::kDouble: return static_cast<float>(*t.const_data_ptr<double>());
-    case at::kLong: return static_cast<float>(*t.const_data_ptr<std::int64_t>());
-    case at::kBool: return *t.const_data_ptr<bool>() ? 1.0f : 0.0f;
-    default: return std::nullopt;
-  }
-}
-std::optional<float> real(const at::Scalar& s) {
-  if (s.isComplex()) return std::nullopt;
-  return static_cast<float>(s.toDouble());
-}
-
 // The current stream of `like`'s device and its pipelines; nullopt where the
 // device has none (no push descriptors).
 std::optional<std::pair<accelkit::KernelStream, const Pipelines*>> target(const at::Tensor& like) {
@@ -282,21 +180,21 @@ Opt elementwise(Op op, Counter counter, const at::Tensor& a, const at::Tensor* b
   at::DimVector shape =
       b ? at::infer_size_dimvector(a.sizes(), b->sizes()) : at::DimVector(a.sizes());
   c10::IntArrayRef sh(shape);
-  if (into && (into->sizes() != sh || !distinct_elements(*into) || !apart_or_same(*into, a) ||
-               (b && !apart_or_same(*into, *b))))
+  if (into && (into->sizes() != sh || !distinct_elements(*into) ||
+               !same_or_disjoint(*into, a) || (b && !same_or_disjoint(*into, *b))))
     return std::nullopt;
   auto t = target(a);
   if (!t) return std::nullopt;
   const at::Tensor* like = a.sizes() == sh ? &a : b && b->sizes() == sh ? b : nullptr;
-  at::Tensor out = into ? *into : empty_out(a, sh, like);
+  at::Tensor out = into ? *into : empty_output(a, sh, like);
   if (out.numel() == 0) return out;
   if (out.numel() > kMax32) return std::nullopt;
   at::DimVector sa(shape.size()), sb(shape.size());
   broadcast_strides(a, sh, sa.data());
   if (b) broadcast_strides(*b, sh, sb.data());
   Geom g{0, 0, 0, static_cast<std::uint32_t>(out.numel()), 0, static_cast<std::uint32_t>(op), s};
-  if (!collapse<3>(sh, {out.strides().data(), sa.data(), sb.data()}, g.size, {g.so, g.sa, g.sb},
-                   g.ndim))
+  if (!merge_dims<3>(sh, {out.strides().data(), sa.data(), sb.data()}, g.size,
+                     {g.so, g.sa, g.sb}, g.ndim))
     return std::nullopt;
   auto groups =
       static_cast<std::uint32_t>(std::min<std::int64_t>((g.n + kGroup - 1) / kGroup, kMaxGroups));
@@ -311,22 +209,22 @@ Opt binary(Op op, Counter counter, const at::Tensor& a, const at::Tensor& b, std
            const at::Tensor* into = nullptr) {
   if (!f32(a) || !s) return std::nullopt;
   if (f32(b, a)) return elementwise(op, counter, a, &b, *s, into);
-  auto v = number(b);
+  auto v = accelkit::wrapped_number<float>(b);
   if (!v) return std::nullopt;
   return op == Op::add ? elementwise(Op::add_scalar, counter, a, nullptr, *s * *v, into)
                        : elementwise(Op::mul_scalar, counter, a, nullptr, *v, into);
 }
 
 at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  if (auto out = binary(Op::add, c_add, self, other, real(alpha))) return *out;
+  if (auto out = binary(Op::add, c_add, self, other, real_number<float>(alpha))) return *out;
   return K::fallback<at::_ops::add_Tensor>(self, other, alpha);
 }
 at::Tensor& add_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  if (binary(Op::add, c_add, self, other, real(alpha), &self)) return self;
+  if (binary(Op::add, c_add, self, other, real_number<float>(alpha), &self)) return self;
   return K::fallback<at::_ops::add__Tensor>(self, other, alpha);
 }
 std::optional<float> negated(const at::Scalar& alpha) {
-  auto s = real(alpha);
+  auto s = real_number<float>(alpha);
   return s ? std::optional<float>(-*s) : std::nullopt;
 }
 at::Tensor sub(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
@@ -352,7 +250,7 @@ at::Tensor relu(const at::Tensor& self) {
 }
 at::Tensor threshold_backward(const at::Tensor& grad, const at::Tensor& self,
                               const at::Scalar& threshold) {
-  auto t = real(threshold);
+  auto t = real_number<float>(threshold);
   if (t && f32(grad) && f32(self, grad))
     if (auto out = elementwise(Op::threshold_backward, c_threshold_backward, grad, &self, *t))
       return *out;
@@ -362,7 +260,7 @@ at::Tensor threshold_backward(const at::Tensor& grad, const at::Tensor& self,
 // beta * bias + alpha * (a @ b); bias undefined for mm.
 Opt matmul(Counter counter, const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
            const at::Scalar& beta, const at::Scalar& alpha) {
-  auto fa = real(alpha), fb = real(beta);
+  auto fa = real_number<float>(alpha), fb = real_number<float>(beta);
   if (!f32(a) || !f32(b, a) || a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0) || !fa || !fb)
     return std::nullopt;
   std::int64_t m = a.size(0), n = b.size(1), k = a.size(1);
@@ -378,7 +276,7 @@ Opt matmul(Counter counter, const at::Tensor& bias, const at::Tensor& a, const a
     if (v < 0 || v > kMax32) return std::nullopt;
   auto t = target(a);
   if (!t) return std::nullopt;
-  at::Tensor out = empty_out(a, mn, nullptr);
+  at::Tensor out = empty_output(a, mn, nullptr);
   if (out.numel() == 0) return out;
   auto u = [](std::int64_t v) { return static_cast<std::uint32_t>(v); };
   MatmulParams q{0, 0, 0, 0, u(m), u(n), u(k), has_bias, u(a.stride(0)), u(a.stride(1)),
@@ -419,12 +317,12 @@ Opt reduce_sum(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdi
     (reduced[d] ? rstride : kstride).push_back(self.stride(d));
   }
   Red g{};
-  if (!collapse<1>(ksize, {kstride.data()}, g.ksize, {g.kstride}, g.nk) ||
-      !collapse<1>(rsize, {rstride.data()}, g.rsize, {g.rstride}, g.nr))
+  if (!merge_dims<1>(ksize, {kstride.data()}, g.ksize, {g.kstride}, g.nk) ||
+      !merge_dims<1>(rsize, {rstride.data()}, g.rsize, {g.rstride}, g.nr))
     return std::nullopt;
   auto t = target(self);
   if (!t) return std::nullopt;
-  at::Tensor out = empty_out(self, shape, nullptr);
+  at::Tensor out = empty_output(self, shape, nullptr);
   if (out.numel() == 0) return out;
   std::int64_t nred = self.numel() / out.numel();  // 0: sums of nothing, zeros
   if (out.numel() > kMax32 || nred > kMax32) return std::nullopt;

@@ -3,7 +3,9 @@
 // behind a tensor, stream-use recording for the caching pool, and the
 // registration that overrides the SDK's kernel of an operator (or opts an
 // operator out of its host kernel) without PyTorch's override warning and
-// whatever the link order.
+// whatever the link order; with the driver-neutral helpers of
+// kernel_helpers.hpp (outputs, broadcast strides, merged dims, numbers,
+// overlap checks).
 //
 //   using K = accelkit::Kernels<MyRuntime>;
 //   at::Tensor my_relu(const at::Tensor& self) {
@@ -42,6 +44,7 @@
 
 #include <accelkit/torch/adapter.hpp>
 #include <accelkit/torch/fallback.hpp>
+#include <accelkit/torch/kernel_helpers.hpp>
 #include <accelkit/torch/kernel_table.hpp>
 
 #include <ATen/native/CPUFallback.h>
