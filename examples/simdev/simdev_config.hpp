@@ -34,7 +34,8 @@
 //                         real drivers' event creation does; busy-waited)
 //   SIMDEV_UNKNOWN_PROPERTIES 1 or 0 (default): properties() leaves the UUID,
 //                         the architecture and the copy engines unknown, as an
-//                         OpenCL driver does (Note [Derived UUID])
+//                         OpenCL driver does (Note [Derived UUID]), and the
+//                         compute units and clock rate (0), as Vulkan does
 //   SIMDEV_PRIORITY_LEVELS n in 1..8: stream priorities given as levels
 //                         (StreamPriorityRange::from_levels(n), as an OpenCL
 //                         runtime gives its hints); unset, CUDA's style 0..-2

@@ -161,10 +161,12 @@ class SimRuntime : public accelkit::Runtime<SimRuntime> {
                               : accelkit::StreamPriorityRange{0, -2};  // CUDA's: lower is more urgent
     p.event_timing = config_.event_timing;
     p.async_copy_engines = 2;
-    if (config_.unknown_properties) {  // as OpenCL reports them
+    if (config_.unknown_properties) {  // what OpenCL or Vulkan drivers cannot tell
       p.uuid.clear();
       p.architecture.clear();
       p.async_copy_engines.reset();
+      p.compute_units = 0;
+      p.clock_rate_khz = 0;
     }
     p.extras.push_back({"simdev.host_memory_backed", true});
     p.extras.push_back({"simdev.injected_faults",

@@ -693,10 +693,14 @@ def test_unknown_properties_show_as_none_and_the_derived_uuid_is_stable_across_p
     code = """
 p = torch.simdev.get_device_properties(1)
 print('arch:', p.architecture, 'engines:', p.async_copy_engines, 'derived:', p.uuid_derived)
+print('units:', p.compute_units, 'clock:', p.clock_rate_khz)
 print('uuid:', p.uuid)
+print(torch.simdev.report())
 """
     runs = [_run(code, SIMDEV_UNKNOWN_PROPERTIES="1") for _ in range(2)]
     for r in runs:
         assert "arch: None engines: None derived: True" in r.stdout, r.stdout + r.stderr
+        assert "units: None clock: None" in r.stdout, r.stdout + r.stderr
+        assert "unknown compute units" in r.stdout and "clock unknown" in r.stdout, r.stdout
     uuids = [line for r in runs for line in r.stdout.splitlines() if line.startswith("uuid:")]
     assert len(uuids) == 2 and uuids[0] == uuids[1], uuids
