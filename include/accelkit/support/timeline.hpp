@@ -27,6 +27,11 @@
 // caller that sees the counter reach it.
 // Limits: not thread-safe by itself: every member but the constructor is
 // called under `mutex`. Work recorded and not submitted does not run.
+//
+// An event over timelines is TimelineEvent<Stream>: the (stream, value) its
+// last record captured (the value the stream's submit() returned after the
+// record); it has completed once that stream's counter reaches the value,
+// and a stream waits for it with wait_for(stream, value). Thread-safe.
 #pragma once
 
 #include <accelkit/config.hpp>
@@ -143,6 +148,26 @@ class Timeline {
   std::uint64_t failed_at_ = 0;
   std::string failed_call_;
   bool force_ = false;
+};
+
+template <class Stream>
+class TimelineEvent {
+ public:
+  void record(std::shared_ptr<Stream> stream, std::uint64_t value) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stream_ = std::move(stream);
+    value_ = value;
+  }
+  // The last record's stream and value; a null stream: never recorded.
+  std::pair<std::shared_ptr<Stream>, std::uint64_t> last() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {stream_, value_};
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::shared_ptr<Stream> stream_;
+  std::uint64_t value_ = 0;
 };
 
 }  // namespace support
