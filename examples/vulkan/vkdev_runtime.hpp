@@ -25,8 +25,8 @@
 //                   failed queued work (only the fault hook's, on a healthy
 //                   driver) lose the device (Note [vkdev lost devices])
 //   memory budget   the heap's size is a budget, not a limit the driver
-//                   keeps: malloc counts its own bytes and answers nullptr at
-//                   the heap's size; memory_info reports the same count
+//                   keeps: malloc counts its bytes against it
+//                   (support::MemoryBudget) and answers nullptr past it
 //
 // Configuration, read at the first device_count():
 //   VKDEV_HOST_ACCESS none (default): device memory the host does not address
@@ -56,8 +56,8 @@
 // submission that holds the work; the first call that sees that value reached
 // (a query, a synchronize, an event's) reports the loss, as a real
 // VK_ERROR_DEVICE_LOST from any call does. From then on every call that would
-// run work on the device is refused with the first failure; releases still
-// work.
+// run work on the device is refused with the first failure (kept by
+// support::LostState); releases still work.
 // Limits: the device stays lost for the process's life.
 #pragma once
 
@@ -65,13 +65,15 @@
 
 #include <accelkit/accelkit.hpp>
 #include <accelkit/support/address_space.hpp>
+#include <accelkit/support/driver_info.hpp>
 #include <accelkit/support/fault_hook.hpp>
 #include <accelkit/support/handle_table.hpp>
+#include <accelkit/support/lost_state.hpp>
+#include <accelkit/support/memory_budget.hpp>
 #include <accelkit/support/timeline.hpp>
 
 #include <fmt/format.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -164,9 +166,9 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     const VkPhysicalDeviceProperties& vp = p2.properties;
     accelkit::DeviceProperties p;
     p.name = vp.deviceName;
-    p.vendor = vendor_name(vp.vendorID);
+    p.vendor = accelkit::support::pci_vendor_name(vp.vendorID);
     p.uuid = accelkit::uuid_from_bytes(id.deviceUUID);
-    p.driver_version = parse_version(driver.driverInfo);
+    p.driver_version = accelkit::support::parse_version(driver.driverInfo);
     if (p.driver_version == accelkit::Version{})
       p.driver_version = {static_cast<int>(VK_API_VERSION_MAJOR(vp.driverVersion)),
                           static_cast<int>(VK_API_VERSION_MINOR(vp.driverVersion)),
@@ -174,8 +176,8 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     p.runtime_version = {static_cast<int>(VK_API_VERSION_MAJOR(vp.apiVersion)),
                          static_cast<int>(VK_API_VERSION_MINOR(vp.apiVersion)),
                          static_cast<int>(VK_API_VERSION_PATCH(vp.apiVersion))};
-    p.total_memory = d.budget;
-    p.max_allocation = std::min<std::uint64_t>(d.max_allocation, d.budget);
+    p.total_memory = d.memory.total();
+    p.max_allocation = std::min<std::uint64_t>(d.max_allocation, d.memory.total());
     // Vulkan reports neither compute units nor a clock rate: unknown (0).
     p.subgroup_size = static_cast<int>(subgroup.subgroupSize);
     p.dtypes = accelkit::DTypeSet::all();  // through the SDK's fallback
@@ -201,35 +203,21 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     current_device_ = device;
   }
 
-  accelkit::MemoryInfo memory_info(int device) {
-    Device& d = dev(device, "memory_info");
-    std::uint64_t used = d.used.load();
-    return {used < d.budget ? d.budget - used : 0, d.budget};
-  }
+  accelkit::MemoryInfo memory_info(int device) { return dev(device, "memory_info").memory.info(); }
 
   // nullptr past the budget (the heap's size: lavapipe would allocate far
   // more) and when the driver is out of memory.
   void* malloc(int device, std::size_t bytes) {
     Device& d = live(device, "malloc");
     fault("malloc");
-    if (bytes > d.max_allocation || d.used.fetch_add(bytes) + bytes > d.budget) {
-      if (bytes <= d.max_allocation) d.used -= bytes;
-      return nullptr;
-    }
-    AllocPtr a;
-    try {
-      // Direct: vkMapMemory aligns to less than kAlign; the user's bytes start
-      // at the first aligned address of a slightly larger allocation.
-      a = allocate(d, access_ == HostAccess::direct ? bytes + kAlign : bytes, d.device_type,
-                   access_ == HostAccess::direct, "malloc");
-    } catch (...) {
-      d.used -= bytes;
-      throw;
-    }
-    if (!a) {
-      d.used -= bytes;
-      return nullptr;
-    }
+    auto held = d.memory.reserve(bytes);
+    if (bytes > d.max_allocation || !held) return nullptr;
+    // Direct: vkMapMemory aligns to less than kAlign; the user's bytes start
+    // at the first aligned address of a slightly larger allocation.
+    AllocPtr a = allocate(d, access_ == HostAccess::direct ? bytes + kAlign : bytes, d.device_type,
+                          access_ == HostAccess::direct, "malloc");
+    if (!a) return nullptr;
+    held.keep();
     a->bytes = bytes;
     if (access_ != HostAccess::direct) return space_->map(a, bytes, "malloc");
     auto host = reinterpret_cast<std::uintptr_t>(a->host);
@@ -243,7 +231,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   void free(int device, void* ptr) {
     Device& d = dev(device, "free");
     AllocPtr a = take(device, ptr, false, "free");
-    d.used -= a->bytes;
+    d.memory.release(a->bytes);
   }
 
   void* host_malloc(int device, std::size_t bytes) {
@@ -334,7 +322,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   void stream_destroy(int device, accelkit::StreamHandle stream) {
     Device& d = dev(device, "stream_destroy");
     auto s = d.streams.remove(stream, "stream_destroy", device);
-    if (!d.lost()) flush(d, *s, "stream_destroy");
+    if (!d.lost.lost()) flush(d, *s, "stream_destroy");
   }
 
   bool stream_query(int device, accelkit::StreamHandle stream) {
@@ -400,10 +388,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
         vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, e->query, 0);
       });
     if (f) fail_queued(*s, "event_record");
-    std::uint64_t value = flush(d, *s, "event_record");
-    std::lock_guard<std::mutex> lock(e->mutex);
-    e->stream = s;
-    e->value = value;
+    e->record(s, flush(d, *s, "event_record"));
   }
 
   bool event_query(int, accelkit::EventHandle event) {
@@ -520,17 +505,11 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     }
   };
 
-  struct Event {
+  // An event: (stream, value) of its last record (Note [Timeline streams]).
+  struct Event : accelkit::support::TimelineEvent<Stream> {
     int device = 0;
     VkDevice vk = VK_NULL_HANDLE;
     VkQueryPool query = VK_NULL_HANDLE;  // timing events
-    std::mutex mutex;
-    std::shared_ptr<Stream> stream;  // the last record's; none: never recorded
-    std::uint64_t value = 0;
-    std::pair<std::shared_ptr<Stream>, std::uint64_t> last() {
-      std::lock_guard<std::mutex> lock(mutex);
-      return {stream, value};
-    }
     ~Event() {
       if (query) vkDestroyQueryPool(vk, query, nullptr);
     }
@@ -542,8 +521,8 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     std::uint32_t family = 0, device_type = 0, host_type = 0;
     std::uint32_t timestamp_bits = 0;
     double timestamp_period = 1;
-    std::uint64_t budget = 0, max_allocation = 0;
-    std::atomic<std::uint64_t> used{0};
+    std::uint64_t max_allocation = 0;
+    accelkit::support::MemoryBudget memory;  // the heap's size
     bool push_descriptor = false;
     std::once_flag created;
     VkDevice device = VK_NULL_HANDLE;
@@ -553,20 +532,13 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     AllocPtr patterns;  // 256 four-byte patterns: byte v repeated at 4 * v
     std::shared_ptr<Stream> sync_stream;  // memcpy's
     accelkit::support::HandleTable<accelkit::StreamHandle, Stream> streams{name, "stream", kInvalid};
-    std::mutex lost_mutex;
-    std::string lost_what;  // the first failure (Note [vkdev lost devices])
-    std::atomic<bool> is_lost{false};
-    bool lost() const { return is_lost.load(); }
+    accelkit::support::LostState lost;  // Note [vkdev lost devices]
   };
 
   // --------------------------------------------------------- errors
 
   [[noreturn]] void lose(Device& d, std::string_view call, const std::string& what) {
-    {
-      std::lock_guard<std::mutex> lock(d.lost_mutex);
-      if (d.lost_what.empty()) d.lost_what = fmt::format("{} in {}", what, call);
-      d.is_lost = true;
-    }
+    d.lost.lose(fmt::format("{} in {}", what, call));
     device_lost(VK_ERROR_DEVICE_LOST, call, what);
   }
   void check(Device& d, VkResult r, std::string_view call, const char* fn) {
@@ -672,7 +644,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     if (!dtype || !htype) return nullptr;
     d->device_type = *dtype;
     d->host_type = *htype;
-    d->budget = mp.memoryHeaps[mp.memoryTypes[*dtype].heapIndex].size;
+    d->memory.set_total(mp.memoryHeaps[mp.memoryTypes[*dtype].heapIndex].size);
     VkPhysicalDeviceMaintenance3Properties m3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
     VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &m3};
     vkGetPhysicalDeviceProperties2(pd, &p2);
@@ -744,12 +716,9 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   // The context of a device that is not lost (Note [vkdev lost devices]).
   Device& live(int device, std::string_view call) {
     Device& d = context(device, call);
-    if (d.lost()) {
-      std::lock_guard<std::mutex> lock(d.lost_mutex);
+    if (auto first = d.lost.first())
       device_lost(VK_ERROR_DEVICE_LOST, call,
-                  fmt::format("device {} was lost earlier ({}): it runs no more work", device,
-                              d.lost_what));
-    }
+                  fmt::format("device {} was lost earlier ({}): it runs no more work", device, *first));
     return d;
   }
 
@@ -957,37 +926,6 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     reached(d, s, value, call);
   }
   void wait(Device& d, Stream& s, std::string_view call) { wait_value(d, s, flush(d, s, call), call); }
-
-  // --------------------------------------------------------- properties
-
-  static std::string vendor_name(std::uint32_t id) {
-    switch (id) {
-      case 0x1002: return "AMD";
-      case 0x10DE: return "NVIDIA";
-      case 0x8086: return "Intel";
-      case 0x13B5: return "Arm";
-      case 0x5143: return "Qualcomm";
-      case 0x106B: return "Apple";
-      case VK_VENDOR_ID_MESA: return "Mesa";
-      default: return fmt::format("Vulkan vendor {:#x}", id);
-    }
-  }
-  // The first "a.b[.c]" of a text ("Mesa 22.3.6 (LLVM 15.0.6)": 22.3.6).
-  static accelkit::Version parse_version(std::string_view s) {
-    int parts[3] = {0, 0, 0}, n = 0;
-    for (std::size_t i = 0; i < s.size() && n < 3; ++i) {
-      if (s[i] < '0' || s[i] > '9') {
-        if (n > 0 && s[i] != '.') break;
-        continue;
-      }
-      int v = 0;
-      while (i < s.size() && s[i] >= '0' && s[i] <= '9' && v < 100000) v = v * 10 + (s[i++] - '0');
-      parts[n++] = v;
-      if (i >= s.size() || s[i] != '.') break;
-    }
-    if (n < 2) return {};
-    return {parts[0], parts[1], parts[2]};
-  }
 
   std::once_flag discovered_;
   HostAccess access_ = HostAccess::none;
