@@ -97,7 +97,7 @@ struct BufferRef {
   VkDeviceSize bytes;
 };
 
-enum class HostAccess { none, mapped, direct };
+using HostAccess = accelkit::HostAccessLevel;  // VKDEV_HOST_ACCESS
 
 inline const char* result_name(VkResult r) {
   switch (r) {
@@ -181,17 +181,13 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     // Vulkan reports neither compute units nor a clock rate: unknown (0).
     p.subgroup_size = static_cast<int>(subgroup.subgroupSize);
     p.dtypes = accelkit::DTypeSet::all();  // through the SDK's fallback
-    p.host_access = access_ == HostAccess::direct   ? accelkit::HostAccessLevel::direct
-                    : access_ == HostAccess::mapped ? accelkit::HostAccessLevel::mapped
-                                                    : accelkit::HostAccessLevel::none;
+    p.host_access = access_;
     p.stream_priorities = accelkit::StreamPriorityRange::from_levels(1);
     p.memory_alignment = kAlign;
     p.event_timing = d.timestamp_bits > 0;
     // DLPack's kDLVulkan would promise a consumer Vulkan memory it could
     // bind; the fake addresses are the SDK's alone: the default, kDLExtDev.
-    p.extras.push_back({"vkdev.host_access", std::string(access_ == HostAccess::direct   ? "direct"
-                                                         : access_ == HostAccess::mapped ? "mapped"
-                                                                                         : "none")});
+    p.extras.push_back({"vkdev.host_access", std::string(to_string(access_))});
     p.extras.push_back({"vkdev.driver", fmt::format("{} ({})", driver.driverName, driver.driverInfo)});
     p.extras.push_back({"vkdev.push_descriptor", d.push_descriptor});
     return p;
@@ -639,8 +635,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
       throw accelkit::ValueError(
           name, fmt::format("VKDEV_HOST_ACCESS={}: device {} ({}) has no host-visible coherent "
                             "memory (use none)",
-                            access_ == HostAccess::direct ? "direct" : "mapped", devices_.size(),
-                            vp.deviceName));
+                            to_string(access_), devices_.size(), vp.deviceName));
     if (!dtype || !htype) return nullptr;
     d->device_type = *dtype;
     d->host_type = *htype;
