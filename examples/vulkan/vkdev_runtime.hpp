@@ -69,6 +69,7 @@
 #include <accelkit/support/fault_hook.hpp>
 #include <accelkit/support/handle_table.hpp>
 #include <accelkit/support/lost_state.hpp>
+#include <accelkit/support/map_count.hpp>
 #include <accelkit/support/memory_budget.hpp>
 #include <accelkit/support/timeline.hpp>
 
@@ -245,27 +246,22 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
 
   // Mapped: Vulkan maps one range of a memory object at a time, so the
   // whole allocation is mapped while any range of it is (counted), and the
-  // host address of `ptr` in that map is returned.
+  // host address of `ptr` in that map is returned (support::MapCount).
   void* host_map(int device, void* ptr, std::size_t bytes) {
     Device& d = live(device, "host_map");
     auto [a, offset] = owned(device, ptr, bytes, "host_map");
-    std::lock_guard<std::mutex> lock(a->map_mutex);
-    if (!a->mapped)
-      check(d, vkMapMemory(d.device, a->memory, 0, VK_WHOLE_SIZE, 0, &a->mapped), "host_map",
-            "vkMapMemory");
-    ++a->maps;
-    return static_cast<char*>(a->mapped) + a->base + offset;
+    void* base = a->maps.map([&, a = a] {
+      void* p = nullptr;
+      check(d, vkMapMemory(d.device, a->memory, 0, VK_WHOLE_SIZE, 0, &p), "host_map", "vkMapMemory");
+      return p;
+    });
+    return static_cast<char*>(base) + a->base + offset;
   }
   void host_unmap(int device, void* ptr, std::size_t bytes) {
     Device& d = dev(device, "host_unmap");
-    auto [a, offset] = owned(device, ptr, bytes, "host_unmap");
-    std::lock_guard<std::mutex> lock(a->map_mutex);
-    if (a->maps == 0)
+    AllocPtr a = owned(device, ptr, bytes, "host_unmap").first;
+    if (!a->maps.unmap([&](void*) { vkUnmapMemory(d.device, a->memory); }))
       driver_error(kInvalid, "host_unmap", fmt::format("{} bytes at {} are not mapped", bytes, ptr));
-    if (--a->maps == 0) {
-      vkUnmapMemory(d.device, a->memory);
-      a->mapped = nullptr;
-    }
   }
 
   void memcpy(int device, void* dst, const void* src, std::size_t bytes, accelkit::CopyKind kind) {
@@ -477,11 +473,9 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     std::size_t bytes = 0;
     void* host = nullptr;   // persistently mapped (direct, pinned, staging)
     bool pinned = false;
-    std::mutex map_mutex;   // host_map's (mapped)
-    void* mapped = nullptr;
-    int maps = 0;
+    accelkit::support::MapCount maps;  // host_map's (mapped)
     ~Allocation() {
-      if (host || mapped) vkUnmapMemory(vk, memory);
+      if (host || maps.mapped()) vkUnmapMemory(vk, memory);
       vkDestroyBuffer(vk, buffer, nullptr);
       vkFreeMemory(vk, memory, nullptr);
     }
