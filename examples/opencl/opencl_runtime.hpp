@@ -92,6 +92,7 @@
 #include <CL/cl_ext.h>
 
 #include <accelkit/accelkit.hpp>
+#include <accelkit/support/driver_info.hpp>
 #include <accelkit/support/handle_table.hpp>
 #include <accelkit/support/host_signals.hpp>
 
@@ -225,9 +226,10 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     // derives a stable one.
     p.uuid = uuid_of(d);
     p.pci_bus_id = pci_bus_id_of(d);
-    p.driver_version = parse_version(driver);
+    p.driver_version = accelkit::support::parse_version(driver);
     if (p.driver_version == accelkit::Version{}) p.driver_version = {0, 0, 1};
-    p.runtime_version = parse_version(platform_string(d.platform, CL_PLATFORM_VERSION));
+    p.runtime_version =
+        accelkit::support::parse_version(platform_string(d.platform, CL_PLATFORM_VERSION));
     p.total_memory = info<cl_ulong>(id, CL_DEVICE_GLOBAL_MEM_SIZE);
     p.max_allocation = std::min<std::uint64_t>(info<cl_ulong>(id, CL_DEVICE_MAX_MEM_ALLOC_SIZE),
                                                p.total_memory);
@@ -982,25 +984,6 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
     std::string all = " " + info_string(id, CL_DEVICE_EXTENSIONS) + " ";
     return all.find(" " + std::string(ext) + " ") != std::string::npos;
   }
-  // The first "major.minor[.patch]" in `s` ("OpenCL 3.0 PoCL ...", "3.1+debian").
-  static accelkit::Version parse_version(const std::string& s) {
-    for (std::size_t i = 0; i < s.size(); ++i) {
-      if (s[i] < '0' || s[i] > '9') continue;
-      int parts[3] = {0, 0, 0};
-      int n = 0;
-      std::size_t j = i;
-      while (n < 3 && j < s.size() && s[j] >= '0' && s[j] <= '9') {
-        int v = 0;
-        while (j < s.size() && s[j] >= '0' && s[j] <= '9' && v < 100000) v = v * 10 + (s[j++] - '0');
-        parts[n++] = v;
-        if (j + 1 < s.size() && s[j] == '.' && s[j + 1] >= '0' && s[j + 1] <= '9') ++j;
-        else break;
-      }
-      if (n >= 2) return {parts[0], parts[1], parts[2]};
-      i = j;
-    }
-    return {};
-  }
   static std::string uuid_of(const Device& d) {
 #ifdef CL_DEVICE_UUID_KHR
     if (has_extension(d.id, "cl_khr_device_uuid")) {
@@ -1107,7 +1090,8 @@ class OpenCLRuntime : public accelkit::Runtime<OpenCLRuntime> {
         check(clGetDeviceIDs(pl, CL_DEVICE_TYPE_ALL, nd, ids.data(), nullptr), "device_count",
               "clGetDeviceIDs");
         for (cl_device_id id : ids) {
-          accelkit::Version v = parse_version(info_string(id, CL_DEVICE_VERSION));
+          accelkit::Version v =
+              accelkit::support::parse_version(info_string(id, CL_DEVICE_VERSION));
           if (v.major < 2) continue;
           auto caps = info<cl_device_svm_capabilities>(id, CL_DEVICE_SVM_CAPABILITIES);
           if (!(caps & CL_DEVICE_SVM_COARSE_GRAIN_BUFFER)) continue;
