@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from backend import DEV
+import native_kernels
 
 if DEV != "ocl":
     pytest.skip("ocl's native OpenCL kernels", allow_module_level=True)
@@ -26,39 +27,9 @@ if not KOPS.enabled():  # python.ocl.svm_*; python.ocl.native_kernels_* run this
     pytest.skip("OCL_NATIVE_KERNELS=0: the native kernels are not registered",
                 allow_module_level=True)
 
-EXACT = dict(rtol=0, atol=0, equal_nan=True)
-CLOSE = dict(rtol=1e-5, atol=1e-5, equal_nan=True)
-
-
-def _gen(seed=0):
-    return torch.Generator().manual_seed(seed)
-
-
-def _randn(*shape, seed=0):
-    return torch.randn(shape, generator=_gen(seed))
-
-
-def _check(kernel, f, *args, launched=1, tol=EXACT):
-    """f on the CPU and on ocl (tensors moved), equal within tol; `kernel` ran `launched` times."""
-    dev_args = [a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args]
-    torch.ocl.synchronize()
-    n0 = KOPS.launches(kernel)
-    got = f(*dev_args)
-    n = KOPS.launches(kernel) - n0
-    want = f(*args)
-    assert got.device.type == DEV
-    assert got.shape == want.shape and got.dtype == want.dtype
-    torch.testing.assert_close(got.cpu(), want, **tol)
-    assert n == launched, f"{kernel}: {n} launches, expected {launched}"
-    return got
-
-
-def _special(t):
-    t = t.clone()
-    flat = t.view(-1)
-    if flat.numel() >= 3:
-        flat[0], flat[1], flat[2] = float("nan"), float("inf"), float("-inf")
-    return t
+EXACT, CLOSE = native_kernels.EXACT, native_kernels.CLOSE
+_gen, _randn, _special = native_kernels.gen, native_kernels.randn, native_kernels.special
+_check = native_kernels.checker(KOPS)
 
 
 ELEMENTWISE_SHAPES = [
