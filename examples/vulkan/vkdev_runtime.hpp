@@ -331,12 +331,8 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   void stream_wait_event(int device, accelkit::StreamHandle stream, accelkit::EventHandle event) {
     Device& d = live(device, "stream_wait_event");
     auto s = stream_of(d, stream, "stream_wait_event");
-    auto e = events_.get(event, "stream_wait_event");
+    auto e = event_of(device, event, "stream_wait_event", "waited for");
     auto f = fault("stream_wait_event");
-    if (e->device != device)
-      driver_error(kInvalid, "stream_wait_event",
-                   fmt::format("event of device {} waited for on a stream of device {}", e->device,
-                               device));
     auto [on, value] = e->last();
     if (on && on != s && !reached(d, *on, value, "stream_wait_event")) {
       std::lock_guard<std::mutex> lock(s->mutex);
@@ -368,12 +364,8 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   void event_record(int device, accelkit::EventHandle event, accelkit::StreamHandle stream) {
     Device& d = live(device, "event_record");
     auto s = stream_of(d, stream, "event_record");
-    auto e = events_.get(event, "event_record");
+    auto e = event_of(device, event, "event_record", "recorded");
     auto f = fault("event_record");
-    if (e->device != device)
-      driver_error(kInvalid, "event_record",
-                   fmt::format("event of device {} recorded on a stream of device {}", e->device,
-                               device));
     if (e->query)
       record(d, *s, "event_record", [&](VkCommandBuffer cb) {
         vkCmdResetQueryPool(cb, e->query, 0, 1);
@@ -820,6 +812,16 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     return s;
   }
 
+  // The event, which must be of `device`, the stream's it is `use`d on.
+  std::shared_ptr<Event> event_of(int device, accelkit::EventHandle h, std::string_view call,
+                                  std::string_view use) {
+    auto e = events_.get(h, call);
+    if (e->device != device)
+      driver_error(kInvalid, call,
+                   fmt::format("event of device {} {} on a stream of device {}", e->device, use,
+                               device));
+    return e;
+  }
   std::shared_ptr<Stream> stream_of(Device& d, accelkit::StreamHandle h, std::string_view call) {
     return d.streams.get(h, call, d.index);
   }
