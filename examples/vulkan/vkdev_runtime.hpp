@@ -1,41 +1,33 @@
 // vkdev: a reference backend over Vulkan 1.2+ compute (timeline semaphores),
-// written as a vendor would write one, on accelkit's support helpers. Tested
-// on lavapipe (Debian mesa-vulkan-drivers). The backend is named `vkdev`:
-// "vulkan" is one of PyTorch's device types.
+// written as a vendor would write one, on accelkit's support helpers (the
+// Vulkan plumbing: support/vulkan.hpp). Tested on lavapipe (Debian
+// mesa-vulkan-drivers). Named `vkdev`: "vulkan" is one of PyTorch's devices.
 //
-// How the contract maps onto Vulkan:
-//   device memory   one VkDeviceMemory and one VkBuffer over it per malloc;
-//                   PyTorch's pointers are fake addresses (Note [Fake device
-//                   addresses]) or, in direct mode, the persistently mapped
-//                   host address; locate() turns any pointer into (buffer,
-//                   offset)
-//   pinned memory   a host-visible VkBuffer mapped persistently: its host
-//                   address is real, and the runtime keeps a record of those
-//                   ranges so that copies from and to it are vkCmdCopyBuffer
-//   streams         a timeline semaphore each, over the device's one queue
-//                   (Note [vkdev streams])
-//   events          (timeline semaphore, value) captured at record; timing
-//                   events write a timestamp query
-//   copies          vkCmdCopyBuffer; pageable host memory through a staging
-//                   buffer: host-to-device staged at the call, device-to-host
-//                   waited for
-//   memset          vkCmdFillBuffer on the 4-byte-aligned middle, the edges
-//                   copied from a buffer of 4-byte patterns
-//   errors          DriverError with the VkResult; VK_ERROR_DEVICE_LOST and
-//                   failed queued work (only the fault hook's, on a healthy
-//                   driver) lose the device (Note [vkdev lost devices])
-//   memory budget   the heap's size is a budget, not a limit the driver
-//                   keeps: malloc counts its bytes against it
-//                   (support::MemoryBudget) and answers nullptr past it
+// The contract on Vulkan:
+//   device memory  a VkBuffer over VkDeviceMemory of its own per malloc;
+//                  PyTorch's pointers are fake addresses (Note [Fake device
+//                  addresses]) or, in direct mode, the persistently mapped
+//                  host address; locate() turns any pointer into (buffer, offset)
+//   pinned memory  a host-visible VkBuffer mapped persistently, recorded in
+//                  the address space so that copies to and from it are
+//                  vkCmdCopyBuffer
+//   streams        a timeline semaphore each, on the one queue (Note [vkdev streams])
+//   events         (timeline, value) of the record; timing ones a timestamp query
+//   copies         vkCmdCopyBuffer; pageable host memory through a staging
+//                  buffer (to the device: filled at the call; to the host: waited for)
+//   memset         vkCmdFillBuffer on the 4-byte-aligned middle, the edges
+//                  copied from a buffer of 4-byte patterns
+//   errors         DriverError with the VkResult; VK_ERROR_DEVICE_LOST and
+//                  failed queued work lose the device (Note [vkdev lost devices])
+//   memory budget  the heap's size is a budget the driver does not keep:
+//                  malloc counts against it (support::MemoryBudget), nullptr past it
 //
 // Configuration, read at the first device_count():
-//   VKDEV_HOST_ACCESS none (default): device memory the host does not address
-//                   mapped: as none, and host_map maps the allocation's memory
-//                   (vkMapMemory, counted per allocation) and returns the host
-//                   address; direct: host-visible coherent memory mapped
-//                   persistently, whose host address is the device pointer
-//   VKDEV_INJECT_FAULT test only: member[@n][:async], comma list (Note [Fault
-//                   hooks])
+//   VKDEV_HOST_ACCESS none (default): memory the host does not address;
+//                  mapped: as none, host_map maps the allocation (vkMapMemory,
+//                  counted) and returns the host address; direct: host-visible
+//                  coherent memory mapped persistently, its address the pointer
+//   VKDEV_INJECT_FAULT test only: member[@n][:async], comma list (Note [Fault hooks])
 //
 // Note [vkdev streams]
 // Problem: Vulkan has one queue (lavapipe's) for many PyTorch streams, and a
@@ -72,6 +64,7 @@
 #include <accelkit/support/map_count.hpp>
 #include <accelkit/support/memory_budget.hpp>
 #include <accelkit/support/timeline.hpp>
+#include <accelkit/support/vulkan.hpp>
 
 #include <fmt/format.h>
 
@@ -89,6 +82,7 @@
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
 namespace vkdev {
+namespace vulkan = accelkit::support::vulkan;
 
 // A span of device (or pinned) memory as kernels bind it: the allocation's
 // whole buffer and the span's offset and length in it.
@@ -100,29 +94,15 @@ struct BufferRef {
 
 using HostAccess = accelkit::HostAccessLevel;  // VKDEV_HOST_ACCESS
 
-inline const char* result_name(VkResult r) {
-  switch (r) {
-    case VK_NOT_READY: return "VK_NOT_READY";
-    case VK_TIMEOUT: return "VK_TIMEOUT";
-    case VK_ERROR_OUT_OF_HOST_MEMORY: return "VK_ERROR_OUT_OF_HOST_MEMORY";
-    case VK_ERROR_OUT_OF_DEVICE_MEMORY: return "VK_ERROR_OUT_OF_DEVICE_MEMORY";
-    case VK_ERROR_INITIALIZATION_FAILED: return "VK_ERROR_INITIALIZATION_FAILED";
-    case VK_ERROR_DEVICE_LOST: return "VK_ERROR_DEVICE_LOST";
-    case VK_ERROR_MEMORY_MAP_FAILED: return "VK_ERROR_MEMORY_MAP_FAILED";
-    case VK_ERROR_EXTENSION_NOT_PRESENT: return "VK_ERROR_EXTENSION_NOT_PRESENT";
-    case VK_ERROR_FEATURE_NOT_PRESENT: return "VK_ERROR_FEATURE_NOT_PRESENT";
-    case VK_ERROR_INCOMPATIBLE_DRIVER: return "VK_ERROR_INCOMPATIBLE_DRIVER";
-    case VK_ERROR_UNKNOWN: return "VK_ERROR_UNKNOWN";
-    case VK_ERROR_VALIDATION_FAILED_EXT: return "VK_ERROR_VALIDATION_FAILED_EXT";
-    default: return "a Vulkan error";
-  }
-}
-
 class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   struct Allocation;
   struct Stream;
   struct Device;
   using AllocPtr = std::shared_ptr<Allocation>;
+  // The runtime's check (Note [vkdev lost devices]) as the Vulkan helpers take it.
+  auto checker(Device& d, std::string_view call) {
+    return [this, &d, call](VkResult r, const char* fn) { check(d, r, call, fn); };
+  }
 
  public:
   static constexpr std::string_view name = "vkdev";
@@ -170,13 +150,8 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     p.vendor = accelkit::support::pci_vendor_name(vp.vendorID);
     p.uuid = accelkit::uuid_from_bytes(id.deviceUUID);
     p.driver_version = accelkit::support::parse_version(driver.driverInfo);
-    if (p.driver_version == accelkit::Version{})
-      p.driver_version = {static_cast<int>(VK_API_VERSION_MAJOR(vp.driverVersion)),
-                          static_cast<int>(VK_API_VERSION_MINOR(vp.driverVersion)),
-                          static_cast<int>(VK_API_VERSION_PATCH(vp.driverVersion))};
-    p.runtime_version = {static_cast<int>(VK_API_VERSION_MAJOR(vp.apiVersion)),
-                         static_cast<int>(VK_API_VERSION_MINOR(vp.apiVersion)),
-                         static_cast<int>(VK_API_VERSION_PATCH(vp.apiVersion))};
+    if (p.driver_version == accelkit::Version{}) p.driver_version = vulkan::version(vp.driverVersion);
+    p.runtime_version = vulkan::version(vp.apiVersion);
     p.total_memory = d.memory.total();
     p.max_allocation = std::min<std::uint64_t>(d.max_allocation, d.memory.total());
     // Vulkan reports neither compute units nor a clock rate: unknown (0).
@@ -456,20 +431,15 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   static constexpr std::size_t kAlign = 256;
   static constexpr int kBatch = 32;  // records per submission at most
 
-  struct Allocation {
-    VkDevice vk = VK_NULL_HANDLE;
-    int device = 0;
-    VkBuffer buffer = VK_NULL_HANDLE;
-    VkDeviceMemory memory = VK_NULL_HANDLE;
+  // host: mapped persistently (direct, pinned, staging), at the user's bytes.
+  struct Allocation : vulkan::Buffer {
+    int ordinal = 0;
     VkDeviceSize base = 0;  // where the user's bytes start in the buffer
     std::size_t bytes = 0;
-    void* host = nullptr;   // persistently mapped (direct, pinned, staging)
     bool pinned = false;
     accelkit::support::MapCount maps;  // host_map's (mapped)
     ~Allocation() {
-      if (host || maps.mapped()) vkUnmapMemory(vk, memory);
-      vkDestroyBuffer(vk, buffer, nullptr);
-      vkFreeMemory(vk, memory, nullptr);
+      if (!host && maps.mapped()) vkUnmapMemory(device, memory);
     }
   };
 
@@ -478,10 +448,8 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     VkDevice vk = VK_NULL_HANDLE;
     VkSemaphore timeline = VK_NULL_HANDLE;
     VkCommandPool pool = VK_NULL_HANDLE;
-    ~Stream() {
-      std::uint64_t last = submitted();
-      VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, nullptr, 0, 1, &timeline, &last};
-      if (last) vkWaitSemaphores(vk, &wi, UINT64_MAX);  // a lost device returns at once
+    ~Stream() {  // a lost device returns at once
+      if (std::uint64_t last = submitted()) vulkan::wait(vk, timeline, last, [](VkResult, const char*) {});
       vkDestroyCommandPool(vk, pool, nullptr);
       vkDestroySemaphore(vk, timeline, nullptr);
     }
@@ -525,7 +493,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   }
   void check(Device& d, VkResult r, std::string_view call, const char* fn) {
     if (r == VK_SUCCESS) return;
-    std::string what = fmt::format("{} failed: {} ({})", fn, result_name(r), static_cast<int>(r));
+    std::string what = fmt::format("{} failed: {} ({})", fn, vulkan::result_name(r), static_cast<int>(r));
     if (r == VK_ERROR_DEVICE_LOST) lose(d, call, what);
     driver_error(r, call, what);
   }
@@ -556,20 +524,11 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
               name, fmt::format("VKDEV_HOST_ACCESS='{}': expected none, mapped or direct", *v));
       }
       faults_.arm_from(env.get("VKDEV_INJECT_FAULT"));
-      VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
-      app.pApplicationName = "vkdev";
-      app.apiVersion = VK_API_VERSION_1_2;
-      VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
-      ci.pApplicationInfo = &app;
-      VkResult r = vkCreateInstance(&ci, nullptr, &instance_);
-      if (r == VK_ERROR_INCOMPATIBLE_DRIVER || r == VK_ERROR_INITIALIZATION_FAILED) return;
-      if (r != VK_SUCCESS)
-        driver_error(r, "device_count", fmt::format("vkCreateInstance failed: {}", result_name(r)));
-      std::uint32_t n = 0;
-      vkEnumeratePhysicalDevices(instance_, &n, nullptr);
-      std::vector<VkPhysicalDevice> all(n);
-      vkEnumeratePhysicalDevices(instance_, &n, all.data());
-      for (VkPhysicalDevice pd : all)
+      instance_ = vulkan::create_instance("vkdev", VK_API_VERSION_1_2, [](VkResult r, const char* fn) {
+        driver_error(r, "device_count", fmt::format("{} failed: {}", fn, vulkan::result_name(r)));
+      });
+      if (!instance_) return;
+      for (VkPhysicalDevice pd : vulkan::enumerate<VkPhysicalDevice>(vkEnumeratePhysicalDevices, instance_))
         if (auto d = usable(pd)) {
           d->index = static_cast<int>(devices_.size());
           devices_.push_back(std::move(d));
@@ -582,61 +541,36 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   // A device with Vulkan 1.2, timeline semaphores, a compute queue and the
   // memory types the mode needs; nullptr otherwise (direct: a ValueError).
   std::unique_ptr<Device> usable(VkPhysicalDevice pd) {
-    VkPhysicalDeviceProperties vp;
-    vkGetPhysicalDeviceProperties(pd, &vp);
     VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
     VkPhysicalDeviceFeatures2 f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
     vkGetPhysicalDeviceFeatures2(pd, &f);
-    if (vp.apiVersion < VK_API_VERSION_1_2 || !f12.timelineSemaphore) return nullptr;
-    auto d = std::make_unique<Device>();
-    d->physical = pd;
-    std::uint32_t nq = 0;
-    vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, nullptr);
-    std::vector<VkQueueFamilyProperties> families(nq);
-    vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, families.data());
-    std::uint32_t family = nq;
-    for (std::uint32_t i = 0; i < nq && family == nq; ++i)
-      if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) family = i;
-    if (family == nq) return nullptr;
-    d->family = family;
-    d->timestamp_bits = families[family].timestampValidBits;
-    d->timestamp_period = vp.limits.timestampPeriod;
+    VkPhysicalDeviceMaintenance3Properties m3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
+    VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &m3};
+    vkGetPhysicalDeviceProperties2(pd, &p2);
+    VkQueueFamilyProperties queue{};
+    auto family = vulkan::compute_family(pd, &queue);
+    if (p2.properties.apiVersion < VK_API_VERSION_1_2 || !f12.timelineSemaphore || !family) return nullptr;
     VkPhysicalDeviceMemoryProperties mp;
     vkGetPhysicalDeviceMemoryProperties(pd, &mp);
     constexpr VkMemoryPropertyFlags host = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-    auto find_type = [&](VkMemoryPropertyFlags need, VkMemoryPropertyFlags prefer) {
-      std::optional<std::uint32_t> found;
-      for (std::uint32_t i = 0; i < mp.memoryTypeCount; ++i) {
-        VkMemoryPropertyFlags t = mp.memoryTypes[i].propertyFlags;
-        if ((t & need) != need) continue;
-        if ((t & prefer) == prefer) return std::optional<std::uint32_t>(i);
-        if (!found) found = i;
-      }
-      return found;
-    };
-    auto dtype = access_ == HostAccess::none ? find_type(0, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
-                                             : find_type(host, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
-    auto htype = find_type(host, VK_MEMORY_PROPERTY_HOST_CACHED_BIT);
+    auto dtype = vulkan::memory_type(mp, access_ == HostAccess::none ? 0 : host, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+    auto htype = vulkan::memory_type(mp, host, VK_MEMORY_PROPERTY_HOST_CACHED_BIT);
     if (!dtype && access_ != HostAccess::none)
       throw accelkit::ValueError(
           name, fmt::format("VKDEV_HOST_ACCESS={}: device {} ({}) has no host-visible coherent "
                             "memory (use none)",
-                            to_string(access_), devices_.size(), vp.deviceName));
+                            to_string(access_), devices_.size(), p2.properties.deviceName));
     if (!dtype || !htype) return nullptr;
+    auto d = std::make_unique<Device>();
+    d->physical = pd;
+    d->family = *family;
+    d->timestamp_bits = queue.timestampValidBits;
+    d->timestamp_period = p2.properties.limits.timestampPeriod;
     d->device_type = *dtype;
     d->host_type = *htype;
     d->memory.set_total(mp.memoryHeaps[mp.memoryTypes[*dtype].heapIndex].size);
-    VkPhysicalDeviceMaintenance3Properties m3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
-    VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &m3};
-    vkGetPhysicalDeviceProperties2(pd, &p2);
     d->max_allocation = m3.maxMemoryAllocationSize - kAlign;
-    std::uint32_t ne = 0;
-    vkEnumerateDeviceExtensionProperties(pd, nullptr, &ne, nullptr);
-    std::vector<VkExtensionProperties> exts(ne);
-    vkEnumerateDeviceExtensionProperties(pd, nullptr, &ne, exts.data());
-    for (auto& e : exts)
-      if (std::string_view(e.extensionName) == VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME)
-        d->push_descriptor = true;
+    d->push_descriptor = vulkan::has_extension(pd, VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME);
     return d;
   }
 
@@ -653,33 +587,9 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   Device& context(int device, std::string_view call) {
     Device& d = dev(device, call);
     std::call_once(d.created, [&] {
-      VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
-      VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &f11};
-      VkPhysicalDeviceFeatures2 has{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
-      vkGetPhysicalDeviceFeatures2(d.physical, &has);
-      VkPhysicalDeviceVulkan11Features e11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
-      e11.storageBuffer16BitAccess = f11.storageBuffer16BitAccess;
-      VkPhysicalDeviceVulkan12Features e12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &e11};
-      e12.timelineSemaphore = VK_TRUE;
-      e12.shaderFloat16 = f12.shaderFloat16;
-      e12.shaderInt8 = f12.shaderInt8;
-      e12.storageBuffer8BitAccess = f12.storageBuffer8BitAccess;
-      VkPhysicalDeviceFeatures2 want{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &e12};
-      want.features.shaderInt64 = has.features.shaderInt64;
-      want.features.shaderInt16 = has.features.shaderInt16;
-      want.features.shaderFloat64 = has.features.shaderFloat64;
-      float priority = 1;
-      VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
-      qi.queueFamilyIndex = d.family;
-      qi.queueCount = 1;
-      qi.pQueuePriorities = &priority;
-      const char* ext = VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME;
-      VkDeviceCreateInfo ci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &want};
-      ci.queueCreateInfoCount = 1;
-      ci.pQueueCreateInfos = &qi;
-      ci.enabledExtensionCount = d.push_descriptor ? 1 : 0;
-      ci.ppEnabledExtensionNames = &ext;
-      check(d, vkCreateDevice(d.physical, &ci, nullptr, &d.device), call, "vkCreateDevice");
+      std::vector<const char*> extensions;
+      if (d.push_descriptor) extensions.push_back(VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME);
+      d.device = vulkan::create_device(d.physical, d.family, extensions, checker(d, call));
       vkGetDeviceQueue(d.device, d.family, 0, &d.queue);
       if (d.push_descriptor)
         d.push_descriptor_fn = reinterpret_cast<PFN_vkCmdPushDescriptorSetKHR>(
@@ -709,23 +619,9 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   // nullptr when the driver is out of memory.
   AllocPtr allocate(Device& d, std::size_t bytes, std::uint32_t type, bool map, std::string_view call) {
     auto a = std::make_shared<Allocation>();
-    a->vk = d.device;
-    a->device = d.index;
+    a->ordinal = d.index;
     a->bytes = bytes;
-    VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
-    bi.size = (bytes + 3) / 4 * 4;
-    bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
-               VK_BUFFER_USAGE_TRANSFER_DST_BIT;
-    check(d, vkCreateBuffer(d.device, &bi, nullptr, &a->buffer), call, "vkCreateBuffer");
-    VkMemoryRequirements req;
-    vkGetBufferMemoryRequirements(d.device, a->buffer, &req);
-    VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, nullptr, req.size, type};
-    VkResult r = vkAllocateMemory(d.device, &ai, nullptr, &a->memory);
-    if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY) return nullptr;
-    check(d, r, call, "vkAllocateMemory");
-    check(d, vkBindBufferMemory(d.device, a->buffer, a->memory, 0), call, "vkBindBufferMemory");
-    if (map) check(d, vkMapMemory(d.device, a->memory, 0, VK_WHOLE_SIZE, 0, &a->host), call, "vkMapMemory");
-    return a;
+    return vulkan::allocate(*a, d.device, bytes, type, map, checker(d, call)) ? a : nullptr;
   }
 
   // The allocation holding [p, p + bytes) and p's offset in it.
@@ -737,15 +633,15 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   std::pair<AllocPtr, std::size_t> owned(int device, const void* p, std::size_t bytes,
                                          std::string_view call) {
     auto found = find(p, bytes, call);
-    if (found.first->device != device)
+    if (found.first->ordinal != device)
       driver_error(kInvalid, call, fmt::format("{} is memory of device {}, used on device {}", p,
-                                               found.first->device, device));
+                                               found.first->ordinal, device));
     return found;
   }
 
   AllocPtr take(int device, void* ptr, bool pinned, std::string_view call) {
     auto [a, offset] = find(ptr, 1, call);
-    if (offset != 0 || a->pinned != pinned || a->device != device)
+    if (offset != 0 || a->pinned != pinned || a->ordinal != device)
       driver_error(kInvalid, call,
                    fmt::format("{} was not returned by {}({}, ·)", ptr,
                                pinned ? "host_malloc" : "malloc", device));
@@ -755,7 +651,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   // Pinned memory of `device` holding the host side of a copy, or nullptr.
   AllocPtr pinned_at(int device, const void* p, std::size_t bytes, std::size_t& offset) {
     auto at = space_->find(p, bytes);
-    if (!at || !at->handle->pinned || at->handle->device != device) return nullptr;
+    if (!at || !at->handle->pinned || at->handle->ordinal != device) return nullptr;
     offset = at->offset;
     return at->handle;
   }
@@ -801,14 +697,8 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   std::shared_ptr<Stream> make_stream(Device& d) {
     auto s = std::make_shared<Stream>();
     s->vk = d.device;
-    VkSemaphoreTypeCreateInfo ti{VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO, nullptr,
-                                 VK_SEMAPHORE_TYPE_TIMELINE, 0};
-    VkSemaphoreCreateInfo si{VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO, &ti};
-    check(d, vkCreateSemaphore(d.device, &si, nullptr, &s->timeline), "stream_create", "vkCreateSemaphore");
-    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
-    pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
-    pi.queueFamilyIndex = d.family;
-    check(d, vkCreateCommandPool(d.device, &pi, nullptr, &s->pool), "stream_create", "vkCreateCommandPool");
+    s->timeline = vulkan::create_timeline(d.device, checker(d, "stream_create"));
+    s->pool = vulkan::create_pool(d.device, d.family, checker(d, "stream_create"));
     return s;
   }
 
@@ -831,26 +721,11 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   template <class F>
   void record(Device& d, Stream& s, std::string_view call, F&& rec) {
     std::lock_guard<std::mutex> lock(s.mutex);
-    std::uint64_t done = 0;
-    check(d, vkGetSemaphoreCounterValue(d.device, s.timeline, &done), call, "vkGetSemaphoreCounterValue");
-    auto [cb, fresh] = s.open(done, [&] {
-      VkCommandBuffer b = VK_NULL_HANDLE;
-      VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, nullptr,
-                                     s.pool, VK_COMMAND_BUFFER_LEVEL_PRIMARY, 1};
-      check(d, vkAllocateCommandBuffers(d.device, &ai, &b), call, "vkAllocateCommandBuffers");
-      return b;
-    });
-    if (fresh) {  // the pool resets a command buffer as it begins again
-      VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, nullptr,
-                                  VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
-      check(d, vkBeginCommandBuffer(cb, &bi), call, "vkBeginCommandBuffer");
-    } else {
-      constexpr VkAccessFlags all = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
-                                    VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
-      VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, all, all};
-      vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
-                           VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &mb, 0, nullptr, 0, nullptr);
-    }
+    auto check = checker(d, call);
+    auto [cb, fresh] = s.open(vulkan::counter(d.device, s.timeline, check),
+                              [&] { return vulkan::allocate_commands(d.device, s.pool, check); });
+    if (fresh) vulkan::begin(cb, check);  // the pool resets a command buffer as it begins again
+    else vulkan::full_barrier(cb);
     rec(cb);
     if (s.recorded() >= kBatch) submit(d, s, call);
   }
@@ -860,32 +735,11 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   std::uint64_t submit(Device& d, Stream& s, std::string_view call) {
     return s.submit([&](const VkCommandBuffer* cb, const auto& waits, std::uint64_t signal) {
       if (cb) check(d, vkEndCommandBuffer(*cb), call, "vkEndCommandBuffer");
-      std::vector<VkSemaphore> sems;
-      std::vector<std::uint64_t> values;
-      if (signal > 1) {
-        sems.push_back(s.timeline);
-        values.push_back(signal - 1);
-      }
-      for (auto& w : waits) {
-        sems.push_back(w.on->timeline);
-        values.push_back(w.value);
-      }
-      std::vector<VkPipelineStageFlags> stages(sems.size(), VK_PIPELINE_STAGE_ALL_COMMANDS_BIT);
-      VkTimelineSemaphoreSubmitInfo ti{VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO};
-      ti.waitSemaphoreValueCount = static_cast<std::uint32_t>(values.size());
-      ti.pWaitSemaphoreValues = values.data();
-      ti.signalSemaphoreValueCount = 1;
-      ti.pSignalSemaphoreValues = &signal;
-      VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO, &ti};
-      si.waitSemaphoreCount = static_cast<std::uint32_t>(sems.size());
-      si.pWaitSemaphores = sems.data();
-      si.pWaitDstStageMask = stages.data();
-      si.commandBufferCount = cb ? 1 : 0;
-      si.pCommandBuffers = cb;
-      si.signalSemaphoreCount = 1;
-      si.pSignalSemaphores = &s.timeline;
+      std::vector<std::pair<VkSemaphore, std::uint64_t>> on;
+      if (signal > 1) on.emplace_back(s.timeline, signal - 1);
+      for (auto& w : waits) on.emplace_back(w.on->timeline, w.value);
       std::lock_guard<std::mutex> lock(d.queue_mutex);
-      check(d, vkQueueSubmit(d.queue, 1, &si, VK_NULL_HANDLE), call, "vkQueueSubmit");
+      vulkan::submit(d.queue, cb, on, s.timeline, signal, checker(d, call));
     });
   }
 
@@ -898,9 +752,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   // Whether the stream has reached `value`; a queued fault in the work up to
   // it is reported here, once, as a lost device.
   bool reached(Device& d, Stream& s, std::uint64_t value, std::string_view call) {
-    std::uint64_t done = 0;
-    check(d, vkGetSemaphoreCounterValue(d.device, s.timeline, &done), call, "vkGetSemaphoreCounterValue");
-    if (done < value) return false;
+    if (vulkan::counter(d.device, s.timeline, checker(d, call)) < value) return false;
     std::optional<std::string> failed;
     {
       std::lock_guard<std::mutex> lock(s.mutex);
@@ -912,8 +764,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   }
 
   void wait_value(Device& d, Stream& s, std::uint64_t value, std::string_view call) {
-    VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, nullptr, 0, 1, &s.timeline, &value};
-    check(d, vkWaitSemaphores(d.device, &wi, UINT64_MAX), call, "vkWaitSemaphores");
+    vulkan::wait(d.device, s.timeline, value, checker(d, call));
     reached(d, s, value, call);
   }
   void wait(Device& d, Stream& s, std::string_view call) { wait_value(d, s, flush(d, s, call), call); }

@@ -1,0 +1,359 @@
+// accelkit/support: the Vulkan plumbing that every runtime over Vulkan
+// compute writes whatever its device: VkResult names, enumerations as
+// vectors, a physical device's compute queue family, memory types and
+// extensions, a logical device with timeline semaphores, buffers over memory
+// of their own, command pools and buffers, timeline submissions and waits,
+// and compute pipelines whose storage buffers are push descriptors
+// (VK_KHR_push_descriptor) recorded with a barrier before each dispatch.
+//
+// Each call that can fail takes `check(VkResult, const char* fn)`, the
+// runtime's own policy (a driver error, a lost device), called with every
+// result that is not VK_SUCCESS; it must throw.
+//
+//   auto check = [&](VkResult r, const char* fn) { my_check(r, call, fn); };
+//   VkDevice dev = vulkan::create_device(pd, *vulkan::compute_family(pd), {}, check);
+//   vulkan::Buffer b;
+//   if (!vulkan::allocate(b, dev, bytes, type, /*map=*/true, check)) return nullptr;  // out of memory
+//
+// Plain functions and one RAII buffer: the thread safety is Vulkan's
+// (vkQueueSubmit and command pools need the caller's external locks).
+#pragma once
+
+#include <vulkan/vulkan.h>
+
+#include <accelkit/config.hpp>
+#include <accelkit/properties.hpp>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+// Vulkan's structures are made to be filled in part.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+ACCELKIT_BEGIN_NAMESPACE
+namespace support::vulkan {
+
+inline const char* result_name(VkResult r) {
+  switch (r) {
+    case VK_SUCCESS: return "VK_SUCCESS";
+    case VK_NOT_READY: return "VK_NOT_READY";
+    case VK_TIMEOUT: return "VK_TIMEOUT";
+    case VK_ERROR_OUT_OF_HOST_MEMORY: return "VK_ERROR_OUT_OF_HOST_MEMORY";
+    case VK_ERROR_OUT_OF_DEVICE_MEMORY: return "VK_ERROR_OUT_OF_DEVICE_MEMORY";
+    case VK_ERROR_INITIALIZATION_FAILED: return "VK_ERROR_INITIALIZATION_FAILED";
+    case VK_ERROR_DEVICE_LOST: return "VK_ERROR_DEVICE_LOST";
+    case VK_ERROR_MEMORY_MAP_FAILED: return "VK_ERROR_MEMORY_MAP_FAILED";
+    case VK_ERROR_EXTENSION_NOT_PRESENT: return "VK_ERROR_EXTENSION_NOT_PRESENT";
+    case VK_ERROR_FEATURE_NOT_PRESENT: return "VK_ERROR_FEATURE_NOT_PRESENT";
+    case VK_ERROR_INCOMPATIBLE_DRIVER: return "VK_ERROR_INCOMPATIBLE_DRIVER";
+    case VK_ERROR_UNKNOWN: return "VK_ERROR_UNKNOWN";
+    case VK_ERROR_VALIDATION_FAILED_EXT: return "VK_ERROR_VALIDATION_FAILED_EXT";
+    default: return "a Vulkan error";
+  }
+}
+
+// A packed VK_MAKE_API_VERSION value (apiVersion, driverVersion) as a Version.
+inline Version version(std::uint32_t v) {
+  return {static_cast<int>(VK_API_VERSION_MAJOR(v)), static_cast<int>(VK_API_VERSION_MINOR(v)),
+          static_cast<int>(VK_API_VERSION_PATCH(v))};
+}
+
+// What a two-call enumeration gives: enumerate<VkPhysicalDevice>(vkEnumeratePhysicalDevices, instance).
+template <class T, class F, class... A>
+std::vector<T> enumerate(F&& f, A... args) {
+  std::uint32_t n = 0;
+  f(args..., &n, nullptr);
+  std::vector<T> out(n);
+  f(args..., &n, out.data());
+  out.resize(n);
+  return out;
+}
+
+// An instance of API version `api`; VK_NULL_HANDLE where the machine has no
+// Vulkan driver (VK_ERROR_INCOMPATIBLE_DRIVER, VK_ERROR_INITIALIZATION_FAILED).
+template <class Check>
+VkInstance create_instance(const char* application, std::uint32_t api, Check&& check) {
+  VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO, nullptr, application, 0, nullptr, 0, api};
+  VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, nullptr, 0, &app};
+  VkInstance instance = VK_NULL_HANDLE;
+  VkResult r = vkCreateInstance(&ci, nullptr, &instance);
+  if (r == VK_ERROR_INCOMPATIBLE_DRIVER || r == VK_ERROR_INITIALIZATION_FAILED) return VK_NULL_HANDLE;
+  if (r != VK_SUCCESS) check(r, "vkCreateInstance");
+  return instance;
+}
+
+// The first queue family of `pd` with compute (its properties in *props),
+// or nullopt.
+inline std::optional<std::uint32_t> compute_family(VkPhysicalDevice pd,
+                                                   VkQueueFamilyProperties* props = nullptr) {
+  auto families = enumerate<VkQueueFamilyProperties>(vkGetPhysicalDeviceQueueFamilyProperties, pd);
+  for (std::uint32_t i = 0; i < families.size(); ++i)
+    if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) {
+      if (props) *props = families[i];
+      return i;
+    }
+  return std::nullopt;
+}
+
+// A memory type with every flag of `need`: the first that also has every
+// flag of `prefer`, else the first; nullopt where none has `need`.
+inline std::optional<std::uint32_t> memory_type(const VkPhysicalDeviceMemoryProperties& mp,
+                                                VkMemoryPropertyFlags need,
+                                                VkMemoryPropertyFlags prefer) {
+  std::optional<std::uint32_t> found;
+  for (std::uint32_t i = 0; i < mp.memoryTypeCount; ++i) {
+    VkMemoryPropertyFlags t = mp.memoryTypes[i].propertyFlags;
+    if ((t & need) != need) continue;
+    if ((t & prefer) == prefer) return i;
+    if (!found) found = i;
+  }
+  return found;
+}
+
+inline bool has_extension(VkPhysicalDevice pd, std::string_view name) {
+  for (const auto& e :
+       enumerate<VkExtensionProperties>(vkEnumerateDeviceExtensionProperties, pd, nullptr))
+    if (name == e.extensionName) return true;
+  return false;
+}
+
+// A logical device with one queue of `family`, timeline semaphores, the
+// `extensions`, and the shader features kernels may use where `pd` has
+// them: 8- and 16-bit storage buffers, float16, float64, int8, int16, int64.
+template <class Check>
+VkDevice create_device(VkPhysicalDevice pd, std::uint32_t family,
+                       const std::vector<const char*>& extensions, Check&& check) {
+  VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+  VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &f11};
+  VkPhysicalDeviceFeatures2 has{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
+  vkGetPhysicalDeviceFeatures2(pd, &has);
+  VkPhysicalDeviceVulkan11Features e11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+  e11.storageBuffer16BitAccess = f11.storageBuffer16BitAccess;
+  VkPhysicalDeviceVulkan12Features e12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &e11};
+  e12.timelineSemaphore = VK_TRUE;
+  e12.shaderFloat16 = f12.shaderFloat16;
+  e12.shaderInt8 = f12.shaderInt8;
+  e12.storageBuffer8BitAccess = f12.storageBuffer8BitAccess;
+  VkPhysicalDeviceFeatures2 want{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &e12};
+  want.features.shaderInt64 = has.features.shaderInt64;
+  want.features.shaderInt16 = has.features.shaderInt16;
+  want.features.shaderFloat64 = has.features.shaderFloat64;
+  float priority = 1;
+  VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, nullptr, 0, family, 1, &priority};
+  VkDeviceCreateInfo ci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &want, 0, 1, &qi};
+  ci.enabledExtensionCount = static_cast<std::uint32_t>(extensions.size());
+  ci.ppEnabledExtensionNames = extensions.data();
+  VkDevice device = VK_NULL_HANDLE;
+  if (VkResult r = vkCreateDevice(pd, &ci, nullptr, &device); r != VK_SUCCESS) check(r, "vkCreateDevice");
+  return device;
+}
+
+// A VkBuffer (storage, transfer source and destination) bound to
+// VkDeviceMemory of its own, mapped persistently at `host` where asked;
+// all of it released with the object.
+struct Buffer {
+  VkDevice device = VK_NULL_HANDLE;
+  VkBuffer buffer = VK_NULL_HANDLE;
+  VkDeviceMemory memory = VK_NULL_HANDLE;
+  void* host = nullptr;
+  Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() {
+    if (host) vkUnmapMemory(device, memory);
+    if (buffer) vkDestroyBuffer(device, buffer, nullptr);
+    if (memory) vkFreeMemory(device, memory, nullptr);
+  }
+};
+
+// Makes `b` (empty) a buffer of `bytes` rounded up to 4 (vkCmdFillBuffer's
+// unit) over new memory of type `type`, mapped where `map`. False where the
+// driver is out of memory (b then holds what it has, released with it).
+template <class Check>
+bool allocate(Buffer& b, VkDevice device, VkDeviceSize bytes, std::uint32_t type, bool map, Check&& check) {
+  b.device = device;
+  VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, nullptr, 0, (bytes + 3) / 4 * 4,
+                        VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                            VK_BUFFER_USAGE_TRANSFER_DST_BIT};
+  if (VkResult r = vkCreateBuffer(device, &bi, nullptr, &b.buffer); r != VK_SUCCESS) check(r, "vkCreateBuffer");
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(device, b.buffer, &req);
+  VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, nullptr, req.size, type};
+  VkResult r = vkAllocateMemory(device, &ai, nullptr, &b.memory);
+  if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY) return false;
+  if (r != VK_SUCCESS) check(r, "vkAllocateMemory");
+  if ((r = vkBindBufferMemory(device, b.buffer, b.memory, 0)) != VK_SUCCESS) check(r, "vkBindBufferMemory");
+  if (map && (r = vkMapMemory(device, b.memory, 0, VK_WHOLE_SIZE, 0, &b.host)) != VK_SUCCESS)
+    check(r, "vkMapMemory");
+  return true;
+}
+
+// A timeline semaphore at 0.
+template <class Check>
+VkSemaphore create_timeline(VkDevice device, Check&& check) {
+  VkSemaphoreTypeCreateInfo ti{VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO, nullptr,
+                               VK_SEMAPHORE_TYPE_TIMELINE, 0};
+  VkSemaphoreCreateInfo si{VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO, &ti};
+  VkSemaphore s = VK_NULL_HANDLE;
+  if (VkResult r = vkCreateSemaphore(device, &si, nullptr, &s); r != VK_SUCCESS) check(r, "vkCreateSemaphore");
+  return s;
+}
+
+template <class Check>
+std::uint64_t counter(VkDevice device, VkSemaphore timeline, Check&& check) {
+  std::uint64_t v = 0;
+  VkResult r = vkGetSemaphoreCounterValue(device, timeline, &v);
+  if (r != VK_SUCCESS) check(r, "vkGetSemaphoreCounterValue");
+  return v;
+}
+
+// Waits until `timeline` reaches `value`.
+template <class Check>
+void wait(VkDevice device, VkSemaphore timeline, std::uint64_t value, Check&& check) {
+  VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, nullptr, 0, 1, &timeline, &value};
+  if (VkResult r = vkWaitSemaphores(device, &wi, UINT64_MAX); r != VK_SUCCESS) check(r, "vkWaitSemaphores");
+}
+
+// Submits `cb` (none where null) to `queue` (the caller holds the queue's
+// lock), its commands waiting for each (timeline, value) of `waits`; signals
+// `timeline` to `value` when done.
+template <class Check>
+void submit(VkQueue queue, const VkCommandBuffer* cb,
+            const std::vector<std::pair<VkSemaphore, std::uint64_t>>& waits, VkSemaphore timeline,
+            std::uint64_t value, Check&& check) {
+  std::vector<VkSemaphore> sems;
+  std::vector<std::uint64_t> values;
+  for (auto [s, v] : waits) {
+    sems.push_back(s);
+    values.push_back(v);
+  }
+  std::vector<VkPipelineStageFlags> stages(sems.size(), VK_PIPELINE_STAGE_ALL_COMMANDS_BIT);
+  VkTimelineSemaphoreSubmitInfo ti{VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO, nullptr,
+                                   static_cast<std::uint32_t>(values.size()), values.data(), 1, &value};
+  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO, &ti, static_cast<std::uint32_t>(sems.size()),
+                  sems.data(), stages.data(), cb ? 1u : 0u, cb, 1, &timeline};
+  if (VkResult r = vkQueueSubmit(queue, 1, &si, VK_NULL_HANDLE); r != VK_SUCCESS) check(r, "vkQueueSubmit");
+}
+
+// A command pool of `family` whose command buffers reset as they begin.
+template <class Check>
+VkCommandPool create_pool(VkDevice device, std::uint32_t family, Check&& check) {
+  VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, nullptr,
+                             VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, family};
+  VkCommandPool pool = VK_NULL_HANDLE;
+  if (VkResult r = vkCreateCommandPool(device, &pi, nullptr, &pool); r != VK_SUCCESS) check(r, "vkCreateCommandPool");
+  return pool;
+}
+
+// A primary command buffer of `pool`.
+template <class Check>
+VkCommandBuffer allocate_commands(VkDevice device, VkCommandPool pool, Check&& check) {
+  VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, nullptr, pool,
+                                 VK_COMMAND_BUFFER_LEVEL_PRIMARY, 1};
+  VkCommandBuffer cb = VK_NULL_HANDLE;
+  if (VkResult r = vkAllocateCommandBuffers(device, &ai, &cb); r != VK_SUCCESS) check(r, "vkAllocateCommandBuffers");
+  return cb;
+}
+// Begins `cb` (again: a pool made by create_pool resets it) for one submission.
+template <class Check>
+void begin(VkCommandBuffer cb, Check&& check) {
+  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, nullptr,
+                              VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+  if (VkResult r = vkBeginCommandBuffer(cb, &bi); r != VK_SUCCESS) check(r, "vkBeginCommandBuffer");
+}
+
+// Orders every command recorded after it on `cb` behind every command
+// before it, memory included (shader and transfer reads and writes).
+inline void full_barrier(VkCommandBuffer cb) {
+  constexpr VkAccessFlags all = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                                VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, all, all};
+  vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
+                       0, 1, &mb, 0, nullptr, 0, nullptr);
+}
+
+// A compute pipeline from SPIR-V whose `bindings` storage buffers (set 0,
+// bindings 0..bindings-1) are push descriptors and whose parameters are
+// `push_bytes` of push constants. Kept, not destroyed, unless destroy()ed.
+struct ComputePipeline {
+  VkShaderModule module = VK_NULL_HANDLE;
+  VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
+  VkPipelineLayout layout = VK_NULL_HANDLE;
+  VkPipeline pipeline = VK_NULL_HANDLE;
+  std::uint32_t bindings = 0, push_bytes = 0;
+};
+inline constexpr std::uint32_t kMaxBindings = 8;
+
+// Creates `pl` (at most kMaxBindings bindings) from `code` (`bytes` long),
+// its specialization constant 0 (32 bits) set to `*constant` where given.
+template <class Check>
+void create_pipeline(VkDevice device, ComputePipeline& pl, const std::uint32_t* code, std::size_t bytes,
+                     std::uint32_t bindings, std::uint32_t push_bytes,
+                     std::optional<std::uint32_t> constant, Check&& check) {
+  pl.bindings = bindings;
+  pl.push_bytes = push_bytes;
+  auto ok = [&](VkResult r, const char* fn) { if (r != VK_SUCCESS) check(r, fn); };
+  VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, nullptr, 0, bytes, code};
+  ok(vkCreateShaderModule(device, &mi, nullptr, &pl.module), "vkCreateShaderModule");
+  std::array<VkDescriptorSetLayoutBinding, kMaxBindings> b{};
+  for (std::uint32_t i = 0; i < bindings; ++i)
+    b[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+  VkDescriptorSetLayoutCreateInfo li{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO, nullptr,
+                                     VK_DESCRIPTOR_SET_LAYOUT_CREATE_PUSH_DESCRIPTOR_BIT_KHR,
+                                     bindings, b.data()};
+  ok(vkCreateDescriptorSetLayout(device, &li, nullptr, &pl.set_layout), "vkCreateDescriptorSetLayout");
+  VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes};
+  VkPipelineLayoutCreateInfo pi{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, nullptr, 0, 1,
+                                &pl.set_layout, push_bytes ? 1u : 0u, &range};
+  ok(vkCreatePipelineLayout(device, &pi, nullptr, &pl.layout), "vkCreatePipelineLayout");
+  VkSpecializationMapEntry entry{0, 0, sizeof(std::uint32_t)};
+  std::uint32_t value = constant.value_or(0);
+  VkSpecializationInfo spec{1, &entry, sizeof value, &value};
+  VkComputePipelineCreateInfo ci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+  ci.stage = {VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, nullptr, 0,
+              VK_SHADER_STAGE_COMPUTE_BIT, pl.module, "main", constant ? &spec : nullptr};
+  ci.layout = pl.layout;
+  ok(vkCreateComputePipelines(device, VK_NULL_HANDLE, 1, &ci, nullptr, &pl.pipeline),
+     "vkCreateComputePipelines");
+}
+
+inline void destroy(VkDevice device, ComputePipeline& pl) {
+  vkDestroyPipeline(device, pl.pipeline, nullptr);
+  vkDestroyPipelineLayout(device, pl.layout, nullptr);
+  vkDestroyDescriptorSetLayout(device, pl.set_layout, nullptr);
+  vkDestroyShaderModule(device, pl.module, nullptr);
+  pl = ComputePipeline{};
+}
+
+// Records on `cb` a barrier (earlier compute and transfer writes visible to
+// the dispatch), the pipeline, its pl.bindings `buffers` as push
+// descriptors (`push_set`: vkCmdPushDescriptorSetKHR of the device), its
+// push constants and vkCmdDispatch(x, y, 1).
+inline void dispatch(VkCommandBuffer cb, PFN_vkCmdPushDescriptorSetKHR push_set,
+                     const ComputePipeline& pl, const VkDescriptorBufferInfo* buffers,
+                     const void* push, std::uint32_t x, std::uint32_t y) {
+  VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr,
+                          VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                          VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT};
+  vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                       VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &barrier, 0, nullptr, 0, nullptr);
+  std::array<VkWriteDescriptorSet, kMaxBindings> writes{};
+  for (std::uint32_t i = 0; i < pl.bindings; ++i)
+    writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, nullptr, VK_NULL_HANDLE, i, 0, 1,
+                 VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, nullptr, &buffers[i], nullptr};
+  vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pl.pipeline);
+  push_set(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pl.layout, 0, pl.bindings, writes.data());
+  if (pl.push_bytes)
+    vkCmdPushConstants(cb, pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, pl.push_bytes, push);
+  vkCmdDispatch(cb, x, y, 1);
+}
+
+}  // namespace support::vulkan
+ACCELKIT_END_NAMESPACE
+
+#pragma GCC diagnostic pop
