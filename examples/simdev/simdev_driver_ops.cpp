@@ -2,6 +2,7 @@
 // built into simdev's backend library beside the registration that
 // accelkit_add_torch_backend generates (examples/simdev/CMakeLists.txt).
 #include <accelkit/torch/adapter.hpp>
+#include <accelkit/torch/backend_meta.hpp>
 
 #include "simdev_runtime.hpp"
 
@@ -11,6 +12,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 
 namespace {
@@ -44,7 +47,12 @@ std::shared_ptr<Sim::Gate> take_gate(int64_t id, const char* op) {
 //   (simdev_kernels.cpp), host_maps() its host_map calls (SIMDEV_HOST_VISIBLE=mapped);
 // - gate = torch.ops.simdev_driver.hold(stream) stops `stream` at this point
 //   of its queue until torch.ops.simdev_driver.release(gate), so that a test
-//   can see work that is still in flight.
+//   can see work that is still in flight;
+// - set_layout_tag(t, "nz") gives a simdev tensor a private layout tag,
+//   layout_tag(t) reads it (None: untagged) and set_layout_tag(t, None)
+//   removes it: the tensor's backend metadata field "layout" (Note [Backend
+//   metadata]), which simdev's kernels do not read, so a test sees what
+//   carries it.
 TORCH_LIBRARY(simdev_driver, m) {
   m.def("hold(Stream stream) -> int", [](c10::Stream s) {
     return accelkit::torch_adapter::translated([&] {
@@ -114,6 +122,17 @@ TORCH_LIBRARY(simdev_driver, m) {
   });
   m.def("ipc_events_open() -> int", [] {
     return static_cast<int64_t>(accelkit::Backend<Sim>::instance().runtime().ipc_events_open());
+  });
+  m.def("set_layout_tag(Tensor t, str? tag) -> ()",
+        [](const at::Tensor& t, std::optional<std::string> tag) {
+          namespace ta = accelkit::torch_adapter;
+          if (!tag) return ta::erase_backend_meta(t, "layout");
+          TORCH_CHECK_VALUE(!tag->empty(),
+                            "simdev: set_layout_tag: a layout tag is not empty (None removes it)");
+          ta::set_backend_meta(t, "layout", *tag);
+        });
+  m.def("layout_tag(Tensor t) -> str?", [](const at::Tensor& t) {
+    return accelkit::torch_adapter::backend_meta(t, "layout");
   });
   m.def("pinned_blocks() -> int", [] {
     return static_cast<int64_t>(accelkit::Backend<Sim>::instance().runtime().pinned_blocks());
