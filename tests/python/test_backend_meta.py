@@ -80,6 +80,8 @@ def test_clone_detach_parameter_and_in_place_operators_carry_the_fields():
     t.resize_(6)
     assert meta(t) == {KEY: True}
     assert torch.equal(t.clone().cpu(), torch.arange(1.0, 7.0))
+    t.set_(torch.ones(3, device=DEV))
+    assert meta(t) == {KEY: True} and torch.equal(t.cpu(), torch.ones(3))
 
 
 def test_a_shallow_copy_does_not_see_later_changes():
@@ -116,7 +118,7 @@ def test_views_other_results_and_deepcopy_do_not_carry_the_fields():
     not_carried = {
         "index": t[0], "view": t.view(6), "transpose": t.t(), "add": t + 1,
         "to dtype": t.to(torch.float64), "to cpu": t.cpu(), "deepcopy": copy.deepcopy(t),
-        "empty_like": torch.empty_like(t),
+        "empty_like": torch.empty_like(t), "from_dlpack": torch.from_dlpack(t),
     }
     assert {name: meta(x) for name, x in not_carried.items() if meta(x)} == {}
     assert meta(t) == {KEY: True}
