@@ -105,29 +105,32 @@ void add_directly(const at::Tensor& a, const at::Tensor& b, const at::Tensor& ou
   TORCH_CHECK_VALUE(a.numel() > 0 && a.numel() <= (1 << 24),
                     "vkdev: add_directly: ", a.numel(), " elements: expected 1 to 2^24");
   int device = static_cast<int>(K::physical_device(a));
-  const vkdev::kernels::Pipelines* p = K::translated([&] { return vkdev::kernels::pipelines(device); });
+  const vkdev::kernels::Pipelines* p = K::translated([&] { return &vkdev::kernels::pipelines(device); });
   TORCH_CHECK(p->push_descriptors, "vkdev: add_directly: device ", device, " has no VK_KHR_push_descriptor");
-  std::array<vkdev::kernels::Binding, 3> bs{};
+  std::array<VkDescriptorBufferInfo, 3> bs{};
+  std::array<std::uint32_t, 3> offs{};
   const at::Tensor* ts[3] = {&out, &a, &b};
-  for (int i = 0; i < 3; ++i)
-    TORCH_CHECK(vkdev::kernels::bind(*p, device, ts[i]->const_data_ptr(),
-                                     static_cast<std::size_t>(a.numel()) * sizeof(float), bs[i]),
-                "vkdev: add_directly: a tensor's span exceeds one storage-buffer binding");
+  for (int i = 0; i < 3; ++i) {
+    auto element = vkdev::kernels::bind(*p, device, ts[i]->const_data_ptr(),
+                                        static_cast<std::size_t>(a.numel()) * sizeof(float), bs[i]);
+    TORCH_CHECK(element, "vkdev: add_directly: a tensor's span exceeds one storage-buffer binding");
+    offs[i] = *element;
+  }
   vkdev::kernels::Geom g{};
   g.n = static_cast<std::uint32_t>(a.numel());
   g.ndim = 1;
   g.op = static_cast<std::uint32_t>(vkdev::kernels::Op::add);
   g.s = 1.0f;
-  g.off_o = bs[0].element;
-  g.off_a = bs[1].element;
-  g.off_b = bs[2].element;
+  g.off_o = offs[0];
+  g.off_a = offs[1];
+  g.off_b = offs[2];
   g.size[0] = g.n;
   g.so[0] = g.sa[0] = g.sb[0] = 1;
   auto groups = static_cast<std::uint32_t>(std::min<std::uint64_t>((g.n + 63) / 64, 65535));
   Direct& d = direct(device);
   std::lock_guard<std::mutex> lock(d.mutex);
   auto record = [&](VkCommandBuffer cb) {
-    vkdev::kernels::record_dispatch(cb, *p, p->elementwise, bs.data(), &g, groups, 1);
+    vkdev::vulkan::dispatch(cb, p->push_descriptors, p->elementwise, bs.data(), &g, groups, 1);
   };
   if (per_submit) {
     for (std::int64_t i = 0; i < iters; ++i) submit_and_wait(device, d, record);
