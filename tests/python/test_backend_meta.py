@@ -65,7 +65,9 @@ def test_loading_onto_another_device_of_the_backend_keeps_the_fields():
 
 
 def test_loading_onto_the_cpu_drops_the_fields():
-    loaded = saved_and_loaded(tagged(), map_location="cpu")
+    t = tagged()
+    assert meta(t) == {KEY: True}
+    loaded = saved_and_loaded(t, map_location="cpu")
     assert loaded.device.type == "cpu" and meta(loaded) == {}
     assert meta(loaded.to(DEV)) == {}
 
@@ -126,7 +128,8 @@ def test_views_other_results_and_deepcopy_do_not_carry_the_fields():
 
 @two_devices
 def test_a_copy_to_another_device_does_not_carry_the_fields():
-    assert meta(tagged().to(f"{DEV}:1")) == {}
+    t = tagged()
+    assert meta(t) == {KEY: True} and meta(t.to(f"{DEV}:1")) == {}
 
 
 def test_malformed_keys_of_the_backend_are_value_errors():
