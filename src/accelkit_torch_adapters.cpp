@@ -29,6 +29,7 @@
 #include <accelkit/torch/host_results.hpp>
 #include <accelkit/torch/kernels.hpp>
 #include <accelkit/torch/kineto.hpp>
+#include <accelkit/torch/nested.hpp>
 #include <accelkit/torch/ops.hpp>
 #include <accelkit/torch/signals.hpp>
 #include <accelkit/torch/sparse.hpp>
@@ -369,6 +370,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   ta::register_aten_ops(table);
   ta::register_host_kernels(table);
   ta::register_cpu_kernels_over_composites(table);
+  ta::register_nested_creation(table);  // Note [Nested tensors]
   ta::register_backend_meta_ops(table);  // Note [Backend metadata]: clone
 }
 TORCH_LIBRARY_IMPL(aten, Conjugate, m) { ta::register_math_bit_fallthroughs(m); }
@@ -379,5 +381,9 @@ TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
 TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&ta::sparse_fallback>());
 }
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&ta::nested_fallback>());
+}
+TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) { ta::register_nested_kernels(m); }
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
 TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) { ta::register_autocast(m); }
