@@ -174,3 +174,66 @@ def test_index_put_with_values_overlapping_the_destination_matches_the_cpu():
         return [x]
 
     same_as_cpu(run)
+
+
+# Identity through the fallback: the CPU kernels see the device tensors' storages as
+# one CPU storage each, so is_set_to, the expanded-destination warning of index_put_
+# and the overlap refusals of the shift operators answer as on the CPU.
+def test_is_set_to_answers_as_on_the_cpu():
+    def run(device):
+        t1 = torch.empty(3, 4, 9, 10, device=device)
+        t2 = torch.empty(3, 4, 9, 10, device=device)
+        t3 = torch.tensor([], device=device).set_(t1)
+        t4 = t3.clone().resize_(12, 90)
+        b1 = torch.tensor([True, True], device=device)
+        b2 = torch.tensor([False], device=device).set_(b1)
+        s = torch.empty(0, device=device).set_(t1.untyped_storage(), 0, t1.size(), t1.stride())
+        v = torch.empty(2, 3, 4, device=device)
+        e = torch.empty(2, 5, 0, device=device)
+        answers = [t1.is_set_to(t2), t1.is_set_to(t3), t3.is_set_to(t1), t1.is_set_to(t4),
+                   b1.is_set_to(b2), s.is_set_to(t1), v.is_set_to(v.view(4, 3, 2)),
+                   e.is_set_to(e.view(0))]
+        return [torch.tensor(answers)]
+
+    assert same_as_cpu(run)[1][0].tolist() == [False, True, True, False, True, True, False,
+                                               False]
+
+
+def test_index_put_on_an_expanded_tensor_warns_as_on_the_cpu():
+    import warnings
+
+    def run(device):
+        x = torch.zeros(1, device=device).expand(6)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            x.index_put_((torch.tensor([2, 1, 0], device=device),),
+                         torch.tensor([1.0, 2.0, 3.0], device=device))
+        return [x, torch.tensor(sum("expanded tensors" in str(w.message) for w in caught))]
+
+    assert same_as_cpu(run)[1][1].item() == 1
+
+
+@pytest.mark.parametrize("op", ["__ilshift__", "__irshift__"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_in_place_shifts_on_overlapping_memory_are_refused_as_on_the_cpu(op, dtype):
+    def run(device):
+        x = torch.arange(1, 5, device=device).to(dtype)
+        getattr(x[:-1], op)(x[1:])
+        return [x]
+
+    assert "single memory location" in same_as_cpu(run)[1]
+
+
+@pytest.mark.parametrize("numel", [0, 3])
+def test_local_scalar_dense_answers_as_the_cpus_kernel(numel):
+    # The CPU's kernel refuses an empty tensor in its own words (Tensor.item() checks
+    # the numel first, with another message) and reads the first element otherwise.
+    def run(device):
+        x = torch.arange(5.0, 5.0 + numel, device=device)
+        return [torch.tensor(torch.ops.aten._local_scalar_dense(x))]
+
+    want = same_as_cpu(run)
+    if numel == 0:
+        assert want == (RuntimeError, "_local_scalar_dense: Empty tensor not supported")
+    else:
+        assert want[1][0].item() == 5.0
