@@ -112,6 +112,31 @@ inline void register_aten_ops(KernelTable& m) {
          });
 }
 
+// Note [Composites the CPU must run]: a few composite kernels
+// (CompositeExplicitAutograd, the operator's only kernel) work on the
+// built-in device types only: mode's out= form refuses any device type but
+// CPU, CUDA and XPU; conj_physical_ calls a per-device kernel table
+// (DispatchStub) that has no entry for the backend (torch.svd with out=
+// reaches it); and index's structured composite runs the operator's shape
+// function, which warns (a uint8 mask), before the out= form through the
+// fallback runs it again, warning twice where the CPU warns once. They are
+// routed to the fallback, where the CPU runs them as on a CPU tensor. The
+// list is what the OpInfo comparison's out= direction and its warnings
+// find in op_db's samples (python/accelkit/testing/_opinfo_child.py); an
+// operator the backend already has a kernel for keeps it, as does one a
+// vendor registers later (Note [Vendor kernel registration]).
+inline void register_cpu_runs_of_device_checked_composites(KernelTable& m) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const char* name : {"mode.values", "conj_physical_", "index.Tensor"}) {
+    std::string s(name);
+    std::size_t dot = s.find('.');
+    std::optional<c10::OperatorHandle> op =
+        dispatcher.findOp({"aten::" + s.substr(0, dot), dot == std::string::npos ? "" : s.substr(dot + 1)});
+    if (op && !op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
+      m.impl(name, torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  }
+}
+
 // Note [CPU kernels over composites]: an operator that has both a CPU
 // kernel and a composite one (CompositeExplicitAutograd or
 // CompositeImplicitAutograd) runs the composite on a backend without a
@@ -141,6 +166,7 @@ inline void register_cpu_kernels_over_composites(KernelTable& m) {
     if (!name.overload_name.empty()) short_name += "." + name.overload_name;
     m.impl(short_name.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
   }
+  register_cpu_runs_of_device_checked_composites(m);
 }
 
 }  // namespace torch_adapter
