@@ -42,11 +42,7 @@ MODES = {"1": "direct", "mapped": "mapped", "0": "copies"}
 
 # (operator, case) -> why the device cannot end as the CPU does; case None:
 # every case of the operator.
-KNOWN_DIFFERENCES = {
-    ("mode", None): "PyTorch's mode.values is CompositeExplicitAutograd and refuses every "
-                    "device type but CPU, CUDA and XPU before any kernel runs (the device "
-                    "raises whatever the out= tensor)",
-}
+KNOWN_DIFFERENCES = {}
 # (operator, case) -> why the case is not run, on either side.
 NOT_RUN = {
     ("narrow_copy", "expanded"): "PyTorch's CPU kernel writes an expanded out= as if it were "
