@@ -112,28 +112,27 @@ def test_strided_nested_operator_matches_the_cpu(op):
     same_as_cpu(lambda d: OPS[op](nested(d)))
 
 
-@pytest.mark.parametrize("layout", [torch.strided, torch.jagged], ids=["strided", "jagged"])
-def test_nested_tensor_moves_to_the_device_and_back(layout):
-    c = nested("cpu", layout)
-    d = c.to(DEV)
-    assert d.is_nested and d.device.type == DEV and d.layout == layout
-    for a, b in zip(d.cpu().unbind(), c.unbind()):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-    made = nested(DEV, layout)
-    assert made.device.type == DEV
-    for a, b in zip(made.unbind(), c.unbind()):
-        torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0)
-    # From device tensors, and a copy into a device nested tensor.
-    parts = [t.to(DEV) for t in components(1)]
-    same = torch.nested.as_nested_tensor(parts, layout=layout)
-    assert same.device.type == DEV
-    for a, b in zip(same.unbind(), components(1)):
-        torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0)
-    if layout == torch.strided:
-        target = torch.empty_like(d)
-        target.copy_(nested("cpu", seed=1))
-        for a, b in zip(target.unbind(), components(1)):
+def test_nested_tensors_of_both_layouts_move_to_the_device_and_back():
+    for layout in (torch.strided, torch.jagged):
+        c = nested("cpu", layout)
+        d = c.to(DEV)
+        assert d.is_nested and d.device.type == DEV and d.layout == layout
+        for a, b in zip(d.cpu().unbind(), c.unbind()):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        made = nested(DEV, layout)
+        assert made.device.type == DEV
+        for a, b in zip(made.unbind(), c.unbind()):
             torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0)
+        # From device tensors.
+        same = torch.nested.as_nested_tensor([t.to(DEV) for t in components(1)], layout=layout)
+        assert same.device.type == DEV
+        for a, b in zip(same.unbind(), components(1)):
+            torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0)
+    # A copy from a CPU nested tensor into a device one.
+    target = torch.empty_like(nested(DEV))
+    assert target.copy_(nested("cpu", seed=1)) is target
+    for a, b in zip(target.unbind(), components(1)):
+        torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0)
 
 
 def test_strided_nested_metadata_stays_on_the_cpu_as_on_the_cpu():
