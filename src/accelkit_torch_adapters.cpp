@@ -31,6 +31,7 @@
 #include <accelkit/torch/kineto.hpp>
 #include <accelkit/torch/nested.hpp>
 #include <accelkit/torch/ops.hpp>
+#include <accelkit/torch/quantized.hpp>
 #include <accelkit/torch/signals.hpp>
 #include <accelkit/torch/sparse.hpp>
 #include <accelkit/torch/storage.hpp>
@@ -385,5 +386,10 @@ TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&ta::nested_fallback>());
 }
 TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) { ta::register_nested_kernels(m); }
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&ta::quantized_fallback>());
+}
+// Note [Quantized tensors] (accelkit/torch/quantized.hpp).
+TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) { ta::register_quantized_ops(m); }
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
 TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) { ta::register_autocast(m); }
