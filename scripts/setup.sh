@@ -8,7 +8,8 @@
 #   .venv:           torch==2.13.0 (the CPU wheel on this machine), pytest, numpy,
 #                    expecttest (PyTorch's operator database needs it),
 #                    scikit-build-core (builds backends' wheels); for the test
-#                    command also mkdocs (and Debian's doxygen): the docs site
+#                    command also mkdocs (and Debian's doxygen): the docs site,
+#                    and torchao==0.18.0 without dependencies (install_torchao)
 #   build/:          configured with Ninja and ccache, then built; on a fresh
 #                    clone the test command builds the targets that need no
 #                    PyTorch while pip installs the venv (build_without_torch)
@@ -109,6 +110,18 @@ install_venv() {
   "$ACCELKIT_VENV/bin/pip" install -q --disable-pip-version-check "${missing[@]}"
 }
 
+# torchao's prepare_pt2e/convert_pt2e, for the PT2E model of
+# tests/python/test_quantized.py: PyTorch 2.13 no longer ships them in
+# torch.ao. Pinned (0.18.0 works with torch 2.13) and installed without
+# dependencies: it requires none, and pip must never replace the pinned torch.
+install_torchao() {
+  [ "${ACCELKIT_SETUP:-test}" = demo ] && return
+  "$ACCELKIT_VENV/bin/python" -c \
+    'import importlib.metadata as m; assert m.version("torchao") == "0.18.0"' 2>/dev/null && return
+  log "installing torchao==0.18.0 (without dependencies) into $ACCELKIT_VENV"
+  "$ACCELKIT_VENV/bin/pip" install -q --disable-pip-version-check --no-deps torchao==0.18.0
+}
+
 # Configures the build folder where it has no build.ninja yet, or where
 # the set-up configured it without PyTorch (build_without_torch, below).
 configure() {
@@ -193,6 +206,7 @@ if [ "${ACCELKIT_SETUP:-test}" != demo ] && [ ! -f "$ACCELKIT_BUILD/build.ninja"
   build_without_torch
 fi
 install_venv
+install_torchao
 configure  # also writes simdev's package (build/packages/torch_simdev)
 if [ "${ACCELKIT_SETUP:-test}" != demo ]; then
   cmake --build "$ACCELKIT_BUILD"
