@@ -5,13 +5,12 @@ why (the kit's names group checks the rest)."""
 # CUDA's own (its toolkit, libraries or NVIDIA's management library)
 # or a deprecated CUDA tensor type.
 CUDA_ONLY = {
-    # Legacy typed tensor and storage classes (torch.cuda.FloatTensor, ...):
-    # PyTorch builds them for CUDA alone; torch.tensor(..., device=) replaces them.
-    **{f"{t}{kind}": "legacy CUDA tensor types"
+    # Legacy typed tensor classes (torch.cuda.FloatTensor, ...): PyTorch builds
+    # them for CUDA alone; torch.tensor(..., device=) replaces them. (The typed
+    # storage classes are the device module's: Note [Legacy storage classes].)
+    **{f"{t}Tensor": "legacy CUDA tensor types"
        for t in ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long",
-                 "Short") for kind in ("Storage", "Tensor")},
-    "ComplexDoubleStorage": "legacy CUDA tensor types",
-    "ComplexFloatStorage": "legacy CUDA tensor types",
+                 "Short")},
     # Allocator backends of CUDA's allocator.
     "CUDAPluggableAllocator": "CUDA allocator backends",
     "change_current_allocator": "CUDA allocator backends",
