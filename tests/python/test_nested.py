@@ -317,3 +317,49 @@ def test_transformer_block_on_strided_nested_inputs_matches_the_cpu():
         x = x + mha(h, h, h, need_weights=False)[0]
         return x + block.ff(block.norm2(x))
     assert same_as_cpu(run, exact=False).is_nested
+
+
+NESTED_OPINFO = ["abs", "add", "mul", "matmul", "bmm", "nn.functional.linear", "nn.functional.relu",
+                 "clone", "select", "unsqueeze", "narrow", "to", "sum", "mean", "where"]
+
+
+def test_nested_opinfo_samples_of_both_layouts_match_the_cpu():
+    """The OpInfo comparison's nested samples (accelkit.testing._nested_samples: njt_op_db's,
+    jagged and strided) for a few operators, with a comparison of this file's."""
+    from accelkit.testing import _nested_samples as ns
+
+    def to_cpu(x):
+        if isinstance(x, torch.Tensor):
+            return x.detach().cpu()
+        if isinstance(x, (list, tuple)):
+            return type(x)(to_cpu(e) for e in x)
+        if isinstance(x, dict):
+            return {k: to_cpu(v) for k, v in x.items()}
+        return "cpu" if isinstance(x, (str, torch.device)) and str(x).startswith(DEV) else x
+
+    def on_both(op, s, cpu):
+        got = outcome(lambda d: op(s.input, *s.args, **s.kwargs), DEV)
+        want = outcome(lambda d: op(cpu[0], *cpu[1], **cpu[2]), "cpu")
+        assert got[0] == want[0], f"{op.name}: the CPU {want}; {DEV}: {got}"
+        return None if want[0] != "ok" else (got[1], want[1])
+
+    layouts = []
+
+    def compare(want, got, op, dtype, what):
+        layouts.append(what.split()[0])
+        w, g = flat_all(want), flat_all(got)
+        assert len(g) == len(w), what
+        for a, b in zip(g, w):
+            assert a.device.type in (DEV, "cpu")
+            torch.testing.assert_close(a.cpu(), b, msg=lambda m: f"{op.name} {what}: {m}")
+
+    def flat_all(x):
+        if isinstance(x, (list, tuple)):
+            return [t for e in x for t in flat_all(e)]
+        return [x] if isinstance(x, torch.Tensor) else []
+
+    ops = ns.ops()
+    compared = 0
+    for name in NESTED_OPINFO:
+        compared += ns.forward(ops[name], torch.float32, DEV, 2, to_cpu, on_both, compare)
+    assert compared >= len(NESTED_OPINFO) and {"jagged", "strided"} <= set(layouts)
