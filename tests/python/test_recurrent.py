@@ -178,3 +178,19 @@ def test_bad_arguments_are_refused_with_cudas_checks():
     with pytest.raises(RuntimeError, match=r"Expected all tensors to be on the same device.*"
                                            r"_thnn_fused_lstm_cell"):
         LSTM_CELL(g, g, torch.randn(2, 2))
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gradcheck_and_gradgradcheck_of_the_layers_on_the_device(kind, bias):
+    # As PyTorch's own test of the layers' gradients and double backward does.
+    torch.manual_seed(6)
+    module = getattr(torch.nn, kind)(4, 4, bias=bias, dtype=torch.float64).to(DEV)
+    x = torch.rand(1, 3, 4, dtype=torch.float64, device=DEV, requires_grad=True)
+
+    def flat(x):
+        out, state = module(x)
+        return (out, *(state if isinstance(state, tuple) else (state,)))
+
+    assert torch.autograd.gradcheck(flat, (x,), check_batched_grad=False)
+    assert torch.autograd.gradgradcheck(flat, (x,), check_batched_grad=False)
