@@ -1,5 +1,5 @@
 """The legacy typed storage classes of the device module (Note [Legacy storage classes] in
-python/accelkit/device/storage.py): torch.<name>.FloatStorage and the eleven others, as
+python/accelkit/device/_legacy_storage.py): torch.<name>.FloatStorage and the eleven others, as
 torch.cuda has them: Tensor.storage_type(), storage().type(), isinstance, construction on
 the device, and what they refuse."""
 import warnings

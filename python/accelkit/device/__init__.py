@@ -11,11 +11,11 @@ import json
 import torch
 
 from .. import _backend
-from . import amp, graphs, memory, random, storage, streams  # noqa: F401  (torch.<name>.amp, ...)
+from . import amp, graphs, memory, random, streams  # noqa: F401  (torch.<name>.amp, ...)
 from .graphs import *  # noqa: F401,F403
 from .memory import *  # noqa: F401,F403
 from .random import *  # noqa: F401,F403
-from .storage import *  # noqa: F401,F403  (FloatStorage & co.: Note [Legacy storage classes])
+from ._legacy_storage import *  # noqa: F401,F403  (FloatStorage & co.: Note [Legacy storage classes])
 from .streams import *  # noqa: F401,F403
 
 
