@@ -13,6 +13,7 @@
 #include <ATen/ops/clone_native.h>
 #include <torch/csrc/jit/serialization/pickler_helper.h>
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -44,8 +45,9 @@ ACCELKIT_TORCH_NAMESPACE {
 //   included);
 // - by PyTorch's shallow copies: detach(), .data, nn.Parameter(t);
 // - by clone (any memory_format): the SDK's clone kernel is PyTorch's
-//   composite (empty_like and copy_) followed by copy_backend_meta; a
-//   vendor's own clone kernel calls copy_backend_meta itself;
+//   composite (empty_like and copy_) followed by copy_backend_meta, which
+//   takes any c10::BackendMeta as a shallow copy does; a vendor's own clone
+//   kernel calls copy_backend_meta itself;
 // - by in-place operators, resize_ and set_, which keep the tensor.
 // copy_ (and load_state_dict, which copies into the module's tensors) keeps
 // the destination's metadata, as it keeps its dtype and strides.
@@ -60,7 +62,8 @@ ACCELKIT_TORCH_NAMESPACE {
 // SDK registers it when the backend loads, so a vendor uses these functions
 // and not TensorBackendMetaRegistry (a hook registered before the SDK's is
 // kept, reported through Note [Diagnostics], and the SDK's fields are then
-// not saved).
+// not saved). The field functions refuse a tensor whose slot other code
+// filled (RuntimeError) rather than replace what it keeps there.
 class BackendMetaFields final : public c10::BackendMeta {
  public:
   using Map = std::map<std::string, std::string, std::less<>>;
@@ -159,15 +162,15 @@ inline void erase_backend_meta(const at::Tensor& t, std::string_view field) {
   detail_meta::install(t, std::move(map));
 }
 
-// `to` takes the metadata of `from` (none if `from` has none): for a
-// vendor's kernel that makes a tensor standing for another, as clone.
+// `to` takes the metadata of `from` (none if `from` has none), through
+// BackendMeta::clone as PyTorch's shallow copies take it: for a vendor's
+// kernel that makes a tensor standing for another, as clone.
 inline void copy_backend_meta(const at::Tensor& from, const at::Tensor& to) {
   detail_meta::check_tensor(from, "copy_backend_meta");
   detail_meta::check_tensor(to, "copy_backend_meta");
-  detail_meta::fields_of(from, "copy_backend_meta");
-  detail_meta::fields_of(to, "copy_backend_meta");
-  to.unsafeGetTensorImpl()->set_backend_meta(
-      from.unsafeGetTensorImpl()->get_backend_meta_intrusive_ptr());
+  c10::intrusive_ptr<c10::BackendMeta> meta =
+      from.unsafeGetTensorImpl()->get_backend_meta_intrusive_ptr();
+  to.unsafeGetTensorImpl()->set_backend_meta(meta ? meta->clone(meta) : nullptr);
 }
 
 // PyTorch's serialization hook for PrivateUse1 (Note [Backend metadata]):
