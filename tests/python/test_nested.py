@@ -4,6 +4,7 @@ errors and aliasing, the jagged layout's through the dense operators; a small tr
 block on nested inputs of both layouts, and TransformerEncoderLayer's fast path
 (_transformer_encoder_layer_fwd on nested tensors), match the CPU."""
 import threading
+import warnings
 
 import pytest
 import torch
@@ -179,6 +180,26 @@ def test_strided_nested_operators_count_in_the_fallback_report():
     report = {op: n for op, n, _ in MOD.fallback_report()}
     assert report.get("aten::_softmax") == 1
     assert report.get("aten::bmm") == 1
+
+
+def test_strided_nested_operators_warn_as_on_the_cpu():
+    """Each call warns as on the CPU, PyTorch's warn-once warnings counted per call (the
+    fallback's own nested tensors do not warn that the API is a prototype)."""
+    def warned(device, f):
+        x = nested(device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            f(x)
+        return sorted(str(w.message) for w in caught)
+    previous = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    try:
+        calls = (lambda x: x + x, lambda x: x.softmax(-1), lambda x: x.to_padded_tensor(0.0),
+                 lambda x: torch.bmm(x, x.transpose(1, 2)), lambda x: x.clone().add_(1))
+        want = [warned("cpu", f) for f in calls]
+        assert [warned(DEV, f) for f in calls] == want and all(want[:2])
+    finally:
+        torch.set_warn_always(previous)
 
 
 def test_strided_nested_gradients_match_the_cpu():

@@ -74,6 +74,25 @@ inline bool nested_kernel_is_generic(const c10::OperatorHandle& op) {
   return generic.count(op.schema().name()) != 0;
 }
 
+namespace detail {
+
+// A nested tensor over `buffer` (1-D, its whole storage) with the given
+// components, made without the prototype warning NestedTensorImpl's
+// constructor gives: the images and results made here are not the user's
+// constructions, and under torch.set_warn_always(True) the device would
+// warn more often than the CPU. (Warning handlers are per thread.)
+inline at::Tensor make_nested(const at::Tensor& buffer, const at::native::NestedTensorImpl& like) {
+  struct Discard final : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  };
+  static Discard discard;
+  c10::WarningUtils::WarningHandlerGuard quiet(&discard);
+  return at::detail::make_tensor<at::native::NestedTensorImpl>(
+      buffer, like.get_nested_sizes(), like.get_nested_strides(), like.get_storage_offsets());
+}
+
+}  // namespace detail
+
 // The CPU images of an operator's device tensors, and the way back (Note
 // [Nested tensors]).
 class NestedImage {
@@ -89,9 +108,7 @@ class NestedImage {
     at::Tensor host;
     if (t.is_nested()) {
       const at::native::NestedTensorImpl* nt = at::native::get_nested_tensor_impl(t);
-      host = at::detail::make_tensor<at::native::NestedTensorImpl>(
-          host_storage(nt->get_unsafe_storage_as_tensor()), nt->get_nested_sizes(),
-          nt->get_nested_strides(), nt->get_storage_offsets());
+      host = detail::make_nested(host_storage(nt->get_unsafe_storage_as_tensor()), *nt);
     } else {
       host = t.cpu();
     }
@@ -129,8 +146,7 @@ class NestedImage {
       if (st.host.storage().unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl())
         buffer = st.device;
     if (!buffer.defined()) buffer = nt->get_unsafe_storage_as_tensor().to(device_);
-    return at::detail::make_tensor<at::native::NestedTensorImpl>(
-        buffer, nt->get_nested_sizes(), nt->get_nested_strides(), nt->get_storage_offsets());
+    return detail::make_nested(buffer, *nt);
   }
 
  private:
