@@ -117,9 +117,13 @@ inline void register_aten_ops(KernelTable& m) {
 // built-in device types only: mode's out= form refuses any device type but
 // CPU, CUDA and XPU; conj_physical_ calls a per-device kernel table
 // (DispatchStub) that has no entry for the backend (torch.svd with out=
-// reaches it); and index's structured composite runs the operator's shape
-// function, which warns (a uint8 mask), before the out= form through the
-// fallback runs it again, warning twice where the CPU warns once. They are
+// reaches it); and the structured composites of index and scatter's
+// reduce forms run the operator's shape function, which warns (a uint8
+// mask, a deprecated argument), before the out= form through the fallback
+// runs it again, warning twice where the CPU warns once, while those of
+// mse_loss and smooth_l1_loss hand their out= form a result that its shape
+// function resizes, with PyTorch's resize warning, which the CPU's own
+// functional kernel does not raise. They are
 // routed to the fallback, where the CPU runs them as on a CPU tensor. The
 // list is what the OpInfo comparison's out= direction and its warnings
 // find in op_db's samples (python/accelkit/testing/_opinfo_child.py); an
@@ -127,7 +131,8 @@ inline void register_aten_ops(KernelTable& m) {
 // vendor registers later (Note [Vendor kernel registration]).
 inline void register_cpu_runs_of_device_checked_composites(KernelTable& m) {
   auto& dispatcher = c10::Dispatcher::singleton();
-  for (const char* name : {"mode.values", "conj_physical_", "index.Tensor"}) {
+  for (const char* name : {"mode.values", "conj_physical_", "index.Tensor", "scatter.reduce",
+                           "scatter_.reduce", "mse_loss", "smooth_l1_loss"}) {
     std::string s(name);
     std::size_t dot = s.find('.');
     std::optional<c10::OperatorHandle> op =
