@@ -371,6 +371,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   ta::register_aten_ops(table);
   ta::register_host_kernels(table);
   ta::register_cpu_kernels_over_composites(table);
+  ta::register_quantizing_ops(table);  // Note [Quantized tensors]
   ta::register_nested_creation(table);  // Note [Nested tensors]
   ta::register_backend_meta_ops(table);  // Note [Backend metadata]: clone
 }

@@ -4,6 +4,7 @@ dequantize and the views that alias natively; every other operator through PyTor
 kernels under the fallback's rules; torch.ao's eager quantization and a PT2E model (torchao's
 prepare_pt2e/convert_pt2e) giving the CPU's results."""
 import copy
+import io
 import os
 import subprocess
 import sys
@@ -86,6 +87,22 @@ def test_empty_quantized_tensors_are_made_in_device_memory():
     a.copy_(x.to(DEV))
     ref.copy_(x)
     assert torch.equal(a.int_repr().cpu(), ref.int_repr())
+
+
+def test_quantized_tensors_survive_save_load_and_deepcopy_on_the_device():
+    cpu = [torch.quantize_per_tensor(torch.randn(3, 4), 0.1, 3, torch.quint8),
+           torch.quantize_per_channel(torch.randn(3, 4), torch.tensor([0.1, 0.2, 0.3]),
+                                      torch.tensor([1, 2, 3]), 0, torch.qint8)]
+    for t in cpu:
+        dev = t.to(DEV)
+        _same(copy.deepcopy(dev), t)
+        buf = io.BytesIO()
+        torch.save(dev, buf)
+        buf.seek(0)
+        _same(torch.load(buf, weights_only=False), t)
+    # A quantized dtype without parameters yet (torch.empty), as on the CPU.
+    e = torch.empty(2, 3, dtype=torch.quint8, device=DEV)
+    assert e.device.type == DEV and e.is_quantized and e.shape == (2, 3)
 
 
 VIEWS = {
@@ -269,7 +286,7 @@ class _SmallCNN(torch.nn.Module):
         return self.dequant(self.fc(y))
 
 
-@pytest.mark.parametrize("engine", ["x86", "qnnpack"])
+@pytest.mark.parametrize("engine", ["x86", "fbgemm", "qnnpack"])
 def test_eager_quantization_of_a_small_cnn_matches_the_cpu(engine):
     if engine not in torch.backends.quantized.supported_engines:
         pytest.skip(f"PyTorch here has no {engine} engine")

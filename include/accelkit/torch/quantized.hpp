@@ -7,6 +7,7 @@
 
 #include <accelkit/torch/adapter.hpp>
 #include <accelkit/torch/fallback.hpp>
+#include <accelkit/torch/kernel_table.hpp>
 #include <accelkit/torch/storage.hpp>
 #include <accelkit/torch/views.hpp>
 
@@ -58,6 +59,8 @@ ACCELKIT_TORCH_NAMESPACE {
 //   tensors it wrote copied back, results copied to the device. Operators
 //   with a QuantizedCPU kernel and a composite one take the fallback, as on
 //   the CPU they take the kernel.
+// The dense operators that make a per-channel quantized tensor run the same
+// way on copies, at the CPU key (register_quantizing_ops).
 // A device tensor's quantizer holds its per-channel scales and zero points
 // on the CPU, where the CPU kernels read them; q_per_channel_scales and
 // q_per_channel_zero_points return them on the device.
@@ -72,14 +75,16 @@ struct QuantizedOps {
     return t.defined() && t.device().type() == kDeviceType;
   }
 
-  // Refuses what the device does not hold: sub-byte dtypes and unknown
-  // quantization schemes.
+  // Refuses what the device does not hold: sub-byte dtypes and other
+  // quantization schemes. An UnknownQuantizer (torch.empty(...,
+  // dtype=torch.quint8), whose quantizer the caller sets later) has none.
   static void check_supported(const at::QuantizerPtr& q) {
     c10::ScalarType st = q->scalar_type();
     TORCH_CHECK_NOT_IMPLEMENTED(
         st == c10::kQUInt8 || st == c10::kQInt8 || st == c10::kQInt32, backend_name(),
         ": quantized tensors of dtype ", st, " are not supported on ", backend_name(),
         " (quint8, qint8 and qint32 are)");
+    if (dynamic_cast<const at::UnknownQuantizer*>(q.get())) return;
     c10::QScheme s = q->qscheme();
     TORCH_CHECK_NOT_IMPLEMENTED(
         s == c10::kPerTensorAffine || s == c10::kPerChannelAffine ||
@@ -95,9 +100,8 @@ struct QuantizedOps {
   // views, and quantize_per_channel keeps int64 zero points as given),
   // valid only during that kernel.
   static at::QuantizerPtr host_params(const at::QuantizerPtr& q) {
-    if (q->qscheme() != c10::kPerChannelAffine && q->qscheme() != c10::kPerChannelAffineFloatQParams)
-      return q;
-    auto* pc = static_cast<at::PerChannelAffineQuantizer*>(q.get());
+    auto* pc = dynamic_cast<at::PerChannelAffineQuantizer*>(q.get());  // float qparams too
+    if (!pc) return q;
     auto own = [](const at::Tensor& t) {
       return t.to(c10::TensorOptions(c10::kCPU), /*non_blocking=*/false, /*copy=*/true);
     };
@@ -296,8 +300,10 @@ struct QuantizedOps {
   }
 };
 
-// The QuantizedPrivateUse1 fallback (Note [Quantized tensors]).
-inline void quantized_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+// Runs `op` through the CPU's kernel at `cpu_key` on copies of its device
+// tensors (Note [Quantized tensors]), under the fallback's policy.
+inline void run_on_cpu_copies(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                              c10::DispatchKey cpu_key) {
   using Q = QuantizedOps;
   const c10::OperatorName& n = op.schema().operator_name();
   const std::string name = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
@@ -365,7 +371,7 @@ inline void quantized_fallback(const c10::OperatorHandle& op, torch::jit::Stack*
       v = c10::IValue(c10::Device(c10::kCPU));
     }
   }
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::QuantizedCPU), stack);
+  op.redispatchBoxed(c10::DispatchKeySet(cpu_key), stack);
 
   // What the kernel wrote goes back to the device tensors.
   for (auto& [dev, h] : written) {
@@ -397,6 +403,26 @@ inline void quantized_fallback(const c10::OperatorHandle& op, torch::jit::Stack*
       v = c10::IValue(list);
     }
   }
+}
+
+// The QuantizedPrivateUse1 fallback: PyTorch's QuantizedCPU kernels.
+inline void quantized_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_on_cpu_copies(op, stack, c10::DispatchKey::QuantizedCPU);
+}
+inline void quantizing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_on_cpu_copies(op, stack, c10::DispatchKey::CPU);
+}
+
+// Dense operators that make a per-channel quantized tensor
+// (quantize_per_channel, _make_per_channel_quantized_tensor): the CPU's
+// kernel keeps its scales and zero points arguments in the result's
+// quantizer when their dtypes are already double and int64. On the dense
+// fallback's zero-copy path those would be views of device memory, read
+// after the kernel's maps are closed (Note [Map scopes]); on copies they
+// are the CPU's own.
+inline void register_quantizing_ops(KernelTable& m) {
+  for (const char* name : {"quantize_per_channel", "_make_per_channel_quantized_tensor"})
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&quantizing_fallback>());
 }
 
 // The native operators of the QuantizedPrivateUse1 key, then the fallback
