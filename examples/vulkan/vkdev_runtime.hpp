@@ -96,7 +96,7 @@ using HostAccess = accelkit::HostAccessLevel;  // VKDEV_HOST_ACCESS
 
 class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   struct Allocation;
-  struct Stream;
+  using Stream = vulkan::TimelineStream;  // Note [vkdev streams]
   struct Device;
   using AllocPtr = std::shared_ptr<Allocation>;
   // The runtime's check (Note [vkdev lost devices]) as the Vulkan helpers take it.
@@ -139,33 +139,20 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
 
   accelkit::DeviceProperties properties(int device) {
     Device& d = dev(device, "properties");
-    VkPhysicalDeviceDriverProperties driver{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
-    VkPhysicalDeviceSubgroupProperties subgroup{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES, &driver};
-    VkPhysicalDeviceIDProperties id{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES, &subgroup};
-    VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &id};
-    vkGetPhysicalDeviceProperties2(d.physical, &p2);
-    const VkPhysicalDeviceProperties& vp = p2.properties;
-    accelkit::DeviceProperties p;
-    p.name = vp.deviceName;
-    p.vendor = accelkit::support::pci_vendor_name(vp.vendorID);
-    p.uuid = accelkit::uuid_from_bytes(id.deviceUUID);
-    p.driver_version = accelkit::support::parse_version(driver.driverInfo);
-    if (p.driver_version == accelkit::Version{}) p.driver_version = vulkan::version(vp.driverVersion);
-    p.runtime_version = vulkan::version(vp.apiVersion);
+    std::string driver;
+    accelkit::DeviceProperties p = vulkan::properties(d.vk.handle, &driver);
     p.total_memory = d.memory.total();
-    p.max_allocation = std::min<std::uint64_t>(d.max_allocation, d.memory.total());
-    // Vulkan reports neither compute units nor a clock rate: unknown (0).
-    p.subgroup_size = static_cast<int>(subgroup.subgroupSize);
+    p.max_allocation = std::min<std::uint64_t>(d.vk.max_allocation - kAlign, d.memory.total());
     p.dtypes = accelkit::DTypeSet::all();  // through the SDK's fallback
     p.host_access = access_;
     p.stream_priorities = accelkit::StreamPriorityRange::from_levels(1);
     p.memory_alignment = kAlign;
-    p.event_timing = d.timestamp_bits > 0;
+    p.event_timing = d.vk.queue.timestampValidBits > 0;
     // DLPack's kDLVulkan would promise a consumer Vulkan memory it could
     // bind; the fake addresses are the SDK's alone: the default, kDLExtDev.
     p.extras.push_back({"vkdev.host_access", std::string(to_string(access_))});
-    p.extras.push_back({"vkdev.driver", fmt::format("{} ({})", driver.driverName, driver.driverInfo)});
-    p.extras.push_back({"vkdev.push_descriptor", d.push_descriptor});
+    p.extras.push_back({"vkdev.driver", driver});
+    p.extras.push_back({"vkdev.push_descriptor", d.vk.push_descriptor});
     return p;
   }
 
@@ -183,7 +170,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     Device& d = live(device, "malloc");
     fault("malloc");
     auto held = d.memory.reserve(bytes);
-    if (bytes > d.max_allocation || !held) return nullptr;
+    if (bytes > d.vk.max_allocation - kAlign || !held) return nullptr;
     // Direct: vkMapMemory aligns to less than kAlign; the user's bytes start
     // at the first aligned address of a slightly larger allocation.
     AllocPtr a = allocate(d, access_ == HostAccess::direct ? bytes + kAlign : bytes, d.device_type,
@@ -261,17 +248,8 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     auto s = stream_of(d, stream, "memset_async");
     auto f = fault("memset_async");
     BufferRef r = locate(device, ptr, bytes, "memset_async");
-    auto v = static_cast<std::uint32_t>(value & 0xff);
-    VkBuffer patterns = d.patterns->buffer;
     record(d, *s, "memset_async", [&](VkCommandBuffer cb) {
-      VkDeviceSize head = std::min<VkDeviceSize>((4 - r.offset % 4) % 4, bytes);
-      VkDeviceSize middle = (bytes - head) & ~VkDeviceSize{3};
-      VkDeviceSize tail = bytes - head - middle;
-      if (middle) vkCmdFillBuffer(cb, r.buffer, r.offset + head, middle, v * 0x01010101u);
-      for (auto [at, n] : {std::pair{r.offset, head}, std::pair{r.offset + head + middle, tail}}) {
-        VkBufferCopy c{v * 4, at, n};
-        if (n) vkCmdCopyBuffer(cb, patterns, r.buffer, 1, &c);
-      }
+      vulkan::fill_bytes(cb, r.buffer, r.offset, bytes, static_cast<std::uint8_t>(value), d.patterns->buffer);
     });
     if (f) fail_queued(*s, "memset_async");
   }
@@ -322,13 +300,9 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     auto e = std::make_shared<Event>();
     e->device = device;
     if (accelkit::has_flag(flags, accelkit::EventFlags::timing)) {
-      if (d.timestamp_bits == 0)
+      if (d.vk.queue.timestampValidBits == 0)
         throw accelkit::NotSupportedError(name, "event timing: the device's queue has no timestamps");
-      VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
-      qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
-      qi.queryCount = 1;
-      check(d, vkCreateQueryPool(d.device, &qi, nullptr, &e->query), "event_create",
-            "vkCreateQueryPool");
+      e->query = vulkan::create_timestamp(d.device, checker(d, "event_create"));
       e->vk = d.device;
     }
     return events_.add(std::move(e));
@@ -342,10 +316,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     auto e = event_of(device, event, "event_record", "recorded");
     auto f = fault("event_record");
     if (e->query)
-      record(d, *s, "event_record", [&](VkCommandBuffer cb) {
-        vkCmdResetQueryPool(cb, e->query, 0, 1);
-        vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, e->query, 0);
-      });
+      record(d, *s, "event_record", [&](VkCommandBuffer cb) { vulkan::write_timestamp(cb, e->query); });
     if (f) fail_queued(*s, "event_record");
     e->record(s, flush(d, *s, "event_record"));
   }
@@ -372,12 +343,10 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
         driver_error(kInvalid, "event_elapsed_time", "both events must be timing events");
       if (!e->last().first)
         driver_error(kInvalid, "event_elapsed_time", "both events must be recorded");
-      VkResult r = vkGetQueryPoolResults(d.device, e->query, 0, 1, sizeof t[i], &t[i], sizeof t[i],
-                                         VK_QUERY_RESULT_64_BIT);
-      if (r == VK_NOT_READY)
-        driver_error(r, "event_elapsed_time", "an event has not completed yet");
-      check(d, r, "event_elapsed_time", "vkGetQueryPoolResults");
-      period = d.timestamp_period;
+      auto ticks = vulkan::read_timestamp(d.device, e->query, checker(d, "event_elapsed_time"));
+      if (!ticks) driver_error(VK_NOT_READY, "event_elapsed_time", "an event has not completed yet");
+      t[i] = *ticks;
+      period = d.vk.properties.limits.timestampPeriod;
     }
     double ns = (static_cast<double>(t[1]) - static_cast<double>(t[0])) * period;
     return static_cast<float>(ns / 1e6);
@@ -398,13 +367,13 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   // ------------------------------------------------------------ for kernels
 
   VkDevice vk_device(int device) { return context(device, "vk_device").device; }
-  VkPhysicalDevice vk_physical_device(int device) { return dev(device, "vk_physical_device").physical; }
-  bool has_push_descriptors(int device) { return context(device, "has_push_descriptors").push_descriptor; }
+  VkPhysicalDevice vk_physical_device(int device) { return dev(device, "vk_physical_device").vk.handle; }
+  bool has_push_descriptors(int device) { return context(device, "has_push_descriptors").vk.push_descriptor; }
   PFN_vkCmdPushDescriptorSetKHR push_descriptor_fn(int device) {
     return context(device, "push_descriptor_fn").push_descriptor_fn;
   }
 
-  std::uint32_t queue_family(int device) { return dev(device, "queue_family").family; }
+  std::uint32_t queue_family(int device) { return dev(device, "queue_family").vk.family; }
   // f(VkQueue) under the mutex of the device's queue (vkQueueSubmit's rule).
   template <class F>
   decltype(auto) with_queue(int device, F&& f) {
@@ -443,23 +412,11 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     }
   };
 
-  // A stream: a timeline semaphore and a command pool (Note [Timeline streams]).
-  struct Stream : accelkit::support::Timeline<Stream, VkCommandBuffer> {
-    VkDevice vk = VK_NULL_HANDLE;
-    VkSemaphore timeline = VK_NULL_HANDLE;
-    VkCommandPool pool = VK_NULL_HANDLE;
-    ~Stream() {  // a lost device returns at once
-      if (std::uint64_t last = submitted()) vulkan::wait(vk, timeline, last, [](VkResult, const char*) {});
-      vkDestroyCommandPool(vk, pool, nullptr);
-      vkDestroySemaphore(vk, timeline, nullptr);
-    }
-  };
-
   // An event: (stream, value) of its last record (Note [Timeline streams]).
   struct Event : accelkit::support::TimelineEvent<Stream> {
     int device = 0;
     VkDevice vk = VK_NULL_HANDLE;
-    VkQueryPool query = VK_NULL_HANDLE;  // timing events
+    VkQueryPool query = VK_NULL_HANDLE;  // timing events' timestamp
     ~Event() {
       if (query) vkDestroyQueryPool(vk, query, nullptr);
     }
@@ -467,13 +424,9 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
 
   struct Device {
     int index = 0;
-    VkPhysicalDevice physical = VK_NULL_HANDLE;
-    std::uint32_t family = 0, device_type = 0, host_type = 0;
-    std::uint32_t timestamp_bits = 0;
-    double timestamp_period = 1;
-    std::uint64_t max_allocation = 0;
+    vulkan::Physical vk;
+    std::uint32_t device_type = 0, host_type = 0;  // memory types
     accelkit::support::MemoryBudget memory;  // the heap's size
-    bool push_descriptor = false;
     std::once_flag created;
     VkDevice device = VK_NULL_HANDLE;
     VkQueue queue = VK_NULL_HANDLE;
@@ -541,36 +494,22 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   // A device with Vulkan 1.2, timeline semaphores, a compute queue and the
   // memory types the mode needs; nullptr otherwise (direct: a ValueError).
   std::unique_ptr<Device> usable(VkPhysicalDevice pd) {
-    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
-    VkPhysicalDeviceFeatures2 f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
-    vkGetPhysicalDeviceFeatures2(pd, &f);
-    VkPhysicalDeviceMaintenance3Properties m3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
-    VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &m3};
-    vkGetPhysicalDeviceProperties2(pd, &p2);
-    VkQueueFamilyProperties queue{};
-    auto family = vulkan::compute_family(pd, &queue);
-    if (p2.properties.apiVersion < VK_API_VERSION_1_2 || !f12.timelineSemaphore || !family) return nullptr;
-    VkPhysicalDeviceMemoryProperties mp;
-    vkGetPhysicalDeviceMemoryProperties(pd, &mp);
+    auto vk = vulkan::describe(pd);
+    if (!vk) return nullptr;
     constexpr VkMemoryPropertyFlags host = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-    auto dtype = vulkan::memory_type(mp, access_ == HostAccess::none ? 0 : host, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
-    auto htype = vulkan::memory_type(mp, host, VK_MEMORY_PROPERTY_HOST_CACHED_BIT);
+    auto dtype = vulkan::memory_type(vk->memory, access_ == HostAccess::none ? 0 : host, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+    auto htype = vulkan::memory_type(vk->memory, host, VK_MEMORY_PROPERTY_HOST_CACHED_BIT);
     if (!dtype && access_ != HostAccess::none)
       throw accelkit::ValueError(
           name, fmt::format("VKDEV_HOST_ACCESS={}: device {} ({}) has no host-visible coherent "
                             "memory (use none)",
-                            to_string(access_), devices_.size(), p2.properties.deviceName));
+                            to_string(access_), devices_.size(), vk->properties.deviceName));
     if (!dtype || !htype) return nullptr;
     auto d = std::make_unique<Device>();
-    d->physical = pd;
-    d->family = *family;
-    d->timestamp_bits = queue.timestampValidBits;
-    d->timestamp_period = p2.properties.limits.timestampPeriod;
+    d->vk = *vk;
     d->device_type = *dtype;
     d->host_type = *htype;
-    d->memory.set_total(mp.memoryHeaps[mp.memoryTypes[*dtype].heapIndex].size);
-    d->max_allocation = m3.maxMemoryAllocationSize - kAlign;
-    d->push_descriptor = vulkan::has_extension(pd, VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME);
+    d->memory.set_total(vk->memory.memoryHeaps[vk->memory.memoryTypes[*dtype].heapIndex].size);
     return d;
   }
 
@@ -588,17 +527,16 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     Device& d = dev(device, call);
     std::call_once(d.created, [&] {
       std::vector<const char*> extensions;
-      if (d.push_descriptor) extensions.push_back(VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME);
-      d.device = vulkan::create_device(d.physical, d.family, extensions, checker(d, call));
-      vkGetDeviceQueue(d.device, d.family, 0, &d.queue);
-      if (d.push_descriptor)
+      if (d.vk.push_descriptor) extensions.push_back(VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME);
+      d.device = vulkan::create_device(d.vk.handle, d.vk.family, extensions, checker(d, call));
+      vkGetDeviceQueue(d.device, d.vk.family, 0, &d.queue);
+      if (d.vk.push_descriptor)
         d.push_descriptor_fn = reinterpret_cast<PFN_vkCmdPushDescriptorSetKHR>(
             vkGetDeviceProcAddr(d.device, "vkCmdPushDescriptorSetKHR"));
       d.patterns = allocate(d, 1024, d.host_type, true, call);
       if (!d.patterns)
         driver_error(VK_ERROR_OUT_OF_HOST_MEMORY, call, "no memory for the fill patterns");
-      for (std::uint32_t v = 0; v < 256; ++v)
-        std::memset(static_cast<char*>(d.patterns->host) + 4 * v, static_cast<int>(v), 4);
+      vulkan::write_fill_patterns(d.patterns->host);
       d.sync_stream = make_stream(d);
     });
     return d;
@@ -695,11 +633,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   // --------------------------------------------------------- streams
 
   std::shared_ptr<Stream> make_stream(Device& d) {
-    auto s = std::make_shared<Stream>();
-    s->vk = d.device;
-    s->timeline = vulkan::create_timeline(d.device, checker(d, "stream_create"));
-    s->pool = vulkan::create_pool(d.device, d.family, checker(d, "stream_create"));
-    return s;
+    return std::make_shared<Stream>(d.device, d.vk.family, checker(d, "stream_create"));
   }
 
   // The event, which must be of `device`, the stream's it is `use`d on.
@@ -721,26 +655,13 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   template <class F>
   void record(Device& d, Stream& s, std::string_view call, F&& rec) {
     std::lock_guard<std::mutex> lock(s.mutex);
-    auto check = checker(d, call);
-    auto [cb, fresh] = s.open(vulkan::counter(d.device, s.timeline, check),
-                              [&] { return vulkan::allocate_commands(d.device, s.pool, check); });
-    if (fresh) vulkan::begin(cb, check);  // the pool resets a command buffer as it begins again
-    else vulkan::full_barrier(cb);
-    rec(cb);
+    rec(s.commands(checker(d, call)));
     if (s.recorded() >= kBatch) submit(d, s, call);
   }
 
-  // Submits what was recorded and the waits pending (under s.mutex), each
-  // submission waiting for the stream's last.
+  // Submits what was recorded and the pending waits (under s.mutex).
   std::uint64_t submit(Device& d, Stream& s, std::string_view call) {
-    return s.submit([&](const VkCommandBuffer* cb, const auto& waits, std::uint64_t signal) {
-      if (cb) check(d, vkEndCommandBuffer(*cb), call, "vkEndCommandBuffer");
-      std::vector<std::pair<VkSemaphore, std::uint64_t>> on;
-      if (signal > 1) on.emplace_back(s.timeline, signal - 1);
-      for (auto& w : waits) on.emplace_back(w.on->timeline, w.value);
-      std::lock_guard<std::mutex> lock(d.queue_mutex);
-      vulkan::submit(d.queue, cb, on, s.timeline, signal, checker(d, call));
-    });
+    return s.submit_to(d.queue, d.queue_mutex, checker(d, call));
   }
 
   // Submits and returns the value the stream's work so far completes at.

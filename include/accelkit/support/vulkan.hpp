@@ -3,12 +3,15 @@
 // vectors, a physical device's compute queue family, memory types and
 // extensions, a logical device with timeline semaphores, buffers over memory
 // of their own, command pools and buffers, timeline submissions and waits,
-// and compute pipelines whose storage buffers are push descriptors
-// (VK_KHR_push_descriptor) recorded with a barrier before each dispatch.
+// streams over timeline semaphores (support::Timeline), byte fills,
+// timestamps, and compute pipelines whose storage buffers are push
+// descriptors (VK_KHR_push_descriptor) recorded with a barrier before each
+// dispatch.
 //
 // Each call that can fail takes `check(VkResult, const char* fn)`, the
 // runtime's own policy (a driver error, a lost device), called with every
-// result that is not VK_SUCCESS; it must throw.
+// result that is not VK_SUCCESS; it throws, or returns where the caller
+// ignores the failure (a destructor).
 //
 //   auto check = [&](VkResult r, const char* fn) { my_check(r, call, fn); };
 //   VkDevice dev = vulkan::create_device(pd, *vulkan::compute_family(pd), {}, check);
@@ -23,10 +26,16 @@
 
 #include <accelkit/config.hpp>
 #include <accelkit/properties.hpp>
+#include <accelkit/support/driver_info.hpp>
+#include <accelkit/support/timeline.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
+#include <mutex>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -120,6 +129,59 @@ inline bool has_extension(VkPhysicalDevice pd, std::string_view name) {
        enumerate<VkExtensionProperties>(vkEnumerateDeviceExtensionProperties, pd, nullptr))
     if (name == e.extensionName) return true;
   return false;
+}
+
+// A physical device as a compute runtime over Vulkan 1.2 takes it.
+struct Physical {
+  VkPhysicalDevice handle = VK_NULL_HANDLE;
+  std::uint32_t family = 0;       // the first queue family with compute
+  VkQueueFamilyProperties queue{};  // its properties (timestampValidBits)
+  VkPhysicalDeviceProperties properties{};
+  VkPhysicalDeviceMemoryProperties memory{};
+  VkDeviceSize max_allocation = 0;  // maxMemoryAllocationSize
+  bool push_descriptor = false;     // VK_KHR_push_descriptor
+};
+// nullopt where `pd` lacks Vulkan 1.2, timeline semaphores or a compute queue.
+inline std::optional<Physical> describe(VkPhysicalDevice pd) {
+  VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  VkPhysicalDeviceFeatures2 f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
+  vkGetPhysicalDeviceFeatures2(pd, &f);
+  VkPhysicalDeviceMaintenance3Properties m3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
+  VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &m3};
+  vkGetPhysicalDeviceProperties2(pd, &p2);
+  Physical p;
+  auto family = compute_family(pd, &p.queue);
+  if (p2.properties.apiVersion < VK_API_VERSION_1_2 || !f12.timelineSemaphore || !family) return std::nullopt;
+  p.handle = pd;
+  p.family = *family;
+  p.properties = p2.properties;
+  vkGetPhysicalDeviceMemoryProperties(pd, &p.memory);
+  p.max_allocation = m3.maxMemoryAllocationSize;
+  p.push_descriptor = has_extension(pd, VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME);
+  return p;
+}
+
+// What Vulkan reports of `pd` as DeviceProperties: name, vendor (a PCI or
+// Khronos id), uuid, driver version (from the driver's text, else its
+// packed number), runtime version (the API's) and subgroup size; `driver`
+// gets "driverName (driverInfo)". Vulkan reports no compute units or clock
+// rate: unknown (0).
+inline DeviceProperties properties(VkPhysicalDevice pd, std::string* driver = nullptr) {
+  VkPhysicalDeviceDriverProperties dp{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
+  VkPhysicalDeviceSubgroupProperties subgroup{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES, &dp};
+  VkPhysicalDeviceIDProperties id{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES, &subgroup};
+  VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &id};
+  vkGetPhysicalDeviceProperties2(pd, &p2);
+  DeviceProperties p;
+  p.name = p2.properties.deviceName;
+  p.vendor = pci_vendor_name(p2.properties.vendorID);
+  p.uuid = uuid_from_bytes(id.deviceUUID);
+  p.driver_version = parse_version(dp.driverInfo);
+  if (p.driver_version == Version{}) p.driver_version = version(p2.properties.driverVersion);
+  p.runtime_version = version(p2.properties.apiVersion);
+  p.subgroup_size = static_cast<int>(subgroup.subgroupSize);
+  if (driver) *driver = std::string(dp.driverName) + " (" + dp.driverInfo + ")";
+  return p;
 }
 
 // A logical device with one queue of `family`, timeline semaphores, the
@@ -275,6 +337,99 @@ inline void full_barrier(VkCommandBuffer cb) {
   VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, all, all};
   vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
                        0, 1, &mb, 0, nullptr, 0, nullptr);
+}
+
+// A stream on one queue as support::Timeline keeps it (Note [Timeline
+// streams]): a timeline semaphore, and a command pool whose command buffers
+// are its batches. Every member but the constructor and the destructor is
+// called under `mutex`, as Timeline's.
+struct TimelineStream : Timeline<TimelineStream, VkCommandBuffer> {
+  VkDevice device = VK_NULL_HANDLE;
+  VkSemaphore timeline = VK_NULL_HANDLE;
+  VkCommandPool pool = VK_NULL_HANDLE;
+  template <class Check>
+  TimelineStream(VkDevice d, std::uint32_t family, Check&& check) : device(d) {
+    timeline = create_timeline(d, check);
+    try {
+      pool = create_pool(d, family, check);
+    } catch (...) {
+      vkDestroySemaphore(d, timeline, nullptr);
+      throw;
+    }
+  }
+  TimelineStream(const TimelineStream&) = delete;
+  TimelineStream& operator=(const TimelineStream&) = delete;
+  // Waits for the submitted work (a lost device returns at once).
+  ~TimelineStream() {
+    if (std::uint64_t last = submitted()) wait(device, timeline, last, [](VkResult, const char*) {});
+    vkDestroyCommandPool(device, pool, nullptr);
+    vkDestroySemaphore(device, timeline, nullptr);
+  }
+  // The open command buffer to record into: begun if just opened, else
+  // after a full_barrier behind what it holds.
+  template <class Check>
+  VkCommandBuffer commands(Check&& check) {
+    auto [cb, fresh] = open(counter(device, timeline, check),
+                            [&] { return allocate_commands(device, pool, check); });
+    if (fresh) begin(cb, check);
+    else full_barrier(cb);
+    return cb;
+  }
+  // Submits what was recorded and the pending waits to `queue` (under
+  // `queue_mutex`), behind this stream's last submission; returns submitted().
+  template <class Check>
+  std::uint64_t submit_to(VkQueue queue, std::mutex& queue_mutex, Check&& check) {
+    return submit([&](const VkCommandBuffer* cb, const auto& waits, std::uint64_t signal) {
+      VkResult r = cb ? vkEndCommandBuffer(*cb) : VK_SUCCESS;
+      if (r != VK_SUCCESS) check(r, "vkEndCommandBuffer");
+      std::vector<std::pair<VkSemaphore, std::uint64_t>> on;
+      if (signal > 1) on.emplace_back(timeline, signal - 1);
+      for (const auto& w : waits) on.emplace_back(w.on->timeline, w.value);
+      std::lock_guard<std::mutex> lock(queue_mutex);
+      vulkan::submit(queue, cb, on, timeline, signal, check);
+    });
+  }
+};
+
+// Writes the 256 four-byte patterns of fill_bytes (byte v repeated at
+// 4 * v) to `host`, 1024 bytes of a mapped buffer.
+inline void write_fill_patterns(void* host) {
+  for (int v = 0; v < 256; ++v) std::memset(static_cast<char*>(host) + 4 * v, v, 4);
+}
+// Records a fill of `bytes` bytes at `offset` of `buffer` with byte `value`:
+// vkCmdFillBuffer (4-byte unit and alignment) on the aligned middle, the
+// edges copied from `patterns` (write_fill_patterns).
+inline void fill_bytes(VkCommandBuffer cb, VkBuffer buffer, VkDeviceSize offset, VkDeviceSize bytes,
+                       std::uint8_t value, VkBuffer patterns) {
+  VkDeviceSize head = std::min<VkDeviceSize>((4 - offset % 4) % 4, bytes);
+  VkDeviceSize middle = (bytes - head) & ~VkDeviceSize{3}, tail = bytes - head - middle;
+  if (middle) vkCmdFillBuffer(cb, buffer, offset + head, middle, value * 0x01010101u);
+  for (auto [at, n] : {std::pair{offset, head}, std::pair{offset + head + middle, tail}}) {
+    VkBufferCopy c{VkDeviceSize{value} * 4, at, n};
+    if (n) vkCmdCopyBuffer(cb, patterns, buffer, 1, &c);
+  }
+}
+
+// A query pool of one timestamp (an event's).
+template <class Check>
+VkQueryPool create_timestamp(VkDevice device, Check&& check) {
+  VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, nullptr, 0, VK_QUERY_TYPE_TIMESTAMP, 1};
+  VkQueryPool q = VK_NULL_HANDLE;
+  if (VkResult r = vkCreateQueryPool(device, &qi, nullptr, &q); r != VK_SUCCESS) check(r, "vkCreateQueryPool");
+  return q;
+}
+inline void write_timestamp(VkCommandBuffer cb, VkQueryPool q) {
+  vkCmdResetQueryPool(cb, q, 0, 1);
+  vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, q, 0);
+}
+// The timestamp in ticks; nullopt while its command has not run.
+template <class Check>
+std::optional<std::uint64_t> read_timestamp(VkDevice device, VkQueryPool q, Check&& check) {
+  std::uint64_t t = 0;
+  VkResult r = vkGetQueryPoolResults(device, q, 0, 1, sizeof t, &t, sizeof t, VK_QUERY_RESULT_64_BIT);
+  if (r == VK_NOT_READY) return std::nullopt;
+  if (r != VK_SUCCESS) check(r, "vkGetQueryPoolResults");
+  return t;
 }
 
 // A compute pipeline from SPIR-V whose `bindings` storage buffers (set 0,
