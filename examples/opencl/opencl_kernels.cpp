@@ -19,7 +19,7 @@
 // Everything else (other dtypes: float64, float16, bfloat16, integers,
 // bool, complex; a tensor on another device; more than 6 unmergeable dims;
 // an input a kernel does not take, such as an out-of-range dim) goes through
-// the SDK's CPU fallback (Kernels<R>::fallback), which computes, or raises,
+// the SDK's CPU fallback (impl_or_fallback), which computes, or raises,
 // as the CPU does. Outputs come from the caching pool on the current stream
 // (the backend's c10 allocator, laid out as at::empty_like or at::empty
 // would, without a dispatcher call: accelkit::empty_output); inputs are
@@ -50,7 +50,7 @@
 // Limits: nothing is retried, so a broken compiler fails every native
 // operator on that device, the same way each time; launches of one kernel
 // are serialized while their arguments are set.
-#include <accelkit/torch/kernels.hpp>
+#include <accelkit/torch/native_kernels.hpp>
 
 #include "opencl_kernels.hpp"
 
@@ -78,8 +78,7 @@ namespace ocl::kernels {
 namespace {
 
 using K = accelkit::Kernels<OpenCLRuntime>;
-using accelkit::broadcast_strides, accelkit::empty_output, accelkit::merge_dims,
-    accelkit::real_number;
+using accelkit::empty_output, accelkit::merge_dims, accelkit::real_number;
 
 const char* const kSource = R"CL(
 typedef struct { long n, ndim; long size[6], so[6], sa[6], sb[6]; } Geom;
@@ -188,23 +187,12 @@ struct Red {
 
 // ------------------------------------------------------------- counters
 
-constexpr std::array<const char*, 7> kNames = {"add", "mul", "relu", "threshold_backward",
-                                               "mm", "addmm", "sum"};
 enum Counter { c_add, c_mul, c_relu, c_threshold_backward, c_mm, c_addmm, c_sum };
-std::array<std::atomic<std::int64_t>, kNames.size()> counters{};
+accelkit::LaunchCounters<7> counters{{"add", "mul", "relu", "threshold_backward", "mm", "addmm", "sum"}};
 
 // -------------------------------------------------------------- program
 
-struct Built {
-  std::unique_ptr<Program> program;
-  std::string error;  // a failed build's RuntimeError message
-};
-std::mutex build_mutex;
-std::map<int, Built> built;  // by physical device; entries never erased
-// The built programs of devices 0..kFast-1, read without the mutex at each
-// launch once built (a failed build stays on the mutex's path, to raise).
-constexpr int kFast = 64;
-std::array<std::atomic<Program*>, kFast> ready{};
+accelkit::PerDevice<Program> programs;  // Note [ocl kernel program]
 
 std::string build_log(cl_program p, cl_device_id id) {
   std::size_t n = 0;
@@ -309,7 +297,7 @@ void launch(const accelkit::KernelStream& s, Kernel& kernel, Counter counter, cl
                                   global, local);
     });
   }
-  counters[counter].fetch_add(1, std::memory_order_relaxed);
+  counters.count(counter);
   K::enqueued(s);
 }
 
@@ -317,32 +305,17 @@ std::size_t round_up(std::int64_t n, std::size_t m) {
   return (static_cast<std::size_t>(n) + m - 1) / m * m;
 }
 
-bool on_ocl(const at::Tensor& t) {
-  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
-}
 // A float32 tensor of ocl's device `like` (the kernels' one dtype).
-bool f32(const at::Tensor& t, const at::Tensor& like) {
-  return on_ocl(t) && t.device() == like.device() && t.scalar_type() == at::kFloat &&
-         !t.is_conj() && !t.is_neg();
-}
+bool f32(const at::Tensor& t, const at::Tensor& like) { return accelkit::dtype_on(t, at::kFloat, like); }
 bool f32(const at::Tensor& t) { return f32(t, t); }
 // out = op(a, b, s), broadcast; nullopt where the layout does not fit.
 std::optional<at::Tensor> elementwise(Op op, Counter counter, const at::Tensor& a,
                                       const at::Tensor* b, float s) {
-  at::DimVector shape = b ? at::infer_size_dimvector(a.sizes(), b->sizes()) : at::DimVector(a.sizes());
-  c10::IntArrayRef sh(shape);
-  const at::Tensor* like = a.sizes() == sh ? &a : b && b->sizes() == sh ? b : nullptr;
-  at::Tensor out = empty_output(a, sh, like);
-  if (out.numel() == 0) return out;
-  at::DimVector sa(shape.size()), sb(shape.size());
-  broadcast_strides(a, sh, sa.data());
-  if (b) broadcast_strides(*b, sh, sb.data());
-  else sb = sa;
   Geom g{};
+  auto made = accelkit::elementwise_output(a, b, nullptr, g.size, {g.so, g.sa, g.sb}, g.ndim);
+  if (!made || made->numel() == 0) return made;
+  at::Tensor out = *made;
   g.n = out.numel();
-  if (!merge_dims<3>(sh, {out.strides().data(), sa.data(), sb.data()}, g.size, {g.so, g.sa, g.sb},
-                   g.ndim))
-    return std::nullopt;
   accelkit::KernelStream st = K::current_stream(a);
   K::record_stream(a, st);  // the inputs may come from another stream
   if (b) K::record_stream(*b, st);
@@ -373,63 +346,48 @@ std::optional<at::Tensor> binary(Op op, Op scalar_op, Counter counter, const at:
   return std::nullopt;
 }
 
-at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+std::optional<at::Tensor> add(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   auto s = real_number<float>(alpha);
-  if (s)
-    if (auto out = binary(Op::add, Op::add_scalar, c_add, self, other, *s)) return *out;
-  return K::fallback<at::_ops::add_Tensor>(self, other, alpha);
+  return s ? binary(Op::add, Op::add_scalar, c_add, self, other, *s) : std::nullopt;
 }
 
-at::Tensor mul(const at::Tensor& self, const at::Tensor& other) {
-  if (auto out = binary(Op::mul, Op::mul_scalar, c_mul, self, other, 1.0f)) return *out;
-  return K::fallback<at::_ops::mul_Tensor>(self, other);
+std::optional<at::Tensor> mul(const at::Tensor& self, const at::Tensor& other) {
+  return binary(Op::mul, Op::mul_scalar, c_mul, self, other, 1.0f);
 }
 
-at::Tensor relu(const at::Tensor& self) {
-  if (f32(self))
-    if (auto out = elementwise(Op::relu, c_relu, self, nullptr, 0.0f)) return *out;
-  return K::fallback<at::_ops::relu>(self);
+std::optional<at::Tensor> relu(const at::Tensor& self) {
+  return f32(self) ? elementwise(Op::relu, c_relu, self, nullptr, 0.0f) : std::nullopt;
 }
 
-at::Tensor threshold_backward(const at::Tensor& grad, const at::Tensor& self,
-                              const at::Scalar& threshold) {
+std::optional<at::Tensor> threshold_backward(const at::Tensor& grad, const at::Tensor& self,
+                                             const at::Scalar& threshold) {
   auto t = real_number<float>(threshold);
-  if (t && f32(grad) && f32(self, grad))
-    if (auto out = elementwise(Op::threshold_backward, c_threshold_backward, grad, &self, *t))
-      return *out;
-  return K::fallback<at::_ops::threshold_backward>(grad, self, threshold);
+  if (!t || !f32(grad) || !f32(self, grad)) return std::nullopt;
+  return elementwise(Op::threshold_backward, c_threshold_backward, grad, &self, *t);
 }
 
 // beta * bias + alpha * (a @ b); bias undefined for mm.
 std::optional<at::Tensor> matmul(Counter counter, const at::Tensor& bias, const at::Tensor& a,
                                  const at::Tensor& b, const at::Scalar& beta,
                                  const at::Scalar& alpha) {
-  if (!f32(a) || !f32(b, a) || a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0))
-    return std::nullopt;
-  auto fa = real_number<float>(alpha), fb = real_number<float>(beta);
-  if (!fa || !fb) return std::nullopt;
-  std::int64_t m = a.size(0), n = b.size(1), k = a.size(1);
-  bool has_bias = bias.defined() && *fb != 0.0f;
-  std::array<std::int64_t, 2> mn = {m, n};
-  if (bias.defined() && (!f32(bias, a) || bias.dim() > 2 || !at::is_expandable_to(bias.sizes(), mn)))
-    return std::nullopt;
+  auto r = accelkit::matmul_args<float>(bias, a, b, beta, alpha, at::kFloat);
+  if (!r) return std::nullopt;
+  std::int64_t m = r->m, n = r->n, k = r->k;
+  bool has_bias = r->has_bias;
+  std::array<std::int64_t, 2> mn = {m, n}, sc = r->bias_strides;
   at::Tensor out = empty_output(a, mn, nullptr);
   if (out.numel() == 0) return out;
   accelkit::KernelStream st = K::current_stream(a);
   K::record_stream(a, st);
   K::record_stream(b, st);
   if (has_bias) K::record_stream(bias, st);
-  // The bias's own data and its strides as broadcast to (m, n), without an
-  // expand view (0-dim, a row, a column, stride 0 and strided biases alike).
-  std::array<std::int64_t, 2> sc = {0, 0};
-  if (has_bias) broadcast_strides(bias, mn, sc.data());
   Program& p = program(st.device);
   std::size_t global[2] = {round_up(n, p.tile), round_up(m, p.tile)}, local[2] = {p.tile, p.tile};
   cl_long lm = m, ln = n, lk = k;
   cl_long sa0 = a.stride(0), sa1 = a.stride(1), sb0 = b.stride(0), sb1 = b.stride(1);
   cl_long sc0 = sc[0], sc1 = sc[1];
   cl_int hb = has_bias ? 1 : 0;
-  float al = *fa, be = *fb;
+  float al = r->alpha, be = r->beta;
   const void* pa = a.const_data_ptr();
   const void* pb = b.const_data_ptr();
   const void* pc = has_bias ? bias.const_data_ptr() : pa;  // pa: never read
@@ -455,54 +413,31 @@ std::optional<at::Tensor> matmul(Counter counter, const at::Tensor& bias, const 
   return out;
 }
 
-at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
-  if (auto out = matmul(c_mm, at::Tensor(), self, mat2, 0, 1)) return *out;
-  return K::fallback<at::_ops::mm>(self, mat2);
+std::optional<at::Tensor> mm(const at::Tensor& self, const at::Tensor& mat2) {
+  return matmul(c_mm, at::Tensor(), self, mat2, 0, 1);
 }
 
-at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
-                 const at::Scalar& beta, const at::Scalar& alpha) {
-  if (auto out = matmul(c_addmm, self, mat1, mat2, beta, alpha)) return *out;
-  return K::fallback<at::_ops::addmm>(self, mat1, mat2, beta, alpha);
+std::optional<at::Tensor> addmm(const at::Tensor& self, const at::Tensor& mat1,
+                                const at::Tensor& mat2, const at::Scalar& beta,
+                                const at::Scalar& alpha) {
+  return matmul(c_addmm, self, mat1, mat2, beta, alpha);
 }
 
 // The sum of `self` over `dims` (none: all).
-std::optional<at::Tensor> reduce_sum(const at::Tensor& self, at::OptionalIntArrayRef dims,
+std::optional<at::Tensor> sum_dim(const at::Tensor& self, at::OptionalIntArrayRef dims,
                                      bool keepdim, std::optional<at::ScalarType> dtype) {
   if (!f32(self) || (dtype && *dtype != at::kFloat)) return std::nullopt;
-  std::int64_t nd = self.dim();
-  c10::SmallVector<bool, kMaxDims> reduced(static_cast<std::size_t>(nd), !dims || dims->empty());
-  if (dims && !dims->empty()) {
-    for (std::int64_t d : *dims) {
-      std::int64_t w = d < 0 ? d + std::max<std::int64_t>(nd, 1) : d;
-      if (w < 0 || w >= std::max<std::int64_t>(nd, 1)) return std::nullopt;  // the CPU's error
-      if (nd == 0) continue;
-      if (reduced[static_cast<std::size_t>(w)]) return std::nullopt;  // a dim twice: the CPU's error
-      reduced[static_cast<std::size_t>(w)] = true;
-    }
-  }
-  at::DimVector shape, ksize, kstride, rsize, rstride;
-  for (std::int64_t d = 0; d < nd; ++d) {
-    auto u = static_cast<std::size_t>(d);
-    if (reduced[u]) {
-      if (keepdim) shape.push_back(1);
-      rsize.push_back(self.size(d));
-      rstride.push_back(self.stride(d));
-    } else {
-      shape.push_back(self.size(d));
-      ksize.push_back(self.size(d));
-      kstride.push_back(self.stride(d));
-    }
-  }
-  at::Tensor out = empty_output(self, shape, nullptr);
+  auto l = accelkit::reduction_layout(self, dims, keepdim);
+  if (!l) return std::nullopt;  // the CPU's error
+  at::Tensor out = empty_output(self, l->shape, nullptr);
   if (out.numel() == 0) return out;
   Red g{};
-  if (!merge_dims<1>(ksize, {kstride.data()}, g.ksize, {g.kstride}, g.nk) ||
-      !merge_dims<1>(rsize, {rstride.data()}, g.rsize, {g.rstride}, g.nr))
+  if (!merge_dims<1>(l->kept_sizes, {l->kept_strides.data()}, g.ksize, {g.kstride}, g.nk) ||
+      !merge_dims<1>(l->reduced_sizes, {l->reduced_strides.data()}, g.rsize, {g.rstride}, g.nr))
     return std::nullopt;
   g.nout = out.numel();
   g.nred = 1;
-  for (std::int64_t v : rsize) g.nred *= v;
+  for (std::int64_t v : l->reduced_sizes) g.nred *= v;
   accelkit::KernelStream st = K::current_stream(self);
   K::record_stream(self, st);
   Program& p = program(st.device);
@@ -517,58 +452,23 @@ std::optional<at::Tensor> reduce_sum(const at::Tensor& self, at::OptionalIntArra
   return out;
 }
 
-at::Tensor sum_dim(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
-                   std::optional<at::ScalarType> dtype) {
-  if (auto out = reduce_sum(self, dim, keepdim, dtype)) return *out;
-  return K::fallback<at::_ops::sum_dim_IntList>(self, dim, keepdim, dtype);
+std::optional<at::Tensor> sum(const at::Tensor& self, std::optional<at::ScalarType> dtype) {
+  return sum_dim(self, std::nullopt, false, dtype);
 }
 
-at::Tensor sum(const at::Tensor& self, std::optional<at::ScalarType> dtype) {
-  if (auto out = reduce_sum(self, std::nullopt, false, dtype)) return *out;
-  return K::fallback<at::_ops::sum>(self, dtype);
-}
-
-// OCL_NATIVE_KERNELS at load: unset or 1 on, 0 off.
-bool read_enabled() {
-  const char* v = std::getenv("OCL_NATIVE_KERNELS");
-  if (v == nullptr || std::strcmp(v, "1") == 0) return true;
-  if (std::strcmp(v, "0") == 0) return false;
-  throw std::invalid_argument(std::string("OCL_NATIVE_KERNELS='") + v +
-                              "': expected 0 or 1 (the native kernels are not registered)");
-}
 std::atomic<bool> registered{false};
 
 }  // namespace
 
 Program& program(int device) {
-  bool fast = device >= 0 && device < kFast;
-  if (fast)
-    if (Program* p = ready[static_cast<std::size_t>(device)].load(std::memory_order_acquire))
-      return *p;
-  std::lock_guard<std::mutex> lock(build_mutex);  // Note [ocl kernel program]
-  Built& b = built[device];
-  if (!b.program && b.error.empty()) {
+  return programs.get(device, [](int device) {
     auto p = std::make_unique<Program>();
-    if (auto error = build(device, *p)) b.error = *error;
-    else b.program = std::move(p);
-  }
-  TORCH_CHECK(b.program, b.error);
-  if (fast) ready[static_cast<std::size_t>(device)].store(b.program.get(), std::memory_order_release);
-  return *b.program;
+    if (auto error = build(device, *p)) throw std::runtime_error(*error);
+    return p;
+  });
 }
 
-std::int64_t launches(std::string_view kernel) {
-  std::int64_t total = 0;
-  bool known = kernel.empty();
-  for (std::size_t i = 0; i < kNames.size(); ++i) {
-    if (!kernel.empty() && kernel != kNames[i]) continue;
-    known = true;
-    total += counters[i].load(std::memory_order_relaxed);
-  }
-  TORCH_CHECK_VALUE(known, "ocl: launches: no native kernel '", std::string(kernel),
-                    "' (add, mul, relu, threshold_backward, mm, addmm, sum)");
-  return total;
-}
+std::int64_t launches(std::string_view kernel) { return counters.launches(kernel); }
 
 bool enabled() { return registered.load(); }
 
@@ -576,14 +476,16 @@ bool enabled() { return registered.load(); }
 
 ACCELKIT_KERNELS(ocl::OpenCLRuntime, lib) {
   namespace k = ocl::kernels;
-  if (!k::read_enabled()) return;
-  lib.impl("add.Tensor", TORCH_FN(k::add));
-  lib.impl("mul.Tensor", TORCH_FN(k::mul));
-  lib.impl("relu", TORCH_FN(k::relu));
-  lib.impl("threshold_backward", TORCH_FN(k::threshold_backward));
-  lib.impl("mm", TORCH_FN(k::mm));
-  lib.impl("addmm", TORCH_FN(k::addmm));
-  lib.impl("sum.dim_IntList", TORCH_FN(k::sum_dim));
-  lib.impl("sum", TORCH_FN(k::sum));
+  if (!accelkit::kernels_enabled("OCL_NATIVE_KERNELS")) return;
+  using namespace at::_ops;
+  using R = ocl::OpenCLRuntime;
+  accelkit::impl_or_fallback<R, add_Tensor, &k::add>(lib);
+  accelkit::impl_or_fallback<R, mul_Tensor, &k::mul>(lib);
+  accelkit::impl_or_fallback<R, relu, &k::relu>(lib);
+  accelkit::impl_or_fallback<R, threshold_backward, &k::threshold_backward>(lib);
+  accelkit::impl_or_fallback<R, mm, &k::mm>(lib);
+  accelkit::impl_or_fallback<R, addmm, &k::addmm>(lib);
+  accelkit::impl_or_fallback<R, sum_dim_IntList, &k::sum_dim>(lib);
+  accelkit::impl_or_fallback<R, sum, &k::sum>(lib);
   k::registered = true;
 }

@@ -41,7 +41,6 @@
 
 #include "vkdev_kernels.hpp"
 
-#include <ATen/ExpandUtils.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
 #include <ATen/ops/mm_ops.h>
@@ -67,8 +66,7 @@ namespace {
 
 using K = accelkit::Kernels<VulkanRuntime>;
 using Opt = std::optional<at::Tensor>;
-using accelkit::broadcast_strides, accelkit::distinct_elements, accelkit::empty_output,
-    accelkit::merge_dims, accelkit::real_number, accelkit::same_or_disjoint, accelkit::span_bytes;
+using accelkit::empty_output, accelkit::merge_dims, accelkit::real_number, accelkit::span_bytes;
 
 struct MatmulParams {  // addmm.comp's push constants
   std::uint32_t off_o, off_a, off_b, off_c, m, n, k, has_bias, sa0, sa1, sb0, sb1, sc0, sc1;
@@ -128,24 +126,14 @@ bool launch(vulkan::ComputePipeline Pipelines::*which, const std::array<const at
 // out = op(a, b, s), broadcast, into `into` (in place) or a new tensor.
 Opt elementwise(Op op, Counter counter, const at::Tensor& a, const at::Tensor* b, float s,
                 const at::Tensor* into = nullptr) {
-  at::DimVector shape = b ? at::infer_size_dimvector(a.sizes(), b->sizes()) : at::DimVector(a.sizes());
-  c10::IntArrayRef sh(shape);
-  if (into && (into->sizes() != sh || !distinct_elements(*into) || !same_or_disjoint(*into, a) ||
-               (b && !same_or_disjoint(*into, *b))))
-    return std::nullopt;
-  const at::Tensor* like = a.sizes() == sh ? &a : b && b->sizes() == sh ? b : nullptr;
-  at::Tensor out = into ? *into : empty_output(a, sh, like);
-  if (out.numel() == 0) return out;
-  if (out.numel() > kMax32) return std::nullopt;
-  at::DimVector sa(shape.size()), sb(shape.size());
-  broadcast_strides(a, sh, sa.data());
-  if (b) broadcast_strides(*b, sh, sb.data());
-  Geom g{0, 0, 0, static_cast<std::uint32_t>(out.numel()), 0, static_cast<std::uint32_t>(op), s};
-  if (!merge_dims<3>(sh, {out.strides().data(), sa.data(), sb.data()}, g.size, {g.so, g.sa, g.sb}, g.ndim))
-    return std::nullopt;
-  bool ok = b ? launch<3>(&Pipelines::elementwise, {&out, &a, b}, g, groups(g.n), 1, counter)
-              : launch<2>(&Pipelines::elementwise, {&out, &a}, g, groups(g.n), 1, counter);
-  return ok ? Opt(out) : std::nullopt;
+  Geom g{0, 0, 0, 0, 0, static_cast<std::uint32_t>(op), s};
+  auto out = accelkit::elementwise_output(a, b, into, g.size, {g.so, g.sa, g.sb}, g.ndim);
+  if (!out || out->numel() == 0) return out;
+  if (out->numel() > kMax32) return std::nullopt;
+  g.n = static_cast<std::uint32_t>(out->numel());
+  bool ok = b ? launch<3>(&Pipelines::elementwise, {&*out, &a, b}, g, groups(g.n), 1, counter)
+              : launch<2>(&Pipelines::elementwise, {&*out, &a}, g, groups(g.n), 1, counter);
+  return ok ? out : std::nullopt;
 }
 
 // a op b where b is a tensor of a's device or a Python number (s: add's alpha).
@@ -187,26 +175,20 @@ Opt threshold_backward(const at::Tensor& grad, const at::Tensor& self, const at:
 // beta * bias + alpha * (a @ b); bias undefined for mm.
 Opt matmul(Counter counter, const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
            const at::Scalar& beta, const at::Scalar& alpha) {
-  auto fa = real_number<float>(alpha), fb = real_number<float>(beta);
-  if (!f32(a) || !f32(b, a) || a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0) || !fa || !fb)
-    return std::nullopt;
-  std::int64_t m = a.size(0), n = b.size(1), k = a.size(1);
-  std::array<std::int64_t, 2> mn = {m, n}, sc = {0, 0};
-  bool has_bias = bias.defined() && *fb != 0.0f;
-  std::int64_t blocks = ((m + kBlock - 1) / kBlock) * ((n + kBlock - 1) / kBlock);
-  bool bias_fits = !bias.defined() || (f32(bias, a) && bias.dim() <= 2 && at::is_expandable_to(bias.sizes(), mn));
-  if (!bias_fits || (blocks + kGroup - 1) / kGroup > kMaxGroups || (k == 0 && m * n != 0))
-    return std::nullopt;
-  if (has_bias) broadcast_strides(bias, mn, sc.data());
-  for (std::int64_t v : {k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), sc[0], sc[1]})
+  auto r = accelkit::matmul_args<float>(bias, a, b, beta, alpha, at::kFloat);
+  if (!r) return std::nullopt;
+  std::int64_t blocks = ((r->m + kBlock - 1) / kBlock) * ((r->n + kBlock - 1) / kBlock);
+  if ((blocks + kGroup - 1) / kGroup > kMaxGroups || (r->k == 0 && r->m * r->n != 0)) return std::nullopt;
+  auto [sc0, sc1] = r->bias_strides;
+  for (std::int64_t v : {r->k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), sc0, sc1})
     if (v < 0 || v > kMax32) return std::nullopt;
-  at::Tensor out = empty_output(a, mn, nullptr);
+  at::Tensor out = empty_output(a, {r->m, r->n}, nullptr);
   if (out.numel() == 0) return out;
   auto u = [](std::int64_t v) { return static_cast<std::uint32_t>(v); };
-  MatmulParams q{0, 0, 0, 0, u(m), u(n), u(k), has_bias, u(a.stride(0)), u(a.stride(1)),
-                 u(b.stride(0)), u(b.stride(1)), u(sc[0]), u(sc[1]), *fa, *fb};
-  bool ok = has_bias ? launch<4>(&Pipelines::addmm, {&out, &a, &b, &bias}, q, groups(blocks), 1, counter)
-                     : launch<3>(&Pipelines::addmm, {&out, &a, &b}, q, groups(blocks), 1, counter);
+  MatmulParams q{0, 0, 0, 0, u(r->m), u(r->n), u(r->k), r->has_bias, u(a.stride(0)), u(a.stride(1)),
+                 u(b.stride(0)), u(b.stride(1)), u(sc0), u(sc1), r->alpha, r->beta};
+  bool ok = r->has_bias ? launch<4>(&Pipelines::addmm, {&out, &a, &b, &bias}, q, groups(blocks), 1, counter)
+                        : launch<3>(&Pipelines::addmm, {&out, &a, &b}, q, groups(blocks), 1, counter);
   return ok ? Opt(out) : std::nullopt;
 }
 Opt mm(const at::Tensor& a, const at::Tensor& b) { return matmul(c_mm, at::Tensor(), a, b, 0, 1); }

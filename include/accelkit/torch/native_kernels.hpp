@@ -2,8 +2,8 @@
 // kernels whatever the driver: registration that falls back to the CPU
 // where a kernel declines its arguments, an environment switch read at
 // load, per-device state built once (a program, pipelines) whose failure is
-// raised again, launch counters for tests and benchmarks, and the layout of
-// a reduction over dims.
+// raised again, launch counters for tests and benchmarks, and the outputs
+// and layouts of elementwise operators, matrix products and reductions.
 //
 //   // nullopt: the arguments do not fit the kernel, so the CPU fallback runs
 //   std::optional<at::Tensor> relu(const at::Tensor& self);
@@ -15,6 +15,7 @@
 
 #include <accelkit/torch/kernels.hpp>
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/DimVector.h>
 
 #include <array>
@@ -174,6 +175,65 @@ inline std::optional<ReductionLayout> reduction_layout(const at::Tensor& self,
 inline bool dtype_on(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& like) {
   return t.defined() && t.device().type() == torch_adapter::kDeviceType &&
          t.device() == like.device() && t.scalar_type() == dtype && !t.is_conj() && !t.is_neg();
+}
+
+// The output of an elementwise kernel out = f(a, b) (b null: f(a)) with
+// broadcasting, and its layout for the kernel's parameters: `into` (an
+// in-place output; it must have the broadcast shape, distinct elements, and
+// share with each input all or none of its bytes) or a new tensor laid out
+// as at::empty_like lays out the input of that shape (empty_output), and
+// the dims merged where the output and both inputs allow (merge_dims:
+// strides[0] the output's, [1] a's, [2] b's, 0 where broadcast; b's are a's
+// without b). nullopt where `into` does not fit or more than M dims remain;
+// an empty output is returned with the layout unspecified.
+template <class T, std::size_t M>
+std::optional<at::Tensor> elementwise_output(const at::Tensor& a, const at::Tensor* b,
+                                             const at::Tensor* into, T (&size)[M],
+                                             const std::array<T*, 3>& strides, T& ndim) {
+  at::DimVector shape = b ? at::infer_size_dimvector(a.sizes(), b->sizes()) : at::DimVector(a.sizes());
+  c10::IntArrayRef sh(shape);
+  if (into && (into->sizes() != sh || !distinct_elements(*into) || !same_or_disjoint(*into, a) ||
+               (b && !same_or_disjoint(*into, *b))))
+    return std::nullopt;
+  const at::Tensor* like = a.sizes() == sh ? &a : b && b->sizes() == sh ? b : nullptr;
+  at::Tensor out = into ? *into : empty_output(a, sh, like);
+  if (out.numel() == 0) return out;
+  at::DimVector sa(shape.size()), sb(shape.size());
+  broadcast_strides(a, sh, sa.data());
+  broadcast_strides(b ? *b : a, sh, sb.data());
+  if (!merge_dims<3>(sh, {out.strides().data(), sa.data(), sb.data()}, size, strides, ndim))
+    return std::nullopt;
+  return out;
+}
+
+// The arguments of beta * bias + alpha * (a @ b) (addmm; mm with an
+// undefined bias) for a kernel of `dtype` matrices: the sizes, whether the
+// bias is read (defined, beta not 0) and its strides broadcast to (m, n),
+// alpha and beta as T. nullopt where a and b are not 2-d matrices of dtype
+// on one device of the backend that multiply, the bias is not a tensor of
+// dtype there of at most 2 dims broadcastable to (m, n), or a number is
+// complex.
+template <class T>
+struct MatmulArgs {
+  std::int64_t m, n, k;
+  bool has_bias;
+  std::array<std::int64_t, 2> bias_strides;
+  T alpha, beta;
+};
+template <class T>
+std::optional<MatmulArgs<T>> matmul_args(const at::Tensor& bias, const at::Tensor& a,
+                                         const at::Tensor& b, const at::Scalar& beta,
+                                         const at::Scalar& alpha, at::ScalarType dtype) {
+  auto fa = real_number<T>(alpha), fb = real_number<T>(beta);
+  if (!dtype_on(a, dtype, a) || !dtype_on(b, dtype, a) || a.dim() != 2 || b.dim() != 2 ||
+      a.size(1) != b.size(0) || !fa || !fb)
+    return std::nullopt;
+  MatmulArgs<T> r{a.size(0), b.size(1), a.size(1), bias.defined() && *fb != T(0), {0, 0}, *fa, *fb};
+  std::array<std::int64_t, 2> mn = {r.m, r.n};
+  if (bias.defined() && (!dtype_on(bias, dtype, a) || bias.dim() > 2 || !at::is_expandable_to(bias.sizes(), mn)))
+    return std::nullopt;
+  if (r.has_bias) broadcast_strides(bias, mn, r.bias_strides.data());
+  return r;
 }
 
 ACCELKIT_END_NAMESPACE
