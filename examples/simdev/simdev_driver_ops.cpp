@@ -50,9 +50,9 @@ std::shared_ptr<Sim::Gate> take_gate(int64_t id, const char* op) {
 //   can see work that is still in flight;
 // - set_layout_tag(t, "nz") gives a simdev tensor a private layout tag,
 //   layout_tag(t) reads it (None: untagged) and set_layout_tag(t, None)
-//   removes it: the tensor's backend metadata field "layout" (Note [Backend
-//   metadata]), which simdev's kernels do not read, so a test sees what
-//   carries it.
+//   removes it: the tensor's backend metadata field "layout"
+//   (Note [Backend metadata]), which simdev's kernels do not read, so a
+//   test sees what carries it.
 TORCH_LIBRARY(simdev_driver, m) {
   m.def("hold(Stream stream) -> int", [](c10::Stream s) {
     return accelkit::torch_adapter::translated([&] {
