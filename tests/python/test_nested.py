@@ -3,6 +3,9 @@ the strided layout's operators through the NestedTensor fallback give the CPU's 
 errors and aliasing, the jagged layout's through the dense operators; a small transformer
 block on nested inputs of both layouts, and TransformerEncoderLayer's fast path
 (_transformer_encoder_layer_fwd on nested tensors), match the CPU."""
+import os
+import subprocess
+import sys
 import threading
 import warnings
 
@@ -10,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backend import DEV, MOD
+from backend import DEV, ENV, MOD, renamed, two_devices
 
 pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype")
 
@@ -170,6 +173,49 @@ def test_strided_nested_in_place_over_itself_matches_the_cpu():
 def test_a_cpu_nested_tensor_beside_a_device_one_is_refused():
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         nested(DEV) + nested("cpu")
+
+
+@two_devices
+def test_nested_tensors_of_two_devices_are_refused():
+    with pytest.raises(RuntimeError, match=f"same device, but found at least two devices, {DEV}:0 "
+                                           f"and {DEV}:1"):
+        nested(f"{DEV}:0") + nested(f"{DEV}:1")
+    on_one = nested(f"{DEV}:1")
+    assert (on_one * 2).device == torch.device(f"{DEV}:1")
+    assert on_one.softmax(-1).device == torch.device(f"{DEV}:1")
+
+
+def test_a_view_of_a_device_buffer_as_a_nested_tensor_aliases_it():
+    def run(device):
+        buffer = torch.arange(12.0, device=device)
+        sizes = torch.tensor([[2, 2], [2, 4]])
+        strides = torch.tensor([[2, 1], [4, 1]])
+        offsets = torch.tensor([0, 4])
+        view = torch._nested_view_from_buffer(buffer, sizes, strides, offsets)
+        buffer.mul_(10)
+        return view
+    assert same_as_cpu(run).is_nested
+
+
+def test_strided_nested_operators_follow_the_fallback_policy():
+    code = """
+import warnings
+warnings.simplefilter("ignore")
+x = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)], device='simdev')
+print('to', (x * 2).unbind()[1].sum().item())
+try:
+    x.softmax(-1)
+    print('ran')
+except NotImplementedError as e:
+    print('refused:', e)
+"""
+    env = {**os.environ, f"{ENV}FALLBACK_BLOCKLIST": "_softmax"}
+    r = subprocess.run([sys.executable, "-c", renamed("import torch, torch_simdev\n" + code)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert "to 6.0" in r.stdout, r.stdout + r.stderr
+    assert "refused: The operator 'aten::_softmax' is not implemented for " \
+           f"{DEV} and its CPU fallback is blocked ({ENV}FALLBACK_BLOCKLIST)" in r.stdout, \
+        r.stdout + r.stderr
 
 
 def test_strided_nested_operators_count_in_the_fallback_report():

@@ -232,7 +232,8 @@ inline void nested_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stac
     if (!device) device = t.device();
     check_same_device(*device, t.device(), name);
   });
-  TORCH_INTERNAL_ASSERT(device, backend_name(), ": ", name, " without a device tensor");
+  TORCH_CHECK(device, backend_name(), ": ", name, " reached the nested tensors' fallback without a ",
+              backend_name(), " tensor among its arguments");
   // A CPU tensor beside device tensors in a nested operator, refused as
   // CUDA refuses it (the dense operators that make nested tensors take CPU
   // metadata tensors, which their kernels check).
