@@ -1,19 +1,15 @@
 // vkdev's native kernels: GLSL compute shaders (shaders/*.comp, SPIR-V
-// headers built with the library) for the hot operators of a training step,
-// registered through accelkit's native_kernels.hpp and recorded on the
-// current stream's command buffer (VulkanRuntime::enqueue):
-//   add, sub, mul (.Tensor, and in place where the output does not partly
-//   overlap an input: SGD's _foreach_add_ runs add_ per parameter), relu,
-//   threshold_backward: float32, broadcast, any strides (at most 4 dims once
-//   mergeable dims are merged), or a float32 tensor and a Python number
-//   mm, addmm: 2-d float32 of any strides, addmm's bias broadcast, any beta
-//   and alpha (beta 0 ignores the bias)
-//   sum, sum.dim_IntList: float32, any dims, keepdim, any strides.
-// Everything else goes through the SDK's CPU fallback (impl_or_fallback),
-// which computes, or raises, as the CPU does. Outputs come from the caching
-// pool on the current stream, made without the dispatcher; inputs are
-// recorded on that stream. VKDEV_NATIVE_KERNELS=0 at load leaves the kernels
-// unregistered.
+// headers built with the library) for a training step's hot operators,
+// registered through native_kernels.hpp and recorded on the current stream
+// (VulkanRuntime::enqueue), all float32 of any strides:
+//   add, sub, mul (.Tensor; in place where the output does not partly
+//   overlap an input), relu, threshold_backward: broadcast, at most 4 dims
+//   once merged, or a tensor and a Python number;
+//   mm, addmm: 2-d, addmm's bias broadcast, any beta and alpha;
+//   sum, sum.dim_IntList: any dims, keepdim.
+// Everything else goes through the CPU fallback (impl_or_fallback), which
+// computes, or raises, as the CPU does. VKDEV_NATIVE_KERNELS=0 at load
+// leaves the kernels unregistered.
 //
 // Note [vkdev pipelines]
 // Problem: the driver compiles a pipeline from SPIR-V per device; a compile
@@ -272,18 +268,19 @@ bool enabled() { return registered; }
 ACCELKIT_KERNELS(vkdev::VulkanRuntime, lib) {
   namespace k = vkdev::kernels;
   using namespace at::_ops;
+  using R = vkdev::VulkanRuntime;
   if (!accelkit::kernels_enabled("VKDEV_NATIVE_KERNELS")) return;
-  accelkit::impl_or_fallback<vkdev::VulkanRuntime, add_Tensor, &k::add>(lib);
-  accelkit::impl_or_fallback<vkdev::VulkanRuntime, add__Tensor, &k::add_>(lib);
-  accelkit::impl_or_fallback<vkdev::VulkanRuntime, sub_Tensor, &k::sub>(lib);
-  accelkit::impl_or_fallback<vkdev::VulkanRuntime, sub__Tensor, &k::sub_>(lib);
-  accelkit::impl_or_fallback<vkdev::VulkanRuntime, mul_Tensor, &k::mul>(lib);
-  accelkit::impl_or_fallback<vkdev::VulkanRuntime, mul__Tensor, &k::mul_>(lib);
-  accelkit::impl_or_fallback<vkdev::VulkanRuntime, relu, &k::relu>(lib);
-  accelkit::impl_or_fallback<vkdev::VulkanRuntime, threshold_backward, &k::threshold_backward>(lib);
-  accelkit::impl_or_fallback<vkdev::VulkanRuntime, mm, &k::mm>(lib);
-  accelkit::impl_or_fallback<vkdev::VulkanRuntime, addmm, &k::addmm>(lib);
-  accelkit::impl_or_fallback<vkdev::VulkanRuntime, sum_dim_IntList, &k::sum_dim>(lib);
-  accelkit::impl_or_fallback<vkdev::VulkanRuntime, sum, &k::sum>(lib);
+  accelkit::impl_or_fallback<R, add_Tensor, &k::add>(lib);
+  accelkit::impl_or_fallback<R, add__Tensor, &k::add_>(lib);
+  accelkit::impl_or_fallback<R, sub_Tensor, &k::sub>(lib);
+  accelkit::impl_or_fallback<R, sub__Tensor, &k::sub_>(lib);
+  accelkit::impl_or_fallback<R, mul_Tensor, &k::mul>(lib);
+  accelkit::impl_or_fallback<R, mul__Tensor, &k::mul_>(lib);
+  accelkit::impl_or_fallback<R, relu, &k::relu>(lib);
+  accelkit::impl_or_fallback<R, threshold_backward, &k::threshold_backward>(lib);
+  accelkit::impl_or_fallback<R, mm, &k::mm>(lib);
+  accelkit::impl_or_fallback<R, addmm, &k::addmm>(lib);
+  accelkit::impl_or_fallback<R, sum_dim_IntList, &k::sum_dim>(lib);
+  accelkit::impl_or_fallback<R, sum, &k::sum>(lib);
   k::registered = true;
 }

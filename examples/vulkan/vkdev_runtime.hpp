@@ -4,23 +4,21 @@
 // mesa-vulkan-drivers). Named `vkdev`: "vulkan" is one of PyTorch's devices.
 //
 // The contract on Vulkan:
-//   device memory  a VkBuffer over VkDeviceMemory of its own per malloc;
-//                  PyTorch's pointers are fake addresses (Note [Fake device
-//                  addresses]) or, in direct mode, the persistently mapped
-//                  host address; locate() turns any pointer into (buffer, offset)
-//   pinned memory  a host-visible VkBuffer mapped persistently, recorded in
-//                  the address space so that copies to and from it are
-//                  vkCmdCopyBuffer
+//   device memory  a VkBuffer over memory of its own per malloc; PyTorch's
+//                  pointers are fake addresses (Note [Fake device addresses])
+//                  or, in direct mode, the mapped host address; locate() turns
+//                  any pointer into (buffer, offset)
+//   pinned memory  a mapped host-visible VkBuffer, in the address space too,
+//                  so that copies to and from it are vkCmdCopyBuffer
 //   streams        a timeline semaphore each, on the one queue (Note [vkdev streams])
-//   events         (timeline, value) of the record; timing ones a timestamp query
+//   events         (timeline, value) of the record; timing ones a timestamp
 //   copies         vkCmdCopyBuffer; pageable host memory through a staging
-//                  buffer (to the device: filled at the call; to the host: waited for)
-//   memset         vkCmdFillBuffer on the 4-byte-aligned middle, the edges
-//                  copied from a buffer of 4-byte patterns
+//                  buffer (filled at the call, or waited for and read)
+//   memset         vulkan::fill_bytes (vkCmdFillBuffer's unit is 4 bytes)
 //   errors         DriverError with the VkResult; VK_ERROR_DEVICE_LOST and
 //                  failed queued work lose the device (Note [vkdev lost devices])
-//   memory budget  the heap's size is a budget the driver does not keep:
-//                  malloc counts against it (support::MemoryBudget), nullptr past it
+//   memory budget  the heap's size, which the driver does not keep: malloc
+//                  counts against it (support::MemoryBudget), nullptr past it
 //
 // Configuration, read at the first device_count():
 //   VKDEV_HOST_ACCESS none (default): memory the host does not address;
@@ -76,8 +74,7 @@
 #include <string>
 #include <vector>
 
-// Vulkan's structures are made to be filled in part ({sType, pNext} and the
-// fields that matter), which -Wextra's missing-field-initializers warns of.
+// Vulkan's structures are made to be filled in part.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
@@ -334,8 +331,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   }
 
   float event_elapsed_time(int, accelkit::EventHandle start, accelkit::EventHandle end) {
-    std::uint64_t t[2] = {};
-    double period = 1;
+    double t[2] = {}, period = 1;
     for (int i = 0; i < 2; ++i) {
       auto e = events_.get(i ? end : start, "event_elapsed_time");
       Device& d = live(e->device, "event_elapsed_time");
@@ -345,11 +341,10 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
         driver_error(kInvalid, "event_elapsed_time", "both events must be recorded");
       auto ticks = vulkan::read_timestamp(d.device, e->query, checker(d, "event_elapsed_time"));
       if (!ticks) driver_error(VK_NOT_READY, "event_elapsed_time", "an event has not completed yet");
-      t[i] = *ticks;
+      t[i] = static_cast<double>(*ticks);
       period = d.vk.properties.limits.timestampPeriod;
     }
-    double ns = (static_cast<double>(t[1]) - static_cast<double>(t[0])) * period;
-    return static_cast<float>(ns / 1e6);
+    return static_cast<float>((t[1] - t[0]) * period / 1e6);  // ns to ms
   }
 
   void device_synchronize(int device) {
@@ -562,36 +557,23 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     return vulkan::allocate(*a, d.device, bytes, type, map, checker(d, call)) ? a : nullptr;
   }
 
-  // The allocation holding [p, p + bytes) and p's offset in it.
-  std::pair<AllocPtr, std::size_t> find(const void* p, std::size_t bytes, std::string_view call) {
+  // The allocation of `device` holding [p, p + bytes) and p's offset in it.
+  std::pair<AllocPtr, std::size_t> owned(int device, const void* p, std::size_t bytes,
+                                         std::string_view call) {
     auto at = space_->locate(p, bytes, call);
+    if (at.handle->ordinal != device)
+      driver_error(kInvalid, call, fmt::format("{} is memory of device {}, used on device {}", p,
+                                               at.handle->ordinal, device));
     return {at.handle, at.offset};
   }
 
-  std::pair<AllocPtr, std::size_t> owned(int device, const void* p, std::size_t bytes,
-                                         std::string_view call) {
-    auto found = find(p, bytes, call);
-    if (found.first->ordinal != device)
-      driver_error(kInvalid, call, fmt::format("{} is memory of device {}, used on device {}", p,
-                                               found.first->ordinal, device));
-    return found;
-  }
-
   AllocPtr take(int device, void* ptr, bool pinned, std::string_view call) {
-    auto [a, offset] = find(ptr, 1, call);
-    if (offset != 0 || a->pinned != pinned || a->ordinal != device)
+    auto at = space_->locate(ptr, 1, call);
+    if (at.offset != 0 || at.handle->pinned != pinned || at.handle->ordinal != device)
       driver_error(kInvalid, call,
                    fmt::format("{} was not returned by {}({}, ·)", ptr,
                                pinned ? "host_malloc" : "malloc", device));
     return space_->unmap(ptr, call);
-  }
-
-  // Pinned memory of `device` holding the host side of a copy, or nullptr.
-  AllocPtr pinned_at(int device, const void* p, std::size_t bytes, std::size_t& offset) {
-    auto at = space_->find(p, bytes);
-    if (!at || !at->handle->pinned || at->handle->ordinal != device) return nullptr;
-    offset = at->offset;
-    return at->handle;
   }
 
   // Records the copy; pageable host memory goes through a staging buffer:
@@ -603,12 +585,12 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     const void* host = to_host ? dst : src;
     BufferRef dev = locate(d.index, to_host ? src : dst, bytes, call);
     BufferRef other{};
-    std::size_t offset = 0;
     AllocPtr staging;
+    auto pinned = host_pinned ? space_->find(host, bytes) : std::nullopt;  // pinned memory of `d`
     if (kind == K::device_to_device) {
       other = locate(d.index, src, bytes, call);
-    } else if (AllocPtr a = host_pinned ? pinned_at(d.index, host, bytes, offset) : nullptr) {
-      other = {a->buffer, offset, bytes};
+    } else if (pinned && pinned->handle->pinned && pinned->handle->ordinal == d.index) {
+      other = {pinned->handle->buffer, pinned->offset, bytes};
     } else {
       staging = allocate(d, bytes, d.host_type, true, call);
       if (!staging)

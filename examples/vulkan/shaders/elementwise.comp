@@ -1,8 +1,6 @@
-// vkdev's elementwise kernel (vkdev_kernels.cpp): out = f(a, b, s) over a
-// broadcast, strided layout of at most 4 dims (merged where all operands
-// allow), float32. Element offsets and strides come as push constants; each
-// operand's buffer is bound from its offset rounded down to the device's
-// storage-buffer alignment (Note [vkdev kernel bindings]).
+// vkdev's elementwise kernel (vkdev_kernels.cpp): out = f(a, b, s), float32,
+// over a broadcast, strided layout of at most 4 merged dims; element offsets
+// and strides are push constants (Note [vkdev kernel bindings]).
 #version 450
 
 layout(local_size_x = 64) in;
@@ -35,15 +33,9 @@ float f(float x, uint ib) {
 
 void main() {
   uint step = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
-  if (g.ndim <= 1u) {  // one dim (or none): no index arithmetic beyond a stride
-    uint so = g.so[0], sa = g.sa[0], sb = g.sb[0];
-    for (uint i = gl_GlobalInvocationID.x; i < g.n; i += step)
-      o[g.off_o + i * so] = f(a[g.off_a + i * sa], g.off_b + i * sb);
-    return;
-  }
   for (uint i = gl_GlobalInvocationID.x; i < g.n; i += step) {
     uint io = g.off_o, ia = g.off_a, ib = g.off_b, r = i;
-    for (int d = int(g.ndim) - 1; d > 0; --d) {  // no division for the first dim
+    for (int d = int(g.ndim) - 1; d > 0; --d) {  // none for one dim; no division for the first
       uint c = r % g.size[d];
       r /= g.size[d];
       io += c * g.so[d];
