@@ -221,25 +221,34 @@ struct HostAccess {
     return {bytes, view};
   }
 
+  // A contiguous CPU tensor of these sizes and dtype, made from bytes: the
+  // SDK's staging buffers raise no warning of their own (PyTorch warns when
+  // a ComplexHalf tensor is made, which the user's call has done already).
+  static at::Tensor host_empty(at::IntArrayRef sizes, at::ScalarType dtype) {
+    int64_t bytes = c10::multiply_integers(sizes) * static_cast<int64_t>(c10::elementSize(dtype));
+    return at::empty({bytes}, at::TensorOptions().dtype(at::kByte)).view(dtype).view(sizes);
+  }
+
   // A contiguous CPU copy of a device tensor.
   static at::Tensor to_cpu(const at::Tensor& t) {
     device_index d = dev(t);
     if (t.is_contiguous()) {
-      at::Tensor out = at::empty(t.sizes(), t.options().device(at::kCPU));
+      at::Tensor out = host_empty(t.sizes(), t.scalar_type());
       backend().memcpy_async(d, out.data_ptr(), t.data_ptr(), nbytes(t),
                                   CopyKind::device_to_host, stream_of(d), false);
       sync(d);
       return out;
     }
-    if (host_ready(d)) return host_view(t).clone(at::MemoryFormat::Contiguous);
-    return storage_to_cpu(t).second.clone(at::MemoryFormat::Contiguous);
+    at::Tensor out = host_empty(t.sizes(), t.scalar_type());
+    if (host_ready(d)) return out.copy_(host_view(t));
+    return out.copy_(storage_to_cpu(t).second);
   }
 
   // Writes a CPU tensor (broadcast and converted to dst's shape and dtype)
   // into a device tensor.
   static void from_cpu(const at::Tensor& dst, const at::Tensor& src) {
     device_index d = dev(dst);
-    at::Tensor tmp = at::empty(dst.sizes(), dst.options().device(at::kCPU));
+    at::Tensor tmp = host_empty(dst.sizes(), dst.scalar_type());
     tmp.copy_(src);
     if (dst.is_contiguous()) {
       backend().memcpy_async(d, dst.data_ptr(), tmp.data_ptr(), nbytes(dst),
