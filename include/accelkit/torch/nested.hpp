@@ -57,10 +57,6 @@ ACCELKIT_TORCH_NAMESPACE {
 // beside device tensors in an operator on nested tensors is refused as
 // CUDA refuses it.
 
-inline bool is_device_nested(const at::Tensor& t) {
-  return t.defined() && t.is_nested() && t.device().type() == kDeviceType;
-}
-
 // The operators whose nested kernels run on the device tensors themselves
 // (see the Note): PyTorch registers the same kernel for CPU and CUDA, and it
 // touches the storage only through other operators.
@@ -74,7 +70,7 @@ inline bool nested_kernel_is_generic(const c10::OperatorHandle& op) {
   return generic.count(op.schema().name()) != 0;
 }
 
-namespace detail {
+namespace detail_nested {
 
 // A nested tensor over `buffer` (1-D, its whole storage) with the given
 // components, made without the prototype warning NestedTensorImpl's
@@ -91,7 +87,7 @@ inline at::Tensor make_nested(const at::Tensor& buffer, const at::native::Nested
       buffer, like.get_nested_sizes(), like.get_nested_strides(), like.get_storage_offsets());
 }
 
-}  // namespace detail
+}  // namespace detail_nested
 
 // The CPU images of an operator's device tensors, and the way back (Note
 // [Nested tensors]).
@@ -108,7 +104,7 @@ class NestedImage {
     at::Tensor host;
     if (t.is_nested()) {
       const at::native::NestedTensorImpl* nt = at::native::get_nested_tensor_impl(t);
-      host = detail::make_nested(host_storage(nt->get_unsafe_storage_as_tensor()), *nt);
+      host = detail_nested::make_nested(host_storage(nt->get_unsafe_storage_as_tensor()), *nt);
     } else {
       host = t.cpu();
     }
@@ -146,7 +142,7 @@ class NestedImage {
       if (st.host.storage().unsafeGetStorageImpl() == r.storage().unsafeGetStorageImpl())
         buffer = st.device;
     if (!buffer.defined()) buffer = nt->get_unsafe_storage_as_tensor().to(device_);
-    return detail::make_nested(buffer, *nt);
+    return detail_nested::make_nested(buffer, *nt);
   }
 
  private:
@@ -170,7 +166,7 @@ class NestedImage {
   std::vector<Storage> storages_;
 };
 
-namespace detail {
+namespace detail_nested {
 
 // f(tensor) for each tensor argument of the operator on `stack`, in lists
 // too.
@@ -214,16 +210,16 @@ inline std::string operator_name(const c10::OperatorHandle& op) {
   return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
 }
 
-}  // namespace detail
+}  // namespace detail_nested
 
 // The operator through the CPU's kernel on CPU images of its device tensors
 // (Note [Nested tensors]), counted in the fallback report.
 inline void nested_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  std::string name = detail::operator_name(op);
+  std::string name = detail_nested::operator_name(op);
   Fallback::Count count = Fallback::get().run_named(name);
   std::optional<c10::Device> device;
   bool cpu_tensor = false;
-  detail::each_tensor_argument(op, *stack, [&](const at::Tensor& t) {
+  detail_nested::each_tensor_argument(op, *stack, [&](const at::Tensor& t) {
     if (!t.defined()) return;
     if (t.device().type() != kDeviceType) {
       cpu_tensor = cpu_tensor || (t.device().is_cpu() && (t.is_nested() || t.dim() > 0));
@@ -232,8 +228,9 @@ inline void nested_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stac
     if (!device) device = t.device();
     check_same_device(*device, t.device(), name);
   });
-  TORCH_CHECK(device, backend_name(), ": ", name, " reached the nested tensors' fallback without a ",
-              backend_name(), " tensor among its arguments");
+  TORCH_CHECK(device, backend_name(), ": ", name,
+              " reached the nested tensors' fallback without a ", backend_name(),
+              " tensor among its arguments");
   // A CPU tensor beside device tensors in a nested operator, refused as
   // CUDA refuses it (the dense operators that make nested tensors take CPU
   // metadata tensors, which their kernels check).
@@ -255,7 +252,7 @@ inline void nested_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stac
   NestedImage image(*device);
   bool any_nested = false;
   for (std::size_t i = first; i < stack->size(); ++i)
-    (*stack)[i] = detail::map_tensors((*stack)[i], [&](const at::Tensor& t) {
+    (*stack)[i] = detail_nested::map_tensors((*stack)[i], [&](const at::Tensor& t) {
       at::Tensor h = image.to_cpu(t);
       any_nested = any_nested || (h.defined() && h.is_nested());
       return h;
@@ -266,15 +263,15 @@ inline void nested_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stac
   image.store(written);
   std::size_t results = op.schema().returns().size();
   for (std::size_t i = stack->size() - results; i < stack->size(); ++i)
-    (*stack)[i] =
-        detail::map_tensors((*stack)[i], [&](const at::Tensor& r) { return image.to_device(r); });
+    (*stack)[i] = detail_nested::map_tensors(
+        (*stack)[i], [&](const at::Tensor& r) { return image.to_device(r); });
 }
 
 // A nested kernel of PyTorch's that runs on the device tensors themselves
 // (nested_kernel_is_generic), the NestedTensorCPU one, which CUDA shares.
 inline void nested_generic(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   bool nested = false;
-  detail::each_tensor_argument(op, *stack, [&](const at::Tensor& t) {
+  detail_nested::each_tensor_argument(op, *stack, [&](const at::Tensor& t) {
     nested = nested || (t.defined() && t.is_nested());
   });
   op.redispatchBoxed(
