@@ -71,7 +71,8 @@ def test_quantize_per_channel_on_the_device_matches_the_cpu(dtype):
 
 
 def test_empty_quantized_tensors_are_made_in_device_memory():
-    a = torch._empty_affine_quantized([2, 3], scale=0.5, zero_point=4, dtype=torch.qint8, device=DEV)
+    a = torch._empty_affine_quantized([2, 3], scale=0.5, zero_point=4, dtype=torch.qint8,
+                                      device=DEV)
     assert a.device.type == DEV and a.dtype == torch.qint8 and a.q_scale() == 0.5
     assert a.q_zero_point() == 4 and a.shape == (2, 3)
     b = torch._empty_per_channel_affine_quantized(
@@ -125,7 +126,8 @@ def test_views_of_a_quantized_tensor_alias_its_device_memory(name):
     cpu = torch.quantize_per_tensor(x, 0.1, 10, torch.quint8)
     dev = cpu.to(DEV)
     v, ref = VIEWS[name](dev), VIEWS[name](cpu)
-    assert v.device == dev.device and v.untyped_storage().data_ptr() == dev.untyped_storage().data_ptr()
+    assert v.device == dev.device
+    assert v.untyped_storage().data_ptr() == dev.untyped_storage().data_ptr()
     assert v.stride() == ref.stride() and v.storage_offset() == ref.storage_offset()
     _same(v, ref)
     assert torch.equal(v.dequantize().cpu(), ref.dequantize())
@@ -136,7 +138,8 @@ def test_per_channel_views_keep_their_axis_as_on_the_cpu():
     cpu = torch.quantize_per_channel(x, torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64),
                                      torch.tensor([0, 1, 2]), 1, torch.qint8)
     dev = cpu.to(DEV)
-    for f in (lambda q: q.unsqueeze(0), lambda q: q.unsqueeze(0).squeeze(0), lambda q: q.flatten(0)):
+    for f in (lambda q: q.unsqueeze(0), lambda q: q.unsqueeze(0).squeeze(0),
+              lambda q: q.flatten(0)):
         _same(f(dev), f(cpu))
 
 
@@ -191,7 +194,8 @@ def test_in_place_operators_write_the_device_tensor():
 def test_unsupported_quantized_dtypes_are_a_clear_error_naming_the_backend():
     q4 = torch.quantize_per_tensor(torch.rand(4, 4), 0.1, 0, torch.quint4x2)
     with pytest.raises(NotImplementedError,
-                       match=f"{DEV}: quantized tensors of dtype QUInt4x2 are not supported on {DEV}"):
+                       match=f"{DEV}: quantized tensors of dtype QUInt4x2 are not supported "
+                             f"on {DEV}"):
         q4.to(DEV)
     ok = torch.quantize_per_tensor(torch.rand(4), 0.1, 0, torch.quint8).to(DEV)  # still usable
     assert ok.dequantize().cpu().shape == (4,)
@@ -237,7 +241,8 @@ except NotImplementedError as e:
 
 
 def _captures():
-    if not hasattr(torch.accelerator, "Graph") or "stream_begin_capture" not in OPS.runtime_members():
+    if not hasattr(torch.accelerator, "Graph") or \
+            "stream_begin_capture" not in OPS.runtime_members():
         return False
     g = torch.accelerator.Graph()
     try:
@@ -365,8 +370,8 @@ def test_a_pt2e_quantized_model_runs_on_the_device_as_on_the_cpu():
     assert got.device.type == DEV
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
     # The whole flow on the device: export, calibration (the observers' statistics), conversion.
-    prepared_dev = prepare_pt2e(torch.export.export(copy.deepcopy(model).to(DEV), (x.to(DEV),)).module(),
-                                quantizer)
+    exported_dev = torch.export.export(copy.deepcopy(model).to(DEV), (x.to(DEV),)).module()
+    prepared_dev = prepare_pt2e(exported_dev, quantizer)
     for b in batches:
         prepared_dev(b.to(DEV))
     converted_dev = convert_pt2e(prepared_dev)

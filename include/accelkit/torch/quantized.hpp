@@ -2,7 +2,8 @@
 // creation, copies, integer representation, quantizer queries and views as
 // native operators of the QuantizedPrivateUse1 key (register_quantized_ops),
 // and quantized_fallback, which runs every other operator on them through
-// PyTorch's QuantizedCPU kernels.
+// PyTorch's QuantizedCPU kernels; the dense operators that make per-channel
+// quantized tensors on copies (register_quantizing_ops).
 #pragma once
 
 #include <accelkit/torch/adapter.hpp>
@@ -37,9 +38,9 @@ ACCELKIT_TORCH_NAMESPACE {
 
 // Note [Quantized tensors]
 // Problem: PyTorch's quantized tensors (torch.quantize_per_tensor,
-// quantize_per_channel, torch.ao's quantized modules, PT2E's converted
-// models) dispatch to the Quantized<backend> key, where a backend has no
-// kernel unless it registers them: not even a device tensor can be made.
+// quantize_per_channel, torch.ao's eager quantized modules) dispatch to the
+// Quantized<backend> key, where a backend has no kernel unless it registers
+// them: not even a device tensor can be made.
 // Decision: the QuantizedPrivateUse1 key is served by
 // - native kernels for what must not move the data: creation
 //   (_empty_affine_quantized, _empty_per_channel_affine_quantized,
@@ -122,8 +123,9 @@ struct QuantizedOps {
     std::optional<c10::DeviceGuard> guard;
     if (!host && device.has_index()) guard.emplace(device);
     caffe2::TypeMeta dtype = c10::scalarTypeToTypeMeta(q->scalar_type());
-    std::size_t nbytes = strides ? at::detail::computeStorageNbytes(sizes, *strides, dtype.itemsize())
-                                 : at::detail::computeStorageNbytesContiguous(sizes, dtype.itemsize());
+    std::size_t item = dtype.itemsize();
+    std::size_t nbytes = strides ? at::detail::computeStorageNbytes(sizes, *strides, item)
+                                 : at::detail::computeStorageNbytesContiguous(sizes, item);
     c10::Allocator* allocator = host ? c10::GetCPUAllocator() : &device_allocator();
     c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, allocator, /*resizable=*/true);
     at::Tensor t = at::detail::make_tensor<at::QTensorImpl>(
@@ -184,10 +186,12 @@ struct QuantizedOps {
                                       const at::Tensor& zero_points, int64_t axis,
                                       std::optional<c10::ScalarType> dtype,
                                       std::optional<c10::Layout>, std::optional<c10::Device> device,
-                                      std::optional<bool>, std::optional<c10::MemoryFormat> format) {
+                                      std::optional<bool>,
+                                      std::optional<c10::MemoryFormat> format) {
     TORCH_CHECK(dtype.has_value(), "Must provide data type for Tensor creation functions.");
     return make(C10_AS_INTARRAYREF_SLOW(size), std::nullopt, format_of(format), device_of(device),
-                at::make_per_channel_affine_quantizer(scales.cpu(), zero_points.cpu(), axis, *dtype));
+                at::make_per_channel_affine_quantizer(scales.cpu(), zero_points.cpu(), axis,
+                                                      *dtype));
   }
 
   // torch.empty(..., dtype=torch.quint8): a quantizer the caller sets later.
@@ -205,7 +209,8 @@ struct QuantizedOps {
                                           std::optional<c10::Device> device, std::optional<bool>) {
     TORCH_CHECK(dtype.has_value(), "Must provide data type for Tensor creation functions.");
     return make(C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride),
-                c10::MemoryFormat::Contiguous, device_of(device), at::make_unknown_quantizer(*dtype));
+                c10::MemoryFormat::Contiguous, device_of(device),
+                at::make_unknown_quantizer(*dtype));
   }
 
   // --- copies -----------------------------------------------------------
@@ -348,7 +353,8 @@ inline void run_on_cpu_copies(const c10::OperatorHandle& op, torch::jit::Stack* 
   auto to_host = [&](const at::Tensor& t, bool write) -> at::Tensor {
     if (!Q::on_device(t)) return t;
     at::Tensor& h = host[t.unsafeGetTensorImpl()];
-    if (!h.defined()) h = t.is_quantized() ? Q::copy_to(t, c10::Device(c10::kCPU)) : t.to(c10::kCPU);
+    if (!h.defined())
+      h = t.is_quantized() ? Q::copy_to(t, c10::Device(c10::kCPU)) : t.to(c10::kCPU);
     if (write) written.emplace_back(t, h);
     return h;
   };
