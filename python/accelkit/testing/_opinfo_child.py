@@ -3,7 +3,8 @@ script, so that it works from a backend's copy of the SDK as well).
 
     python _opinfo_child.py BACKEND SAMPLES ITEM...
 
-Each ITEM is "operator|dtype|direction" (direction: forward or backward).
+Each ITEM is "operator|dtype|direction" (direction: forward, backward, out
+or nested).
 For each it prints "START item" before running it, so that a crash is
 charged to that item, and "RESULT {json}" after.
 
@@ -16,6 +17,23 @@ assert_close's for the dtype).
 backward: the samples are made with requires_grad, the operator run through
 its OpInfo gradcheck wrapper on both, and the gradients of every input that
 requires one, for the same random output gradients, compared the same way.
+
+out: each sample whose functional form runs on the CPU, again with out=
+tensors shaped as that result on both sides: filled with a value no result
+has (NaN, the dtype's largest), the same not contiguous, and empty (the
+operator resizes it); the outcome must be the same (the CPU's own error: the
+same exception type), then the results, the out= tensors' values and
+strides, and whether the call returns its out= tensors are compared.
+
+nested: the operators of njt_op_db (op_db's operators with nested samples),
+each sample as it is (jagged layout) and with its nested tensors in the
+strided layout, forward as above, nested outputs compared by component
+(_nested_samples.py).
+
+Every call of the operator in every direction, on each side, records its
+warnings (PyTorch's warn-once ones on every call: torch.set_warn_always);
+the device must raise the CPU's warnings, each as often (a device name in a
+message read as the CPU's), else the item is a mismatch.
 
 Where PyTorch skips or expects test_compare_cpu to fail for every device,
 its reason decides: outputs it calls non-deterministic or undefined are
@@ -42,14 +60,33 @@ from torch.testing._internal.opinfo.core import DecorateInfo  # noqa: E402
 BACKEND = sys.argv[1]
 SAMPLES = int(sys.argv[2])
 __import__("torch_" + BACKEND)
+# Warnings are compared per call (recorded): PyTorch's warn-once warnings
+# raise on every call, so that the side run first does not take them.
+torch.set_warn_always(True)
 for module in filter(None, os.environ.get("ACCELKIT_TESTING_IMPORT", "").split(",")):
     __import__(module)  # the kit's --import
 OPS = {o.name + ("." + o.variant_test_name if o.variant_test_name else ""): o for o in op_db}
+import _nested_samples  # noqa: E402 (beside this script: njt_op_db's nested samples)
+
+
+def overlapping(t):
+    """Whether two elements of t may share memory (an expanded tensor)."""
+    reach = 0  # the farthest offset the dimensions of smaller strides reach
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
 
 
 def to_cpu(x):
     if isinstance(x, torch.Tensor):
         c = x.detach().cpu()
+        if x.layout == torch.strided and not x.is_nested and c.stride() != x.stride() \
+                and not overlapping(x):
+            # A view with gaps (a step, a slice of rows) keeps its strides, as
+            # the device's does: kernels warn or take other paths by layout.
+            c = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype).copy_(c)
         return c.requires_grad_() if x.requires_grad else c
     if isinstance(x, torch.device) or (isinstance(x, str) and x.startswith(BACKEND)):
         return "cpu"
@@ -174,14 +211,40 @@ def samples(op, dtype, requires_grad):
         yield s, (to_cpu(s.input), to_cpu(s.args), to_cpu(s.kwargs))
 
 
-def on_both(f, s, cpu):
+def recorded(f):
+    """(value, exception, warnings): outcome(f) and the warnings it raised,
+    each as "Category: message" (every one: PyTorch's warn-once warnings
+    too, torch.set_warn_always above)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value, error = outcome(f)
+    return value, error, [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
+def same_warnings(got, want, what):
+    """The device warns as the CPU does: the same warnings, each as often
+    (a device name in a message read as the CPU's)."""
+    got = sorted(re.sub(rf"\b{BACKEND}(:\d+)?\b", "cpu", w) for w in got)
+    if got != sorted(want):
+        extra = [w for w in set(got) if got.count(w) > want.count(w)]
+        missing = [w for w in set(want) if want.count(w) > got.count(w)]
+        raise Mismatch(f"{what} warned {len(got)} time(s) on the device, {len(want)} on the CPU"
+                       + (f"; more often on the device: {extra[0][:160]!r}" if extra else "")
+                       + (f"; more often on the CPU: {missing[0][:160]!r}" if missing else ""))
+
+
+def on_both(f, s, cpu, out=None):
     """f(sample) and f(its CPU copy), seeded alike: (got, want), or None when
-    both raised the same type of exception."""
+    both raised the same type of exception; each side warned as the other.
+    out: (the device's, the CPU's) out= argument, if any."""
+    extra = ({"out": out[0]}, {"out": out[1]}) if out is not None else ({}, {})
     torch.manual_seed(0)
-    got, got_error = outcome(lambda: f(s.input, *s.args, **s.kwargs))
+    got, got_error, got_warned = recorded(lambda: f(s.input, *s.args, **s.kwargs, **extra[0]))
     torch.manual_seed(0)
-    want, want_error = outcome(lambda: f(cpu[0], *cpu[1], **cpu[2]))
-    return None if same_errors(got_error, want_error, "the operator") else (got, want)
+    want, want_error, want_warned = recorded(lambda: f(cpu[0], *cpu[1], **cpu[2], **extra[1]))
+    both_raised = same_errors(got_error, want_error, "the operator")
+    same_warnings(got_warned, want_warned, "the operator")
+    return None if both_raised else (got, want)
 
 
 def forward(op, dtype):
@@ -196,6 +259,68 @@ def forward(op, dtype):
         named = named_device(sample)
         on_device = named == BACKEND if named else any(t.device.type == BACKEND for t in tensors(sample))
         compare(both[1], both[0], op, dtype, "output", on_device)
+        compared += 1
+    return compared
+
+
+def filled(t):
+    """A tensor like t that no result has: NaN, or the dtype's largest value."""
+    try:
+        return torch.full_like(t, torch.iinfo(t.dtype).max)
+    except TypeError:
+        return torch.full_like(t, float("nan"))
+
+
+def strided(t):
+    """filled(t) as a view that skips every other element of its storage."""
+    if t.dim() == 0:
+        return filled(t)
+    wide = torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+    return filled(wide)[..., ::2]
+
+
+# The out= tensors of the out direction, made from the CPU's functional
+# result: its shape, dtype and layout with values no result has (filled),
+# the same not contiguous (strided), and empty (resized by the operator).
+OUT_CASES = {"filled": filled, "strided": strided, "empty": lambda t: t.new_empty(0)}
+
+
+def out_form(op, dtype):
+    """Each sample with out= tensors on the device against the same on the
+    CPU: the outcome (the CPU's own error), the warnings, what the call
+    returns and the out= tensors' values, shapes and strides."""
+    compared = 0
+    for s, cpu in samples(op, dtype, requires_grad=False):
+        torch.manual_seed(0)
+        expected, error = outcome(lambda: op(cpu[0], *cpu[1], **cpu[2]))
+        if error is not None:
+            continue  # the functional form raises (the forward direction compares that)
+        single = isinstance(expected, torch.Tensor)
+        results = [expected] if single else list(expected) if isinstance(expected, (tuple, list)) else []
+        if not results or not all(isinstance(t, torch.Tensor) for t in results):
+            continue  # no tensor result to give as out=
+        for case, make in OUT_CASES.items():
+            c_out = [make(t) for t in results]
+            d_out = [t.to(BACKEND) for t in c_out]
+            if case == "strided":  # the same layout on the device
+                d_out = [torch.empty_like(t._base if t._base is not None else t, device=BACKEND)
+                         .as_strided(t.shape, t.stride(), t.storage_offset()).copy_(t)
+                         for t in c_out]
+            both = on_both(op, s, cpu, out=(d_out[0], c_out[0]) if single else (tuple(d_out), tuple(c_out)))
+            if both is None:
+                continue
+            got, want = both
+            what = f"out= ({case})"
+            compare(want, got, op, dtype, f"{what} result")
+            compare(c_out, d_out, op, dtype, f"{what} tensor")
+            for i, (a, b) in enumerate(zip(c_out, d_out)):
+                if a.numel() > 1 and (a.shape, a.stride()) != (b.shape, b.stride()):
+                    raise Mismatch(f"{what} tensor {i}: strides {b.stride()} on the device, "
+                                   f"{a.stride()} on the CPU")
+            returned = lambda r, o: [x.data_ptr() == y.data_ptr() for x, y in zip(tensors(r), o)]  # noqa: E731
+            if returned(got, d_out) != returned(want, c_out):
+                raise Mismatch(f"{what}: the call returns its out= tensors on the CPU "
+                               f"({returned(want, c_out)}), not on the device ({returned(got, d_out)})")
         compared += 1
     return compared
 
@@ -240,6 +365,16 @@ def backward(op, dtype):
     return compared
 
 
+def makes_samples(op, dtype):
+    """Whether the OpInfo makes samples on the CPU (njt_op_db's OpInfos of
+    operators without nested support raise)."""
+    try:
+        next(iter(op.sample_inputs("cpu", dtype)))
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def first_line(e):
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:200] if text else ''}"
@@ -253,12 +388,15 @@ def largest_error(e):
 
 for item in sys.argv[3:]:
     name, dtype_name, direction = item.split("|")
-    op, dtype = OPS.get(name), getattr(torch, dtype_name)
+    op = (_nested_samples.ops() if direction == "nested" else OPS).get(name)
+    dtype = getattr(torch, dtype_name)
     print("START " + item, flush=True)
     t0 = time.monotonic()
     result = {"item": item, "status": "match", "message": ""}
     try:
-        if op is None:
+        if op is None and direction == "nested":
+            result.update(status="not applicable", message="njt_op_db has no nested samples of it")
+        elif op is None:
             result.update(status="error", message=f"op_db has no OpInfo named {name!r}")
         elif dtype not in op.supported_dtypes("cpu") or direction == "backward" and not (
                 op.supports_autograd and dtype in op.supported_backward_dtypes("cpu")):
@@ -266,7 +404,14 @@ for item in sys.argv[3:]:
             result.update(status="not applicable", message="the CPU does not support it")
         elif name.startswith("jiterator_"):
             result.update(status="not compared", message="a CUDA-only (Jiterator) operator")
-        elif (forward if direction == "forward" else backward)(op, dtype) == 0:
+        elif direction == "out" and not op.supports_out:
+            result.update(status="not applicable", message="the operator takes no out=")
+        elif direction == "nested" and not makes_samples(op, dtype):
+            result.update(status="not applicable", message="njt_op_db makes no nested samples of it")
+        elif direction == "nested":
+            if _nested_samples.forward(op, dtype, BACKEND, SAMPLES, to_cpu, on_both, compare) == 0:
+                result.update(status="not compared", message="no sample to compare")
+        elif {"forward": forward, "backward": backward, "out": out_form}[direction](op, dtype) == 0:
             result.update(status="not compared", message="no sample to compare")
     except Mismatch as e:
         worst = largest_error(e)

@@ -1,14 +1,17 @@
 """PyTorch's own operator samples on a backend against the CPU.
 
     python -m accelkit.testing.opinfo [--backend simdev] [--dtypes float32,...]
-        [--directions forward,backward] [--samples 1] [--ops a,b] [--jobs 2] [--json out.json]
+        [--directions forward,backward,out,nested] [--samples 1] [--ops a,b] [--jobs 2] [--json out.json]
 
 For every OpInfo of the wheel's op_db (torch.testing._internal.
 common_methods_invocations; importing it needs `expecttest`) and every dtype
 asked for that the backend reports (its capability schema's `dtypes`) and
-the CPU supports for the operator: forward outputs and, where the operator
-has a CPU backward for the dtype, gradients, compared with the CPU's
-(_opinfo_child.py says how). Operators run in child processes, several items
+the CPU supports for the operator: forward outputs, where the operator has
+a CPU backward for the dtype, gradients, and where it takes out=, the same
+samples with out= tensors on the device (filled, not contiguous, empty),
+and the nested samples of njt_op_db in both layouts (direction nested),
+compared with the CPU's; every call's warnings too (_opinfo_child.py says
+how). Operators run in child processes, several items
 each, restarted past an item that crashes or hangs, which is charged to that
 item. Each item ends as match, mismatch (the largest error in the message),
 error (the device raised where the CPU did not, or another exception type),
@@ -51,6 +54,8 @@ import torch
 backend = sys.argv[1]
 __import__("torch_" + backend)
 from torch.testing._internal.common_methods_invocations import op_db
+sys.path.insert(0, sys.argv[3])
+import _nested_samples
 props = getattr(torch, backend).get_device_properties(0)
 items = {}
 for name in sys.argv[2].split(","):
@@ -60,6 +65,9 @@ for name in sys.argv[2].split(","):
                     for o in op_db if d in o.supported_dtypes("cpu")],
         "backward": [o.name + ("." + o.variant_test_name if o.variant_test_name else "")
                      for o in op_db if o.supports_autograd and d in o.supported_backward_dtypes("cpu")],
+        "out": [o.name + ("." + o.variant_test_name if o.variant_test_name else "")
+                for o in op_db if o.supports_out and d in o.supported_dtypes("cpu")],
+        "nested": _nested_samples.names(d),
     }
 print(json.dumps({"dtypes": props["dtypes"], "host_visible_memory": props["host_visible_memory"],
                   "items": items}))
@@ -73,7 +81,7 @@ def environment():
 def listing(backend, dtypes):
     """The backend's dtypes and memory mode, and the operators per dtype
     and direction that the CPU supports."""
-    p = subprocess.run([sys.executable, "-c", LISTING, backend, ",".join(dtypes)],
+    p = subprocess.run([sys.executable, "-c", LISTING, backend, ",".join(dtypes), os.path.dirname(CHILD)],
                        capture_output=True, text=True, env=environment())
     if p.returncode != 0:
         raise RuntimeError(f"listing the operators failed:\n{p.stderr[-3000:]}")
@@ -178,7 +186,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="simdev")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
-    ap.add_argument("--directions", default="forward,backward")
+    ap.add_argument("--directions", default="forward,backward,out,nested")
     ap.add_argument("--samples", type=int, default=1)
     ap.add_argument("--ops", default="")
     ap.add_argument("--jobs", type=int, default=2)
