@@ -35,7 +35,7 @@ LISTED_AT = 4
 
 @pytest.fixture(scope="module")
 def sweep(request):
-    found = opinfo.listing(BACKEND, opinfo.DTYPES)
+    found = opinfo.listing(BACKEND, opinfo.DTYPES, NESTED_DTYPES)
     dtypes = [d for d in opinfo.DTYPES if d in found["dtypes"]]
     items = [i for i in opinfo.items_for(found, dtypes, DIRECTIONS)
              if not i.endswith("|nested") or i.split("|")[1] in NESTED_DTYPES]

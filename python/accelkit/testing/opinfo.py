@@ -67,7 +67,7 @@ for name in sys.argv[2].split(","):
                      for o in op_db if o.supports_autograd and d in o.supported_backward_dtypes("cpu")],
         "out": [o.name + ("." + o.variant_test_name if o.variant_test_name else "")
                 for o in op_db if o.supports_out and d in o.supported_dtypes("cpu")],
-        "nested": _nested_samples.names(d),
+        "nested": _nested_samples.names(d) if name in sys.argv[4].split(",") else [],
     }
 print(json.dumps({"dtypes": props["dtypes"], "host_visible_memory": props["host_visible_memory"],
                   "items": items}))
@@ -78,10 +78,13 @@ def environment():
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 
-def listing(backend, dtypes):
+def listing(backend, dtypes, nested_dtypes=None):
     """The backend's dtypes and memory mode, and the operators per dtype
-    and direction that the CPU supports."""
-    p = subprocess.run([sys.executable, "-c", LISTING, backend, ",".join(dtypes), os.path.dirname(CHILD)],
+    and direction that the CPU supports (nested: for nested_dtypes only,
+    default all; listing them makes samples)."""
+    nested = ",".join(dtypes if nested_dtypes is None else nested_dtypes)
+    p = subprocess.run([sys.executable, "-c", LISTING, backend, ",".join(dtypes), os.path.dirname(CHILD),
+                        nested],
                        capture_output=True, text=True, env=environment())
     if p.returncode != 0:
         raise RuntimeError(f"listing the operators failed:\n{p.stderr[-3000:]}")
@@ -151,7 +154,8 @@ def kit_run(report, backend, ctx, full=False, ops=None, dtypes=None, samples=1,
     wanted = dtypes or (DTYPES if full or ops else QUICK_DTYPES)
     tried = [d for d in wanted if d in ctx.props["dtypes"]]
     if full:  # every operator: listed by a child (op_db's names per dtype)
-        items = items_for(listing(backend, tried), tried, directions)
+        items = items_for(listing(backend, tried, tried if "nested" in directions else []),
+                          tried, directions)
     else:  # named operators: a child drops those the CPU does not support
         quick = not ops
         items = [f"{op}|{d}|{w}" for d in tried for w in directions for op in (ops or QUICK)
@@ -194,7 +198,7 @@ def main():
     ap.add_argument("--json", default="", help="also write every item's result here")
     args = ap.parse_args()
     dtypes = args.dtypes.split(",")
-    found = listing(args.backend, dtypes)
+    found = listing(args.backend, dtypes, dtypes if "nested" in args.directions.split(",") else [])
     dtypes = [d for d in dtypes if d in found["dtypes"]]
     directions = args.directions.split(",")
     items = items_for(found, dtypes, directions, set(args.ops.split(",")) if args.ops else None)
