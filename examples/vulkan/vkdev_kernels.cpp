@@ -229,12 +229,9 @@ const Pipelines& pipelines(int device) {
   return per_device.get(device, [](int device) {
     VulkanRuntime& rt = K::runtime();
     auto p = std::make_unique<Pipelines>();
-    if (!rt.has_push_descriptors(device)) return p;
-    VkPhysicalDeviceProperties props{};
-    vkGetPhysicalDeviceProperties(rt.vk_physical_device(device), &props);
-    p->offset_alignment = std::max<VkDeviceSize>(props.limits.minStorageBufferOffsetAlignment, 4);
-    p->max_range = props.limits.maxStorageBufferRange;
-    auto make = [&, dev = rt.vk_device(device)](vulkan::ComputePipeline& pl, const char* name,
+    if (!rt.physical(device).push_descriptor) return p;
+    p->limits = rt.physical(device).properties.limits;
+    auto make = [&, dev = rt.logical(device).device](vulkan::ComputePipeline& pl, const char* name,
                                                 const auto& code, std::uint32_t bindings,
                                                 std::uint32_t push, std::optional<std::uint32_t> serial) {
       vulkan::create_pipeline(dev, pl, code, sizeof code, bindings, push, serial, [&](VkResult r, const char* fn) {
@@ -246,7 +243,7 @@ const Pipelines& pipelines(int device) {
     make(p->addmm, "addmm", spv::addmm, 4, sizeof(MatmulParams), std::nullopt);
     make(p->sum, "sum", spv::sum, 2, sizeof(Red), 0);
     make(p->sum_serial, "sum_serial", spv::sum, 2, sizeof(Red), 1);
-    p->push_descriptors = rt.push_descriptor_fn(device);
+    p->push_descriptors = rt.logical(device).push_descriptor_fn;
     return p;
   });
 }
@@ -254,10 +251,7 @@ const Pipelines& pipelines(int device) {
 std::optional<std::uint32_t> bind(const Pipelines& p, int device, const void* ptr,
                                   std::size_t bytes, VkDescriptorBufferInfo& info) {
   BufferRef r = K::translated([&] { return K::runtime().locate(device, ptr, bytes, "vkCmdDispatch"); });
-  VkDeviceSize start = r.offset / p.offset_alignment * p.offset_alignment;
-  if (r.offset % sizeof(float) != 0 || r.offset - start + bytes > p.max_range) return std::nullopt;
-  info = {r.buffer, start, r.offset - start + bytes};
-  return static_cast<std::uint32_t>((r.offset - start) / sizeof(float));
+  return vulkan::bind(r, p.limits, sizeof(float), info);
 }
 
 std::int64_t launches(std::string_view kernel) { return counters.launches(kernel); }

@@ -35,8 +35,7 @@ enum class Op : std::uint32_t {
 struct Pipelines {
   vulkan::ComputePipeline elementwise, addmm, sum, sum_serial;
   PFN_vkCmdPushDescriptorSetKHR push_descriptors = nullptr;  // null: none made
-  VkDeviceSize offset_alignment = 256;  // minStorageBufferOffsetAlignment
-  VkDeviceSize max_range = 1u << 27;    // maxStorageBufferRange
+  VkPhysicalDeviceLimits limits{};  // the storage-buffer bindings'
 };
 
 // A device's pipelines, made at the first call there (thread-safe); a failed

@@ -54,12 +54,9 @@
 #include <vulkan/vulkan.h>
 
 #include <accelkit/accelkit.hpp>
-#include <accelkit/support/address_space.hpp>
-#include <accelkit/support/driver_info.hpp>
 #include <accelkit/support/fault_hook.hpp>
 #include <accelkit/support/handle_table.hpp>
 #include <accelkit/support/lost_state.hpp>
-#include <accelkit/support/map_count.hpp>
 #include <accelkit/support/memory_budget.hpp>
 #include <accelkit/support/timeline.hpp>
 #include <accelkit/support/vulkan.hpp>
@@ -81,24 +78,23 @@
 namespace vkdev {
 namespace vulkan = accelkit::support::vulkan;
 
-// A span of device (or pinned) memory as kernels bind it: the allocation's
-// whole buffer and the span's offset and length in it.
-struct BufferRef {
-  VkBuffer buffer;
-  VkDeviceSize offset;
-  VkDeviceSize bytes;
-};
-
+using vulkan::BufferRef;  // a span of device (or pinned) memory as kernels bind it
 using HostAccess = accelkit::HostAccessLevel;  // VKDEV_HOST_ACCESS
 
 class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
-  struct Allocation;
   using Stream = vulkan::TimelineStream;  // Note [vkdev streams]
   struct Device;
-  using AllocPtr = std::shared_ptr<Allocation>;
-  // The runtime's check (Note [vkdev lost devices]) as the Vulkan helpers take it.
+  using AllocPtr = std::shared_ptr<vulkan::Allocation>;
+  // The runtime's checks (Note [vkdev lost devices]) as the Vulkan helpers
+  // take them: of a VkResult, and of a failure of queued work.
   auto checker(Device& d, std::string_view call) {
     return [this, &d, call](VkResult r, const char* fn) { check(d, r, call, fn); };
+  }
+  auto lost_by(Device& d, std::string_view call) {
+    return [this, &d, call](const std::string& failed) {
+      lose(d, call, fmt::format("queued work of {} failed: VK_ERROR_DEVICE_LOST (injected fault, "
+                                "VKDEV_INJECT_FAULT)", failed));
+    };
   }
 
  public:
@@ -120,10 +116,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
       vkDeviceWaitIdle(d->device);
     }
     space_.reset();  // allocations the SDK still held go now
-    for (auto& d : devices_) {
-      d->patterns.reset();
-      if (d->device) vkDestroyDevice(d->device, nullptr);
-    }
+    devices_.clear();
     if (instance_) vkDestroyInstance(instance_, nullptr);
   }
 
@@ -175,19 +168,13 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     if (!a) return nullptr;
     held.keep();
     a->bytes = bytes;
-    if (access_ != HostAccess::direct) return space_->map(a, bytes, "malloc");
-    auto host = reinterpret_cast<std::uintptr_t>(a->host);
-    a->base = (kAlign - host % kAlign) % kAlign;
-    a->host = static_cast<char*>(a->host) + a->base;
-    space_->add(a->host, bytes, a, "malloc");
-    return a->host;
+    return space_->hand_out(a, kAlign, "malloc");
   }
 
   // The SDK frees nothing queued work still uses.
   void free(int device, void* ptr) {
     Device& d = dev(device, "free");
-    AllocPtr a = take(device, ptr, false, "free");
-    d.memory.release(a->bytes);
+    d.memory.release(space_->take(device, ptr, false, "free")->bytes);
   }
 
   void* host_malloc(int device, std::size_t bytes) {
@@ -195,12 +182,11 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     AllocPtr a = allocate(d, bytes, d.host_type, true, "host_malloc");
     if (!a) return nullptr;
     a->pinned = true;
-    space_->add(a->host, bytes, a, "host_malloc");
-    return a->host;
+    return space_->hand_out(a, 1, "host_malloc");
   }
   void host_free(int device, void* ptr) {
     dev(device, "host_free");
-    take(device, ptr, true, "host_free");
+    space_->take(device, ptr, true, "host_free");
   }
 
   // Mapped: Vulkan maps one range of a memory object at a time, so the
@@ -208,7 +194,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   // host address of `ptr` in that map is returned (support::MapCount).
   void* host_map(int device, void* ptr, std::size_t bytes) {
     Device& d = live(device, "host_map");
-    auto [a, offset] = owned(device, ptr, bytes, "host_map");
+    auto [a, offset] = space_->owned(device, ptr, bytes, "host_map");
     void* base = a->maps.map([&, a = a] {
       void* p = nullptr;
       check(d, vkMapMemory(d.device, a->memory, 0, VK_WHOLE_SIZE, 0, &p), "host_map", "vkMapMemory");
@@ -218,7 +204,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   }
   void host_unmap(int device, void* ptr, std::size_t bytes) {
     Device& d = dev(device, "host_unmap");
-    AllocPtr a = owned(device, ptr, bytes, "host_unmap").first;
+    AllocPtr a = space_->owned(device, ptr, bytes, "host_unmap").first;
     if (!a->maps.unmap([&](void*) { vkUnmapMemory(d.device, a->memory); }))
       driver_error(kInvalid, "host_unmap", fmt::format("{} bytes at {} are not mapped", bytes, ptr));
   }
@@ -236,7 +222,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     auto s = stream_of(d, stream, "memcpy_async");
     auto f = fault("memcpy_async");
     copy(d, *s, dst, src, bytes, kind, host_pinned, "memcpy_async");
-    if (f) fail_queued(*s, "memcpy_async");
+    if (f) s->fail_queued("memcpy_async");
   }
 
   void memset_async(int device, void* ptr, int value, std::size_t bytes,
@@ -245,10 +231,10 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     auto s = stream_of(d, stream, "memset_async");
     auto f = fault("memset_async");
     BufferRef r = locate(device, ptr, bytes, "memset_async");
-    record(d, *s, "memset_async", [&](VkCommandBuffer cb) {
+    s->record(kBatch, checker(d, "memset_async"), [&](VkCommandBuffer cb) {
       vulkan::fill_bytes(cb, r.buffer, r.offset, bytes, static_cast<std::uint8_t>(value), d.patterns->buffer);
     });
-    if (f) fail_queued(*s, "memset_async");
+    if (f) s->fail_queued("memset_async");
   }
 
   accelkit::StreamHandle stream_create(int device, int priority) {
@@ -264,13 +250,14 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   void stream_destroy(int device, accelkit::StreamHandle stream) {
     Device& d = dev(device, "stream_destroy");
     auto s = d.streams.remove(stream, "stream_destroy", device);
-    if (!d.lost.lost()) flush(d, *s, "stream_destroy");
+    if (!d.lost.lost()) s->flush(checker(d, "stream_destroy"));
   }
 
   bool stream_query(int device, accelkit::StreamHandle stream) {
     Device& d = live(device, "stream_query");
     auto s = stream_of(d, stream, "stream_query");
-    return reached(d, *s, flush(d, *s, "stream_query"), "stream_query");
+    return s->reached(s->flush(checker(d, "stream_query")), checker(d, "stream_query"),
+                      lost_by(d, "stream_query"));
   }
 
   void stream_synchronize(int device, accelkit::StreamHandle stream) {
@@ -284,12 +271,8 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     auto e = event_of(device, event, "stream_wait_event", "waited for");
     auto f = fault("stream_wait_event");
     auto [on, value] = e->last();
-    if (on && on != s && !reached(d, *on, value, "stream_wait_event")) {
-      std::lock_guard<std::mutex> lock(s->mutex);
-      submit(d, *s, "stream_wait_event");
-      s->wait_for(std::move(on), value);
-    }
-    if (f) fail_queued(*s, "stream_wait_event");
+    s->wait_event(on, value, checker(d, "stream_wait_event"), lost_by(d, "stream_wait_event"));
+    if (f) s->fail_queued("stream_wait_event");
   }
 
   accelkit::EventHandle event_create(int device, accelkit::EventFlags flags) {
@@ -299,8 +282,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     if (accelkit::has_flag(flags, accelkit::EventFlags::timing)) {
       if (d.vk.queue.timestampValidBits == 0)
         throw accelkit::NotSupportedError(name, "event timing: the device's queue has no timestamps");
-      e->query = vulkan::create_timestamp(d.device, checker(d, "event_create"));
-      e->vk = d.device;
+      e->timing = std::make_unique<vulkan::Timestamp>(d.device, checker(d, "event_create"));
     }
     return events_.add(std::move(e));
   }
@@ -312,22 +294,27 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     auto s = stream_of(d, stream, "event_record");
     auto e = event_of(device, event, "event_record", "recorded");
     auto f = fault("event_record");
-    if (e->query)
-      record(d, *s, "event_record", [&](VkCommandBuffer cb) { vulkan::write_timestamp(cb, e->query); });
-    if (f) fail_queued(*s, "event_record");
-    e->record(s, flush(d, *s, "event_record"));
+    if (e->timing)
+      s->record(kBatch, checker(d, "event_record"),
+                [&](VkCommandBuffer cb) { vulkan::write_timestamp(cb, e->timing->pool); });
+    if (f) s->fail_queued("event_record");
+    e->record(s, s->flush(checker(d, "event_record")));
   }
 
   bool event_query(int, accelkit::EventHandle event) {
     auto e = events_.get(event, "event_query");
     auto [s, value] = e->last();
-    return !s || reached(live(e->device, "event_query"), *s, value, "event_query");
+    if (!s) return true;
+    Device& d = live(e->device, "event_query");
+    return s->reached(value, checker(d, "event_query"), lost_by(d, "event_query"));
   }
 
   void event_synchronize(int, accelkit::EventHandle event) {
     auto e = events_.get(event, "event_synchronize");
     auto [s, value] = e->last();
-    if (s) wait_value(live(e->device, "event_synchronize"), *s, value, "event_synchronize");
+    if (!s) return;
+    Device& d = live(e->device, "event_synchronize");
+    s->wait_until(value, checker(d, "event_synchronize"), lost_by(d, "event_synchronize"));
   }
 
   float event_elapsed_time(int, accelkit::EventHandle start, accelkit::EventHandle end) {
@@ -335,11 +322,11 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     for (int i = 0; i < 2; ++i) {
       auto e = events_.get(i ? end : start, "event_elapsed_time");
       Device& d = live(e->device, "event_elapsed_time");
-      if (!e->query)
+      if (!e->timing)
         driver_error(kInvalid, "event_elapsed_time", "both events must be timing events");
       if (!e->last().first)
         driver_error(kInvalid, "event_elapsed_time", "both events must be recorded");
-      auto ticks = vulkan::read_timestamp(d.device, e->query, checker(d, "event_elapsed_time"));
+      auto ticks = vulkan::read_timestamp(d.device, e->timing->pool, checker(d, "event_elapsed_time"));
       if (!ticks) driver_error(VK_NOT_READY, "event_elapsed_time", "an event has not completed yet");
       t[i] = static_cast<double>(*ticks);
       period = d.vk.properties.limits.timestampPeriod;
@@ -361,14 +348,10 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
 
   // ------------------------------------------------------------ for kernels
 
-  VkDevice vk_device(int device) { return context(device, "vk_device").device; }
-  VkPhysicalDevice vk_physical_device(int device) { return dev(device, "vk_physical_device").vk.handle; }
-  bool has_push_descriptors(int device) { return context(device, "has_push_descriptors").vk.push_descriptor; }
-  PFN_vkCmdPushDescriptorSetKHR push_descriptor_fn(int device) {
-    return context(device, "push_descriptor_fn").push_descriptor_fn;
-  }
-
-  std::uint32_t queue_family(int device) { return dev(device, "queue_family").vk.family; }
+  // The device's description: handle, queue family, properties and limits, extensions.
+  const vulkan::Physical& physical(int device) { return dev(device, "physical").vk; }
+  // Its VkDevice and vkCmdPushDescriptorSetKHR, created at the first call.
+  const vulkan::LogicalDevice& logical(int device) { return context(device, "logical"); }
   // f(VkQueue) under the mutex of the device's queue (vkQueueSubmit's rule).
   template <class F>
   decltype(auto) with_queue(int device, F&& f) {
@@ -380,54 +363,34 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   // The buffer and offset of [p, p + bytes): device memory of `device`, or
   // pinned memory of its context.
   BufferRef locate(int device, const void* p, std::size_t bytes, std::string_view call) {
-    auto [a, offset] = owned(device, p, bytes, call);
-    return {a->buffer, a->base + offset, bytes};
+    return space_->span(device, p, bytes, call);
   }
 
   // Records commands on `stream`, in its order (Note [vkdev streams]).
   template <class F>
   void enqueue(int device, accelkit::StreamHandle stream, std::string_view call, F&& rec) {
     Device& d = live(device, call);
-    record(d, *stream_of(d, stream, call), call, std::forward<F>(rec));
+    stream_of(d, stream, call)->record(kBatch, checker(d, call), std::forward<F>(rec));
   }
 
  private:
   static constexpr std::size_t kAlign = 256;
   static constexpr int kBatch = 32;  // records per submission at most
 
-  // host: mapped persistently (direct, pinned, staging), at the user's bytes.
-  struct Allocation : vulkan::Buffer {
-    int ordinal = 0;
-    VkDeviceSize base = 0;  // where the user's bytes start in the buffer
-    std::size_t bytes = 0;
-    bool pinned = false;
-    accelkit::support::MapCount maps;  // host_map's (mapped)
-    ~Allocation() {
-      if (!host && maps.mapped()) vkUnmapMemory(device, memory);
-    }
-  };
-
   // An event: (stream, value) of its last record (Note [Timeline streams]).
   struct Event : accelkit::support::TimelineEvent<Stream> {
     int device = 0;
-    VkDevice vk = VK_NULL_HANDLE;
-    VkQueryPool query = VK_NULL_HANDLE;  // timing events' timestamp
-    ~Event() {
-      if (query) vkDestroyQueryPool(vk, query, nullptr);
-    }
+    std::unique_ptr<vulkan::Timestamp> timing;  // timing events'
   };
 
-  struct Device {
+  // A device: its description, memory types and budget, and, once created,
+  // its VkDevice, queue and fill patterns (vulkan::LogicalDevice), streams.
+  struct Device : vulkan::LogicalDevice {
     int index = 0;
     vulkan::Physical vk;
     std::uint32_t device_type = 0, host_type = 0;  // memory types
     accelkit::support::MemoryBudget memory;  // the heap's size
     std::once_flag created;
-    VkDevice device = VK_NULL_HANDLE;
-    VkQueue queue = VK_NULL_HANDLE;
-    std::mutex queue_mutex;
-    PFN_vkCmdPushDescriptorSetKHR push_descriptor_fn = nullptr;
-    AllocPtr patterns;  // 256 four-byte patterns: byte v repeated at 4 * v
     std::shared_ptr<Stream> sync_stream;  // memcpy's
     accelkit::support::HandleTable<accelkit::StreamHandle, Stream> streams{name, "stream", kInvalid};
     accelkit::support::LostState lost;  // Note [vkdev lost devices]
@@ -450,11 +413,6 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     if (f == accelkit::support::FaultTiming::at_call)
       driver_error(VK_ERROR_UNKNOWN, member, "injected fault (VKDEV_INJECT_FAULT)");
     return f;
-  }
-  // The work `call` just recorded on `s` fails (Note [vkdev lost devices]).
-  void fail_queued(Stream& s, std::string_view call) {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    s.mark_failed(call);
   }
 
   // --------------------------------------------------------- devices
@@ -481,8 +439,6 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
           d->index = static_cast<int>(devices_.size());
           devices_.push_back(std::move(d));
         }
-      space_.emplace(name, accelkit::support::AddressSpaceOptions{
-          std::uintptr_t{1} << 44, std::uintptr_t{1} << 45, 4096, kInvalid});
     });
   }
 
@@ -521,17 +477,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   Device& context(int device, std::string_view call) {
     Device& d = dev(device, call);
     std::call_once(d.created, [&] {
-      std::vector<const char*> extensions;
-      if (d.vk.push_descriptor) extensions.push_back(VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME);
-      d.device = vulkan::create_device(d.vk.handle, d.vk.family, extensions, checker(d, call));
-      vkGetDeviceQueue(d.device, d.vk.family, 0, &d.queue);
-      if (d.vk.push_descriptor)
-        d.push_descriptor_fn = reinterpret_cast<PFN_vkCmdPushDescriptorSetKHR>(
-            vkGetDeviceProcAddr(d.device, "vkCmdPushDescriptorSetKHR"));
-      d.patterns = allocate(d, 1024, d.host_type, true, call);
-      if (!d.patterns)
-        driver_error(VK_ERROR_OUT_OF_HOST_MEMORY, call, "no memory for the fill patterns");
-      vulkan::write_fill_patterns(d.patterns->host);
+      d.open(d.vk, d.host_type, checker(d, call));
       d.sync_stream = make_stream(d);
     });
     return d;
@@ -551,29 +497,10 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   // A buffer over new memory of `type`, mapped persistently when `map`;
   // nullptr when the driver is out of memory.
   AllocPtr allocate(Device& d, std::size_t bytes, std::uint32_t type, bool map, std::string_view call) {
-    auto a = std::make_shared<Allocation>();
+    auto a = std::make_shared<vulkan::Allocation>();
     a->ordinal = d.index;
     a->bytes = bytes;
     return vulkan::allocate(*a, d.device, bytes, type, map, checker(d, call)) ? a : nullptr;
-  }
-
-  // The allocation of `device` holding [p, p + bytes) and p's offset in it.
-  std::pair<AllocPtr, std::size_t> owned(int device, const void* p, std::size_t bytes,
-                                         std::string_view call) {
-    auto at = space_->locate(p, bytes, call);
-    if (at.handle->ordinal != device)
-      driver_error(kInvalid, call, fmt::format("{} is memory of device {}, used on device {}", p,
-                                               at.handle->ordinal, device));
-    return {at.handle, at.offset};
-  }
-
-  AllocPtr take(int device, void* ptr, bool pinned, std::string_view call) {
-    auto at = space_->locate(ptr, 1, call);
-    if (at.offset != 0 || at.handle->pinned != pinned || at.handle->ordinal != device)
-      driver_error(kInvalid, call,
-                   fmt::format("{} was not returned by {}({}, ·)", ptr,
-                               pinned ? "host_malloc" : "malloc", device));
-    return space_->unmap(ptr, call);
   }
 
   // Records the copy; pageable host memory goes through a staging buffer:
@@ -586,11 +513,11 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     BufferRef dev = locate(d.index, to_host ? src : dst, bytes, call);
     BufferRef other{};
     AllocPtr staging;
-    auto pinned = host_pinned ? space_->find(host, bytes) : std::nullopt;  // pinned memory of `d`
+    auto pinned = host_pinned ? space_->pinned(d.index, host, bytes) : std::nullopt;
     if (kind == K::device_to_device) {
       other = locate(d.index, src, bytes, call);
-    } else if (pinned && pinned->handle->pinned && pinned->handle->ordinal == d.index) {
-      other = {pinned->handle->buffer, pinned->offset, bytes};
+    } else if (pinned) {
+      other = *pinned;
     } else {
       staging = allocate(d, bytes, d.host_type, true, call);
       if (!staging)
@@ -601,7 +528,8 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     }
     if (to_host) std::swap(dev, other);
     VkBufferCopy c{other.offset, dev.offset, bytes};
-    record(d, s, call, [&](VkCommandBuffer cb) { vkCmdCopyBuffer(cb, other.buffer, dev.buffer, 1, &c); });
+    s.record(kBatch, checker(d, call),
+             [&](VkCommandBuffer cb) { vkCmdCopyBuffer(cb, other.buffer, dev.buffer, 1, &c); });
     if (!staging) return;
     if (!to_host) {
       std::lock_guard<std::mutex> lock(s.mutex);
@@ -615,7 +543,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   // --------------------------------------------------------- streams
 
   std::shared_ptr<Stream> make_stream(Device& d) {
-    return std::make_shared<Stream>(d.device, d.vk.family, checker(d, "stream_create"));
+    return std::make_shared<Stream>(d.device, d.vk.family, d.queue, d.queue_mutex, checker(d, "stream_create"));
   }
 
   // The event, which must be of `device`, the stream's it is `use`d on.
@@ -632,45 +560,8 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
     return d.streams.get(h, call, d.index);
   }
 
-  // Calls rec(cb) on the stream's open command buffer, after a barrier that
-  // orders it behind what was recorded before.
-  template <class F>
-  void record(Device& d, Stream& s, std::string_view call, F&& rec) {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    rec(s.commands(checker(d, call)));
-    if (s.recorded() >= kBatch) submit(d, s, call);
-  }
-
-  // Submits what was recorded and the pending waits (under s.mutex).
-  std::uint64_t submit(Device& d, Stream& s, std::string_view call) {
-    return s.submit_to(d.queue, d.queue_mutex, checker(d, call));
-  }
-
-  // Submits and returns the value the stream's work so far completes at.
-  std::uint64_t flush(Device& d, Stream& s, std::string_view call) {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    return submit(d, s, call);
-  }
-
-  // Whether the stream has reached `value`; a queued fault in the work up to
-  // it is reported here, once, as a lost device.
-  bool reached(Device& d, Stream& s, std::uint64_t value, std::string_view call) {
-    if (vulkan::counter(d.device, s.timeline, checker(d, call)) < value) return false;
-    std::optional<std::string> failed;
-    {
-      std::lock_guard<std::mutex> lock(s.mutex);
-      failed = s.failed_by(value);
-    }
-    if (!failed) return true;
-    lose(d, call, fmt::format("queued work of {} failed: VK_ERROR_DEVICE_LOST (injected fault, "
-                              "VKDEV_INJECT_FAULT)", *failed));
-  }
-
-  void wait_value(Device& d, Stream& s, std::uint64_t value, std::string_view call) {
-    vulkan::wait(d.device, s.timeline, value, checker(d, call));
-    reached(d, s, value, call);
-  }
-  void wait(Device& d, Stream& s, std::string_view call) { wait_value(d, s, flush(d, s, call), call); }
+  // Submits and waits for all the stream's work (Note [vkdev lost devices]).
+  void wait(Device& d, Stream& s, std::string_view call) { s.synchronize(checker(d, call), lost_by(d, call)); }
 
   std::once_flag discovered_;
   HostAccess access_ = HostAccess::none;
@@ -678,7 +569,7 @@ class VulkanRuntime : public accelkit::Runtime<VulkanRuntime> {
   std::vector<std::unique_ptr<Device>> devices_;
   // Every allocation of every device: fake addresses (none, mapped), host
   // addresses (direct, pinned).
-  std::optional<accelkit::support::AddressSpace<AllocPtr>> space_;
+  std::optional<vulkan::Allocations> space_{std::in_place, name, kInvalid};
   accelkit::support::HandleTable<accelkit::EventHandle, Event> events_{name, "event", kInvalid};
   accelkit::support::FaultHook faults_{
       name, "VKDEV_INJECT_FAULT", {"memcpy_async", "memset_async", "event_record", "stream_wait_event"}};

@@ -51,10 +51,10 @@ Direct& direct(int device) {
   Direct& d = directs[device];
   if (d.fence) return d;
   vkdev::VulkanRuntime& rt = K::runtime();
-  d.dev = K::translated([&] { return rt.vk_device(device); });
+  d.dev = K::translated([&] { return rt.logical(device).device; });
   VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
-  pi.queueFamilyIndex = K::translated([&] { return rt.queue_family(device); });
+  pi.queueFamilyIndex = K::translated([&] { return rt.physical(device).family; });
   if (!d.pool) check(vkCreateCommandPool(d.dev, &pi, nullptr, &d.pool), "vkCreateCommandPool");
   if (!d.cb) {
     VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};

@@ -1,12 +1,14 @@
 // accelkit/support: the Vulkan plumbing that every runtime over Vulkan
 // compute writes whatever its device: VkResult names, enumerations as
 // vectors, a physical device's compute queue family, memory types and
-// extensions, a logical device with timeline semaphores, buffers over memory
-// of their own, command pools and buffers, timeline submissions and waits,
-// streams over timeline semaphores (support::Timeline), byte fills,
-// timestamps, and compute pipelines whose storage buffers are push
-// descriptors (VK_KHR_push_descriptor) recorded with a barrier before each
-// dispatch.
+// extensions, a logical device with timeline semaphores and its queue,
+// buffers over memory of their own, the allocations a runtime hands out by
+// address (support::AddressSpace) and their storage-buffer bindings, command
+// pools and buffers, timeline submissions and waits, streams over timeline
+// semaphores (support::Timeline) with their queries, waits and failures,
+// byte fills, timestamps, and compute pipelines whose storage buffers are
+// push descriptors (VK_KHR_push_descriptor) recorded with a barrier before
+// each dispatch.
 //
 // Each call that can fail takes `check(VkResult, const char* fn)`, the
 // runtime's own policy (a driver error, a lost device), called with every
@@ -18,21 +20,28 @@
 //   vulkan::Buffer b;
 //   if (!vulkan::allocate(b, dev, bytes, type, /*map=*/true, check)) return nullptr;  // out of memory
 //
-// Plain functions and one RAII buffer: the thread safety is Vulkan's
-// (vkQueueSubmit and command pools need the caller's external locks).
+// Plain functions and RAII objects: the thread safety is Vulkan's
+// (vkQueueSubmit and command pools need the caller's external locks), but
+// for Allocations and TimelineStream, which say what they lock.
 #pragma once
 
 #include <vulkan/vulkan.h>
 
 #include <accelkit/config.hpp>
+#include <accelkit/error.hpp>
 #include <accelkit/properties.hpp>
+#include <accelkit/support/address_space.hpp>
 #include <accelkit/support/driver_info.hpp>
+#include <accelkit/support/map_count.hpp>
 #include <accelkit/support/timeline.hpp>
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -255,6 +264,99 @@ bool allocate(Buffer& b, VkDevice device, VkDeviceSize bytes, std::uint32_t type
   return true;
 }
 
+// A span of a buffer as commands bind it: the buffer, and the span's
+// offset and length in it.
+struct BufferRef {
+  VkBuffer buffer;
+  VkDeviceSize offset;
+  VkDeviceSize bytes;
+};
+
+// The storage-buffer binding of `r` for elements of `element` bytes: from
+// r's offset rounded down to minStorageBufferOffsetAlignment to its end;
+// returns the element offset of r's start in it. Nullopt where r's offset
+// is not a multiple of `element` or the binding exceeds maxStorageBufferRange.
+inline std::optional<std::uint32_t> bind(const BufferRef& r, const VkPhysicalDeviceLimits& limits,
+                                         VkDeviceSize element, VkDescriptorBufferInfo& info) {
+  VkDeviceSize start = r.offset / limits.minStorageBufferOffsetAlignment * limits.minStorageBufferOffsetAlignment;
+  if (r.offset % element != 0 || r.offset - start + r.bytes > limits.maxStorageBufferRange) return std::nullopt;
+  info = {r.buffer, start, r.offset - start + r.bytes};
+  return static_cast<std::uint32_t>((r.offset - start) / element);
+}
+
+// A Buffer a runtime hands out: memory of device `ordinal`, pinned host
+// memory or not, the user's `bytes` starting at `base` in the buffer, and
+// the maps host_map made of it (support::MapCount), undone with it.
+struct Allocation : Buffer {
+  int ordinal = 0;
+  VkDeviceSize base = 0;
+  std::size_t bytes = 0;
+  bool pinned = false;
+  MapCount maps;
+  ~Allocation() {
+    if (!host && maps.mapped()) vkUnmapMemory(device, memory);
+  }
+};
+
+// Every Allocation of a runtime's devices by the address PyTorch has for it
+// (Note [Fake device addresses]), with lookups that also check the device
+// and the kind; their errors are DriverErrors of `code` naming the call.
+// Thread-safe.
+class Allocations : public AddressSpace<std::shared_ptr<Allocation>> {
+ public:
+  Allocations(std::string_view backend, std::int64_t code, AddressSpaceOptions options = {})
+      : AddressSpace(backend, with_code(options, code)), backend_(backend), code_(code) {}
+
+  // The address for `a` (its bytes set): a fake one, or where `a` is mapped
+  // persistently its host address rounded up to `align` (a->base: the
+  // rounding, for which the buffer has room).
+  void* hand_out(std::shared_ptr<Allocation> a, std::size_t align, std::string_view call) {
+    if (!a->host) return map(a, a->bytes, call);
+    auto host = reinterpret_cast<std::uintptr_t>(a->host);
+    a->base = (align - host % align) % align;
+    a->host = static_cast<char*>(a->host) + a->base;
+    add(a->host, a->bytes, a, call);
+    return a->host;
+  }
+  // The allocation of `device` holding [p, p + bytes) and p's offset in it.
+  std::pair<std::shared_ptr<Allocation>, std::size_t> owned(int device, const void* p, std::size_t bytes,
+                                                            std::string_view call) const {
+    auto at = locate(p, bytes, call);
+    if (at.handle->ordinal != device)
+      fail(call, fmt::format("{} is memory of device {}, used on device {}", p, at.handle->ordinal, device));
+    return {at.handle, at.offset};
+  }
+  // The same as commands bind it.
+  BufferRef span(int device, const void* p, std::size_t bytes, std::string_view call) const {
+    auto [a, offset] = owned(device, p, bytes, call);
+    return {a->buffer, a->base + offset, bytes};
+  }
+  // Pinned memory of `device` holding [p, p + bytes); nothing for any other.
+  std::optional<BufferRef> pinned(int device, const void* p, std::size_t bytes) const {
+    auto at = find(p, bytes);
+    if (!at || !at->handle->pinned || at->handle->ordinal != device) return std::nullopt;
+    return BufferRef{at->handle->buffer, at->handle->base + at->offset, bytes};
+  }
+  // Ends `ptr`, which malloc (pinned: host_malloc) of `device` returned.
+  std::shared_ptr<Allocation> take(int device, const void* ptr, bool pinned, std::string_view call) {
+    auto at = locate(ptr, 1, call);
+    if (at.offset != 0 || at.handle->pinned != pinned || at.handle->ordinal != device)
+      fail(call, fmt::format("{} was not returned by {}({}, ·)", ptr, pinned ? "host_malloc" : "malloc", device));
+    return unmap(ptr, call);
+  }
+
+ private:
+  static AddressSpaceOptions with_code(AddressSpaceOptions o, std::int64_t code) {
+    o.error_code = code;
+    return o;
+  }
+  [[noreturn]] void fail(std::string_view call, const std::string& what) const {
+    throw DriverError(backend_, code_, call, what);
+  }
+  std::string_view backend_;
+  std::int64_t code_;
+};
+
 // A timeline semaphore at 0.
 template <class Check>
 VkSemaphore create_timeline(VkDevice device, Check&& check) {
@@ -341,14 +443,20 @@ inline void full_barrier(VkCommandBuffer cb) {
 
 // A stream on one queue as support::Timeline keeps it (Note [Timeline
 // streams]): a timeline semaphore, and a command pool whose command buffers
-// are its batches. Every member but the constructor and the destructor is
-// called under `mutex`, as Timeline's.
+// are its batches, submitted to `queue` under `queue_mutex`. commands() and
+// submit_to() are called under `mutex`, as Timeline's members; record,
+// flush, fail_queued, reached, wait_until, synchronize and wait_event take
+// it themselves. Those that wait or query report a failure marked on queued
+// work (mark_failed) once, to `lost(call)`, which throws (a lost device).
 struct TimelineStream : Timeline<TimelineStream, VkCommandBuffer> {
   VkDevice device = VK_NULL_HANDLE;
+  VkQueue queue = VK_NULL_HANDLE;
+  std::mutex* queue_mutex = nullptr;
   VkSemaphore timeline = VK_NULL_HANDLE;
   VkCommandPool pool = VK_NULL_HANDLE;
   template <class Check>
-  TimelineStream(VkDevice d, std::uint32_t family, Check&& check) : device(d) {
+  TimelineStream(VkDevice d, std::uint32_t family, VkQueue q, std::mutex& qm, Check&& check)
+      : device(d), queue(q), queue_mutex(&qm) {
     timeline = create_timeline(d, check);
     try {
       pool = create_pool(d, family, check);
@@ -375,19 +483,70 @@ struct TimelineStream : Timeline<TimelineStream, VkCommandBuffer> {
     else full_barrier(cb);
     return cb;
   }
-  // Submits what was recorded and the pending waits to `queue` (under
-  // `queue_mutex`), behind this stream's last submission; returns submitted().
+  // Submits what was recorded and the pending waits, behind this stream's
+  // last submission; returns submitted().
   template <class Check>
-  std::uint64_t submit_to(VkQueue queue, std::mutex& queue_mutex, Check&& check) {
+  std::uint64_t submit_to(Check&& check) {
     return submit([&](const VkCommandBuffer* cb, const auto& waits, std::uint64_t signal) {
       VkResult r = cb ? vkEndCommandBuffer(*cb) : VK_SUCCESS;
       if (r != VK_SUCCESS) check(r, "vkEndCommandBuffer");
       std::vector<std::pair<VkSemaphore, std::uint64_t>> on;
       if (signal > 1) on.emplace_back(timeline, signal - 1);
       for (const auto& w : waits) on.emplace_back(w.on->timeline, w.value);
-      std::lock_guard<std::mutex> lock(queue_mutex);
+      std::lock_guard<std::mutex> lock(*queue_mutex);
       vulkan::submit(queue, cb, on, timeline, signal, check);
     });
+  }
+
+  // Calls rec(commands()); submits once the batch holds `batch` records.
+  template <class Check, class F>
+  void record(int batch, Check&& check, F&& rec) {
+    std::lock_guard<std::mutex> lock(mutex);
+    rec(commands(check));
+    if (recorded() >= batch) submit_to(check);
+  }
+  // Submits; returns the value the stream's work so far completes at.
+  template <class Check>
+  std::uint64_t flush(Check&& check) {
+    std::lock_guard<std::mutex> lock(mutex);
+    return submit_to(check);
+  }
+  // The work `call` just queued fails (a test hook's injected failure).
+  void fail_queued(std::string_view call) {
+    std::lock_guard<std::mutex> lock(mutex);
+    mark_failed(call);
+  }
+  // Whether the counter has reached `value`; a failure marked on the work
+  // up to it goes to lost(call), once.
+  template <class Check, class Lost>
+  bool reached(std::uint64_t value, Check&& check, Lost&& lost) {
+    if (counter(device, timeline, check) < value) return false;
+    std::optional<std::string> failed;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      failed = failed_by(value);
+    }
+    if (failed) lost(*failed);
+    return true;
+  }
+  template <class Check, class Lost>
+  void wait_until(std::uint64_t value, Check&& check, Lost&& lost) {
+    wait(device, timeline, value, check);
+    reached(value, check, lost);
+  }
+  // Submits and waits for all the stream's work.
+  template <class Check, class Lost>
+  void synchronize(Check&& check, Lost&& lost) {
+    wait_until(flush(check), check, lost);
+  }
+  // Work recorded from now on waits for `on` (another stream; null: none)
+  // to reach `value`; what was recorded before is submitted first.
+  template <class Check, class Lost>
+  void wait_event(std::shared_ptr<TimelineStream> on, std::uint64_t value, Check&& check, Lost&& lost) {
+    if (!on || on.get() == this || on->reached(value, check, lost)) return;
+    std::lock_guard<std::mutex> lock(mutex);
+    submit_to(check);
+    wait_for(std::move(on), value);
   }
 };
 
@@ -410,6 +569,40 @@ inline void fill_bytes(VkCommandBuffer cb, VkBuffer buffer, VkDeviceSize offset,
   }
 }
 
+// A logical device as a compute runtime opens it on a Physical: the device
+// (create_device, with VK_KHR_push_descriptor where it has the extension),
+// its queue and the lock vkQueueSubmit needs, vkCmdPushDescriptorSetKHR
+// (null without the extension), and fill_bytes' patterns in a mapped buffer
+// of `host_type`. The device goes with the object, after the patterns.
+struct LogicalDevice {
+  VkDevice device = VK_NULL_HANDLE;
+  VkQueue queue = VK_NULL_HANDLE;
+  std::mutex queue_mutex;
+  PFN_vkCmdPushDescriptorSetKHR push_descriptor_fn = nullptr;
+  std::unique_ptr<Buffer> patterns;
+  LogicalDevice() = default;
+  LogicalDevice(const LogicalDevice&) = delete;
+  LogicalDevice& operator=(const LogicalDevice&) = delete;
+  ~LogicalDevice() {
+    patterns.reset();
+    if (device) vkDestroyDevice(device, nullptr);
+  }
+  template <class Check>
+  void open(const Physical& pd, std::uint32_t host_type, Check&& check) {
+    std::vector<const char*> extensions;
+    if (pd.push_descriptor) extensions.push_back(VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME);
+    device = create_device(pd.handle, pd.family, extensions, check);
+    vkGetDeviceQueue(device, pd.family, 0, &queue);
+    if (pd.push_descriptor)
+      push_descriptor_fn = reinterpret_cast<PFN_vkCmdPushDescriptorSetKHR>(
+          vkGetDeviceProcAddr(device, "vkCmdPushDescriptorSetKHR"));
+    patterns = std::make_unique<Buffer>();
+    if (!allocate(*patterns, device, 1024, host_type, true, check))
+      check(VK_ERROR_OUT_OF_HOST_MEMORY, "vkAllocateMemory (the fill patterns)");
+    write_fill_patterns(patterns->host);
+  }
+};
+
 // A query pool of one timestamp (an event's).
 template <class Check>
 VkQueryPool create_timestamp(VkDevice device, Check&& check) {
@@ -418,6 +611,16 @@ VkQueryPool create_timestamp(VkDevice device, Check&& check) {
   if (VkResult r = vkCreateQueryPool(device, &qi, nullptr, &q); r != VK_SUCCESS) check(r, "vkCreateQueryPool");
   return q;
 }
+// The same, destroyed with the object.
+struct Timestamp {
+  VkDevice device = VK_NULL_HANDLE;
+  VkQueryPool pool = VK_NULL_HANDLE;
+  template <class Check>
+  Timestamp(VkDevice d, Check&& check) : device(d), pool(create_timestamp(d, check)) {}
+  Timestamp(const Timestamp&) = delete;
+  Timestamp& operator=(const Timestamp&) = delete;
+  ~Timestamp() { vkDestroyQueryPool(device, pool, nullptr); }
+};
 inline void write_timestamp(VkCommandBuffer cb, VkQueryPool q) {
   vkCmdResetQueryPool(cb, q, 0, 1);
   vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, q, 0);
