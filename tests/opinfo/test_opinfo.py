@@ -91,3 +91,20 @@ def test_every_known_difference_still_differs(sweep):
                          f"matches now; remove it from python/accelkit/testing/"
                          f"known_differences.py ({reason})")
     assert not stale, "\n".join(stale)
+
+
+def test_a_child_that_dies_after_its_last_result_is_charged_to_that_item(tmp_path, monkeypatch):
+    # A process that crashes at exit, after every item's result, is still a crash.
+    child = tmp_path / "child.py"
+    child.write_text("import json, sys\n"
+                     "for item in sys.argv[3:]:\n"
+                     "    print('START ' + item)\n"
+                     "    print('RESULT ' + json.dumps({'item': item, 'status': 'match', 'message': ''}))\n"
+                     "sys.stderr.write('dying at exit\\n')\n"
+                     "sys.exit(3)\n")
+    monkeypatch.setattr(opinfo, "CHILD", str(child))
+    results = opinfo.run_chunk(BACKEND, ["a|float32|forward", "b|float32|forward"], 1, 60)
+    assert results["a|float32|forward"]["status"] == "match"
+    assert results["b|float32|forward"]["status"] == "crash"
+    assert results["b|float32|forward"]["message"] == \
+        "the process died (3) after its last item: dying at exit"

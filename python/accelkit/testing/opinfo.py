@@ -98,8 +98,10 @@ def run_chunk(backend, chunk, samples, timeout):
         try:
             p = subprocess.run(command, capture_output=True, text=True, env=environment(), timeout=timeout)
             out, ended = p.stdout, (f"the process died ({p.returncode})" if p.returncode else "")
+            err = p.stderr
         except subprocess.TimeoutExpired as e:
             out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
             ended = f"timed out ({timeout:.0f} s for its chunk)"
         started = None
         for line in out.splitlines():
@@ -110,8 +112,14 @@ def run_chunk(backend, chunk, samples, timeout):
                 results[r["item"]] = r
                 started = None
         if ended:
-            victim = started or next(n for n in remaining if n not in results)
-            results[victim] = {"item": victim, "status": "crash", "message": ended}
+            # The item running when the process ended, or the next one; a process that ends
+            # after its last item's result (at exit) is charged to that item.
+            victim = started or next((n for n in remaining if n not in results), remaining[-1])
+            if victim in results:
+                ended += " after its last item"
+            tail = err.strip().splitlines()[-12:]
+            results[victim] = {"item": victim, "status": "crash",
+                               "message": ended + (": " + "\n".join(tail) if tail else "")}
         remaining = [n for n in remaining if n not in results]
     return results
 
